@@ -1,0 +1,36 @@
+# The two commands of the README. Both create .venv when it is missing and install
+# torch==2.13.0 *first*: that is the CPU build this machine kind has on disk, and
+# installing the project first would let pip pull a multi-GB CUDA build instead.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.troupe-installed
+HOST ?= 127.0.0.1
+PORT ?= 8765
+
+.PHONY: run test lint typecheck unit integration bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/troupe start --host $(HOST) --port $(PORT) --examples examples
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check actors supervisors protocol subprocess_runner web cli tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/queue.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,214 @@
+"""The asyncio actor: a task draining a mailbox, one message at a time.
+
+Lifecycle::
+
+    start() -> on_start() -> receive(msg) ... -> on_stop(reason)   (normal stop)
+                                       \\-> on_failure(exc)        (crash)
+    then: pending asks fail with ActorDeadError, on_exit(Exit) is called.
+
+A handler that raises a ``TroupeError`` answers the ask with it and the actor lives on;
+any other exception crashes the actor, and its supervisor decides what happens next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.errors import ActorDeadError, AskTimeout
+from protocol.errors import TroupeError
+
+log = logging.getLogger("troupe.actors")
+
+DEFAULT_ASK_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Why an actor ended: ``error`` is None after a normal stop."""
+
+    name: str
+    reason: str
+    error: BaseException | None = None
+
+    @property
+    def crashed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass(slots=True)
+class _Envelope:
+    # The reply future travels beside the message, never inside it.
+    message: Any
+    reply: asyncio.Future[Any] | None
+
+
+@dataclass(frozen=True)
+class _Stop:
+    reason: str
+
+
+class ActorRef:
+    """The only handle other code gets to an actor."""
+
+    __slots__ = ("_actor",)
+
+    def __init__(self, actor: Actor) -> None:
+        self._actor = actor
+
+    @property
+    def name(self) -> str:
+        return self._actor.name
+
+    @property
+    def is_alive(self) -> bool:
+        return self._actor._alive
+
+    def tell(self, message: Any) -> None:
+        """Fire and forget; a message to a dead actor is dropped."""
+        if self._actor._alive:
+            self._actor._mailbox.put_nowait(_Envelope(message, None))
+        else:
+            log.debug("dropped %s to dead actor %s", type(message).__name__, self.name)
+
+    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+        if not self._actor._alive:
+            raise ActorDeadError(f"actor {self.name} is not running")
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._actor._mailbox.put_nowait(_Envelope(message, reply))
+        try:
+            return await asyncio.wait_for(asyncio.shield(reply), timeout)
+        except TimeoutError:
+            reply.cancel()
+            raise AskTimeout(f"{self.name} did not answer {type(message).__name__} within {timeout}s") from None
+
+    def stop(self, reason: str = "normal") -> None:
+        """Asks the actor to stop after the messages already in its mailbox."""
+        if self._actor._alive:
+            self._actor._mailbox.put_nowait(_Envelope(_Stop(reason), None))
+
+    async def wait(self) -> Exit:
+        return await asyncio.shield(self._actor._exited)
+
+
+class Registry:
+    """Live actors by name (``placer``, ``queues/cpu``, ``runs/<id>``). Finding an actor
+    by name, not holding its ref, lets a restarted actor be reached again."""
+
+    def __init__(self) -> None:
+        self._refs: dict[str, ActorRef] = {}
+
+    def register(self, ref: ActorRef) -> None:
+        self._refs[ref.name] = ref
+
+    def unregister(self, ref: ActorRef) -> None:
+        if self._refs.get(ref.name) is ref:
+            del self._refs[ref.name]
+
+    def lookup(self, name: str) -> ActorRef | None:
+        ref = self._refs.get(name)
+        return ref if ref is not None and ref.is_alive else None
+
+    def names(self, prefix: str = "") -> list[str]:
+        return [n for n, r in self._refs.items() if n.startswith(prefix) and r.is_alive]
+
+
+class Actor:
+    """Base class; subclasses implement ``receive`` and any hooks."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._mailbox: asyncio.Queue[_Envelope] = asyncio.Queue()
+        self._alive = False
+        self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
+        self._ref = ActorRef(self)
+        self._registry: Registry | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ref(self) -> ActorRef:
+        return self._ref
+
+    def start(self, registry: Registry | None = None, on_exit: Callable[[Exit], None] | None = None) -> ActorRef:
+        self._alive = True
+        self._registry = registry
+        if registry is not None:
+            registry.register(self._ref)
+        if on_exit is not None:
+            self._exited.add_done_callback(lambda f: on_exit(f.result()))
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"actor:{self.name}")
+        return self._ref
+
+    def stop_self(self, reason: str = "normal") -> None:
+        """Stops after the current message; queued messages are failed at teardown."""
+        self._mailbox.put_nowait(_Envelope(_Stop(reason), None))
+
+    # Hooks -----------------------------------------------------------------------
+    async def on_start(self) -> None:
+        """Runs in the actor's task before the first message."""
+
+    async def receive(self, message: Any) -> Any:
+        raise NotImplementedError
+
+    async def on_stop(self, reason: str) -> None:
+        """Runs after a normal stop, before pending asks are failed."""
+
+    async def on_failure(self, error: BaseException) -> None:
+        """Runs after a crash, instead of ``on_stop``."""
+
+    # Loop ------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        reason, error = "normal", None
+        try:
+            await self.on_start()
+            while True:
+                envelope = await self._mailbox.get()
+                if isinstance(envelope.message, _Stop):
+                    reason = envelope.message.reason
+                    break
+                await self._handle(envelope)
+        except asyncio.CancelledError:
+            reason = "cancelled"
+        except Exception as exc:
+            error, reason = exc, f"crashed: {type(exc).__name__}: {exc}"
+            log.error("actor %s crashed", self.name, exc_info=exc)
+        self._alive = False
+        try:
+            if error is None:
+                await self.on_stop(reason)
+            else:
+                await self.on_failure(error)
+        except Exception:
+            log.exception("actor %s: stop hook failed", self.name)
+        self._teardown()
+        if self._registry is not None:
+            self._registry.unregister(self._ref)
+        self._exited.set_result(Exit(self.name, reason, error))
+
+    async def _handle(self, envelope: _Envelope) -> None:
+        reply = envelope.reply
+        if reply is not None and reply.done():
+            return  # the asker gave up
+        try:
+            result = await self.receive(envelope.message)
+        except TroupeError as exc:
+            if reply is not None and not reply.done():
+                reply.set_exception(exc)
+            elif reply is None:
+                log.warning("actor %s: %s while handling %s", self.name, exc, type(envelope.message).__name__)
+            return
+        except Exception as exc:
+            if reply is not None and not reply.done():
+                reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
+            raise
+        if reply is not None and not reply.done():
+            reply.set_result(result)
+
+    def _teardown(self) -> None:
+        while not self._mailbox.empty():
+            envelope = self._mailbox.get_nowait()
+            if envelope.reply is not None and not envelope.reply.done():
+                envelope.reply.set_exception(ActorDeadError(f"actor {self.name} stopped"))

@@ -1,0 +1,66 @@
+"""Errors of the actor runtime and the run service, with stable codes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict, TroupeError
+
+
+class ActorDeadError(TroupeError):
+    """Raised to an ``ask`` whose actor stopped before (or while) answering, and to every
+    ask still waiting in a mailbox at teardown, so no caller hangs."""
+
+    code = "actor_dead"
+    http_status = 503
+
+
+class AskTimeout(TroupeError, asyncio.TimeoutError):
+    """Raised when an ``ask`` got no answer within its timeout. The message may still be
+    handled later, which is why writes are idempotent."""
+
+    code = "ask_timeout"
+    http_status = 503
+
+
+class RunNotFound(NotFound):
+    code = "run_not_found"
+
+
+class RunStillActive(StateConflict):
+    """Raised when deleting a run that has not finished."""
+
+    code = "run_active"
+
+
+class LaneFull(CapacityRefused):
+    """Raised when the interactive lane already holds its limit of runs."""
+
+    code = "interactive_lane_full"
+
+
+class EditorSessionBusy(CapacityRefused):
+    """Raised when the editor session already has a run executing."""
+
+    code = "editor_session_busy"
+
+
+class SeedGateClosed(CapacityRefused):
+    """Raised when an interactive run cannot start because of the seed gate: a seeded
+    run needs the process alone, and one already executes or waits."""
+
+    code = "seed_gate_closed"
+
+
+class QueueQuarantined(CapacityRefused):
+    """Raised when a queue key was quarantined after crashing past its restart limit."""
+
+    code = "queue_quarantined"
+
+
+class ShuttingDown(CapacityRefused):
+    code = "shutting_down"
+
+
+class InvalidOptions(InvalidRequest):
+    code = "invalid_options"

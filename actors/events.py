@@ -1,0 +1,114 @@
+"""The event hub: fans committed events out to stream subscribers.
+
+A subscriber is an ``asyncio.Queue`` owned by an SSE handler. The handler subscribes
+first, then replays from the store, then takes live items, dropping seqs it already
+sent: no gap and no duplicate at the hand-over. When the hub stops, or a subscriber
+falls too far behind, the subscriber gets ``RESET`` and replays from the store again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor
+
+RESET = object()
+# A subscriber more than this many items behind is cut loose (it replays from the
+# store), so one stalled browser tab cannot grow the control plane's memory.
+MAX_BACKLOG = 10_000
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """``run_id`` None: every run's changes (the Runs panel's stream)."""
+
+    queue: asyncio.Queue[Any]
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Unsubscribe:
+    queue: asyncio.Queue[Any]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Committed events of one run, in seq order."""
+
+    run_id: str
+    events: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Change:
+    """A committed change of a run row (created, status), for the global stream."""
+
+    change: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SubscriberCount:
+    pass
+
+
+class EventHub(Actor):
+    def __init__(self, name: str = "events") -> None:
+        super().__init__(name)
+        self._by_run: dict[str, set[asyncio.Queue[Any]]] = {}
+        self._global: set[asyncio.Queue[Any]] = set()
+        # What each subscriber follows: run ids, and None for every run's changes.
+        self._where: dict[asyncio.Queue[Any], set[str | None]] = {}
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Publish(run_id, events):
+                for queue in list(self._by_run.get(run_id, ())):
+                    for event in events:
+                        self._offer(queue, event)
+            case Change(change):
+                for queue in list(self._global):
+                    self._offer(queue, change)
+            case Subscribe(queue, run_id):
+                self._where.setdefault(queue, set()).add(run_id)
+                if run_id is None:
+                    self._global.add(queue)
+                else:
+                    self._by_run.setdefault(run_id, set()).add(queue)
+            case Unsubscribe(queue):
+                self._drop(queue)
+            case SubscriberCount():
+                return len(self._where)
+        return None
+
+    def _offer(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        if queue.qsize() >= MAX_BACKLOG:
+            self._drop(queue)
+            queue.put_nowait(RESET)
+            return
+        queue.put_nowait(item)
+
+    def _drop(self, queue: asyncio.Queue[Any]) -> None:
+        for run_id in self._where.pop(queue, set()):
+            if run_id is None:
+                self._global.discard(queue)
+                continue
+            subscribers = self._by_run.get(run_id, set())
+            subscribers.discard(queue)
+            if not subscribers:
+                self._by_run.pop(run_id, None)
+
+    def _reset_all(self) -> None:
+        for queue in list(self._where):
+            queue.put_nowait(RESET)
+        self._where.clear()
+        self._by_run.clear()
+        self._global.clear()
+
+    async def on_stop(self, reason: str) -> None:
+        self._reset_all()
+
+    async def on_failure(self, error: BaseException) -> None:
+        self._reset_all()

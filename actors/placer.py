@@ -1,0 +1,185 @@
+"""The placer owns admission: which queue key a run waits on, the interactive lane's
+counters, and the seed gate.
+
+The seed gate: a seeded in-process run starts only when no other in-process run
+executes, and while it executes no other in-process run starts. Admissions pass the
+gate in arrival order, so a seeded run waiting for the process is not starved by
+runs that arrive after it. Interactive submissions are never made to wait: a refusal
+is an immediate error (HTTP 503) that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor, ActorRef, Registry
+from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
+from actors.placer_messages import Admit, Released
+from actors.queue import Enqueue
+from actors.run import Start
+from actors.store import InsertRun, MaxEnqueueSeq, StoreClient
+from protocol import events as ev
+from subprocess_runner.engine import ExecutableGraph
+
+log = logging.getLogger("troupe.placer")
+
+__all__ = ["Admit", "Placer", "Quarantine", "Quarantined", "Released", "RunSpec", "Shutdown", "Submit"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a RunActor needs to exist; built by the placer from a submission."""
+
+    run_id: str
+    queue_key: str
+    lane: str
+    row: Mapping[str, Any]
+    graph: ExecutableGraph
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Ask: queue a new run from its validated row and graph. Replies
+    ``(run_id, commit_future)``; the future resolves when the row is committed."""
+
+    row: Mapping[str, Any]
+    graph: ExecutableGraph
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """The queues supervisor gave up on a key: refuse new runs for it, with a reason."""
+
+    queue_key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """Ask: the quarantined keys and why."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """A graceful stop began: refuse new submissions and stop admitting."""
+
+
+class Placer(Actor):
+    def __init__(
+        self,
+        store: StoreClient,
+        registry: Registry,
+        *,
+        interactive_limit: int,
+        spawn_run: Callable[[RunSpec], ActorRef],
+        ensure_queue: Callable[[str], ActorRef],
+    ) -> None:
+        super().__init__("placer")
+        self._store = store
+        self._registry = registry
+        self._interactive_limit = interactive_limit
+        self._spawn_run = spawn_run
+        self._ensure_queue = ensure_queue
+        self._next_seq = 0
+        self._executing: set[str] = set()  # in-process runs that passed the gate
+        self._seeded: str | None = None  # the seeded run holding the gate
+        self._waiting: deque[Admit] = deque()
+        self._interactive: dict[str, str | None] = {}  # run id -> editor session
+        self._quarantined: dict[str, str] = {}
+        self._closed = False
+
+    async def on_start(self) -> None:
+        self._next_seq = await self._store.read(MaxEnqueueSeq())
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Submit(row, graph):
+                return self._submit(dict(row), graph)
+            case Admit():
+                self._waiting.append(message)
+                self._drain()
+            case Released(run_id):
+                self._release(run_id)
+            case Quarantine(key, reason):
+                self._quarantined[key] = reason
+            case Quarantined():
+                return dict(self._quarantined)
+            case Shutdown():
+                self._closed = True
+                self._waiting.clear()
+        return None
+
+    def _submit(self, row: dict[str, Any], graph: ExecutableGraph) -> tuple[str, asyncio.Future[Any]]:
+        if self._closed:
+            raise ShuttingDown("the server is stopping; submit the run again after it restarts")
+        key, lane, seeded = row["queue_key"], row["lane"], row.get("seed") is not None
+        if key in self._quarantined:
+            raise QueueQuarantined(f"queue {key} is quarantined: {self._quarantined[key]}")
+        if lane == ev.LANE_INTERACTIVE:
+            self._check_interactive(row.get("editor_session"), seeded)
+        self._next_seq += 1
+        row["enqueue_seq"] = self._next_seq
+        committed = self._store.write(InsertRun(row))
+        run_id = row["id"]
+        self._spawn_run(RunSpec(run_id, key, lane, row, graph))
+        if lane == ev.LANE_INTERACTIVE:
+            self._interactive[run_id] = row.get("editor_session")
+            self._grant(run_id, seeded)
+        else:
+            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded))
+        return run_id, committed
+
+    def _check_interactive(self, session: str | None, seeded: bool) -> None:
+        if len(self._interactive) >= self._interactive_limit:
+            raise LaneFull(
+                f"{len(self._interactive)} interactive runs are executing, the limit is "
+                f"{self._interactive_limit} (TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT); wait for one to finish"
+            )
+        if session is not None and session in self._interactive.values():
+            raise EditorSessionBusy("this editor session already has a run executing; wait for it to finish")
+        if self._seeded is not None or any(w.seeded for w in self._waiting):
+            raise SeedGateClosed("a seeded run needs the server to itself and is executing or waiting")
+        if seeded and (self._executing or self._waiting):
+            raise SeedGateClosed(
+                f"a seeded run executes alone and {len(self._executing)} in-process runs are executing; "
+                "try again when they finish, or submit it to the queue"
+            )
+
+    def _gate_allows(self, seeded: bool) -> bool:
+        if self._seeded is not None:
+            return False
+        return not (seeded and self._executing)
+
+    def _drain(self) -> None:
+        while self._waiting and not self._closed:
+            head = self._waiting[0]
+            if self._registry.lookup(f"runs/{head.run_id}") is None:
+                self._waiting.popleft()  # withdrawn while it waited
+                continue
+            if not self._gate_allows(head.seeded):
+                return
+            self._waiting.popleft()
+            self._grant(head.run_id, head.seeded)
+
+    def _grant(self, run_id: str, seeded: bool) -> None:
+        self._executing.add(run_id)
+        if seeded:
+            self._seeded = run_id
+        run = self._registry.lookup(f"runs/{run_id}")
+        if run is None:
+            self._release(run_id)
+            return
+        run.tell(Start())
+
+    def _release(self, run_id: str) -> None:
+        self._executing.discard(run_id)
+        self._interactive.pop(run_id, None)
+        if self._seeded == run_id:
+            self._seeded = None
+        self._waiting = deque(w for w in self._waiting if w.run_id != run_id)
+        self._drain()

@@ -1,0 +1,100 @@
+"""QueueActor: the FIFO of one queue key (``cpu``, ``cuda:0``) and its slot count.
+
+It hands its head to the placer with ``Admit`` whenever a slot is free, counting the run
+as holding the slot from then on; the slot comes back with ``Release``, which the run
+sends as soon as its graph ends (or it is withdrawn). Interactive runs never pass here.
+On a restart the FIFO is rebuilt from the queued rows in the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor, Registry
+from actors.placer_messages import Admit
+from actors.store import QueuedRuns, StoreClient
+
+log = logging.getLogger("troupe.queue")
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    run_id: str
+    enqueue_seq: int
+    seeded: bool
+
+
+@dataclass(frozen=True)
+class Release:
+    """The run no longer needs this queue: its graph ended, or it was withdrawn."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Occupying:
+    """A live run tells a restarted queue it holds one of its slots."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pass
+
+
+class QueueActor(Actor):
+    def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry) -> None:
+        super().__init__(f"queues/{queue_key}")
+        self.queue_key = queue_key
+        self._limit = limit
+        self._store = store
+        self._registry = registry
+        self._fifo: deque[tuple[int, str, bool]] = deque()
+        self._holding: set[str] = set()
+        self._known: set[str] = set()
+
+    async def on_start(self) -> None:
+        # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
+        # themselves with Occupying (the runs supervisor asks them after a restart).
+        for run_id, seq, seeded in await self._store.read(QueuedRuns(self.queue_key)):
+            if self._registry.lookup(f"runs/{run_id}") is not None:
+                self._fifo.append((seq, run_id, seeded))
+                self._known.add(run_id)
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Enqueue(run_id, seq, seeded):
+                if run_id not in self._known:
+                    self._known.add(run_id)
+                    self._fifo.append((seq, run_id, seeded))
+                self._pump()
+            case Release(run_id):
+                self._known.discard(run_id)
+                self._holding.discard(run_id)
+                self._fifo = deque(item for item in self._fifo if item[1] != run_id)
+                self._pump()
+            case Occupying(run_id):
+                self._known.add(run_id)
+                self._fifo = deque(item for item in self._fifo if item[1] != run_id)
+                self._holding.add(run_id)
+            case Snapshot():
+                return {
+                    "queue_key": self.queue_key,
+                    "limit": self._limit,
+                    "running": len(self._holding),
+                    "queued": len(self._fifo),
+                }
+        return None
+
+    def _pump(self) -> None:
+        placer = self._registry.lookup("placer")
+        if placer is None:
+            return
+        while self._fifo and len(self._holding) < self._limit:
+            _, run_id, seeded = self._fifo.popleft()
+            self._holding.add(run_id)
+            placer.tell(Admit(run_id, self.queue_key, seeded))

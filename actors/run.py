@@ -1,0 +1,194 @@
+"""RunActor: one per active run, the owner of its events' ``seq`` and its status.
+
+States: queued -> running -> succeeded | failed | cancelled | interrupted. When the
+graph ends the slot and lane counters are released *first*, then the final status and
+``run_finished`` are written, so a client that sees the run end and submits again is
+never refused for a slot the finished run still held (two running rows may show on a
+limit-1 key for that moment; nothing runs twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor, Registry
+from actors.errors import RunNotFound
+from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvent
+from actors.placer_messages import Released
+from actors.queue import Occupying, Release
+from actors.store import AppendEvents, Prune, RecordOutputs, StoreClient, UpdateRun
+from actors.threaded import ThreadActorRef, start_thread_actor
+from protocol import events as ev
+from protocol.settings import Settings
+from subprocess_runner.engine import ExecutableGraph
+
+log = logging.getLogger("troupe.run")
+
+
+@dataclass(frozen=True)
+class Start:
+    """From the placer: the run holds a slot and passed the seed gate."""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The server is stopping gracefully: queued runs end ``interrupted`` at once,
+    running ones are asked to stop and end ``interrupted`` too."""
+
+
+@dataclass(frozen=True)
+class ReportOccupancy:
+    """A queue restarted: tell it whether this run holds one of its slots."""
+
+
+class RunActor(Actor):
+    def __init__(
+        self,
+        row: dict[str, Any],
+        graph: ExecutableGraph,
+        store: StoreClient,
+        registry: Registry,
+        settings: Settings,
+    ) -> None:
+        super().__init__(f"runs/{row['id']}")
+        self.run_id: str = row["id"]
+        self._row = row
+        self._graph = graph
+        self._store = store
+        self._registry = registry
+        self._settings = settings
+        self._status = ev.QUEUED
+        self._next_seq = 1
+        self._cancel = threading.Event()
+        self._stop_as: str | None = None  # the status a requested stop ends in
+        self._executor: ThreadActorRef | None = None
+        self._released = False
+
+    async def on_start(self) -> None:
+        self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
+        for warning in self._row.get("warnings", ()):
+            self._emit(ev.WARNING, None, {"message": warning})
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Start():
+                self._start()
+            case NodeEvent(kind, node_id, payload):
+                self._on_node_event(kind, node_id, payload)
+            case GraphEnded(outcome):
+                self._finish(outcome.status, outcome.error, outcome.node_id)
+            case Cancel():
+                return self._request_stop(ev.CANCELLED)
+            case Shutdown():
+                self._request_stop(ev.INTERRUPTED)
+            case Abandon():
+                self._finish(ev.INTERRUPTED, "the server stopped and the run did not stop within the grace period", None)
+            case ReportOccupancy():
+                if self._status == ev.RUNNING and not self._released and self._row["lane"] == ev.LANE_QUEUED:
+                    queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
+                    if queue is not None:
+                        queue.tell(Occupying(self.run_id))
+        return None
+
+    # Lifecycle ---------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._status != ev.QUEUED:
+            return  # cancelled while the grant was on its way; the slot is already back
+        self._status = ev.RUNNING
+        started_at = ev.utc_now()
+        self._store.write(UpdateRun(self.run_id, {"status": ev.RUNNING, "started_at": started_at}))
+        self._emit(ev.RUN_STARTED, None, {"device": self._row["device"], "seed": self._row.get("seed")})
+        self._executor = start_thread_actor(InProcessExecutor, f"executor/{self.run_id}", self.ref)
+        self._executor.tell(
+            Execute(
+                graph=self._graph,
+                run_id=self.run_id,
+                device=self._row["device"],
+                seed=self._row.get("seed"),
+                deterministic=bool(self._row.get("deterministic")),
+                max_parallel=self._settings.max_parallel_nodes,
+                cancel=self._cancel,
+            )
+        )
+
+    def _request_stop(self, final_status: str) -> dict[str, str]:
+        if self._status == ev.QUEUED:
+            message = "cancelled before it started" if final_status == ev.CANCELLED else "the server stopped"
+            self._finish(final_status, message, None)
+            return {"run_id": self.run_id, "status": final_status}
+        if self._stop_as is None:
+            self._stop_as = final_status
+        self._cancel.set()
+        return {"run_id": self.run_id, "status": self._status}
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
+        if queue is not None and self._row["lane"] == ev.LANE_QUEUED:
+            queue.tell(Release(self.run_id))
+        placer = self._registry.lookup("placer")
+        if placer is not None:
+            placer.tell(Released(self.run_id))
+
+    def _finish(self, status: str, error: str | None, node_id: str | None) -> None:
+        if self._status in ev.TERMINAL_STATES:
+            return
+        # A cancelled engine outcome ends as whatever stop was asked for.
+        if status == ev.CANCELLED and self._stop_as is not None:
+            status = self._stop_as
+            if status == ev.INTERRUPTED:
+                error = "the server stopped while this run was executing"
+        self._release()
+        self._status = status
+        fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}
+        self._store.write(UpdateRun(self.run_id, fields))
+        payload: dict[str, Any] = {"status": status, "error": error}
+        if node_id is not None:
+            payload["node_id"] = node_id
+        self._emit(ev.RUN_FINISHED, None, payload)
+        if self._settings.run_retention_keep_last >= 0:
+            self._store.write(Prune(self._settings.run_retention_keep_last))
+        self.stop_self("finished")
+
+    async def on_failure(self, error: BaseException) -> None:
+        # A crashed RunActor fails its run; it is never silently retried.
+        self._cancel.set()
+        self._release()
+        if self._status not in ev.TERMINAL_STATES:
+            message = f"internal error: {type(error).__name__}: {error}"
+            self._store.write(UpdateRun(self.run_id, {"status": ev.FAILED, "finished_at": ev.utc_now(),
+                                                      "error": message}))
+            self._emit(ev.RUN_FINISHED, None, {"status": ev.FAILED, "error": message, "internal": True})
+
+    # Events ------------------------------------------------------------------------
+    def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
+            self._store.write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {})))
+        self._emit(kind, node_id, payload)
+
+    def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        capped = ev.cap_payload(payload, self._settings.run_event_payload_cap_bytes)
+        event = ev.make_event(self._next_seq, kind, node_id, capped)
+        self._next_seq += 1
+        self._store.write(AppendEvents(self.run_id, (event,)))
+
+
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """The stop grace ran out and the graph still executes: end the run ``interrupted``
+    now, so the record is right even though its thread is left behind."""
+
+
+__all__ = ["Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start"]

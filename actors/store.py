@@ -1,0 +1,367 @@
+"""The Store: one pykka thread actor owning the one apsw connection, the only writer of
+the database; and ``StoreClient``, its asyncio face, which coalesces writes.
+
+Writes from many actors queue in the client and go to the store thread as one
+``Commit`` batch: one ``BEGIN IMMEDIATE`` transaction, each op in its own savepoint so a
+bad op fails alone. Ops keep their order within and across batches (one batch in
+flight at a time), and ``on_committed`` sees them only after the commit, so the event
+hub never publishes an event the database could still lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import apsw
+import apsw.bestpractice
+
+from actors import store_queries as q
+from actors.errors import ActorDeadError, RunNotFound, RunStillActive
+from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
+from actors.threaded import ThreadActor, ThreadActorRef
+from protocol import events as ev
+
+log = logging.getLogger("troupe.store")
+
+# Applied once per process, before the first connection (apsw's own advice).
+apsw.bestpractice.apply(apsw.bestpractice.recommended)
+
+WRITE_TIMEOUT_S = 30.0
+
+
+# Messages: writes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InsertRun:
+    row: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateRun:
+    run_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AppendEvents:
+    """Events already numbered by their RunActor; ``metric`` events also become
+    metric rows. Appending a seq twice is a no-op, so a retried write is harmless."""
+
+    run_id: str
+    events: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class RecordOutputs:
+    run_id: str
+    node_id: str
+    outputs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RecoverInterrupted:
+    """At start: every run left queued or running by a crash becomes interrupted, with
+    a terminal event so a watcher of its stream ends. Returns the run ids."""
+
+    reason: str = "server_restart"
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Retention: keeps the newest ``keep_last`` runs (active ones count but are never
+    removed). Returns the pruned run ids."""
+
+    keep_last: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    ops: tuple[Any, ...]
+
+
+# Messages: reads ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GetRun:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ListRuns:
+    status: str | None = None
+    sweep_id: str | None = None
+    study_id: str | None = None
+    limit: int = 50
+    before_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class GetEvents:
+    run_id: str
+    after: int = 0
+    tail: int | None = None
+    cap_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class GetMetrics:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class QueuedRuns:
+    queue_key: str
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    pass
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    pass
+
+
+@dataclass(frozen=True)
+class MaxEnqueueSeq:
+    pass
+
+
+# The actor ---------------------------------------------------------------------
+
+
+class StoreActor(ThreadActor):
+    def __init__(self, name: str, loop: Any, on_exit: Any, db_path: Path, runs_dir: Path) -> None:
+        super().__init__(name, loop, on_exit)
+        self._db_path = db_path
+        self._runs_dir = runs_dir
+        self._conn: apsw.Connection | None = None
+
+    def on_start(self) -> None:
+        try:
+            self._conn = open_database(self._db_path)
+        except Exception as exc:  # pykka would only log it and keep the actor running
+            log.error("cannot open the database %s: %s", self._db_path, exc)
+            self.mark_broken(exc)
+
+    def on_stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        super().on_stop()
+
+    def is_broken(self, error: Exception) -> bool:
+        return isinstance(error, apsw.CantOpenError | apsw.IOError | apsw.CorruptError | apsw.NotADBError)
+
+    @property
+    def conn(self) -> apsw.Connection:
+        if self._conn is None:
+            raise ActorDeadError("the store is closed")
+        return self._conn
+
+    def handle(self, message: Any) -> Any:
+        match message:
+            case Commit(ops):
+                return self._commit(ops)
+            case GetRun(run_id):
+                return q.get_run(self.conn, run_id)
+            case ListRuns():
+                return q.list_runs(self.conn, message)
+            case GetEvents():
+                return q.get_events(self.conn, message.run_id, message.after, message.tail, message.cap_bytes)
+            case GetMetrics(run_id):
+                return q.get_metrics(self.conn, run_id)
+            case QueuedRuns(queue_key):
+                return q.queued_runs(self.conn, queue_key)
+            case QueuePosition(run_id):
+                return q.queue_position(self.conn, run_id)
+            case QueueCounts():
+                return q.queue_counts(self.conn)
+            case StatusCounts():
+                return q.status_counts(self.conn)
+            case MaxEnqueueSeq():
+                return q.max_enqueue_seq(self.conn)
+            case _:
+                # A lone write is a batch of one.
+                outcome = self._commit((message,))[0]
+                if isinstance(outcome, Exception):
+                    raise outcome
+                return outcome
+
+    def _commit(self, ops: tuple[Any, ...]) -> list[Any]:
+        conn = self.conn
+        results: list[Any] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for op in ops:
+                try:
+                    with conn:  # a savepoint: one bad op rolls back alone
+                        results.append(self._apply(op))
+                except (apsw.Error, RunNotFound, RunStillActive, ValueError, TypeError) as exc:
+                    if self.is_broken(exc):  # type: ignore[arg-type]
+                        raise
+                    results.append(exc)
+            conn.execute("COMMIT")
+        except BaseException:
+            if not conn.getautocommit():
+                conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def _apply(self, op: Any) -> Any:
+        conn = self.conn
+        match op:
+            case InsertRun(row):
+                q.insert_run(conn, row)
+            case UpdateRun(run_id, fields):
+                q.update_run(conn, run_id, fields)
+            case AppendEvents(run_id, events):
+                q.append_events(conn, run_id, events)
+            case RecordOutputs(run_id, node_id, outputs):
+                conn.execute(
+                    "INSERT OR REPLACE INTO recorded_outputs(run_id, node_id, outputs) VALUES (?, ?, ?)",
+                    (run_id, node_id, json.dumps(outputs)),
+                )
+            case DeleteRun(run_id):
+                q.delete_run(conn, run_id)
+            case RecoverInterrupted(reason):
+                return q.recover_interrupted(conn, reason, ev.utc_now())
+            case Prune(keep_last):
+                pruned = q.prune(conn, keep_last)
+                for run_id, status in pruned:
+                    self._remove_run_dirs(run_id, keep_checkpoints=status == ev.INTERRUPTED)
+                return [run_id for run_id, _ in pruned]
+            case _:
+                raise TypeError(f"the store has no write {type(op).__name__}")
+        return None
+
+    def _remove_run_dirs(self, run_id: str, keep_checkpoints: bool) -> None:
+        # Retention, unlike a user's delete, also removes what a run wrote on its own;
+        # an interrupted run keeps its checkpoints, its resume point after a crash.
+        run_dir = self._runs_dir / run_id
+        if not run_dir.is_dir():
+            return
+        for child in run_dir.iterdir():
+            if keep_checkpoints and child.name == "checkpoints":
+                continue
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        if not any(run_dir.iterdir()):
+            run_dir.rmdir()
+
+
+def open_database(path: Path) -> apsw.Connection:
+    """Opens (creating if needed) and migrates the database."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA synchronous=NORMAL")
+    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"{path} has schema version {version}; this troupe knows up to {SCHEMA_VERSION}")
+    for number in range(version, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(MIGRATIONS[number])
+            conn.execute(f"PRAGMA user_version={number + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        log.info("migrated %s to schema version %d", path, number + 1)
+    return conn
+
+
+# The asyncio face -----------------------------------------------------------------
+
+
+def _log_failed_write(future: asyncio.Future[Any]) -> None:
+    # Retrieving the exception here also keeps asyncio from calling it "never retrieved"
+    # for writers that do not wait on their write.
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("store write failed: %s", future.exception())
+
+
+@dataclass
+class _Pending:
+    op: Any
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class StoreClient:
+    """Queues writes and sends them to the store thread in batches (group commit)."""
+
+    ref: ThreadActorRef
+    on_committed: Callable[[Any], None] = lambda op: None
+    _pending: list[_Pending] = field(default_factory=list)
+    _flushing: asyncio.Task[None] | None = None
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    async def read(self, message: Any, timeout: float = 10.0) -> Any:
+        return await self.ref.ask(message, timeout)
+
+    def write(self, op: Any) -> asyncio.Future[Any]:
+        """Returns a future that resolves once ``op`` is committed (or failed)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_log_failed_write)
+        self._pending.append(_Pending(op, future))
+        self._idle.clear()
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush(), name="store-flush")
+        return future
+
+    async def drain(self) -> None:
+        """Waits until every write made so far is committed."""
+        await self._idle.wait()
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    reply = self.ref.submit(Commit(tuple(p.op for p in batch)))
+                    outcomes = await asyncio.wait_for(asyncio.wrap_future(reply), WRITE_TIMEOUT_S)
+                except Exception as exc:
+                    log.error("store write of %d ops failed: %s", len(batch), exc)
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(exc)
+                    continue
+                for pending, outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, Exception):
+                        pending.future.set_exception(outcome)
+                        continue
+                    try:
+                        self.on_committed(pending.op)
+                    except Exception:
+                        log.exception("on_committed failed for %s", type(pending.op).__name__)
+                    if not pending.future.done():
+                        pending.future.set_result(outcome)
+        finally:
+            self._flushing = None
+            self._idle.set()

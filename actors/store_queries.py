@@ -1,0 +1,239 @@
+"""The SQL behind the store's messages. Called only from the store's own thread."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import apsw
+
+from actors.errors import RunNotFound, RunStillActive
+from protocol import events as ev
+
+RUN_COLUMNS = (
+    "id", "name", "status", "device", "queue_key", "lane", "editor_session", "seed", "deterministic",
+    "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
+    "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id",
+)
+UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
+
+_TERMINAL = "('succeeded', 'failed', 'cancelled', 'interrupted')"
+
+# queue_position: 1 + the queued-lane runs still queued ahead on the same key.
+_POSITION = """
+    CASE WHEN r.status = 'queued' AND r.lane = 'queued' THEN 1 + (
+        SELECT COUNT(*) FROM runs a
+        WHERE a.queue_key = r.queue_key AND a.status = 'queued' AND a.lane = 'queued'
+          AND a.enqueue_seq < r.enqueue_seq)
+    END
+"""
+# final_loss: the last val_loss, else the last train_loss.
+_FINAL_LOSS = """
+    COALESCE(
+        (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.series = 'val_loss' ORDER BY m.seq DESC LIMIT 1),
+        (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss' ORDER BY m.seq DESC LIMIT 1))
+"""
+_SELECT = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
+
+
+def _row(values: tuple[Any, ...]) -> dict[str, Any]:
+    row = dict(zip(RUN_COLUMNS, values[: len(RUN_COLUMNS)], strict=True))
+    row["queue_position"], row["final_loss"] = values[len(RUN_COLUMNS):]
+    row["deterministic"] = bool(row["deterministic"])
+    row["record_outputs"] = bool(row["record_outputs"])
+    for key in ("graph", "options", "warnings"):
+        row[key] = json.loads(row[key])
+    return row
+
+
+def _encode(key: str, value: Any) -> Any:
+    if key in ("graph", "options", "warnings"):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def insert_run(conn: apsw.Connection, row: Mapping[str, Any]) -> None:
+    keys = [k for k in RUN_COLUMNS if k in row]
+    conn.execute(
+        f"INSERT OR IGNORE INTO runs({', '.join(keys)}) VALUES ({', '.join('?' for _ in keys)})",
+        tuple(_encode(k, row[k]) for k in keys),
+    )
+
+
+def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) -> None:
+    unknown = set(fields) - UPDATABLE
+    if unknown:
+        raise ValueError(f"cannot update run columns {sorted(unknown)}")
+    if not fields:
+        return
+    assignments = ", ".join(f"{k} = ?" for k in fields)
+    conn.execute(
+        f"UPDATE runs SET {assignments} WHERE id = ?", (*(_encode(k, v) for k, v in fields.items()), run_id)
+    )
+
+
+def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[str, Any]]) -> None:
+    for event in events:
+        payload = event["payload"]
+        conn.execute(
+            "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)),
+        )
+        if event["type"] == ev.METRIC and isinstance(payload.get("value"), int | float):
+            conn.execute(
+                "INSERT OR IGNORE INTO metrics(run_id, series, step, value, ts, seq) VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, str(payload.get("name")), int(payload.get("step") or 0), float(payload["value"]),
+                 event["ts"], event["seq"]),
+            )
+
+
+def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
+    found = conn.execute(f"{_SELECT} WHERE r.id = ?", (run_id,)).fetchall()
+    if not found:
+        return None
+    row = _row(found[0])
+    row["artifacts"] = [
+        {"node_id": n, "kind": k, "path": p, "created_at": c}
+        for n, k, p, c in conn.execute(
+            "SELECT node_id, kind, path, created_at FROM artifacts WHERE run_id = ? ORDER BY rowid", (run_id,)
+        )
+    ]
+    return row
+
+
+def list_runs(conn: apsw.Connection, query: Any) -> tuple[list[dict[str, Any]], int | None]:
+    """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
+    where, args = [], []
+    for column in ("status", "sweep_id", "study_id"):
+        value = getattr(query, column)
+        if value is not None:
+            where.append(f"r.{column} = ?")
+            args.append(value)
+    if query.before_seq is not None:
+        where.append("r.enqueue_seq < ?")
+        args.append(query.before_seq)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    rows = [
+        _row(v)
+        for v in conn.execute(f"{_SELECT}{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
+    ]
+    if len(rows) > query.limit:
+        rows = rows[: query.limit]
+        return rows, rows[-1]["enqueue_seq"]
+    return rows, None
+
+
+def get_events(
+    conn: apsw.Connection, run_id: str, after: int, tail: int | None, cap_bytes: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of events and the ``after`` to ask for next when the byte cap cut it."""
+    if tail is not None:
+        found = list(
+            conn.execute(
+                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
+                (run_id, tail),
+            )
+        )
+        found.reverse()
+    else:
+        found = list(
+            conn.execute(
+                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after),
+            )
+        )
+    events: list[dict[str, Any]] = []
+    used = 0
+    for seq, kind, ts, node_id, payload in found:
+        size = len(payload) + 96
+        # A page always holds at least one event, or a huge one would block the cursor.
+        if cap_bytes > 0 and events and used + size > cap_bytes:
+            return events, events[-1]["seq"]
+        used += size
+        events.append({"seq": seq, "type": kind, "ts": ts, "node_id": node_id, "payload": json.loads(payload)})
+    return events, None
+
+
+def get_metrics(conn: apsw.Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    series: dict[str, list[dict[str, Any]]] = {}
+    for name, step, value, ts in conn.execute(
+        "SELECT series, step, value, ts FROM metrics WHERE run_id = ? ORDER BY seq", (run_id,)
+    ):
+        series.setdefault(name, []).append({"step": step, "value": value, "ts": ts})
+    return series
+
+
+def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool]]:
+    return [
+        (run_id, seq, seed is not None)
+        for run_id, seq, seed in conn.execute(
+            "SELECT id, enqueue_seq, seed FROM runs WHERE queue_key = ? AND status = 'queued' AND lane = 'queued' "
+            "ORDER BY enqueue_seq",
+            (queue_key,),
+        )
+    ]
+
+
+def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
+    found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (run_id,)).fetchall()
+    return found[0][0] if found else None
+
+
+def queue_counts(conn: apsw.Connection) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for key, status, count in conn.execute(
+        "SELECT queue_key, status, COUNT(*) FROM runs WHERE status IN ('queued', 'running') "
+        "AND lane = 'queued' GROUP BY queue_key, status"
+    ):
+        counts.setdefault(key, {"queued": 0, "running": 0})[status] = count
+    return counts
+
+
+def status_counts(conn: apsw.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall())
+
+
+def max_enqueue_seq(conn: apsw.Connection) -> int:
+    return conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0]
+
+
+def delete_run(conn: apsw.Connection, run_id: str) -> None:
+    found = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchall()
+    if not found:
+        raise RunNotFound(f"no run {run_id}")
+    if found[0][0] not in ev.TERMINAL_STATES:
+        raise RunStillActive(f"run {run_id} is {found[0][0]}; cancel it before deleting it")
+    conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+
+
+def recover_interrupted(conn: apsw.Connection, reason: str, now: str) -> list[str]:
+    stale = conn.execute("SELECT id FROM runs WHERE status IN ('queued', 'running', 'disconnected')").fetchall()
+    recovered = []
+    for (run_id,) in stale:
+        next_seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,))
+        seq = next_seq.fetchall()[0][0]
+        message = "the server stopped before this run finished; submit it again to rerun it"
+        conn.execute(
+            "UPDATE runs SET status = 'interrupted', finished_at = ?, error = ? WHERE id = ?",
+            (now, message, run_id),
+        )
+        payload = {"status": ev.INTERRUPTED, "error": message, "reason": reason}
+        append_events(conn, run_id, [{"seq": seq, "type": ev.RUN_FINISHED, "ts": now, "payload": payload}])
+        recovered.append(run_id)
+    return recovered
+
+
+def prune(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
+    if keep_last < 0:
+        return []
+    doomed = conn.execute(
+        f"SELECT id, status FROM runs WHERE status IN {_TERMINAL} AND enqueue_seq NOT IN "
+        "(SELECT enqueue_seq FROM runs ORDER BY enqueue_seq DESC LIMIT ?)",
+        (keep_last,),
+    ).fetchall()
+    for run_id, _ in doomed:
+        conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+    return [(run_id, status) for run_id, status in doomed]

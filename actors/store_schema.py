@@ -1,0 +1,74 @@
+"""The database schema and its forward migrations, applied in order at open.
+
+``PRAGMA user_version`` holds how many migrations have run; a database from a newer
+troupe (a higher version than we know) is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: runs, their events, metrics, artifacts and recorded outputs.
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        name TEXT,
+        status TEXT NOT NULL,
+        device TEXT NOT NULL,
+        queue_key TEXT NOT NULL,
+        lane TEXT NOT NULL,
+        editor_session TEXT,
+        seed INTEGER,
+        deterministic INTEGER NOT NULL DEFAULT 0,
+        record_outputs INTEGER NOT NULL DEFAULT 0,
+        graph TEXT NOT NULL,
+        options TEXT NOT NULL,
+        warnings TEXT NOT NULL DEFAULT '[]',
+        enqueue_seq INTEGER NOT NULL UNIQUE,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        finished_at TEXT,
+        error TEXT,
+        error_detail TEXT,
+        sweep_id TEXT,
+        sweep_variant INTEGER,
+        study_id TEXT
+    );
+    CREATE INDEX runs_queue ON runs(queue_key, status, enqueue_seq);
+    CREATE INDEX runs_status ON runs(status, enqueue_seq);
+    CREATE TABLE events (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        ts TEXT NOT NULL,
+        node_id TEXT,
+        payload TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE metrics (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        series TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        value REAL NOT NULL,
+        ts TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE INDEX metrics_series ON metrics(run_id, series, seq);
+    CREATE TABLE artifacts (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        node_id TEXT,
+        kind TEXT NOT NULL,
+        path TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX artifacts_run ON artifacts(run_id);
+    CREATE TABLE recorded_outputs (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        node_id TEXT NOT NULL,
+        outputs TEXT NOT NULL,
+        PRIMARY KEY (run_id, node_id)
+    ) WITHOUT ROWID;
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)

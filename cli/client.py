@@ -1,0 +1,83 @@
+"""A small HTTP client for the CLI: JSON requests and an SSE reader (stdlib only, so the
+CLI starts fast)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+from cli.errors import NoServer
+
+
+class Client:
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        parsed = urllib.parse.urlsplit(self.url)
+        self._host = parsed.hostname or "127.0.0.1"
+        self._port = parsed.port or 80
+        self._token = token
+
+    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _headers(self, body: bytes | None) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
+        raw = json.dumps(body).encode() if body is not None else None
+        conn = self._connection(timeout)
+        try:
+            conn.request(method, path, body=raw, headers=self._headers(raw))
+            response = conn.getresponse()
+            data = response.read()
+        except (ConnectionRefusedError, socket.gaierror, socket.timeout, OSError) as exc:
+            raise NoServer(f"no troupe server answers at {self.url} ({exc}); start one with `troupe start`") from None
+        finally:
+            conn.close()
+        try:
+            return response.status, json.loads(data) if data else None
+        except ValueError:
+            return response.status, data.decode(errors="replace")
+
+    def stream(self, path: str, read_timeout: float | None = None) -> Iterator[tuple[str, Any]]:
+        """Yields ``(event, data)`` of a server-sent event stream; ``socket.timeout``
+        propagates when no byte came within ``read_timeout``."""
+        conn = self._connection(read_timeout)
+        try:
+            conn.request("GET", path, headers={"Accept": "text/event-stream"})
+            response = conn.getresponse()
+        except (ConnectionRefusedError, OSError) as exc:
+            conn.close()
+            raise NoServer(f"no troupe server answers at {self.url} ({exc})") from None
+        if response.status != 200:
+            body = response.read()
+            conn.close()
+            raise NoServer(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
+        try:
+            event, data = "message", []
+            while True:
+                line = response.fp.readline()
+                if not line:
+                    return
+                text = line.decode().rstrip("\r\n")
+                if text == "":
+                    if data:
+                        yield event, json.loads("\n".join(data))
+                    event, data = "message", []
+                elif text.startswith(":"):
+                    continue
+                elif text.startswith("event:"):
+                    event = text[6:].strip()
+                elif text.startswith("data:"):
+                    data.append(text[5:].lstrip())
+        finally:
+            conn.close()

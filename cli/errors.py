@@ -1,0 +1,29 @@
+"""CLI failures with the exit code each one means (DESIGN section 4)."""
+
+from __future__ import annotations
+
+from protocol.errors import TroupeError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(TroupeError):
+    """Printed as one line to stderr; the command exits with ``exit_code``."""
+
+    code = "cli_error"
+    exit_code = EXIT_FAILED
+
+
+class NoServer(CliError):
+    code = "no_server"
+
+
+class AlreadyRunning(CliError):
+    code = "already_running"
+
+
+class SubmitRejected(CliError):
+    code = "submit_rejected"

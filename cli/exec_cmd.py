@@ -1,0 +1,59 @@
+"""``troupe exec``: execute a graph in this process, with no server (the offline runner)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.render import render_event
+from cli.run_cmd import _load_graph
+from protocol import events as ev
+from protocol.graph import Graph
+from subprocess_runner.catalog import load_catalog
+from subprocess_runner.context import ExecutionContext, Sinks
+from subprocess_runner.devices import resolve_device
+from subprocess_runner.engine import execute_graph, prepare_executable_graph
+from subprocess_runner.errors import GraphInvalid
+
+
+def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int) -> int:
+    from pydantic import ValidationError
+
+    raw = _load_graph(path)
+    try:
+        graph = Graph.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CliError(f"{path}: {'/'.join(map(str, first['loc']))}: {first['msg']}") from None
+    try:
+        resolved, warning = resolve_device(device or graph.settings.device)
+        executable = prepare_executable_graph(graph, load_catalog(), prefix="")
+    except ValueError as exc:
+        raise CliError(f"{path}: {exc}") from None
+    except GraphInvalid as exc:
+        raise CliError(f"{path}: {exc.message} (at {exc.pointer})") from None
+    if warning:
+        print(f"  ⚠ {warning}")
+    run_id = uuid.uuid4().hex
+    lock = threading.Lock()
+
+    def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        line = render_event({"type": kind, "node_id": node_id, "payload": payload})
+        if line:
+            with lock:
+                print(line, flush=True)
+
+    cancel = threading.Event()
+    ctx = ExecutionContext(run_id, None, resolved, seed, Sinks(emit), cancel)
+    print(f"  ▸ executing {path} on {resolved}" + (f" with seed {seed}" if seed is not None else ""), flush=True)
+    try:
+        outcome = execute_graph(executable, ctx, max_parallel=max_parallel)
+    except KeyboardInterrupt:
+        cancel.set()
+        print("  ✗ interrupted", flush=True)
+        return EXIT_INTERRUPTED
+    emit(ev.RUN_FINISHED, None, {"status": outcome.status, "error": outcome.error})
+    print(f"\n  Result          {outcome.status}", flush=True)
+    return EXIT_OK if outcome.status == ev.SUCCEEDED else EXIT_FAILED

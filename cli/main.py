@@ -1,0 +1,121 @@
+"""The ``troupe`` command: typer parses flags, the *_cmd modules do the work.
+
+Exit codes: 0 success (or detached), 1 failure of any kind (the run failed, or the
+command could not do its job), 2 usage error (typer's), 130 Ctrl+C.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.errors import EXIT_FAILED, CliError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="troupe: a run control plane for ML graphs.")
+
+DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
+
+
+def _fail(exc: CliError) -> None:
+    print(f"troupe: {exc.message}", file=sys.stderr)
+    raise typer.Exit(exc.exit_code)
+
+
+@app.command()
+def start(
+    host: Annotated[str | None, typer.Option(help="address to bind (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default 8765; 0 picks a free one)", min=0, max=65535)] = None,
+    examples: Annotated[Path | None, typer.Option(help="folder of example graphs to serve")] = None,
+) -> None:
+    """Start the control plane in the foreground; Ctrl+C stops it gracefully."""
+    from cli.config import load_settings
+    from cli.start_cmd import start as run_start
+
+    try:
+        code = run_start(load_settings(host, port, examples))
+    except CliError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command()
+def stop(timeout: Annotated[float, typer.Option(help="seconds to wait for the graceful stop")] = 60.0) -> None:
+    """Stop the server of this TROUPE_HOME gracefully."""
+    from cli.config import load_settings
+    from cli.start_cmd import stop as run_stop
+
+    try:
+        raise typer.Exit(run_stop(load_settings(), timeout))
+    except CliError as exc:
+        _fail(exc)
+
+
+@app.command()
+def run(
+    graph: Annotated[str, typer.Argument(help="a saved graph (JSON)")],
+    name: Annotated[str | None, typer.Option(help="a name to show wherever runs are listed")] = None,
+    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+    seed: Annotated[int | None, typer.Option(help="seed every node for a reproducible run", min=0,
+                                             max=2**32 - 1)] = None,
+    deterministic: Annotated[bool, typer.Option("--deterministic", help="ask for deterministic kernels")] = False,
+    record_outputs: Annotated[bool, typer.Option("--record-outputs", help="keep node outputs")] = False,
+    wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
+    timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
+    target: Annotated[str | None, typer.Option(help="a worker to run on")] = None,
+    host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
+    port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
+) -> None:
+    """Submit a graph to the running server and follow it to its result."""
+    from cli.client import Client
+    from cli.config import load_settings
+    from cli.run_cmd import submit_and_follow
+    from cli.session import read_session
+
+    settings = load_settings()
+    session = read_session(settings.home) or {}
+    url = session.get("url") or settings.url
+    if host or port:
+        url = f"http://{host or settings.host}:{port or settings.port}"
+    options = {
+        "device": device, "seed": seed, "deterministic": deterministic or None,
+        "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
+    }
+    try:
+        code = submit_and_follow(Client(url, session.get("token")), graph, options, name, not wait, timeout)
+    except CliError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command(name="exec")
+def exec_(
+    graph: Annotated[str, typer.Argument(help="a saved graph (JSON)")],
+    seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1)] = None,
+    device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
+    max_parallel: Annotated[int, typer.Option(min=1, help="nodes executing at once")] = 4,
+) -> None:
+    """Execute a graph here, without a server."""
+    from cli.exec_cmd import exec_graph
+
+    try:
+        code = exec_graph(graph, seed, device, max_parallel)
+    except CliError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except CliError as exc:  # pragma: no cover - every command catches its own
+        print(f"troupe: {exc.message}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

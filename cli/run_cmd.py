@@ -1,0 +1,102 @@
+"""``troupe run``: submit a saved graph to the server and follow it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from cli.client import Client
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, SubmitRejected
+from cli.render import render_event
+from protocol import events as ev
+
+# The server sends a keepalive every 15 s; a stream silent for longer is gone.
+_STREAM_SILENCE_S = 45.0
+
+
+def _load_graph(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read the graph {path}: {exc.strerror or exc}") from None
+    try:
+        graph = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(graph, dict):
+        raise CliError(f"{path} must hold a graph object")
+    return graph
+
+
+def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: str | None, detach: bool,
+                      timeout: float | None) -> int:
+    graph = _load_graph(path)
+    body: dict[str, Any] = {"graph": graph, "options": {k: v for k, v in options.items() if v is not None}}
+    if name:
+        body["name"] = name
+    status, reply = client.request("POST", "/api/runs", body)
+    if status != 201:
+        error = (reply or {}).get("error", {}) if isinstance(reply, dict) else {}
+        where = f" at {error['pointer']}" if error.get("pointer") else ""
+        raise SubmitRejected(f"the server refused the run ({status} {error.get('code', '')}){where}: "
+                             f"{error.get('message', reply)}")
+    run_id = reply["run_id"]
+    print("=== Run submitted ===")
+    print(f"  Run ID          {run_id}")
+    print(f"  Graph           {Path(path).name}")
+    print(f"  Device          {reply['device']}")
+    print(f"  Status          {reply['status']}")
+    for warning in reply.get("warnings", []):
+        print(f"  ⚠ {warning}")
+    print(flush=True)
+    if detach:
+        return EXIT_OK
+    try:
+        return _follow(client, run_id, reply["queue_key"], timeout)
+    except KeyboardInterrupt:
+        print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_position: int | None = None
+    after = 0
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return _timed_out(run_id, timeout)
+        read_timeout = _STREAM_SILENCE_S if remaining is None else min(_STREAM_SILENCE_S, remaining)
+        try:
+            for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout):
+                if kind == "queue_position":
+                    position = data.get("queue_position")
+                    if position is not None and position != last_position:
+                        print(f"  ○ queued  position {position} on {queue_key}", flush=True)
+                        last_position = position
+                    continue
+                if kind != "run_event":
+                    continue
+                after = data["seq"]
+                line = render_event(data)
+                if line:
+                    print(line, flush=True)
+                if data["type"] == ev.RUN_FINISHED:
+                    final = data["payload"].get("status")
+                    print(f"\n  Result          {final}", flush=True)
+                    return EXIT_OK if final == ev.SUCCEEDED else EXIT_FAILED
+                if deadline is not None and time.monotonic() > deadline:
+                    return _timed_out(run_id, timeout)
+        except (TimeoutError, socket.timeout):
+            if deadline is not None and time.monotonic() >= deadline:
+                return _timed_out(run_id, timeout)
+        # The stream ended without a result (server restart): reconnect from `after`.
+
+
+def _timed_out(run_id: str, timeout: float | None) -> int:
+    print(f"\n  stopped waiting after {timeout}s; the run goes on on the server ({run_id})")
+    print("  Result          unknown (timed out)", flush=True)
+    return EXIT_FAILED

@@ -1,0 +1,68 @@
+"""The session file and the instance lock of one ``TROUPE_HOME``.
+
+``troupe start`` holds an exclusive ``flock`` on ``troupe.lock`` for its lifetime (the
+kernel drops it if the process dies, so a crash leaves no stale lock) and writes
+``session.json`` (mode 0600) with the URL, token and pid the CLI uses.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from cli.errors import AlreadyRunning
+
+SESSION_FILE = "session.json"
+LOCK_FILE = "troupe.lock"
+
+
+def read_session(home: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((home / SESSION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_session(home: Path, url: str, token: str) -> None:
+    path = home / SESSION_FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"url": url, "token": token, "pid": os.getpid()}, handle)
+    os.replace(tmp, path)
+
+
+def remove_session(home: Path) -> None:
+    (home / SESSION_FILE).unlink(missing_ok=True)
+
+
+def acquire_lock(home: Path) -> IO[str]:
+    """Returns the held lock file; raises ``AlreadyRunning`` naming the other server."""
+    home.mkdir(parents=True, exist_ok=True)
+    handle = open(home / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        session = read_session(home) or {}
+        raise AlreadyRunning(
+            f"a troupe server already runs on {home} (pid {session.get('pid', '?')}, {session.get('url', '?')}); "
+            "stop it with `troupe stop` or use another TROUPE_HOME"
+        ) from None
+    return handle
+
+
+def lock_is_held(home: Path) -> bool:
+    try:
+        with open(home / LOCK_FILE, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,124 @@
+"""Request and reply schemas of the HTTP API.
+
+The same pydantic models validate incoming bodies and produce ``/api/openapi.json``, so
+the document cannot drift from what the server accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.graph import Graph
+
+SEED_MAX = 2**32 - 1
+
+
+class RunOptions(BaseModel):
+    """How a run is to be executed; every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str | None = Field(default=None, max_length=64, description="cpu | auto | cuda | cuda:N | mps")
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    deterministic: bool = False
+    record_outputs: bool = False
+    lane: Literal["queued", "interactive"] = "queued"
+    editor_session: str | None = Field(default=None, min_length=1, max_length=128)
+    target: dict[str, Any] | None = Field(default=None, description="a worker placement; needs an enrolled worker")
+    provenance: bool = False
+
+
+class SubmitRun(BaseModel):
+    """Body of ``POST /api/runs``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    graph: Graph
+    name: str | None = Field(default=None, max_length=200)
+    options: RunOptions = Field(default_factory=RunOptions)
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    status: str
+    device: str
+    queue_key: str
+    lane: str
+    queue_position: int | None
+    warnings: list[str]
+
+
+class RunRow(BaseModel):
+    id: str
+    name: str | None
+    status: str
+    device: str
+    queue_key: str
+    lane: str
+    queue_position: int | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    final_loss: float | None
+    sweep_id: str | None
+    sweep_variant: int | None
+    error: str | None
+
+
+class RunDetail(RunRow):
+    seed: int | None
+    deterministic: bool
+    record_outputs: bool
+    error_detail: str | None
+    warnings: list[str]
+    artifacts: list[dict[str, Any]]
+    graph: dict[str, Any]
+
+
+class RunList(BaseModel):
+    runs: list[RunRow]
+    next_cursor: str | None
+
+
+class Event(BaseModel):
+    seq: int
+    type: str
+    ts: str
+    node_id: str | None
+    payload: dict[str, Any]
+
+
+class EventPage(BaseModel):
+    events: list[Event]
+    next_cursor: int | None
+
+
+class CancelReply(BaseModel):
+    run_id: str
+    status: str
+
+
+class QueueRow(BaseModel):
+    queue_key: str
+    limit: int
+    running: int
+    queued: int
+    state: Literal["ok", "quarantined"]
+    reason: str | None = None
+
+
+class QueueList(BaseModel):
+    queues: list[QueueRow]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    pointer: str | None = None
+    node_id: str | None = None
+
+
+class ErrorReply(BaseModel):
+    error: ErrorBody

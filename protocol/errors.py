@@ -1,0 +1,99 @@
+"""The error classes every troupe package raises at its boundary, with stable codes.
+
+An error carries what the HTTP layer needs to answer for it: a snake_case ``code`` that
+clients can branch on, the HTTP status, and where it applies, an RFC 6901 ``pointer``
+into the request body and the ``node_id`` at fault. Other packages subclass these in
+their own ``errors.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TroupeError(Exception):
+    """Base of every error troupe reports to a user; never raised itself."""
+
+    code = "troupe_error"
+    http_status = 400
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pointer: str | None = None,
+        node_id: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.pointer = pointer
+        self.node_id = node_id
+        if code is not None:
+            self.code = code
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``{"error": {...}}`` body of DESIGN section 4."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.pointer is not None:
+            body["pointer"] = self.pointer
+        if self.node_id is not None:
+            body["node_id"] = self.node_id
+        return {"error": body}
+
+
+class InvalidRequest(TroupeError):
+    """Raised when a request body or query does not have the shape its route expects."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class Unauthorized(TroupeError):
+    """Raised when a mutation comes without the session token, or with a wrong one."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class HostNotAllowed(TroupeError):
+    """Raised when the request's Host is not one this server answers to."""
+
+    code = "host_not_allowed"
+    http_status = 403
+
+
+class NotFound(TroupeError):
+    """Raised for an unknown or malformed resource id."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class StateConflict(TroupeError):
+    """Raised when the resource exists but its state forbids the action."""
+
+    code = "state_conflict"
+    http_status = 409
+
+
+class PayloadTooLarge(TroupeError):
+    """Raised when a request body is over the server's limit."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class CapacityRefused(TroupeError):
+    """Raised when the server refuses work it has no room for right now, instead of
+    letting it wait silently (interactive lane limits, the seed gate)."""
+
+    code = "capacity_refused"
+    http_status = 503
+
+
+def pointer_from_path(path: tuple[Any, ...] | list[Any]) -> str:
+    """Turns a location such as ``("graph", "nodes", 2, "type")`` into an RFC 6901
+    pointer, escaping ``~`` and ``/`` as the RFC requires."""
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
+    return "/" + "/".join(parts) if parts else ""

@@ -1,0 +1,82 @@
+"""The one event vocabulary of a run, in-process or (later) on a worker.
+
+An event is ``{"seq", "type", "ts", "node_id", "payload"}``. ``seq`` is run-scoped and
+gap-free; only the run's RunActor assigns it. Producers (the engine, the control plane)
+emit ``(type, node_id, payload)`` and never a seq.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+RUN_QUEUED = "run_queued"
+RUN_STARTED = "run_started"
+NODE_STARTED = "node_started"
+NODE_FINISHED = "node_finished"
+NODE_FAILED = "node_failed"
+METRIC = "metric"
+LOG = "log"
+WARNING = "warning"
+RUN_FINISHED = "run_finished"
+
+RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})
+VOCABULARY = frozenset(
+    {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED}
+)
+
+# Run states.
+QUEUED = "queued"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+INTERRUPTED = "interrupted"
+DISCONNECTED = "disconnected"
+
+ACTIVE_STATES = frozenset({QUEUED, RUNNING, DISCONNECTED})
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED, INTERRUPTED})
+ALL_STATES = ACTIVE_STATES | TERMINAL_STATES
+
+# Lanes.
+LANE_QUEUED = "queued"
+LANE_INTERACTIVE = "interactive"
+
+
+def utc_now() -> str:
+    """An ISO 8601 UTC timestamp with microseconds, the one format troupe writes."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": seq, "type": kind, "ts": utc_now(), "node_id": node_id, "payload": payload}
+
+
+def cap_payload(payload: dict[str, Any], cap_bytes: int) -> dict[str, Any]:
+    """Keeps a stored and streamed payload under ``cap_bytes`` (<= 0: no cap).
+
+    The largest output items go first, each replaced by a marker that names its port,
+    so a watcher still learns which output was too big; a payload still over the cap
+    keeps only its small scalar fields and says so."""
+    if cap_bytes <= 0:
+        return payload
+    size = len(json.dumps(payload, default=str))
+    if size <= cap_bytes:
+        return payload
+    capped = dict(payload)
+    outputs = capped.get("outputs")
+    if isinstance(outputs, dict):
+        outputs = dict(outputs)
+        capped["outputs"] = outputs
+        by_size = sorted(outputs, key=lambda port: len(json.dumps(outputs[port], default=str)), reverse=True)
+        for port in by_size:
+            item_bytes = len(json.dumps(outputs[port], default=str))
+            outputs[port] = {"omitted": True, "port": port, "bytes": item_bytes, "reason": "payload_cap"}
+            size = len(json.dumps(capped, default=str))
+            if size <= cap_bytes:
+                return capped
+    kept = {k: v for k, v in capped.items() if isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) < 256)}
+    kept["truncated"] = True
+    kept["original_bytes"] = size
+    return kept

@@ -1,0 +1,56 @@
+"""The graph document: the JSON a user submits, as DESIGN section 4 draws it.
+
+Only the *shape* lives here (ids, types, params, edges); whether the node types exist
+and the ports fit is the catalog's business (``subprocess_runner.validation``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GRAPH_VERSION = 1
+
+
+class Node(BaseModel):
+    """One node: an id unique in its graph, a catalog type and its params."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    type: str = Field(min_length=1, max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict)
+    # Editors keep layout beside the node; the engine ignores it.
+    position: dict[str, Any] | None = None
+
+
+class Edge(BaseModel):
+    """Carries one output port of ``source`` into one input port of ``target``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    source_port: str
+    target: str
+    target_port: str
+
+
+class GraphSettings(BaseModel):
+    """Graph-wide settings; ``device`` is the graph's preferred device."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    device: str | None = None
+
+
+class Graph(BaseModel):
+    """A whole graph document."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = GRAPH_VERSION
+    name: str | None = None
+    settings: GraphSettings = Field(default_factory=GraphSettings)
+    nodes: list[Node] = Field(default_factory=list, max_length=5000)
+    edges: list[Edge] = Field(default_factory=list, max_length=20000)

@@ -1,0 +1,150 @@
+"""Every ``TROUPE_*`` setting, read once at start into one frozen object.
+
+Only ``Settings.from_env`` looks at the environment, and only ``cli`` calls it; everything
+else receives the object. Malformed values never fail a start: they fall back to the
+default and leave a line in ``warnings``, which ``troupe start`` logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    run_queue_max_concurrent_gpu: int = 1
+    run_queue_max_concurrent_cpu: int = 2
+    run_queue_max_concurrent: Mapping[str, int] = field(default_factory=dict)
+    run_interactive_max_concurrent: int = 2
+    max_parallel_nodes: int = 4
+    run_retention_keep_last: int = 200
+    run_event_payload_cap_bytes: int = 131072
+    run_events_response_cap_bytes: int = 4194304
+    max_request_bytes: int = 16 * 1024 * 1024
+    stop_grace_s: float = 10.0
+    allowed_hosts: tuple[str, ...] = ()
+    public_url: str | None = None
+    examples_dir: Path | None = None
+    warnings: tuple[str, ...] = ()
+
+    def concurrency_for(self, queue_key: str) -> int:
+        """How many queued-lane runs may hold a slot of ``queue_key`` at once."""
+        if queue_key in self.run_queue_max_concurrent:
+            return self.run_queue_max_concurrent[queue_key]
+        device = queue_key.rsplit("/", 1)[-1]
+        if device == "cpu":
+            return self.run_queue_max_concurrent_cpu
+        return self.run_queue_max_concurrent_gpu
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str],
+        *,
+        default_home: Path,
+        host: str | None = None,
+        port: int | None = None,
+        examples_dir: Path | None = None,
+    ) -> Settings:
+        warnings: list[str] = []
+        reader = _Reader(environ, warnings)
+        home = Path(environ.get("TROUPE_HOME") or default_home).expanduser()
+        return cls(
+            home=home,
+            host=host or environ.get("TROUPE_HOST") or "127.0.0.1",
+            port=port if port is not None else reader.integer("TROUPE_PORT", DEFAULT_PORT, minimum=0),
+            run_queue_max_concurrent_gpu=reader.limit("TROUPE_RUN_QUEUE_MAX_CONCURRENT_GPU", 1),
+            run_queue_max_concurrent_cpu=reader.limit("TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU", 2),
+            run_queue_max_concurrent=reader.per_key("TROUPE_RUN_QUEUE_MAX_CONCURRENT"),
+            run_interactive_max_concurrent=reader.limit("TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT", 2),
+            max_parallel_nodes=reader.limit("TROUPE_MAX_PARALLEL_NODES", 4),
+            run_retention_keep_last=reader.integer("TROUPE_RUN_RETENTION_KEEP_LAST", 200),
+            run_event_payload_cap_bytes=reader.integer("TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES", 131072),
+            run_events_response_cap_bytes=reader.integer("TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES", 4194304),
+            max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
+            stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
+            allowed_hosts=tuple(
+                h.strip().lower() for h in environ.get("TROUPE_ALLOWED_HOSTS", "").split(",") if h.strip()
+            ),
+            public_url=environ.get("TROUPE_PUBLIC_URL") or None,
+            examples_dir=examples_dir,
+            warnings=tuple(warnings),
+        )
+
+
+class _Reader:
+    """Parses one kind of value each, noting what it had to ignore."""
+
+    def __init__(self, environ: Mapping[str, str], warnings: list[str]) -> None:
+        self._env = environ
+        self._warnings = warnings
+
+    def integer(self, name: str, default: int, *, minimum: int | None = None) -> int:
+        raw = self._env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            self._warnings.append(f"{name}={raw!r} is not an integer; using {default}")
+            return default
+        if minimum is not None and value < minimum:
+            self._warnings.append(f"{name}={value} is below {minimum}; using {default}")
+            return default
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        raw = self._env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            self._warnings.append(f"{name}={raw!r} is not a number; using {default}")
+            return default
+        if value < 0 or value != value:
+            self._warnings.append(f"{name}={raw!r} must be a non-negative number; using {default}")
+            return default
+        return value
+
+    def limit(self, name: str, default: int) -> int:
+        # A limit below 1 would leave a queue that can never drain, so it counts as 1.
+        return max(1, self.integer(name, default))
+
+    def per_key(self, name: str) -> dict[str, int]:
+        raw = self._env.get(name, "").strip()
+        result: dict[str, int] = {}
+        for entry in filter(None, (e.strip() for e in raw.split(","))):
+            key, sep, value = entry.rpartition("=")
+            key = key.strip()
+            try:
+                number = int(value.strip())
+            except ValueError:
+                number = None
+            if not sep or not key or number is None:
+                self._warnings.append(f"{name}: ignoring malformed entry {entry!r} (want KEY=N)")
+                continue
+            result[normalise_key(key)] = max(1, number)
+        return result
+
+
+def normalise_key(key: str) -> str:
+    """``cuda`` and ``cuda:0`` are one card, as are ``mps`` and ``mps:0``."""
+    worker, slash, device = key.rpartition("/")
+    if device == "cuda":
+        device = "cuda:0"
+    elif device == "mps":
+        device = "mps:0"
+    return f"{worker}{slash}{device}"

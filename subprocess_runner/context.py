@@ -1,0 +1,104 @@
+"""What a node sees while it executes: its run, its device, its seed, where its events
+go and whether the run was asked to stop.
+
+``ExecutionContext``, ``derive_seed`` and ``current_node_id`` are imported by exported
+scripts (DESIGN invariant 2): their signatures only grow.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from subprocess_runner.errors import RunCancelled
+
+# emit(type, node_id, payload): where a node's events go; the control plane turns them
+# into persisted events, ``troupe exec`` prints them.
+Emit = Callable[[str, str | None, dict[str, Any]], None]
+
+_current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("troupe_node_id", default=None)
+
+SEED_MODULUS = 2**32
+
+
+def derive_seed(seed: int, node_id: str) -> int:
+    """A node's own seed, stable across processes and Python versions (no ``hash()``)."""
+    digest = hashlib.sha256(f"{seed}:{node_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % SEED_MODULUS
+
+
+def current_node_id() -> str | None:
+    """The id of the node executing in this thread, for helpers that log on its behalf."""
+    return _current_node.get()
+
+
+class Sinks:
+    """Run-scoped event sinks, shared by every node of one run: ``emit`` plus the step
+    counters of each metric series (steps accumulate across calls and nodes)."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self._steps: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def next_step(self, series: str) -> int:
+        with self._lock:
+            self._steps[series] = self._steps.get(series, 0) + 1
+            return self._steps[series]
+
+
+class ExecutionContext:
+    """Passed to every ``execute(ctx, inputs, params)``."""
+
+    def __init__(
+        self,
+        run_id: str,
+        node_id: str | None,
+        device: str,
+        seed: int | None,
+        sinks: Sinks,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.node_id = node_id
+        self.device = device
+        self.seed = seed
+        self.sinks = sinks
+        self.cancel = cancel or threading.Event()
+
+    @property
+    def node_seed(self) -> int | None:
+        if self.seed is None or self.node_id is None:
+            return None
+        return derive_seed(self.seed, self.node_id)
+
+    def for_node(self, node_id: str) -> ExecutionContext:
+        return ExecutionContext(self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        """Long-running node code calls this between steps."""
+        if self.cancel.is_set():
+            raise RunCancelled("the run was cancelled")
+
+    def sleep(self, seconds: float) -> None:
+        """Waits, waking as soon as the run is cancelled."""
+        if self.cancel.wait(timeout=max(0.0, float(seconds))):
+            raise RunCancelled("the run was cancelled")
+
+    def log(self, message: str) -> None:
+        self.sinks.emit("log", self.node_id, {"message": str(message)})
+
+    def warning(self, message: str) -> None:
+        self.sinks.emit("warning", self.node_id, {"message": str(message)})
+
+    def metric(self, name: str, value: float, step: int | None = None, **extra: Any) -> None:
+        if step is None:
+            step = self.sinks.next_step(name)
+        self.sinks.emit("metric", self.node_id, {"name": name, "step": step, "value": float(value), **extra})

@@ -1,0 +1,201 @@
+"""Executes a validated graph: topological order, up to N independent nodes at once,
+cooperative cancellation, and the node-level events of DESIGN section 4.
+
+``topological_sort``, ``prepare_executable_graph`` and ``invoke_node`` are imported by
+exported scripts (DESIGN invariant 2); their signatures only grow.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol import events as ev
+from protocol.graph import Graph
+from subprocess_runner.catalog import Catalog, NodeType
+from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
+from subprocess_runner.errors import RunCancelled
+from subprocess_runner.seeding import seed_everything
+from subprocess_runner.validation import validate_graph
+
+
+@dataclass(frozen=True)
+class ExecutableNode:
+    id: str
+    node_type: NodeType
+    params: dict[str, Any]
+    # input port -> (source node id, source port)
+    sources: dict[str, tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class ExecutableGraph:
+    nodes: dict[str, ExecutableNode]
+    order: tuple[str, ...]
+    children: dict[str, tuple[str, ...]]
+
+
+@dataclass
+class Outcome:
+    """How a graph ended: ``succeeded``, ``failed`` or ``cancelled``."""
+
+    status: str
+    error: str | None = None
+    node_id: str | None = None
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def topological_sort(graph: Graph) -> list[str]:
+    """Node ids in an order where every edge points forward; ties keep document order.
+    Raises ``ValueError`` on a cycle (validation reports cycles with a pointer first)."""
+    position = {node.id: i for i, node in enumerate(graph.nodes)}
+    indegree = dict.fromkeys(position, 0)
+    children: dict[str, list[str]] = {n: [] for n in position}
+    for edge in graph.edges:
+        indegree[edge.target] += 1
+        children[edge.source].append(edge.target)
+    ready = sorted((n for n, d in indegree.items() if d == 0), key=position.__getitem__)
+    order: list[str] = []
+    while ready:
+        current = ready.pop(0)
+        order.append(current)
+        for child in children[current]:
+            indegree[child] -= 1
+            if indegree[child] == 0:
+                ready.append(child)
+                ready.sort(key=position.__getitem__)
+    if len(order) != len(position):
+        raise ValueError("the graph has a cycle")
+    return order
+
+
+def prepare_executable_graph(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> ExecutableGraph:
+    """Validates ``graph`` against ``catalog`` and binds each node to its type."""
+    params = validate_graph(graph, catalog, prefix)
+    sources: dict[str, dict[str, tuple[str, str]]] = {n.id: {} for n in graph.nodes}
+    children: dict[str, list[str]] = {n.id: [] for n in graph.nodes}
+    for edge in graph.edges:
+        sources[edge.target][edge.target_port] = (edge.source, edge.source_port)
+        if edge.target not in children[edge.source]:
+            children[edge.source].append(edge.target)
+    nodes = {}
+    for node in graph.nodes:
+        node_type = catalog.get(node.type)
+        assert node_type is not None  # validated above
+        nodes[node.id] = ExecutableNode(node.id, node_type, params[node.id], sources[node.id])
+    return ExecutableGraph(
+        nodes=nodes,
+        order=tuple(topological_sort(graph)),
+        children={k: tuple(v) for k, v in children.items()},
+    )
+
+
+def invoke_node(
+    node: ExecutableNode, ctx: ExecutionContext, inputs: dict[str, Any], deterministic: bool = False
+) -> dict[str, Any]:
+    """Runs one node's ``execute`` with ``ctx`` bound to it; seeds first when the run is
+    seeded, so the same seed gives the same node results whatever ran before."""
+    token = _current_node.set(node.id)
+    try:
+        if ctx.seed is not None:
+            seed_everything(derive_seed(ctx.seed, node.id), deterministic)
+        result = node.node_type.execute(ctx, inputs, node.params)
+        return dict(result or {})
+    finally:
+        _current_node.reset(token)
+
+
+def summarize(value: Any) -> Any:
+    """A JSON-safe view of an output for events: plain values as they are, anything
+    else by type and a short repr."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, list | tuple) and len(value) <= 64:
+        return [summarize(v) for v in value]
+    if isinstance(value, dict) and len(value) <= 64 and all(isinstance(k, str) for k in value):
+        return {k: summarize(v) for k, v in value.items()}
+    return {"type": type(value).__name__, "repr": repr(value)[:200]}
+
+
+def execute_graph(
+    graph: ExecutableGraph,
+    ctx: ExecutionContext,
+    *,
+    max_parallel: int = 4,
+    deterministic: bool = False,
+) -> Outcome:
+    """Executes every node, emitting node events through ``ctx.sinks``. A seeded run
+    executes one node at a time, so its random streams do not interleave."""
+    if ctx.seed is not None:
+        max_parallel = 1
+    emit = ctx.sinks.emit
+    outputs: dict[str, dict[str, Any]] = {}
+    waiting = {n: len({src for src, _ in graph.nodes[n].sources.values()}) for n in graph.order}
+    ready = deque(n for n in graph.order if waiting[n] == 0)
+    running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
+    failure: Outcome | None = None
+
+    def run_one(node_id: str) -> dict[str, Any]:
+        node = graph.nodes[node_id]
+        inputs = {port: outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
+        try:
+            return invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
+        except (Exception, RunCancelled):
+            raise
+        except BaseException as exc:  # sys.exit in node code fails this run only
+            raise RuntimeError(f"node code raised {type(exc).__name__}({exc})") from exc
+
+    with ThreadPoolExecutor(max_workers=max(1, max_parallel), thread_name_prefix=f"run-{ctx.run_id[:8]}") as pool:
+        while ready or running:
+            while ready and len(running) < max_parallel and failure is None and not ctx.cancelled:
+                node_id = ready.popleft()
+                emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
+                running[pool.submit(run_one, node_id)] = (node_id, time.monotonic())
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                node_id, started = running.pop(future)
+                elapsed = round(time.monotonic() - started, 6)
+                exc = future.exception()
+                if exc is None:
+                    outputs[node_id] = future.result()
+                    emit(
+                        ev.NODE_FINISHED,
+                        node_id,
+                        {"duration_s": elapsed, "outputs": {k: summarize(v) for k, v in outputs[node_id].items()}},
+                    )
+                    for child in graph.children[node_id]:
+                        waiting[child] -= 1
+                        if waiting[child] == 0:
+                            ready.append(child)
+                elif isinstance(exc, RunCancelled) or (ctx.cancelled and failure is None):
+                    emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True, "duration_s": elapsed})
+                else:
+                    message = f"{type(exc).__name__}: {exc}"
+                    emit(
+                        ev.NODE_FAILED,
+                        node_id,
+                        {
+                            "error": message,
+                            "duration_s": elapsed,
+                            "traceback": "".join(traceback.format_exception(exc))[-4000:],
+                        },
+                    )
+                    if failure is None:
+                        failure = Outcome("failed", f"node {node_id}: {message}", node_id)
+                        # Ask the nodes still running to stop; the run has failed anyway.
+                        ctx.cancel.set()
+    if failure is not None:
+        failure.outputs = outputs
+        return failure
+    if ctx.cancelled:
+        return Outcome("cancelled", "cancelled", outputs=outputs)
+    return Outcome("succeeded", outputs=outputs)

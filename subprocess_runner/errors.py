@@ -1,0 +1,31 @@
+"""Errors the engine raises, with stable codes."""
+
+from __future__ import annotations
+
+from protocol.errors import InvalidRequest, TroupeError
+
+
+class GraphInvalid(InvalidRequest):
+    """Raised when a graph does not fit the catalog: the message says which node, port
+    or param, and ``pointer`` points at it inside the submitted document."""
+
+    code = "graph_invalid"
+
+
+class NodeFailed(TroupeError):
+    """Raised by the engine when a node's ``execute`` raised; carries the node id."""
+
+    code = "node_failed"
+
+
+class RunCancelled(TroupeError):
+    """Raised inside node code when the run was asked to stop; the engine turns it into
+    a ``cancelled`` outcome instead of a failure."""
+
+    code = "run_cancelled"
+
+
+class PackLoadError(TroupeError):
+    """Raised when a pack named by the ``troupe.packs`` entry points cannot be loaded."""
+
+    code = "pack_load_error"

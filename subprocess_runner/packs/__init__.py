@@ -1,0 +1,1 @@
+"""Node packs shipped with troupe. Each module declares one ``PACK``."""

@@ -1,0 +1,99 @@
+"""The core pack: small arithmetic and control nodes that every install has and that
+tests and examples are built on. Their names and ports are a contract (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from subprocess_runner.catalog import NodeType, Pack, Param, Port
+
+
+def _constant(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    return {"value": float(params["value"])}
+
+
+def _add(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    return {"sum": inputs["a"] + inputs["b"]}
+
+
+def _multiply(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    return {"product": inputs["a"] * inputs["b"]}
+
+
+def _sleep(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    ctx.sleep(params["seconds"])
+    return {"x": inputs.get("x")}
+
+
+def _fail(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError(params["message"])
+
+
+def _log_metric(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    value = float(inputs["value"])
+    ctx.metric(params["name"], value)
+    return {"value": value}
+
+
+def _print(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    ctx.log(f"{params['prefix']}{inputs.get('value')!r}")
+    return {}
+
+
+PACK = Pack(
+    name="core",
+    node_types=(
+        NodeType(
+            "core.Constant",
+            _constant,
+            outputs=(Port("value", "float"),),
+            params=(Param("value", "float"),),
+            description="Emits a fixed number.",
+        ),
+        NodeType(
+            "core.Add",
+            _add,
+            inputs=(Port("a", "float"), Port("b", "float")),
+            outputs=(Port("sum", "float"),),
+            description="a + b",
+        ),
+        NodeType(
+            "core.Multiply",
+            _multiply,
+            inputs=(Port("a", "float"), Port("b", "float")),
+            outputs=(Port("product", "float"),),
+            description="a * b",
+        ),
+        NodeType(
+            "core.Sleep",
+            _sleep,
+            inputs=(Port("x", "any", required=False),),
+            outputs=(Port("x", "any"),),
+            params=(Param("seconds", "float", default=1.0, min=0, max=86400),),
+            description="Waits, then passes x through; stops within 100 ms when the run is cancelled.",
+        ),
+        NodeType(
+            "core.Fail",
+            _fail,
+            inputs=(Port("x", "any", required=False),),
+            params=(Param("message", "string", default="core.Fail was asked to fail"),),
+            description="Raises an error with the given message.",
+        ),
+        NodeType(
+            "core.LogMetric",
+            _log_metric,
+            inputs=(Port("value", "float"),),
+            outputs=(Port("value", "float"),),
+            params=(Param("name", "string", default="value"),),
+            description="Records its input as the next point of series `name`.",
+        ),
+        NodeType(
+            "core.Print",
+            _print,
+            inputs=(Port("value", "any", required=False),),
+            params=(Param("prefix", "string", default=""),),
+            description="Logs its input.",
+        ),
+    ),
+)

@@ -1,0 +1,26 @@
+"""Seeding of the random generators a node may use. Part of the export surface.
+
+Only generators whose module is already imported are seeded, so a seeded run of core
+nodes never imports numpy or torch; packs that import torch call ``seed_torch`` after.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)
+    if "torch" in sys.modules:
+        seed_torch(seed, deterministic)
+
+
+def seed_torch(seed: int, deterministic: bool = False) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)

@@ -1,0 +1,1 @@
+"""Supervision: restart policies, intensity limits, and the control plane's tree."""

@@ -1,0 +1,186 @@
+"""The control plane's supervision tree (DESIGN section 3)::
+
+    root
+    ├── store     thread actor, the one apsw connection      permanent, escalates
+    ├── events    the hub                                     permanent, escalates
+    ├── placer    admission                                   permanent, escalates
+    ├── queues/   one QueueActor per queue key                permanent, quarantined past the limit
+    ├── runs/     one RunActor per active run                 temporary
+    └── web       the aiohttp server                          escalates
+
+Start: store (crash recovery and retention happen before the API answers), hub,
+placer, then the web server. Graceful stop: refuse new work, interrupt waiting runs,
+ask running ones to stop within the grace, then close the web, flush the store, and
+stop the rest in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+from actors.base import ActorRef, Registry
+from actors.events import Change, EventHub, Publish
+from actors.placer import Placer, Quarantine, RunSpec
+from actors.placer import Shutdown as PlacerShutdown
+from actors.queue import QueueActor
+from actors.run import Abandon, ReportOccupancy, RunActor
+from actors.run import Shutdown as RunShutdown
+from actors.store import AppendEvents, DeleteRun, InsertRun, Prune, RecoverInterrupted, StoreActor, StoreClient, UpdateRun
+from actors.threaded import ThreadActorRef, start_thread_actor
+from protocol import events as ev
+from protocol.settings import Settings
+from subprocess_runner.catalog import Catalog
+from subprocess_runner.devices import probe_accelerators
+from supervisors.supervisor import ChildSpec, ExitInfo, Restart, Supervisor
+from web.app import WebService
+from web.context import Services
+
+log = logging.getLogger("troupe.root")
+
+
+class ControlPlane:
+    def __init__(self, settings: Settings, catalog: Catalog, version: str) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.version = version
+        self.token = secrets.token_urlsafe(32)
+        self.port: int | None = None
+        self.recovered: list[str] = []
+
+    @property
+    def db_path(self) -> Path:
+        return self.settings.home / "troupe.db"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.settings.home / "runs"
+
+    async def start(self) -> int:
+        self.registry = Registry()
+        self.root = Supervisor("root")
+        self.queues = Supervisor("queues", on_give_up=self._quarantine)
+        self.runs = Supervisor("runs")
+        self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+
+        store_ref = self.root.start_child(ChildSpec("store", self._make_store))
+        self.recovered = await self.store.write(RecoverInterrupted())
+        if self.recovered:
+            log.warning("%d runs left queued or running by the last server are now interrupted", len(self.recovered))
+        if self.settings.run_retention_keep_last >= 0:
+            await self.store.write(Prune(self.settings.run_retention_keep_last))
+        assert store_ref.is_alive
+        self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
+        self.root.start_child(ChildSpec("placer", self._make_placer))
+        self.web = WebService(
+            Services(
+                settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
+                token=self.token, version=self.version, accelerators=probe_accelerators(), started_at=ev.utc_now(),
+            )
+        )
+        self.port = await self.web.start()
+        # The web server is not restarted in place (its port is taken until it closes);
+        # aiohttp confines handler errors to their request.
+        self.root.start_child(ChildSpec("web", lambda: self.web, Restart.TEMPORARY))
+        return self.port
+
+    # Children ------------------------------------------------------------------
+    def _make_store(self) -> ThreadActorRef:
+        ref = start_thread_actor(StoreActor, "store", self.db_path, self.runs_dir)
+        self.store.ref = ref
+        return ref
+
+    def _make_placer(self) -> ActorRef:
+        placer = Placer(
+            self.store, self.registry, interactive_limit=self.settings.run_interactive_max_concurrent,
+            spawn_run=self._spawn_run, ensure_queue=self._ensure_queue,
+        )
+        return placer.start(self.registry)
+
+    def _spawn_run(self, spec: RunSpec) -> ActorRef:
+        def factory() -> ActorRef:
+            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings)
+            return actor.start(self.registry)
+
+        return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))  # type: ignore[return-value]
+
+    def _ensure_queue(self, key: str) -> ActorRef:
+        name = f"queues/{key}"
+        existing = self.queues.child(name)
+        if existing is not None:
+            return existing  # type: ignore[return-value]
+
+        def factory() -> ActorRef:
+            ref = QueueActor(key, self.settings.concurrency_for(key), self.store, self.registry).start(self.registry)
+            # A restarted queue learns from the live runs which slots they hold.
+            for run_name in self.registry.names("runs/"):
+                run = self.registry.lookup(run_name)
+                if run is not None:
+                    run.tell(ReportOccupancy())
+            return ref
+
+        return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))  # type: ignore[return-value]
+
+    def _quarantine(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+        key = spec.name.removeprefix("queues/")
+        placer = self.registry.lookup("placer")
+        if placer is not None:
+            placer.tell(Quarantine(key, f"crashed repeatedly: {exit_info.reason}"))
+
+    def _on_committed(self, op: Any) -> None:
+        hub = self.registry.lookup("events")
+        if hub is None:
+            return
+        match op:
+            case AppendEvents(run_id, events):
+                hub.tell(Publish(run_id, events))
+            case InsertRun(row):
+                hub.tell(Change({"kind": "created", "run_id": row["id"], "status": row["status"],
+                                 "queue_key": row["queue_key"], "lane": row["lane"], "name": row.get("name")}))
+            case UpdateRun(run_id, fields) if "status" in fields:
+                hub.tell(Change({"kind": "status", "run_id": run_id, "status": fields["status"]}))
+            case DeleteRun(run_id):
+                hub.tell(Change({"kind": "deleted", "run_id": run_id}))
+
+    # Running and stopping ------------------------------------------------------
+    async def serve(self, stop: asyncio.Event) -> int:
+        """Serves until ``stop`` is set (exit 0) or the root gives up (exit 1)."""
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait({stop_wait, self.root.failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_wait.cancel()
+        if self.root.failed.done():
+            log.critical("the control plane failed: %s", self.root.failed.result())
+            await self.stop()
+            return 1
+        await self.stop()
+        return 0
+
+    async def stop(self) -> None:
+        grace = self.settings.stop_grace_s
+        for supervisor in (self.root, self.queues, self.runs):
+            supervisor.stop_restarting()
+        placer = self.registry.lookup("placer")
+        if placer is not None:
+            placer.tell(PlacerShutdown())
+        runs = [r for r in (self.registry.lookup(n) for n in self.registry.names("runs/")) if r is not None]
+        for run in runs:
+            run.tell(RunShutdown())
+        if runs:
+            _, pending = await asyncio.wait([asyncio.ensure_future(r.wait()) for r in runs], timeout=grace)
+            if pending:
+                log.error("%d runs did not stop within %ss; marking them interrupted", len(pending), grace)
+                for run in runs:
+                    run.tell(Abandon())
+                await asyncio.wait(pending, timeout=5.0)
+        await self.store.drain()
+        await self.web.stop()
+        await self.runs.stop()
+        await self.queues.stop()
+        await self.store.drain()
+        await self.root.stop(timeout=grace)

@@ -1,0 +1,71 @@
+"""Builds the aiohttp application and runs it as a child service of the root."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from actors.base import Exit
+from web import routes_meta, routes_runs, streams
+from web.context import SERVICES, Services
+from web.errors import guard
+
+STATIC = Path(__file__).parent / "static"
+
+
+async def _index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC / "index.html")
+
+
+def build_app(svc: Services) -> web.Application:
+    app = web.Application(middlewares=[guard], client_max_size=svc.settings.max_request_bytes)
+    app[SERVICES] = svc
+    app.add_routes(routes_runs.routes)
+    app.add_routes(streams.routes)
+    app.add_routes(routes_meta.routes)
+    if (STATIC / "index.html").exists():
+        app.router.add_get("/", _index)
+        app.router.add_static("/static/", STATIC)
+    return app
+
+
+class WebService:
+    """The HTTP server as a supervised child: ``stop`` closes the site and waits for
+    open streams to end with the server's shutdown timeout."""
+
+    def __init__(self, svc: Services) -> None:
+        self.name = "web"
+        self._svc = svc
+        self._runner: web.AppRunner | None = None
+        self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
+        self._tasks: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.port: int | None = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._runner is not None and not self._exited.done()
+
+    async def start(self) -> int:
+        app = build_app(self._svc)
+        # Short shutdown timeout: SSE handlers end when the hub resets them.
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._svc.settings.host, self._svc.settings.port, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._svc.settings.port
+        return self.port
+
+    async def stop(self, *args: Any) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if not self._exited.done():
+            self._exited.set_result(Exit(self.name, "normal"))
+
+    async def wait(self) -> Exit:
+        return await asyncio.shield(self._exited)

@@ -1,0 +1,40 @@
+"""What the web layer is handed by the control plane: settings, the catalog, the store's
+asyncio face and the registry in which it finds actors by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from actors.base import ActorRef, Registry
+from actors.errors import ActorDeadError
+from actors.store import StoreClient
+from protocol.settings import Settings
+from subprocess_runner.catalog import Catalog
+
+
+@dataclass
+class Services:
+    settings: Settings
+    catalog: Catalog
+    store: StoreClient
+    registry: Registry
+    token: str
+    version: str
+    accelerators: tuple[str, ...] = ()
+    started_at: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def actor(self, name: str) -> ActorRef:
+        ref = self.registry.lookup(name)
+        if ref is None:
+            raise ActorDeadError(f"{name} is not running")
+        return ref
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+def services(request: web.Request) -> Services:
+    return request.app[SERVICES]

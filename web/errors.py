@@ -1,0 +1,74 @@
+"""Maps every error to the JSON error shape, and guards Host and auth.
+
+Nothing a client sends can reach a 500 by its shape alone: shape problems are
+``TroupeError``s (4xx) raised before any work starts. A 500 here means a bug, and it is
+logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from protocol.errors import HostNotAllowed, PayloadTooLarge, TroupeError, Unauthorized
+from web.context import services
+
+log = logging.getLogger("troupe.web")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def error_response(error: TroupeError) -> web.Response:
+    return web.json_response(error.to_json(), status=error.http_status)
+
+
+def _host_name(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Host check (DNS-rebinding guard), then the token for every mutation, then the
+    handler with its errors turned into replies."""
+    svc = services(request)
+    try:
+        allowed = _LOOPBACK | {svc.settings.host.lower()} | set(svc.settings.allowed_hosts)
+        if _host_name(request.host) not in allowed:
+            raise HostNotAllowed(
+                f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS to reach this server by that name"
+            )
+        if request.method not in _SAFE_METHODS:
+            header = request.headers.get("Authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), svc.token.encode()):
+                raise Unauthorized(
+                    "this request changes state and needs 'Authorization: Bearer <token>' "
+                    "(the token is in $TROUPE_HOME/session.json)"
+                )
+        return await handler(request)
+    except TroupeError as exc:
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(
+            PayloadTooLarge(f"the request body is over {svc.settings.max_request_bytes} bytes (TROUPE_MAX_REQUEST_BYTES)")
+        )
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            code = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else "http_error"
+            return web.json_response(
+                {"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc)
+            )
+        raise
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}

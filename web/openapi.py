@@ -1,0 +1,85 @@
+"""``/api/openapi.json``, generated from the pydantic models that validate requests."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from protocol import api
+
+_REF = "#/components/schemas/{model}"
+
+_MODELS: tuple[type[BaseModel], ...] = (
+    api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
+    api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply,
+)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: type[BaseModel] | None = None,
+        params: tuple[tuple[str, str, str], ...] = (), mutation: bool = False) -> dict[str, Any]:
+    responses: dict[str, Any] = {status: {"description": "ok", **(_json(ok) if ok else {})}}
+    responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
+    op: dict[str, Any] = {"summary": summary, "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": True, **_json(body)}
+    if params:
+        op["parameters"] = [
+            {"name": name, "in": where, "required": where == "path", "schema": {"type": kind}}
+            for name, where, kind in params
+        ]
+    if mutation:
+        op["security"] = [{"session": []}]
+    return op
+
+
+_RUN_ID = ("run_id", "path", "string")
+
+
+@functools.lru_cache(maxsize=4)
+def openapi_document(version: str) -> dict[str, Any]:
+    _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
+    paths = {
+        "/api/runs": {
+            "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
+            "get": _op("List runs, newest first", api.RunList, params=(
+                ("status", "query", "string"), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
+                ("limit", "query", "integer"), ("cursor", "query", "string"))),
+        },
+        "/api/runs/{run_id}": {
+            "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
+            "delete": _op("Delete a finished run", None, params=(_RUN_ID,), mutation=True),
+        },
+        "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},
+        "/api/runs/{run_id}/events": {"get": _op("A page of a run's events", api.EventPage, params=(
+            _RUN_ID, ("after", "query", "integer"), ("tail", "query", "integer")))},
+        "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, params=(
+            _RUN_ID, ("after", "query", "integer")))},
+        "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
+            _RUN_ID, ("format", "query", "string")))},
+        "/api/stream": {"get": _op("Every run's changes as server-sent events", None)},
+        "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
+        "/api/info": {"get": _op("Version, devices and capabilities", None)},
+        "/api/examples": {"get": _op("Bundled example graphs", None)},
+        "/api/nodes": {"get": _op("The node catalog", None)},
+        "/metrics": {"get": _op("Prometheus metrics", None)},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "troupe", "version": version},
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"session": {"type": "http", "scheme": "bearer"}},
+        },
+    }

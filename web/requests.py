@@ -1,0 +1,69 @@
+"""Reading request bodies and queries into schemas, with pointers on every mistake."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from protocol.errors import InvalidRequest, NotFound, pointer_from_path
+
+Model = TypeVar("Model", bound=BaseModel)
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+async def read_model(request: web.Request, model: type[Model]) -> Model:
+    raw = await request.read()
+    if not raw:
+        raise InvalidRequest("the request needs a JSON body", pointer="")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", pointer="") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the body must be a JSON object, not {type(body).__name__}", pointer="")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc, body) from None
+
+
+def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
+    first = exc.errors()[0]
+    loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    pointer = pointer_from_path(loc)
+    what = "/".join(str(p) for p in loc) or "body"
+    node_id = None
+    if len(loc) >= 3 and loc[0] == "graph" and loc[1] == "nodes" and isinstance(loc[2], int):
+        try:
+            node_id = body["graph"]["nodes"][loc[2]].get("id")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            node_id = None
+        if not isinstance(node_id, str):
+            node_id = None
+    return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id)
+
+
+def run_id_from(request: web.Request) -> str:
+    run_id = request.match_info["run_id"]
+    if not RUN_ID.match(run_id):
+        raise NotFound(f"{run_id!r} is not a run id (32 lowercase hex characters)", code="run_not_found")
+    return run_id
+
+
+def int_query(request: web.Request, name: str, *, default: int | None = None, minimum: int = 0,
+              maximum: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", pointer=f"?{name}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise InvalidRequest(f"query parameter {name} must be {bound}, got {value}", pointer=f"?{name}")
+    return value

@@ -1,0 +1,128 @@
+"""Everything about the server rather than one run: queues, info, examples, the node
+catalog, the OpenAPI document and Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from actors.events import SubscriberCount
+from actors.placer import Quarantined
+from actors.queue import Snapshot
+from actors.store import StatusCounts
+from protocol import events as ev
+from web.context import Services, services
+from web.openapi import openapi_document
+
+log = logging.getLogger("troupe.web")
+routes = web.RouteTableDef()
+
+
+async def queue_rows(svc: Services) -> list[dict[str, Any]]:
+    quarantined: dict[str, str] = await svc.actor("placer").ask(Quarantined())
+    rows: dict[str, dict[str, Any]] = {}
+    for name in svc.registry.names("queues/"):
+        ref = svc.registry.lookup(name)
+        if ref is not None:
+            snapshot = await ref.ask(Snapshot())
+            rows[snapshot["queue_key"]] = {**snapshot, "state": "ok", "reason": None}
+    for key, reason in quarantined.items():
+        row = rows.setdefault(
+            key, {"queue_key": key, "limit": svc.settings.concurrency_for(key), "running": 0, "queued": 0}
+        )
+        row.update(state="quarantined", reason=reason)
+    return [rows[k] for k in sorted(rows)]
+
+
+@routes.get("/api/queues")
+async def queues(request: web.Request) -> web.Response:
+    return web.json_response({"queues": await queue_rows(services(request))})
+
+
+@routes.get("/api/info")
+async def info(request: web.Request) -> web.Response:
+    svc = services(request)
+    settings = svc.settings
+    return web.json_response(
+        {
+            "name": "troupe",
+            "version": svc.version,
+            "started_at": svc.started_at,
+            "devices": ["cpu", *svc.accelerators],
+            "capabilities": {
+                "runs": True,
+                "interactive_lane": True,
+                "sweeps": False,
+                "studies": False,
+                "workers": False,
+                "s3": False,
+            },
+            "catalog": {"digest": svc.catalog.digest, "packs": list(svc.catalog.packs),
+                        "broken_packs": svc.catalog.broken_packs},
+            "limits": {
+                "run_queue_max_concurrent_cpu": settings.run_queue_max_concurrent_cpu,
+                "run_queue_max_concurrent_gpu": settings.run_queue_max_concurrent_gpu,
+                "run_queue_max_concurrent": dict(settings.run_queue_max_concurrent),
+                "run_interactive_max_concurrent": settings.run_interactive_max_concurrent,
+                "max_parallel_nodes": settings.max_parallel_nodes,
+                "run_retention_keep_last": settings.run_retention_keep_last,
+            },
+            "public_url": settings.public_url or settings.url,
+        }
+    )
+
+
+def load_examples(svc: Services) -> list[dict[str, Any]]:
+    folder = svc.settings.examples_dir
+    if folder is None or not folder.is_dir():
+        return []
+    examples = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            examples.append({"name": path.stem, "graph": json.loads(path.read_text())})
+        except (OSError, ValueError) as exc:
+            log.warning("skipping example %s: %s", path, exc)
+    return examples
+
+
+@routes.get("/api/examples")
+async def examples(request: web.Request) -> web.Response:
+    return web.json_response({"examples": load_examples(services(request))})
+
+
+@routes.get("/api/nodes")
+async def nodes(request: web.Request) -> web.Response:
+    return web.json_response(services(request).catalog.to_json())
+
+
+@routes.get("/api/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(services(request).version))
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    svc = services(request)
+    registry = CollectorRegistry()
+    depth = Gauge("troupe_queue_depth", "Runs waiting on a queue key.", ["queue_key"], registry=registry)
+    running = Gauge("troupe_queue_running", "Runs holding a slot of a queue key.", ["queue_key"], registry=registry)
+    limit = Gauge("troupe_queue_limit", "Slots of a queue key.", ["queue_key"], registry=registry)
+    runs = Gauge("troupe_runs", "Runs in the database by state.", ["state"], registry=registry)
+    workers = Gauge("troupe_workers", "Enrolled workers by state.", ["state"], registry=registry)
+    subscribers = Gauge("troupe_stream_subscribers", "Open event-stream subscriptions.", registry=registry)
+    for row in await queue_rows(svc):
+        depth.labels(row["queue_key"]).set(row["queued"])
+        running.labels(row["queue_key"]).set(row["running"])
+        limit.labels(row["queue_key"]).set(row["limit"])
+    counts = await svc.store.read(StatusCounts())
+    for state in sorted(ev.ALL_STATES):
+        runs.labels(state).set(counts.get(state, 0))
+    for state in ("connected", "disconnected", "quarantined"):
+        workers.labels(state).set(0)
+    subscribers.set(await svc.actor("events").ask(SubscriberCount()))
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,198 @@
+"""``/api/runs``: submit, list, read, cancel, delete, events and metrics."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import io
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from actors.errors import RunNotFound
+from actors.placer import Submit
+from actors.run import Cancel
+from actors.store import DeleteRun, GetEvents, GetMetrics, GetRun, ListRuns, QueuePosition
+from protocol import events as ev
+from protocol.api import SubmitRun
+from protocol.errors import InvalidRequest, StateConflict
+from subprocess_runner.devices import resolve_device
+from subprocess_runner.engine import prepare_executable_graph
+from web.context import Services, services
+from web.requests import int_query, read_model, run_id_from
+
+routes = web.RouteTableDef()
+
+ROW_FIELDS = (
+    "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
+    "finished_at", "final_loss", "sweep_id", "sweep_variant", "error",
+)
+
+
+def public_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ROW_FIELDS}
+
+
+def detail_row(row: dict[str, Any]) -> dict[str, Any]:
+    detail = public_row(row)
+    detail.update(
+        seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
+        error_detail=row["error_detail"], warnings=row["warnings"], artifacts=row["artifacts"], graph=row["graph"],
+    )
+    return detail
+
+
+def build_run_row(svc: Services, body: SubmitRun) -> tuple[dict[str, Any], Any]:
+    """Validates a submission completely (device, lane, graph) before anything is queued."""
+    options = body.options
+    if options.target is not None:
+        raise InvalidRequest("no worker is enrolled on this server, so options.target cannot be placed",
+                             pointer="/options/target", code="unknown_target")
+    if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
+        raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
+    requested, where = options.device, "/options/device"
+    if requested is None:
+        requested, where = body.graph.settings.device, "/graph/settings/device"
+    try:
+        device, warning = resolve_device(requested, svc.accelerators)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
+    graph = prepare_executable_graph(body.graph, svc.catalog)
+    row = {
+        "id": uuid.uuid4().hex,
+        "name": body.name or body.graph.name,
+        "status": ev.QUEUED,
+        "device": device,
+        "queue_key": device,
+        "lane": options.lane,
+        "editor_session": options.editor_session,
+        "seed": options.seed,
+        "deterministic": options.deterministic,
+        "record_outputs": options.record_outputs,
+        "graph": body.graph.model_dump(mode="json", exclude_none=True),
+        "options": options.model_dump(mode="json", exclude_none=True),
+        "warnings": [warning] if warning else [],
+        "created_at": ev.utc_now(),
+    }
+    return row, graph
+
+
+@routes.post("/api/runs")
+async def submit_run(request: web.Request) -> web.Response:
+    svc = services(request)
+    body = await read_model(request, SubmitRun)
+    row, graph = build_run_row(svc, body)
+    run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
+    await committed
+    position = await svc.store.read(QueuePosition(run_id))
+    reply = {
+        "run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
+        "lane": row["lane"], "queue_position": position, "warnings": row["warnings"],
+    }
+    return web.json_response(reply, status=201)
+
+
+def _decode_cursor(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    try:
+        text = base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)).decode()
+        kind, _, value = text.partition(":")
+        if kind != "runs" or not value.isdigit():
+            raise ValueError(text)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidRequest("cursor is not one this server handed out", pointer="?cursor") from None
+
+
+def _encode_cursor(seq: int | None) -> str | None:
+    return None if seq is None else base64.urlsafe_b64encode(f"runs:{seq}".encode()).decode().rstrip("=")
+
+
+@routes.get("/api/runs")
+async def list_runs(request: web.Request) -> web.Response:
+    svc = services(request)
+    status = request.query.get("status") or None
+    if status is not None and status not in ev.ALL_STATES:
+        raise InvalidRequest(f"status must be one of {sorted(ev.ALL_STATES)}, got {status!r}", pointer="?status")
+    query = ListRuns(
+        status=status,
+        sweep_id=request.query.get("sweep_id") or None,
+        study_id=request.query.get("study_id") or None,
+        limit=int_query(request, "limit", default=50, minimum=1, maximum=500) or 50,
+        before_seq=_decode_cursor(request.query.get("cursor")),
+    )
+    rows, next_seq = await svc.store.read(query)
+    return web.json_response({"runs": [public_row(r) for r in rows], "next_cursor": _encode_cursor(next_seq)})
+
+
+async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
+    row = await svc.store.read(GetRun(run_id))
+    if row is None:
+        raise RunNotFound(f"no run {run_id}")
+    return row
+
+
+@routes.get("/api/runs/{run_id}")
+async def get_run(request: web.Request) -> web.Response:
+    svc = services(request)
+    return web.json_response(detail_row(await _get_row(svc, run_id_from(request))))
+
+
+@routes.post("/api/runs/{run_id}/cancel")
+async def cancel_run(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    run = svc.registry.lookup(f"runs/{run_id}")
+    if run is not None:
+        return web.json_response(await run.ask(Cancel()))
+    row = await _get_row(svc, run_id)
+    raise StateConflict(f"run {run_id} already ended as {row['status']}", code="run_finished")
+
+
+@routes.delete("/api/runs/{run_id}")
+async def delete_run(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    await svc.store.write(DeleteRun(run_id))
+    return web.json_response({"run_id": run_id, "deleted": True})
+
+
+@routes.get("/api/runs/{run_id}/events")
+async def run_events(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    after = int_query(request, "after", default=0) or 0
+    tail = int_query(request, "tail", minimum=1)
+    if tail is not None and "after" in request.query:
+        raise InvalidRequest("use either ?after= or ?tail=, not both", pointer="?tail")
+    await _get_row(svc, run_id)
+    events, next_cursor = await svc.store.read(
+        GetEvents(run_id, after=after, tail=tail, cap_bytes=svc.settings.run_events_response_cap_bytes)
+    )
+    return web.json_response({"events": events, "next_cursor": next_cursor})
+
+
+@routes.get("/api/runs/{run_id}/metrics")
+async def run_metrics(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    await _get_row(svc, run_id)
+    series = await svc.store.read(GetMetrics(run_id))
+    fmt = request.query.get("format", "json")
+    if fmt == "json":
+        return web.json_response({"series": series})
+    if fmt != "csv":
+        raise InvalidRequest(f"format must be json or csv, got {fmt!r}", pointer="?format")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["series", "step", "value", "ts"])
+    for name, points in series.items():
+        for point in points:
+            writer.writerow([name, point["step"], point["value"], point["ts"]])
+    return web.Response(
+        text=out.getvalue(), content_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{run_id}-metrics.csv"'},
+    )

@@ -1,0 +1,150 @@
+"""Server-sent event streams: one run's events, and every run's changes.
+
+Subscribe first, replay from the store second, live third, skipping seqs already sent:
+the hand-over has no gap and no duplicate. A ``RESET`` from the hub (it restarted, or we
+fell behind) is answered by subscribing and replaying again from the last seq sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from actors.events import RESET, Subscribe, Unsubscribe
+from actors.store import GetEvents, GetRun, QueuePosition
+from protocol import events as ev
+from protocol.errors import NotFound
+from web.context import Services, services
+from web.requests import int_query, run_id_from
+
+routes = web.RouteTableDef()
+
+KEEPALIVE_S = 15.0
+
+
+async def _open_sse(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    return response
+
+
+async def _send(response: web.StreamResponse, kind: str, data: Any, event_id: int | None = None) -> None:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    await response.write(f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+
+
+class _RunStream:
+    def __init__(self, svc: Services, run_id: str, response: web.StreamResponse, after: int) -> None:
+        self.svc, self.run_id, self.response = svc, run_id, response
+        self.last = after
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.finished = False
+        self.position: int | None = None
+
+    async def subscribe(self) -> None:
+        hub = self.svc.actor("events")
+        await hub.ask(Subscribe(self.queue, self.run_id))
+        # Row changes of every run move this run's queue position.
+        await hub.ask(Subscribe(self.queue, None))
+
+    async def replay(self) -> None:
+        while not self.finished:
+            events, next_cursor = await self.svc.store.read(
+                GetEvents(self.run_id, after=self.last, cap_bytes=self.svc.settings.run_events_response_cap_bytes)
+            )
+            for event in events:
+                await self.send_event(event)
+            if next_cursor is None:
+                return
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        if event["seq"] <= self.last:
+            return
+        self.last = event["seq"]
+        await _send(self.response, "run_event", event, event["seq"])
+        if event["type"] == ev.RUN_FINISHED:
+            self.finished = True
+
+    async def send_position(self) -> None:
+        position = await self.svc.store.read(QueuePosition(self.run_id))
+        if position != self.position:
+            self.position = position
+            await _send(self.response, "queue_position", {"run_id": self.run_id, "queue_position": position})
+
+    async def live(self) -> None:
+        while not self.finished:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                await self.response.write(b": keepalive\n\n")
+                continue
+            if item is RESET:
+                await self.subscribe()
+                await self.replay()
+            elif "seq" in item:
+                await self.send_event(item)
+            elif self.position is not None:
+                await self.send_position()
+
+    async def close(self) -> None:
+        hub = self.svc.registry.lookup("events")
+        if hub is not None:
+            hub.tell(Unsubscribe(self.queue))
+
+
+@routes.get("/api/runs/{run_id}/stream")
+async def run_stream(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    run_id = run_id_from(request)
+    after = int_query(request, "after", default=0) or 0
+    if await svc.store.read(GetRun(run_id)) is None:
+        raise NotFound(f"no run {run_id}", code="run_not_found")
+    response = await _open_sse(request)
+    stream = _RunStream(svc, run_id, response, after)
+    try:
+        await stream.subscribe()
+        await stream.replay()
+        if not stream.finished:
+            await stream.send_position()
+        await stream.live()
+        await response.write_eof()
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        await stream.close()
+    return response
+
+
+@routes.get("/api/stream")
+async def all_runs_stream(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    response = await _open_sse(request)
+    hub = svc.actor("events")
+    try:
+        await hub.ask(Subscribe(queue, None))
+        await _send(response, "hello", {"server_started_at": svc.started_at})
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keepalive\n\n")
+                continue
+            if item is RESET:
+                # The hub restarted: the client refetches the list, then follows again.
+                await _send(response, "reset", {})
+                await svc.actor("events").ask(Subscribe(queue, None))
+                continue
+            await _send(response, "run", item)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        live_hub = svc.registry.lookup("events")
+        if live_hub is not None:
+            live_hub.tell(Unsubscribe(queue))
+    return response
