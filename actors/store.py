@@ -314,7 +314,7 @@ class StoreClient:
     """Queues writes and sends them to the store thread in batches (group commit)."""
 
     ref: ThreadActorRef
-    on_committed: Callable[[Any], None] = lambda op: None
+    on_committed: Callable[[Any, Any], None] = lambda op, result: None
     _pending: list[_Pending] = field(default_factory=list)
     _flushing: asyncio.Task[None] | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -357,7 +357,7 @@ class StoreClient:
                         pending.future.set_exception(outcome)
                         continue
                     try:
-                        self.on_committed(pending.op)
+                        self.on_committed(pending.op, outcome)
                     except Exception:
                         log.exception("on_committed failed for %s", type(pending.op).__name__)
                     if not pending.future.done():

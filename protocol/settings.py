@@ -7,6 +7,7 @@ default and leave a line in ``warnings``, which ``troupe start`` logs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,9 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()
     public_url: str | None = None
     examples_dir: Path | None = None
+    # Accelerator names this server pretends to have (``cuda:0,cuda:1``), for tests and
+    # demos on machines without one; their runs execute on the CPU. Off by default.
+    simulated_accelerators: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
     def concurrency_for(self, queue_key: str) -> int:
@@ -80,6 +84,7 @@ class Settings:
             ),
             public_url=environ.get("TROUPE_PUBLIC_URL") or None,
             examples_dir=examples_dir,
+            simulated_accelerators=reader.devices("TROUPE_SIMULATED_ACCELERATORS"),
             warnings=tuple(warnings),
         )
 
@@ -122,6 +127,15 @@ class _Reader:
     def limit(self, name: str, default: int) -> int:
         # A limit below 1 would leave a queue that can never drain, so it counts as 1.
         return max(1, self.integer(name, default))
+
+    def devices(self, name: str) -> tuple[str, ...]:
+        found = []
+        for entry in filter(None, (e.strip().lower() for e in self._env.get(name, "").split(","))):
+            if re.fullmatch(r"(cuda|mps):\d{1,3}", entry):
+                found.append(entry)
+            else:
+                self._warnings.append(f"{name}: ignoring {entry!r} (want cuda:N or mps:N)")
+        return tuple(found)
 
     def per_key(self, name: str) -> dict[str, int]:
         raw = self._env.get(name, "").strip()

@@ -79,7 +79,7 @@ class ControlPlane:
         self.web = WebService(
             Services(
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
-                token=self.token, version=self.version, accelerators=probe_accelerators(), started_at=ev.utc_now(),
+                token=self.token, version=self.version, accelerators=probe_accelerators() + self.settings.simulated_accelerators, started_at=ev.utc_now(),
             )
         )
         self.port = await self.web.start()
@@ -131,7 +131,7 @@ class ControlPlane:
         if placer is not None:
             placer.tell(Quarantine(key, f"crashed repeatedly: {exit_info.reason}"))
 
-    def _on_committed(self, op: Any) -> None:
+    def _on_committed(self, op: Any, result: Any) -> None:
         hub = self.registry.lookup("events")
         if hub is None:
             return
@@ -145,6 +145,9 @@ class ControlPlane:
                 hub.tell(Change({"kind": "status", "run_id": run_id, "status": fields["status"]}))
             case DeleteRun(run_id):
                 hub.tell(Change({"kind": "deleted", "run_id": run_id}))
+            case Prune():
+                for run_id in result:
+                    hub.tell(Change({"kind": "deleted", "run_id": run_id, "reason": "retention"}))
 
     # Running and stopping ------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> int:

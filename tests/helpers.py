@@ -1,0 +1,148 @@
+"""Test helpers: a real control plane in a subprocess, and graph builders."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cli.client import Client
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def troupe_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", *args]
+
+
+def base_env(home: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    env["TROUPE_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(settings)
+    return env
+
+
+class Server:
+    """``troupe start --port 0`` in its own process; ``url`` and ``token`` come from the
+    session file it writes once it serves."""
+
+    def __init__(self, home: Path, **settings: str) -> None:
+        self.home = home
+        self.env = base_env(home, **settings)
+        self.proc: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self.url = ""
+        self.token = ""
+
+    def start(self, timeout: float = 30.0) -> Server:
+        self.proc = subprocess.Popen(
+            troupe_cmd("start", "--port", "0", "--examples", str(EXAMPLES)),
+            cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if "serving on" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or self.proc.poll() is not None:
+            raise RuntimeError("server did not start:\n" + "".join(self.output))
+        session = json.loads((self.home / "session.json").read_text())
+        self.url, self.token = session["url"], session["token"]
+        return self
+
+    @property
+    def client(self) -> Client:
+        return Client(self.url, self.token)
+
+    @property
+    def anonymous(self) -> Client:
+        return Client(self.url, None)
+
+    def submit(self, graph: dict[str, Any], expect: int = 201, **options: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"graph": graph, "options": options}
+        status, reply = self.client.request("POST", "/api/runs", body)
+        assert status == expect, (status, reply)
+        return reply  # type: ignore[no-any-return]
+
+    def get(self, path: str) -> Any:
+        status, reply = self.client.request("GET", path)
+        assert status == 200, (path, status, reply)
+        return reply
+
+    def events_until_finished(self, run_id: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+        """Follows the run's stream until ``run_finished``; returns every event."""
+        events = []
+        for kind, data in self.client.stream(f"/api/runs/{run_id}/stream", read_timeout=timeout):
+            if kind == "run_event":
+                events.append(data)
+                if data["type"] == "run_finished":
+                    return events
+        raise AssertionError(f"stream of {run_id} ended without run_finished: {events}")
+
+    def wait_status(self, run_id: str, status: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Waits, on the global stream, for ``run_id`` to reach ``status``."""
+        row = self.get(f"/api/runs/{run_id}")
+        if row["status"] == status:
+            return row  # type: ignore[no-any-return]
+        for kind, data in self.client.stream("/api/stream", read_timeout=timeout):
+            if kind == "hello":
+                row = self.get(f"/api/runs/{run_id}")
+                if row["status"] == status:
+                    return row  # type: ignore[no-any-return]
+            elif kind == "run" and data.get("run_id") == run_id and data.get("status") == status:
+                return self.get(f"/api/runs/{run_id}")  # type: ignore[no-any-return]
+        raise AssertionError(f"{run_id} never reached {status}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def graph(*nodes: dict[str, Any], edges: tuple[dict[str, Any], ...] = (), device: str | None = None,
+          name: str = "test") -> dict[str, Any]:
+    doc: dict[str, Any] = {"version": 1, "name": name, "nodes": list(nodes), "edges": list(edges)}
+    if device is not None:
+        doc["settings"] = {"device": device}
+    return doc
+
+
+def node(node_id: str, kind: str, **params: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": kind, "params": params}
+
+
+def edge(source: str, source_port: str, target: str, target_port: str) -> dict[str, Any]:
+    return {"source": source, "source_port": source_port, "target": target, "target_port": target_port}
+
+
+def sleeper(seconds: float = 30.0, device: str | None = None) -> dict[str, Any]:
+    return graph(node("z", "core.Sleep", seconds=seconds), device=device, name="sleeper")
+
+
+def hello() -> dict[str, Any]:
+    return json.loads((EXAMPLES / "hello.json").read_text())  # type: ignore[no-any-return]
+
+
+def iter_lines(proc: subprocess.Popen[str]) -> Iterator[str]:
+    assert proc.stdout is not None
+    yield from proc.stdout

@@ -1,0 +1,205 @@
+"""Retention, payload and page caps, crash recovery, graceful stop, the instance lock."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from tests.helpers import REPO, Server, base_env, edge, graph, hello, node, sleeper, troupe_cmd
+
+
+def finished_ids(server):
+    return [r["id"] for r in server.get("/api/runs?limit=500")["runs"] if r["status"] == "succeeded"]
+
+
+def run_hello(server, n):
+    ids = []
+    for _ in range(n):
+        run_id = server.submit(hello())["run_id"]
+        server.events_until_finished(run_id)
+        ids.append(run_id)
+    return ids
+
+
+def test_retention_keeps_the_newest_runs_and_their_checkpoints_only_when_interrupted(make_server, tmp_path):
+    server = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="3")
+    ids = run_hello(server, 5)
+    # Pruning runs after the final status is written; the next finish proves it ran.
+    run_hello(server, 1)
+    kept = finished_ids(server)
+    assert len(kept) == 3 and ids[0] not in kept and ids[1] not in kept
+    status, _ = server.client.request("GET", f"/api/runs/{ids[0]}/events")
+    assert status == 404
+
+
+def test_retention_counts_active_runs_but_never_prunes_them(make_server):
+    server = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="1")
+    active = server.submit(sleeper())["run_id"]
+    server.wait_status(active, "running")
+    run_hello(server, 2)
+    rows = server.get("/api/runs?limit=500")["runs"]
+    # The newest run is the window; the active one is outside it but stays.
+    assert active in [r["id"] for r in rows]
+    assert len([r for r in rows if r["status"] == "succeeded"]) <= 1
+    server.client.request("POST", f"/api/runs/{active}/cancel")
+
+
+def submit_until_pruned(server, g):
+    """Submits once the global stream is open, and returns the changes seen until the
+    run was pruned (with keep 0 it may be gone before a run stream could open)."""
+    changes, run_id = [], None
+    for kind, data in server.client.stream("/api/stream", read_timeout=30):
+        if kind == "hello":
+            run_id = server.submit(g)["run_id"]
+        elif kind == "run" and data["run_id"] == run_id:
+            changes.append(data)
+            if data["kind"] == "deleted":
+                return run_id, changes
+    raise AssertionError("stream ended")
+
+
+def test_retention_zero_keeps_none_and_negative_disables(make_server):
+    none_kept = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="0")
+    run_id, changes = submit_until_pruned(none_kept, hello())
+    assert [c["kind"] for c in changes] == ["created", "status", "status", "deleted"]
+    assert changes[2]["status"] == "succeeded" and changes[3]["reason"] == "retention"
+    status, _ = none_kept.client.request("GET", f"/api/runs/{run_id}")
+    assert status == 404
+    assert none_kept.get("/api/runs")["runs"] == []
+    disabled = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="-1")
+    assert len(run_hello(disabled, 4)) == len(finished_ids(disabled)) == 4
+
+
+def test_retention_at_start_removes_run_dirs_but_keeps_interrupted_checkpoints(make_server, tmp_path):
+    home = tmp_path / "keep"
+    server = make_server(home=home, TROUPE_RUN_RETENTION_KEEP_LAST="-1")
+    done = run_hello(server, 1)[0]
+    stuck = server.submit(sleeper())["run_id"]
+    server.wait_status(stuck, "running")
+    server.kill()  # leaves `stuck` running: recovery makes it interrupted
+    for run_id in (done, stuck):
+        for sub in ("checkpoints", "tensorboard"):
+            (home / "runs" / run_id / sub).mkdir(parents=True)
+            (home / "runs" / run_id / sub / "file").write_text("x")
+    fresh = make_server(home=home, TROUPE_RUN_RETENTION_KEEP_LAST="0")
+    assert fresh.get("/api/runs")["runs"] == []
+    assert not (home / "runs" / done).exists()
+    assert (home / "runs" / stuck / "checkpoints" / "file").exists()
+    assert not (home / "runs" / stuck / "tensorboard").exists()
+
+
+def test_delete_keeps_checkpoint_files(make_server, tmp_path):
+    home = tmp_path / "del"
+    server = make_server(home=home)
+    run_id = run_hello(server, 1)[0]
+    (home / "runs" / run_id / "checkpoints").mkdir(parents=True)
+    (home / "runs" / run_id / "checkpoints" / "last.pt").write_text("weights")
+    status, _ = server.client.request("DELETE", f"/api/runs/{run_id}")
+    assert status == 200
+    assert (home / "runs" / run_id / "checkpoints" / "last.pt").exists()
+
+
+def test_oversized_output_is_replaced_by_a_marker_naming_its_port(make_server):
+    server = make_server(TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES="200")
+    g = graph(node("p", "core.Print", prefix="x" * 1000))
+    run_id = server.submit(g)["run_id"]
+    events = server.events_until_finished(run_id)
+    log = next(e for e in events if e["type"] == "log")
+    assert log["payload"]["truncated"] is True and log["payload"]["original_bytes"] > 200
+    big = graph(node("a", "core.Constant", value=1.0), node("z", "core.Sleep", seconds=0),
+                edges=(edge("a", "value", "z", "x"),))
+    run_id = server.submit(big)["run_id"]
+    assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "succeeded"
+
+
+def test_events_pages_are_capped_and_carry_a_cursor(make_server):
+    server = make_server(TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES="600")
+    run_id = server.submit(hello())["run_id"]
+    total = len(server.events_until_finished(run_id))
+    seen, after, pages = [], 0, 0
+    while True:
+        page = server.get(f"/api/runs/{run_id}/events?after={after}")
+        seen.extend(e["seq"] for e in page["events"])
+        pages += 1
+        if page["next_cursor"] is None:
+            break
+        after = page["next_cursor"]
+    assert pages > 1 and seen == list(range(1, total + 1))
+    tail = server.get(f"/api/runs/{run_id}/events?tail=2")
+    assert [e["seq"] for e in tail["events"]] == [total - 1, total]
+
+
+def test_events_cap_zero_disables_the_cap(make_server):
+    server = make_server(TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES="0")
+    run_id = server.submit(hello())["run_id"]
+    total = len(server.events_until_finished(run_id))
+    page = server.get(f"/api/runs/{run_id}/events")
+    assert len(page["events"]) == total and page["next_cursor"] is None
+
+
+def test_a_crash_leaves_runs_interrupted_at_the_next_start(make_server, tmp_path):
+    home = tmp_path / "crash"
+    server = make_server(home=home, TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    running = server.submit(sleeper())["run_id"]
+    waiting = server.submit(sleeper())["run_id"]
+    server.wait_status(running, "running")
+    server.kill()
+    again = make_server(home=home)
+    for run_id in (running, waiting):
+        row = again.get(f"/api/runs/{run_id}")
+        assert row["status"] == "interrupted"
+        events = again.get(f"/api/runs/{run_id}/events")["events"]
+        assert events[-1]["type"] == "run_finished" and events[-1]["payload"]["status"] == "interrupted"
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert again.get("/api/queues")["queues"] == []  # nothing resumed by itself
+
+
+def test_graceful_stop_interrupts_waiting_and_running_runs(make_server, tmp_path):
+    home = tmp_path / "graceful"
+    server = make_server(home=home, TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    running = server.submit(sleeper())["run_id"]
+    waiting = server.submit(sleeper())["run_id"]
+    server.wait_status(running, "running")
+    assert server.stop(signal.SIGINT) == 0
+    again = make_server(home=home)
+    for run_id in (running, waiting):
+        events = again.get(f"/api/runs/{run_id}/events")["events"]
+        assert events[-1]["payload"]["status"] == "interrupted"
+        assert events[-1]["payload"].get("reason") != "server_restart"  # written by the stop itself
+    assert again.get(f"/api/runs/{waiting}")["started_at"] is None
+
+
+def test_troupe_stop_stops_the_server_of_its_home(make_server, tmp_path):
+    home = tmp_path / "stopme"
+    server = make_server(home=home)
+    result = subprocess.run(troupe_cmd("stop"), cwd=REPO, env=base_env(home), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert server.proc.wait(30) == 0
+    result = subprocess.run(troupe_cmd("stop"), cwd=REPO, env=base_env(home), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "no troupe server" in result.stderr
+
+
+def test_a_second_server_on_the_same_home_is_refused(make_server, tmp_path):
+    home = tmp_path / "locked"
+    first = make_server(home=home)
+    result = subprocess.run(troupe_cmd("start", "--port", "0"), cwd=REPO, env=base_env(home),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert str(first.proc.pid) in result.stderr and first.url in result.stderr
+
+
+@pytest.mark.parametrize(
+    "cpu, per_key, want_cpu, want_per_key, warned",
+    [("abc", "", 2, {}, True), ("-3", "", 1, {}, False), ("4", "cuda:0=x,cpu=0,junk", 4, {"cpu": 1}, True)],
+)
+def test_settings_edge_values_never_fail_a_start(make_server, cpu, per_key, want_cpu, want_per_key, warned):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU=cpu, TROUPE_RUN_QUEUE_MAX_CONCURRENT=per_key)
+    limits = server.get("/api/info")["limits"]
+    assert limits["run_queue_max_concurrent_cpu"] == want_cpu
+    assert limits["run_queue_max_concurrent"] == want_per_key
+    assert ("setting ignored" in "".join(server.output)) == warned
+    assert server.submit(hello())["status"] == "queued"
