@@ -125,7 +125,7 @@ class Actor:
         self._alive = False
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
         self._ref = ActorRef(self)
-        self._registry: Registry | None = None
+        self._home_registry: Registry | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -134,7 +134,7 @@ class Actor:
 
     def start(self, registry: Registry | None = None, on_exit: Callable[[Exit], None] | None = None) -> ActorRef:
         self._alive = True
-        self._registry = registry
+        self._home_registry = registry
         if registry is not None:
             registry.register(self._ref)
         if on_exit is not None:
@@ -184,8 +184,8 @@ class Actor:
         except Exception:
             log.exception("actor %s: stop hook failed", self.name)
         self._teardown()
-        if self._registry is not None:
-            self._registry.unregister(self._ref)
+        if self._home_registry is not None:
+            self._home_registry.unregister(self._ref)
         self._exited.set_result(Exit(self.name, reason, error))
 
     async def _handle(self, envelope: _Envelope) -> None:

@@ -23,6 +23,14 @@ class AskTimeout(TroupeError, asyncio.TimeoutError):
     http_status = 503
 
 
+class StoreUnavailable(TroupeError):
+    """Raised to writers when the store could not commit (its file is gone, or it is
+    restarting); the write did not happen."""
+
+    code = "store_unavailable"
+    http_status = 503
+
+
 class RunNotFound(NotFound):
     code = "run_not_found"
 

@@ -90,7 +90,7 @@ class RunActor(Actor):
             case Shutdown():
                 self._request_stop(ev.INTERRUPTED)
             case Abandon():
-                self._finish(ev.INTERRUPTED, "the server stopped and the run did not stop within the grace period", None)
+                self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
                 if self._status == ev.RUNNING and not self._released and self._row["lane"] == ev.LANE_QUEUED:
                     queue = self._registry.lookup(f"queues/{self._row['queue_key']}")

@@ -23,10 +23,11 @@ import apsw
 import apsw.bestpractice
 
 from actors import store_queries as q
-from actors.errors import ActorDeadError, RunNotFound, RunStillActive
+from actors.errors import ActorDeadError, RunNotFound, RunStillActive, StoreUnavailable
 from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
 from actors.threaded import ThreadActor, ThreadActorRef
 from protocol import events as ev
+from protocol.errors import TroupeError
 
 log = logging.getLogger("troupe.store")
 
@@ -156,10 +157,12 @@ class StoreActor(ThreadActor):
         self._db_path = db_path
         self._runs_dir = runs_dir
         self._conn: apsw.Connection | None = None
+        self._inode: int | None = None
 
     def on_start(self) -> None:
         try:
             self._conn = open_database(self._db_path)
+            self._inode = self._db_path.stat().st_ino
         except Exception as exc:  # pykka would only log it and keep the actor running
             log.error("cannot open the database %s: %s", self._db_path, exc)
             self.mark_broken(exc)
@@ -208,7 +211,18 @@ class StoreActor(ThreadActor):
                     raise outcome
                 return outcome
 
+    def _check_file(self) -> None:
+        # SQLite keeps writing to an unlinked file without a word; every write would be
+        # lost at the next start. Treat a removed or replaced file as a broken store.
+        try:
+            inode = self._db_path.stat().st_ino
+        except OSError:
+            inode = None
+        if inode != self._inode:
+            raise apsw.CantOpenError(f"the database file {self._db_path} was removed or replaced")
+
     def _commit(self, ops: tuple[Any, ...]) -> list[Any]:
+        self._check_file()
         conn = self.conn
         results: list[Any] = []
         conn.execute("BEGIN IMMEDIATE")
@@ -218,7 +232,7 @@ class StoreActor(ThreadActor):
                     with conn:  # a savepoint: one bad op rolls back alone
                         results.append(self._apply(op))
                 except (apsw.Error, RunNotFound, RunStillActive, ValueError, TypeError) as exc:
-                    if self.is_broken(exc):  # type: ignore[arg-type]
+                    if isinstance(exc, Exception) and self.is_broken(exc):
                         raise
                     results.append(exc)
             conn.execute("COMMIT")
@@ -277,7 +291,7 @@ def open_database(path: Path) -> apsw.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = apsw.Connection(str(path))
     conn.execute("PRAGMA synchronous=NORMAL")
-    version = conn.execute("PRAGMA user_version").fetchall()[0][0]
+    version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"{path} has schema version {version}; this troupe knows up to {SCHEMA_VERSION}")
     for number in range(version, SCHEMA_VERSION):
@@ -348,9 +362,10 @@ class StoreClient:
                     outcomes = await asyncio.wait_for(asyncio.wrap_future(reply), WRITE_TIMEOUT_S)
                 except Exception as exc:
                     log.error("store write of %d ops failed: %s", len(batch), exc)
+                    failure = exc if isinstance(exc, TroupeError) else StoreUnavailable(f"the store failed: {exc}")
                     for pending in batch:
                         if not pending.future.done():
-                            pending.future.set_exception(exc)
+                            pending.future.set_exception(failure)
                     continue
                 for pending, outcome in zip(batch, outcomes, strict=True):
                     if isinstance(outcome, Exception):

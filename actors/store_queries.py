@@ -179,7 +179,7 @@ def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, b
 
 def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
     found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (run_id,)).fetchall()
-    return found[0][0] if found else None
+    return int(found[0][0]) if found and found[0][0] is not None else None
 
 
 def queue_counts(conn: apsw.Connection) -> dict[str, dict[str, int]]:
@@ -193,11 +193,12 @@ def queue_counts(conn: apsw.Connection) -> dict[str, dict[str, int]]:
 
 
 def status_counts(conn: apsw.Connection) -> dict[str, int]:
-    return dict(conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall())
+    rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+    return {str(status): int(count) for status, count in rows}
 
 
 def max_enqueue_seq(conn: apsw.Connection) -> int:
-    return conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0]
+    return int(conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]
 
 
 def delete_run(conn: apsw.Connection, run_id: str) -> None:
@@ -212,7 +213,8 @@ def delete_run(conn: apsw.Connection, run_id: str) -> None:
 def recover_interrupted(conn: apsw.Connection, reason: str, now: str) -> list[str]:
     stale = conn.execute("SELECT id FROM runs WHERE status IN ('queued', 'running', 'disconnected')").fetchall()
     recovered = []
-    for (run_id,) in stale:
+    for (stale_id,) in stale:
+        run_id = str(stale_id)
         next_seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,))
         seq = next_seq.fetchall()[0][0]
         message = "the server stopped before this run finished; submit it again to rerun it"
@@ -236,4 +238,4 @@ def prune(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
     ).fetchall()
     for run_id, _ in doomed:
         conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
-    return [(run_id, status) for run_id, status in doomed]
+    return [(str(run_id), str(status)) for run_id, status in doomed]

@@ -39,7 +39,7 @@ class Client:
             conn.request(method, path, body=raw, headers=self._headers(raw))
             response = conn.getresponse()
             data = response.read()
-        except (ConnectionRefusedError, socket.gaierror, socket.timeout, OSError) as exc:
+        except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
             raise NoServer(f"no troupe server answers at {self.url} ({exc}); start one with `troupe start`") from None
         finally:
             conn.close()
@@ -63,7 +63,7 @@ class Client:
             conn.close()
             raise NoServer(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
         try:
-            event, data = "message", []
+            event, data = "message", list[str]()
             while True:
                 line = response.fp.readline()
                 if not line:
@@ -72,7 +72,7 @@ class Client:
                 if text == "":
                     if data:
                         yield event, json.loads("\n".join(data))
-                    event, data = "message", []
+                    event, data = "message", list[str]()
                 elif text.startswith(":"):
                     continue
                 elif text.startswith("event:"):

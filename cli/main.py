@@ -14,7 +14,10 @@ import typer
 
 from cli.errors import EXIT_FAILED, CliError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="troupe: a run control plane for ML graphs.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="troupe: a run control plane for ML graphs.",
+)
 
 DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
 

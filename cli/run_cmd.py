@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,7 @@ def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) 
                     return EXIT_OK if final == ev.SUCCEEDED else EXIT_FAILED
                 if deadline is not None and time.monotonic() > deadline:
                     return _timed_out(run_id, timeout)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
                 return _timed_out(run_id, timeout)
         # The stream ended without a result (server restart): reconnect from `after`.

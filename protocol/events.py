@@ -76,7 +76,9 @@ def cap_payload(payload: dict[str, Any], cap_bytes: int) -> dict[str, Any]:
             size = len(json.dumps(capped, default=str))
             if size <= cap_bytes:
                 return capped
-    kept = {k: v for k, v in capped.items() if isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) < 256)}
+    kept = {
+        k: v for k, v in capped.items() if isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) < 256)
+    }
     kept["truncated"] = True
     kept["original_bytes"] = size
     return kept

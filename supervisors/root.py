@@ -29,7 +29,16 @@ from actors.placer import Shutdown as PlacerShutdown
 from actors.queue import QueueActor
 from actors.run import Abandon, ReportOccupancy, RunActor
 from actors.run import Shutdown as RunShutdown
-from actors.store import AppendEvents, DeleteRun, InsertRun, Prune, RecoverInterrupted, StoreActor, StoreClient, UpdateRun
+from actors.store import (
+    AppendEvents,
+    DeleteRun,
+    InsertRun,
+    Prune,
+    RecoverInterrupted,
+    StoreActor,
+    StoreClient,
+    UpdateRun,
+)
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev
 from protocol.settings import Settings
@@ -79,7 +88,8 @@ class ControlPlane:
         self.web = WebService(
             Services(
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
-                token=self.token, version=self.version, accelerators=probe_accelerators() + self.settings.simulated_accelerators, started_at=ev.utc_now(),
+                token=self.token, version=self.version, started_at=ev.utc_now(),
+                accelerators=probe_accelerators() + self.settings.simulated_accelerators,
             )
         )
         self.port = await self.web.start()
@@ -152,9 +162,10 @@ class ControlPlane:
     # Running and stopping ------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> int:
         """Serves until ``stop`` is set (exit 0) or the root gives up (exit 1)."""
-        stop_wait = asyncio.ensure_future(stop.wait())
+        stop_wait: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        failed: asyncio.Future[Any] = self.root.failed
         try:
-            done, _ = await asyncio.wait({stop_wait, self.root.failed}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([stop_wait, failed], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop_wait.cancel()
         if self.root.failed.done():
@@ -175,7 +186,8 @@ class ControlPlane:
         for run in runs:
             run.tell(RunShutdown())
         if runs:
-            _, pending = await asyncio.wait([asyncio.ensure_future(r.wait()) for r in runs], timeout=grace)
+            waits = [asyncio.ensure_future(r.wait()) for r in runs]
+            _, pending = await asyncio.wait(waits, timeout=grace)
             if pending:
                 log.error("%d runs did not stop within %ss; marking them interrupted", len(pending), grace)
                 for run in runs:

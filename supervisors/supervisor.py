@@ -38,7 +38,8 @@ class ExitInfo(Protocol):
 
 
 class Child(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def is_alive(self) -> bool: ...

@@ -43,7 +43,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         allowed = _LOOPBACK | {svc.settings.host.lower()} | set(svc.settings.allowed_hosts)
         if _host_name(request.host) not in allowed:
             raise HostNotAllowed(
-                f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS to reach this server by that name"
+                f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS "
+                "to reach this server by that name"
             )
         if request.method not in _SAFE_METHODS:
             header = request.headers.get("Authorization", "")
@@ -58,7 +59,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(exc)
     except web.HTTPRequestEntityTooLarge:
         return error_response(
-            PayloadTooLarge(f"the request body is over {svc.settings.max_request_bytes} bytes (TROUPE_MAX_REQUEST_BYTES)")
+            PayloadTooLarge(
+                f"the request body is over {svc.settings.max_request_bytes} bytes (TROUPE_MAX_REQUEST_BYTES)"
+            )
         )
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO, Server, base_env, edge, graph, hello, node, sleeper, troupe_cmd
+from tests.helpers import REPO, base_env, edge, graph, hello, node, sleeper, troupe_cmd
 
 
 def finished_ids(server):
@@ -203,3 +203,16 @@ def test_settings_edge_values_never_fail_a_start(make_server, cpu, per_key, want
     assert limits["run_queue_max_concurrent"] == want_per_key
     assert ("setting ignored" in "".join(server.output)) == warned
     assert server.submit(hello())["status"] == "queued"
+
+
+def test_a_store_that_keeps_breaking_stops_the_server_with_exit_1(make_server, tmp_path):
+    home = tmp_path / "broken"
+    server = make_server(home=home)
+    db = home / "troupe.db"
+    db.unlink()
+    db.mkdir()  # the restarted store cannot open it either
+    status, reply = server.client.request("POST", "/api/runs", {"graph": hello()})
+    assert status == 503 and reply["error"]["code"] == "store_unavailable"
+    assert server.proc.wait(60) == 1
+    output = "".join(server.output)
+    assert "the control plane failed" in output and "store" in output

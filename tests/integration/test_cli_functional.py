@@ -1,0 +1,130 @@
+"""The troupe CLI against a real server: output lines and exit codes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+from tests.helpers import EXAMPLES, REPO, base_env, graph, node, sleeper, troupe_cmd
+
+
+def cli(server_or_home, *args, timeout=60):
+    home = getattr(server_or_home, "home", server_or_home)
+    return subprocess.run(troupe_cmd(*args), cwd=REPO, env=base_env(home), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_run_prints_the_id_first_then_nodes_then_the_result(shared_server):
+    result = cli(shared_server, "run", str(EXAMPLES / "hello.json"), "--name", "greeting")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "=== Run submitted ===" and lines[1].split()[:2] == ["Run", "ID"]
+    run_id = lines[1].split()[-1]
+    assert "  ✓ s" in lines and "  ✓ run complete" in lines
+    assert lines[-1].split() == ["Result", "succeeded"]
+    assert shared_server.get(f"/api/runs/{run_id}")["name"] == "greeting"
+
+
+def test_run_of_a_failing_graph_exits_1(shared_server, tmp_path):
+    path = write(tmp_path, "fail.json", graph(node("f", "core.Fail", message="bad")))
+    result = cli(shared_server, "run", path)
+    assert result.returncode == 1
+    assert "✗ f" in result.stdout and result.stdout.splitlines()[-1].split() == ["Result", "failed"]
+
+
+def test_queued_runs_print_their_position_and_key(make_server, tmp_path):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    first = server.submit(sleeper(seconds=1.5))["run_id"]
+    server.wait_status(first, "running")
+    server.submit(sleeper(seconds=0.2))
+    path = write(tmp_path, "quick.json", graph(node("c", "core.Constant", value=1)))
+    result = cli(server, "run", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "  ○ queued  position 2 on cpu" in result.stdout
+    assert "  ○ queued  position 1 on cpu" in result.stdout
+
+
+def test_detach_exits_0_at_once_and_the_run_goes_on(shared_server, tmp_path):
+    path = write(tmp_path, "s.json", sleeper(seconds=0.2))
+    result = cli(shared_server, "run", path, "--detach")
+    assert result.returncode == 0 and "Result" not in result.stdout
+    run_id = result.stdout.splitlines()[1].split()[-1]
+    assert shared_server.events_until_finished(run_id)[-1]["payload"]["status"] == "succeeded"
+
+
+def test_timeout_exits_1_and_leaves_the_run_running(shared_server, tmp_path):
+    path = write(tmp_path, "s.json", sleeper(seconds=30))
+    result = cli(shared_server, "run", path, "--timeout", "0.5")
+    assert result.returncode == 1 and "stopped waiting" in result.stdout
+    run_id = result.stdout.splitlines()[1].split()[-1]
+    assert shared_server.get(f"/api/runs/{run_id}")["status"] in ("queued", "running")
+    shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
+
+
+def test_ctrl_c_exits_130_and_the_run_goes_on(shared_server, tmp_path):
+    path = write(tmp_path, "s.json", sleeper(seconds=30))
+    proc = subprocess.Popen(troupe_cmd("run", path), cwd=REPO, env=base_env(shared_server.home),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    run_id = None
+    for line in proc.stdout:
+        if line.startswith("  Run ID"):
+            run_id = line.split()[-1]
+        if "started" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 130
+    assert shared_server.get(f"/api/runs/{run_id}")["status"] == "running"
+    shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
+
+
+def test_cancelled_run_exits_1(shared_server, tmp_path):
+    path = write(tmp_path, "s.json", sleeper(seconds=30))
+    proc = subprocess.Popen(troupe_cmd("run", path), cwd=REPO, env=base_env(shared_server.home),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("  Run ID"):
+            shared_server.client.request("POST", f"/api/runs/{line.split()[-1]}/cancel")
+    assert proc.wait(30) == 1
+
+
+def test_rejected_submission_exits_1_with_the_pointer(shared_server, tmp_path):
+    path = write(tmp_path, "bad.json", graph(node("x", "core.Nope")))
+    result = cli(shared_server, "run", path)
+    assert result.returncode == 1
+    assert "graph_invalid" in result.stderr and "/graph/nodes/0/type" in result.stderr
+
+
+def test_missing_graph_file_exits_1(shared_server, tmp_path):
+    result = cli(shared_server, "run", str(tmp_path / "nope.json"))
+    assert result.returncode == 1 and "cannot read the graph" in result.stderr
+
+
+def test_usage_errors_exit_2(shared_server):
+    assert cli(shared_server, "run").returncode == 2
+    assert cli(shared_server, "run", "x.json", "--seed", "abc").returncode == 2
+    assert cli(shared_server, "run", "x.json", "--bogus").returncode == 2
+
+
+def test_no_server_exits_1_with_a_hint(tmp_path):
+    result = cli(tmp_path / "empty", "run", str(EXAMPLES / "hello.json"), "--port", "9")
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and "troupe start" in result.stderr
+
+
+def test_exec_runs_offline_and_exits_by_outcome(tmp_path):
+    ok = cli(tmp_path, "exec", str(EXAMPLES / "hello.json"), "--seed", "1")
+    assert ok.returncode == 0 and "val_loss=5" in ok.stdout and ok.stdout.splitlines()[-1].split()[-1] == "succeeded"
+    bad = cli(tmp_path, "exec", write(tmp_path, "f.json", graph(node("f", "core.Fail"))))
+    assert bad.returncode == 1
+    invalid = cli(tmp_path, "exec", write(tmp_path, "i.json", graph(node("f", "core.Nope"))))
+    assert invalid.returncode == 1 and "/nodes/0/type" in invalid.stderr
+    assert not (tmp_path / "troupe.db").exists()  # no server, no database

@@ -1,0 +1,125 @@
+"""The asyncio actor contract, driven by messages."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from actors.base import Actor, Registry
+from actors.errors import ActorDeadError, AskTimeout
+from protocol.errors import StateConflict
+
+
+@dataclass(frozen=True)
+class Put:
+    value: int
+
+
+@dataclass(frozen=True)
+class Get:
+    pass
+
+
+@dataclass(frozen=True)
+class Block:
+    event: asyncio.Event
+
+
+@dataclass(frozen=True)
+class Refuse:
+    pass
+
+
+@dataclass(frozen=True)
+class Crash:
+    pass
+
+
+class Recorder(Actor):
+    def __init__(self) -> None:
+        super().__init__("recorder")
+        self.seen: list[int] = []
+        self.hooks: list[str] = []
+
+    async def on_start(self) -> None:
+        self.hooks.append("start")
+
+    async def receive(self, message):
+        match message:
+            case Put(value):
+                self.seen.append(value)
+            case Get():
+                return list(self.seen)
+            case Block(event):
+                await event.wait()
+            case Refuse():
+                raise StateConflict("no")
+            case Crash():
+                raise RuntimeError("boom")
+
+    async def on_stop(self, reason: str) -> None:
+        self.hooks.append(f"stop:{reason}")
+
+    async def on_failure(self, error: BaseException) -> None:
+        self.hooks.append(f"failure:{error}")
+
+
+async def test_messages_are_handled_one_at_a_time_in_order():
+    actor = Recorder()
+    ref = actor.start()
+    for i in range(100):
+        ref.tell(Put(i))
+    assert await ref.ask(Get()) == list(range(100))
+
+
+async def test_ask_can_time_out_if_the_actor_is_busy():
+    ref = Recorder().start()
+    gate = asyncio.Event()
+    ref.tell(Block(gate))
+    with pytest.raises(AskTimeout):
+        await ref.ask(Get(), timeout=0.05)
+    gate.set()
+    assert await ref.ask(Get()) == []
+
+
+async def test_a_domain_error_answers_the_ask_and_the_actor_lives_on():
+    ref = Recorder().start()
+    with pytest.raises(StateConflict):
+        await ref.ask(Refuse())
+    assert ref.is_alive and await ref.ask(Get()) == []
+
+
+async def test_a_crash_fails_the_ask_calls_on_failure_and_fails_pending_asks():
+    actor = Recorder()
+    ref = actor.start()
+    gate = asyncio.Event()
+    ref.tell(Block(gate))
+    crash = asyncio.ensure_future(ref.ask(Crash()))
+    pending = asyncio.ensure_future(ref.ask(Get()))
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(ActorDeadError):
+        await crash
+    with pytest.raises(ActorDeadError):
+        await pending
+    exit_ = await ref.wait()
+    assert exit_.crashed and "boom" in exit_.reason
+    assert actor.hooks == ["start", "failure:boom"]
+    with pytest.raises(ActorDeadError):
+        await ref.ask(Get())
+
+
+async def test_stop_runs_after_queued_messages_and_calls_on_stop():
+    actor = Recorder()
+    registry = Registry()
+    ref = actor.start(registry)
+    assert registry.lookup("recorder") is ref
+    ref.tell(Put(1))
+    ref.stop("done")
+    exit_ = await ref.wait()
+    assert not exit_.crashed and exit_.reason == "done"
+    assert actor.seen == [1] and actor.hooks == ["start", "stop:done"]
+    assert registry.lookup("recorder") is None
+    ref.tell(Put(2))  # dropped, not raised

@@ -1,0 +1,51 @@
+"""Settings edge rules and the payload cap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from protocol.events import cap_payload
+from protocol.settings import Settings, normalise_key
+
+
+def settings(**env):
+    return Settings.from_env(env, default_home=Path("/tmp/x"))
+
+
+def test_defaults():
+    s = settings()
+    assert (s.run_queue_max_concurrent_gpu, s.run_queue_max_concurrent_cpu, s.run_interactive_max_concurrent,
+            s.max_parallel_nodes, s.run_retention_keep_last, s.run_event_payload_cap_bytes,
+            s.run_events_response_cap_bytes) == (1, 2, 2, 4, 200, 131072, 4194304)
+    assert s.concurrency_for("cpu") == 2 and s.concurrency_for("cuda:3") == 1 and s.concurrency_for("w/cpu") == 2
+    assert s.warnings == ()
+
+
+def test_limits_below_one_count_as_one_and_garbage_is_ignored_with_a_warning():
+    s = settings(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="0", TROUPE_MAX_PARALLEL_NODES="-2",
+                 TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT="lots")
+    assert s.run_queue_max_concurrent_cpu == 1 and s.max_parallel_nodes == 1
+    assert s.run_interactive_max_concurrent == 2 and len(s.warnings) == 1
+
+
+def test_per_key_overrides_win_and_alias_keys_merge():
+    s = settings(TROUPE_RUN_QUEUE_MAX_CONCURRENT="cuda=2, cpu=8, mps:0=0, bad, =3, x=y")
+    assert dict(s.run_queue_max_concurrent) == {"cuda:0": 2, "cpu": 8, "mps:0": 1}
+    assert s.concurrency_for("cuda:0") == 2 and s.concurrency_for("cpu") == 8
+    assert len(s.warnings) == 3
+    assert normalise_key("gpu-a/cuda") == "gpu-a/cuda:0" and normalise_key("mps") == "mps:0"
+
+
+def test_retention_and_caps_keep_their_edge_values():
+    s = settings(TROUPE_RUN_RETENTION_KEEP_LAST="-1", TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES="0")
+    assert s.run_retention_keep_last == -1 and s.run_event_payload_cap_bytes == 0
+
+
+def test_payload_cap_replaces_the_biggest_outputs_with_markers_naming_the_port():
+    payload = {"duration_s": 0.1, "outputs": {"small": 1, "big": "x" * 5000, "bigger": "y" * 9000}}
+    capped = cap_payload(payload, 6000)
+    assert capped["outputs"]["small"] == 1 and capped["outputs"]["big"] == "x" * 5000
+    assert capped["outputs"]["bigger"] == {"omitted": True, "port": "bigger", "bytes": 9002, "reason": "payload_cap"}
+    assert len(json.dumps(capped)) <= 6000
+    assert cap_payload(payload, 0) is payload and cap_payload(payload, -5) is payload

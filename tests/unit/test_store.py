@@ -1,0 +1,119 @@
+"""The store: schema version, batched ordered writes, retention, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+
+import apsw
+import pytest
+
+from actors.errors import RunNotFound, RunStillActive
+from actors.store import (
+    AppendEvents,
+    DeleteRun,
+    GetEvents,
+    GetRun,
+    InsertRun,
+    ListRuns,
+    Prune,
+    RecoverInterrupted,
+    StoreActor,
+    StoreClient,
+    UpdateRun,
+    open_database,
+)
+from actors.store_schema import SCHEMA_VERSION
+from actors.threaded import start_thread_actor
+
+
+def row(seq, status="succeeded"):
+    return {"id": f"{seq:032x}", "name": None, "status": status, "device": "cpu", "queue_key": "cpu",
+            "lane": "queued", "graph": {}, "options": {}, "warnings": [], "enqueue_seq": seq, "created_at": "t"}
+
+
+@pytest.fixture
+async def store(tmp_path):
+    committed = []
+    client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"),
+                         on_committed=lambda op, result: committed.append(op))
+    client.committed = committed
+    yield client
+    await client.ref.stop()
+
+
+def test_the_schema_version_is_kept_in_user_version(tmp_path):
+    conn = open_database(tmp_path / "db")
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+    assert conn.execute("PRAGMA foreign_keys").fetchall()[0][0] == 1
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="schema version"):
+        open_database(tmp_path / "db")
+
+
+async def test_writes_from_one_tick_commit_together_in_order(store):
+    await store.write(InsertRun(row(1, "running")))
+    futures = [store.write(AppendEvents(row(1)["id"], ({"seq": i, "type": "log", "ts": "t", "payload": {"i": i}},)))
+               for i in range(1, 201)]
+    await asyncio.gather(*futures)
+    events, cursor = await store.read(GetEvents(row(1)["id"]))
+    assert [e["seq"] for e in events] == list(range(1, 201)) and cursor is None
+    assert [op.events[0]["seq"] for op in store.committed if isinstance(op, AppendEvents)] == list(range(1, 201))
+    # Appending a seq again is a no-op, so a retried write cannot duplicate.
+    await store.write(AppendEvents(row(1)["id"], ({"seq": 5, "type": "log", "ts": "t", "payload": {"i": -1}},)))
+    events, _ = await store.read(GetEvents(row(1)["id"]))
+    assert len(events) == 200 and events[4]["payload"] == {"i": 5}
+
+
+async def test_a_bad_op_fails_alone(store):
+    good = store.write(InsertRun(row(1)))
+    bad = store.write(UpdateRun(row(1)["id"], {"no_such_column": 1}))
+    also_good = store.write(InsertRun(row(2)))
+    await good
+    with pytest.raises(ValueError):
+        await bad
+    await also_good
+    runs, _ = await store.read(ListRuns())
+    assert len(runs) == 2
+
+
+async def test_delete_only_finished_runs(store):
+    await store.write(InsertRun(row(1, "running")))
+    with pytest.raises(RunStillActive):
+        await store.write(DeleteRun(row(1)["id"]))
+    with pytest.raises(RunNotFound):
+        await store.write(DeleteRun("f" * 32))
+
+
+@pytest.mark.parametrize("keep, survivors", [(-1, 6), (0, 1), (2, 2), (4, 4), (10, 6)])
+async def test_retention_window_counts_active_runs_but_never_prunes_them(store, keep, survivors):
+    for seq in range(1, 6):
+        await store.write(InsertRun(row(seq)))
+    await store.write(InsertRun(row(6, "running")))  # newest, active
+    pruned = await store.write(Prune(keep))
+    left = [r["id"] for r in (await store.read(ListRuns(limit=100)))[0]]
+    assert len(left) == survivors and row(6)["id"] in left
+    assert len(pruned) == 6 - survivors
+
+
+async def test_recovery_interrupts_leftover_runs_with_a_terminal_event(store):
+    await store.write(InsertRun(row(1, "running")))
+    await store.write(InsertRun(row(2, "queued")))
+    await store.write(InsertRun(row(3, "succeeded")))
+    await store.write(AppendEvents(row(1)["id"], ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},)))
+    recovered = await store.write(RecoverInterrupted())
+    assert sorted(recovered) == [row(1)["id"], row(2)["id"]]
+    assert (await store.read(GetRun(row(1)["id"])))["status"] == "interrupted"
+    events, _ = await store.read(GetEvents(row(1)["id"]))
+    assert [e["seq"] for e in events] == [1, 2] and events[1]["payload"]["status"] == "interrupted"
+
+
+async def test_a_removed_database_file_breaks_the_store(tmp_path):
+    client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
+    await client.write(InsertRun(row(1)))
+    (tmp_path / "db").unlink()
+    with pytest.raises(Exception, match="removed or replaced"):
+        await client.write(InsertRun(row(2)))
+    exit_ = await asyncio.wait_for(client.ref.wait(), 5)
+    assert exit_.reason == "broken" and isinstance(exit_.error, apsw.CantOpenError)
