@@ -65,7 +65,7 @@ class Client:
         try:
             event, data = "message", list[str]()
             while True:
-                line = response.fp.readline()
+                line = response.readline()
                 if not line:
                     return
                 text = line.decode().rstrip("\r\n")

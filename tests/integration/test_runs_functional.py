@@ -84,3 +84,38 @@ def test_meta_routes_answer(shared_server):
     assert "/api/runs" in doc["paths"] and "SubmitRun" in doc["components"]["schemas"]
     status, text = shared_server.client.request("GET", "/metrics")
     assert status == 200 and "troupe_runs{state=\"succeeded\"}" in text
+
+
+def test_stream_replays_from_after_without_gaps_or_duplicates(shared_server):
+    run_id = shared_server.submit(hello())["run_id"]
+    everything = shared_server.events_until_finished(run_id)
+    later = []
+    for kind, data in shared_server.client.stream(f"/api/runs/{run_id}/stream?after=3", read_timeout=10):
+        if kind == "run_event":
+            later.append(data)
+    assert later == everything[3:]
+
+
+def test_global_stream_announces_created_and_status_changes(shared_server):
+    seen, run_id = [], None
+    for kind, data in shared_server.client.stream("/api/stream", read_timeout=30):
+        if kind == "hello":
+            run_id = shared_server.submit(hello())["run_id"]
+        elif kind == "run" and data["run_id"] == run_id:
+            seen.append((data["kind"], data.get("status")))
+            if data.get("status") == "succeeded":
+                break
+    assert seen == [("created", "queued"), ("status", "running"), ("status", "succeeded")]
+
+
+def test_prometheus_metrics_count_queues_and_runs(shared_server):
+    run_id = shared_server.submit(graph(node("z", "core.Sleep", seconds=30)), device="cuda:1")["run_id"]
+    waiting = shared_server.submit(graph(node("z", "core.Sleep", seconds=30)), device="cuda:1")["run_id"]
+    shared_server.wait_status(run_id, "running")
+    status, text = shared_server.client.request("GET", "/metrics")
+    assert 'troupe_queue_depth{queue_key="cuda:1"} 1.0' in text
+    assert 'troupe_queue_running{queue_key="cuda:1"} 1.0' in text
+    assert 'troupe_runs{state="running"}' in text and 'troupe_workers{state="connected"} 0.0' in text
+    for rid in (waiting, run_id):
+        shared_server.client.request("POST", f"/api/runs/{rid}/cancel")
+    shared_server.wait_status(run_id, "cancelled")

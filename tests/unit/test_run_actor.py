@@ -1,0 +1,85 @@
+"""RunActor by messages, with a real store and stand-ins for its peers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from actors.base import Actor, Registry
+from actors.executor import GraphEnded
+from actors.placer_messages import Released
+from actors.queue import Release
+from actors.run import Cancel, RunActor, Start
+from actors.store import GetEvents, GetRun, InsertRun, StoreActor, StoreClient
+from actors.threaded import start_thread_actor
+from protocol.graph import Graph
+from protocol.settings import Settings
+from subprocess_runner.catalog import load_catalog
+from subprocess_runner.engine import prepare_executable_graph
+from tests.helpers import hello
+
+RUN_ID = "ab" * 16
+
+
+class Inbox(Actor):
+    def __init__(self, name):
+        super().__init__(name)
+        self.got = []
+
+    async def receive(self, message):
+        self.got.append(message)
+
+
+async def setup(tmp_path: Path):
+    registry = Registry()
+    store = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
+    queue, placer = Inbox("queues/cpu"), Inbox("placer")
+    queue.start(registry)
+    placer.start(registry)
+    row = {"id": RUN_ID, "name": "t", "status": "queued", "device": "cpu", "queue_key": "cpu", "lane": "queued",
+           "graph": hello(), "options": {}, "warnings": ["a warning"], "enqueue_seq": 1, "created_at": "t"}
+    await store.write(InsertRun(row))
+    graph = prepare_executable_graph(Graph.model_validate(hello()), load_catalog())
+    settings = Settings(home=tmp_path)
+    run = RunActor(row, graph, store, registry, settings).start(registry)
+    return store, run, queue, placer
+
+
+async def test_a_started_run_executes_and_releases_its_slot_before_its_final_status(tmp_path):
+    store, run, queue, placer = await setup(tmp_path)
+    run.tell(Start())
+    await asyncio.wait_for(run.wait(), 10)
+    await store.drain()
+    row = await store.read(GetRun(RUN_ID))
+    assert row["status"] == "succeeded"
+    events, _ = await store.read(GetEvents(RUN_ID))
+    assert [e["type"] for e in events][:3] == ["run_queued", "warning", "run_started"]
+    assert events[-1]["type"] == "run_finished" and [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert queue.got == [Release(RUN_ID)] and placer.got == [Released(RUN_ID)]
+    await store.ref.stop()
+
+
+async def test_cancel_of_a_queued_run_withdraws_it_and_a_late_start_is_ignored(tmp_path):
+    store, run, queue, placer = await setup(tmp_path)
+    assert await run.ask(Cancel()) == {"run_id": RUN_ID, "status": "cancelled"}
+    run.tell(Start())  # the grant was already on its way
+    await asyncio.wait_for(run.wait(), 10)
+    await store.drain()
+    row = await store.read(GetRun(RUN_ID))
+    assert row["status"] == "cancelled" and row["started_at"] is None
+    assert queue.got == [Release(RUN_ID)]
+    await store.ref.stop()
+
+
+async def test_a_crashed_run_actor_fails_its_run_and_frees_its_slot(tmp_path):
+    store, run, queue, placer = await setup(tmp_path)
+    run.tell(GraphEnded(None))  # type: ignore[arg-type]  # a message it cannot handle crashes it
+    exit_ = await asyncio.wait_for(run.wait(), 10)
+    assert exit_.crashed
+    await store.drain()
+    row = await store.read(GetRun(RUN_ID))
+    assert row["status"] == "failed" and row["error"].startswith("internal error")
+    events, _ = await store.read(GetEvents(RUN_ID))
+    assert events[-1]["type"] == "run_finished" and events[-1]["payload"]["internal"] is True
+    assert queue.got == [Release(RUN_ID)] and placer.got == [Released(RUN_ID)]
+    await store.ref.stop()
