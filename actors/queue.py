@@ -88,6 +88,9 @@ class QueueActor(Actor):
                     "running": len(self._holding),
                     "queued": len(self._fifo),
                 }
+            case _:
+                # A message nobody defined is a bug: crash, and let the supervisor act.
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
     def _pump(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -73,6 +74,11 @@ async def info(request: web.Request) -> web.Response:
                 "run_retention_keep_last": settings.run_retention_keep_last,
             },
             "public_url": settings.public_url or settings.url,
+            "runtime": {
+                "switch_interval_s": sys.getswitchinterval(),
+                # The control plane must stay light: only node code imports torch.
+                "torch_imported": "torch" in sys.modules,
+            },
         }
     )
 

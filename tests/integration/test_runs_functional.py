@@ -75,6 +75,8 @@ def test_meta_routes_answer(shared_server):
     info = shared_server.get("/api/info")
     assert info["name"] == "troupe" and "cpu" in info["devices"]
     assert info["capabilities"]["workers"] is False
+    # The server sets a short GIL switch interval and never imports torch itself.
+    assert info["runtime"] == {"switch_interval_s": 0.0005, "torch_imported": False}
     nodes = {n["type"] for n in shared_server.get("/api/nodes")["nodes"]}
     assert {"core.Constant", "core.Add", "core.Multiply", "core.Sleep", "core.Fail", "core.LogMetric",
             "core.Print"} <= nodes
