@@ -115,6 +115,7 @@ def test_prometheus_metrics_count_queues_and_runs(shared_server):
     waiting = shared_server.submit(graph(node("z", "core.Sleep", seconds=30)), device="cuda:1")["run_id"]
     shared_server.wait_status(run_id, "running")
     status, text = shared_server.client.request("GET", "/metrics")
+    assert status == 200
     assert 'troupe_queue_depth{queue_key="cuda:1"} 1.0' in text
     assert 'troupe_queue_running{queue_key="cuda:1"} 1.0' in text
     assert 'troupe_runs{state="running"}' in text and 'troupe_workers{state="connected"} 0.0' in text
