@@ -139,7 +139,7 @@ class Actor:
             registry.register(self._ref)
         if on_exit is not None:
             self._exited.add_done_callback(lambda f: on_exit(f.result()))
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"actor:{self.name}")
+        self._task = asyncio.get_running_loop().create_task(self._actor_loop(), name=f"actor:{self.name}")
         return self._ref
 
     def stop_self(self, reason: str = "normal") -> None:
@@ -160,7 +160,7 @@ class Actor:
         """Runs after a crash, instead of ``on_stop``."""
 
     # Loop ------------------------------------------------------------------------
-    async def _loop(self) -> None:
+    async def _actor_loop(self) -> None:
         reason, error = "normal", None
         try:
             await self.on_start()
@@ -169,7 +169,7 @@ class Actor:
                 if isinstance(envelope.message, _Stop):
                     reason = envelope.message.reason
                     break
-                await self._handle(envelope)
+                await self._actor_handle(envelope)
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception as exc:
@@ -183,12 +183,12 @@ class Actor:
                 await self.on_failure(error)
         except Exception:
             log.exception("actor %s: stop hook failed", self.name)
-        self._teardown()
+        self._actor_teardown()
         if self._home_registry is not None:
             self._home_registry.unregister(self._ref)
         self._exited.set_result(Exit(self.name, reason, error))
 
-    async def _handle(self, envelope: _Envelope) -> None:
+    async def _actor_handle(self, envelope: _Envelope) -> None:
         reply = envelope.reply
         if reply is not None and reply.done():
             return  # the asker gave up
@@ -207,7 +207,7 @@ class Actor:
         if reply is not None and not reply.done():
             reply.set_result(result)
 
-    def _teardown(self) -> None:
+    def _actor_teardown(self) -> None:
         while not self._mailbox.empty():
             envelope = self._mailbox.get_nowait()
             if envelope.reply is not None and not envelope.reply.done():

@@ -1,9 +1,10 @@
 """The in-process executor: one pykka thread actor per executing run.
 
 Its one message, ``Execute``, runs the whole graph in the actor's thread (nodes on a
-small pool of their own) and pushes every event into the loop with
-``call_soon_threadsafe``, so the RunActor numbers and persists them in order. The
-cancel token is a ``threading.Event`` the RunActor sets; node code polls it.
+small pool of their own) and hands every event to the RunActor, in order, through a
+``_Courier``: events that pile up while the loop is busy travel together, so a burst
+of events costs one wake-up of the loop rather than one each. The cancel token is a
+``threading.Event`` the RunActor sets; node code polls it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +33,14 @@ class Execute:
     deterministic: bool
     max_parallel: int
     cancel: threading.Event
+    # The control plane's node pool, shared by its in-process runs so that a run does
+    # not pay for threads of its own; the engine caps each run at max_parallel.
+    pool: Executor | None = None
 
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """An event produced by node code, not yet numbered (sent to the RunActor)."""
+    """An event produced by node code, not yet numbered."""
 
     type: str
     node_id: str | None
@@ -43,10 +48,45 @@ class NodeEvent:
 
 
 @dataclass(frozen=True)
+class NodeEvents:
+    """Node events in the order they happened (sent to the RunActor)."""
+
+    events: tuple[NodeEvent, ...]
+
+
+@dataclass(frozen=True)
 class GraphEnded:
     """The graph stopped executing (sent to the RunActor after its last NodeEvent)."""
 
     outcome: Outcome
+
+
+class _Courier:
+    """Carries messages from the executor's threads to the run's mailbox, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run: ActorRef) -> None:
+        self._loop = loop
+        self._run = run
+        self._lock = threading.Lock()
+        self._events: list[NodeEvent] = []
+
+    def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self._events.append(NodeEvent(kind, node_id, payload))
+            first = len(self._events) == 1
+        if first:
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+        if events:
+            self._run.tell(NodeEvents(tuple(events)))
+
+    def finish(self, outcome: Outcome) -> None:
+        # After the last events: _deliver runs first, as call_soon_threadsafe keeps order.
+        self._loop.call_soon_threadsafe(self._deliver)
+        self._loop.call_soon_threadsafe(self._run.tell, GraphEnded(outcome))
 
 
 class InProcessExecutor(ThreadActor):
@@ -57,19 +97,16 @@ class InProcessExecutor(ThreadActor):
     def handle(self, message: Any) -> Any:
         if not isinstance(message, Execute):
             raise TypeError(f"executor cannot handle {type(message).__name__}")
-        loop, run = self._loop, self._run
-
-        def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(run.tell, NodeEvent(kind, node_id, payload))
-
-        ctx = ExecutionContext(message.run_id, None, message.device, message.seed, Sinks(emit), message.cancel)
+        courier = _Courier(self._loop, self._run)
+        ctx = ExecutionContext(message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel)
         try:
             outcome = execute_graph(
-                message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic
+                message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,
+                pool=message.pool,
             )
         except BaseException as exc:  # never let node trouble reach pykka (it would stop every actor)
             log.exception("run %s: the engine failed", message.run_id)
             outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
-        loop.call_soon_threadsafe(run.tell, GraphEnded(outcome))
+        courier.finish(outcome)
         self.stop()
         return None

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, Registry
 from actors.errors import RunNotFound
-from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvent
+from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
 from actors.store import AppendEvents, Prune, RecordOutputs, StoreClient, UpdateRun
@@ -57,8 +58,10 @@ class RunActor(Actor):
         store: StoreClient,
         registry: Registry,
         settings: Settings,
+        node_pool: Executor | None = None,
     ) -> None:
         super().__init__(f"runs/{row['id']}")
+        self._node_pool = node_pool
         self.run_id: str = row["id"]
         self._row = row
         self._graph = graph
@@ -71,18 +74,27 @@ class RunActor(Actor):
         self._stop_as: str | None = None  # the status a requested stop ends in
         self._executor: ThreadActorRef | None = None
         self._released = False
+        self._outbox: list[dict[str, Any]] = []
 
     async def on_start(self) -> None:
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
         for warning in self._row.get("warnings", ()):
             self._emit(ev.WARNING, None, {"message": warning})
+        self._flush_events()
 
     async def receive(self, message: Any) -> Any:
+        try:
+            return self._dispatch(message)
+        finally:
+            self._flush_events()
+
+    def _dispatch(self, message: Any) -> Any:
         match message:
             case Start():
                 self._start()
-            case NodeEvent(kind, node_id, payload):
-                self._on_node_event(kind, node_id, payload)
+            case NodeEvents(events):
+                for event in events:
+                    self._on_node_event(event.type, event.node_id, event.payload)
             case GraphEnded(outcome):
                 self._finish(outcome.status, outcome.error, outcome.node_id)
             case Cancel():
@@ -96,6 +108,8 @@ class RunActor(Actor):
                     queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
                     if queue is not None:
                         queue.tell(Occupying(self.run_id))
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
     # Lifecycle ---------------------------------------------------------------------
@@ -104,7 +118,7 @@ class RunActor(Actor):
             return  # cancelled while the grant was on its way; the slot is already back
         self._status = ev.RUNNING
         started_at = ev.utc_now()
-        self._store.write(UpdateRun(self.run_id, {"status": ev.RUNNING, "started_at": started_at}))
+        self._write(UpdateRun(self.run_id, {"status": ev.RUNNING, "started_at": started_at}))
         self._emit(ev.RUN_STARTED, None, {"device": self._row["device"], "seed": self._row.get("seed")})
         self._executor = start_thread_actor(InProcessExecutor, f"executor/{self.run_id}", self.ref)
         self._executor.tell(
@@ -116,6 +130,7 @@ class RunActor(Actor):
                 deterministic=bool(self._row.get("deterministic")),
                 max_parallel=self._settings.max_parallel_nodes,
                 cancel=self._cancel,
+                pool=self._node_pool,
             )
         )
 
@@ -151,13 +166,13 @@ class RunActor(Actor):
         self._release()
         self._status = status
         fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}
-        self._store.write(UpdateRun(self.run_id, fields))
+        self._write(UpdateRun(self.run_id, fields))
         payload: dict[str, Any] = {"status": status, "error": error}
         if node_id is not None:
             payload["node_id"] = node_id
         self._emit(ev.RUN_FINISHED, None, payload)
         if self._settings.run_retention_keep_last >= 0:
-            self._store.write(Prune(self._settings.run_retention_keep_last))
+            self._write(Prune(self._settings.run_retention_keep_last))
         self.stop_self("finished")
 
     async def on_failure(self, error: BaseException) -> None:
@@ -166,21 +181,32 @@ class RunActor(Actor):
         self._release()
         if self._status not in ev.TERMINAL_STATES:
             message = f"internal error: {type(error).__name__}: {error}"
-            self._store.write(UpdateRun(self.run_id, {"status": ev.FAILED, "finished_at": ev.utc_now(),
+            self._write(UpdateRun(self.run_id, {"status": ev.FAILED, "finished_at": ev.utc_now(),
                                                       "error": message}))
             self._emit(ev.RUN_FINISHED, None, {"status": ev.FAILED, "error": message, "internal": True})
+            self._flush_events()
 
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
-            self._store.write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {})))
+            self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {})))
         self._emit(kind, node_id, payload)
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         capped = ev.cap_payload(payload, self._settings.run_event_payload_cap_bytes)
-        event = ev.make_event(self._next_seq, kind, node_id, capped)
+        self._outbox.append(ev.make_event(self._next_seq, kind, node_id, capped))
         self._next_seq += 1
-        self._store.write(AppendEvents(self.run_id, (event,)))
+
+    def _flush_events(self) -> None:
+        """The events of one message go to the store as one write."""
+        if self._outbox:
+            events, self._outbox = tuple(self._outbox), []
+            self._store.write(AppendEvents(self.run_id, events))
+
+    def _write(self, op: Any) -> None:
+        # Events emitted so far go first, so rows and events reach the disk in order.
+        self._flush_events()
+        self._store.write(op)
 
 
 

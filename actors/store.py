@@ -42,6 +42,8 @@ WRITE_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class InsertRun:
+    """Answers the new run's queue position, read in the same transaction."""
+
     row: Mapping[str, Any]
 
 
@@ -247,6 +249,7 @@ class StoreActor(ThreadActor):
         match op:
             case InsertRun(row):
                 q.insert_run(conn, row)
+                return q.queue_position(conn, row["id"])
             case UpdateRun(run_id, fields):
                 q.update_run(conn, run_id, fields)
             case AppendEvents(run_id, events):

@@ -76,18 +76,20 @@ def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) ->
 
 
 def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[str, Any]]) -> None:
+    rows, metrics = [], []
     for event in events:
         payload = event["payload"]
-        conn.execute(
-            "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)),
-        )
+        rows.append((run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)))
         if event["type"] == ev.METRIC and isinstance(payload.get("value"), int | float):
-            conn.execute(
-                "INSERT OR IGNORE INTO metrics(run_id, series, step, value, ts, seq) VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, str(payload.get("name")), int(payload.get("step") or 0), float(payload["value"]),
-                 event["ts"], event["seq"]),
-            )
+            metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0), float(payload["value"]),
+                            event["ts"], event["seq"]))
+    conn.executemany(
+        "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)", rows
+    )
+    if metrics:
+        conn.executemany(
+            "INSERT OR IGNORE INTO metrics(run_id, series, step, value, ts, seq) VALUES (?, ?, ?, ?, ?, ?)", metrics
+        )
 
 
 def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ import math
 import time
 import traceback
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,9 +130,13 @@ def execute_graph(
     *,
     max_parallel: int = 4,
     deterministic: bool = False,
+    pool: Executor | None = None,
 ) -> Outcome:
     """Executes every node, emitting node events through ``ctx.sinks``. A seeded run
-    executes one node at a time, so its random streams do not interleave."""
+    executes one node at a time, so its random streams do not interleave.
+
+    Nodes run on ``pool`` when one is given (the engine still runs at most
+    ``max_parallel`` of them at once), else on a pool of this run's own."""
     if ctx.seed is not None:
         max_parallel = 1
     emit = ctx.sinks.emit
@@ -152,12 +156,31 @@ def execute_graph(
         except BaseException as exc:  # sys.exit in node code fails this run only
             raise RuntimeError(f"node code raised {type(exc).__name__}({exc})") from exc
 
-    with ThreadPoolExecutor(max_workers=max(1, max_parallel), thread_name_prefix=f"run-{ctx.run_id[:8]}") as pool:
+    own_pool: ThreadPoolExecutor | None = None
+
+    def start(node_id: str) -> Future[dict[str, Any]]:
+        nonlocal own_pool
+        future: Future[dict[str, Any]]
+        if len(ready) == 0 and not running:
+            # The only node that can run now runs in this thread: no pool for a chain.
+            future = Future()
+            try:
+                future.set_result(run_one(node_id))
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
+        if pool is not None:
+            return pool.submit(run_one, node_id)
+        if own_pool is None:
+            own_pool = ThreadPoolExecutor(max_workers=max(1, max_parallel), thread_name_prefix=f"run-{ctx.run_id[:8]}")
+        return own_pool.submit(run_one, node_id)
+
+    try:
         while ready or running:
             while ready and len(running) < max_parallel and failure is None and not ctx.cancelled:
                 node_id = ready.popleft()
                 emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
-                running[pool.submit(run_one, node_id)] = (node_id, time.monotonic())
+                running[start(node_id)] = (node_id, time.monotonic())
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -193,6 +216,9 @@ def execute_graph(
                         failure = Outcome("failed", f"node {node_id}: {message}", node_id)
                         # Ask the nodes still running to stop; the run has failed anyway.
                         ctx.cancel.set()
+    finally:
+        if own_pool is not None:
+            own_pool.shutdown(wait=True)
     if failure is not None:
         failure.outputs = outputs
         return failure

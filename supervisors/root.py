@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ from web.context import Services
 
 log = logging.getLogger("troupe.root")
 
+# Node threads per parallel-node slot: room for 16 runs executing max_parallel nodes.
+NODE_POOL_PER_SLOT = 16
+
 
 class ControlPlane:
     def __init__(self, settings: Settings, catalog: Catalog, version: str) -> None:
@@ -75,6 +79,11 @@ class ControlPlane:
         self.runs = Supervisor("runs")
         self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
         self.runs_dir.mkdir(parents=True, exist_ok=True)
+        # One pool for the nodes of every in-process run: a run does not start threads
+        # of its own. More nodes than threads wait their turn (they never wait on each
+        # other: the engine submits a node only once its inputs exist).
+        self.node_pool = ThreadPoolExecutor(max_workers=NODE_POOL_PER_SLOT * self.settings.max_parallel_nodes,
+                                            thread_name_prefix="nodes")
 
         store_ref = self.root.start_child(ChildSpec("store", self._make_store))
         self.recovered = await self.store.write(RecoverInterrupted())
@@ -113,7 +122,7 @@ class ControlPlane:
 
     def _spawn_run(self, spec: RunSpec) -> ActorRef:
         def factory() -> ActorRef:
-            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings)
+            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings, self.node_pool)
             return actor.start(self.registry)
 
         return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))  # type: ignore[return-value]
@@ -199,3 +208,4 @@ class ControlPlane:
         await self.queues.stop()
         await self.store.drain()
         await self.root.stop(timeout=grace)
+        self.node_pool.shutdown(wait=False, cancel_futures=True)

@@ -82,7 +82,6 @@ class Supervisor:
         self._on_give_up = on_give_up
         self._on_exit = on_exit
         self._children: dict[str, Child] = {}
-        self._specs: dict[str, ChildSpec] = {}
         self._restarts: dict[str, deque[float]] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -94,7 +93,6 @@ class Supervisor:
             raise RuntimeError(f"supervisor {self.name} is stopping")
         child = spec.factory()
         self._children[spec.name] = child
-        self._specs[spec.name] = spec
         task = asyncio.get_running_loop().create_task(self._watch(spec, child), name=f"watch:{spec.name}")
         self._watchers.add(task)
         task.add_done_callback(self._watchers.discard)
@@ -111,6 +109,8 @@ class Supervisor:
         exit_info: ExitInfo = await child.wait()
         if self._children.get(spec.name) is child:
             del self._children[spec.name]
+        if spec.restart == Restart.TEMPORARY:
+            self._restarts.pop(spec.name, None)
         if self._on_exit is not None:
             self._on_exit(spec, exit_info)
         if self._stopping:

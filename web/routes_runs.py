@@ -14,7 +14,7 @@ from aiohttp import web
 from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
-from actors.store import DeleteRun, GetEvents, GetMetrics, GetRun, ListRuns, QueuePosition
+from actors.store import DeleteRun, GetEvents, GetMetrics, GetRun, ListRuns
 from protocol import events as ev
 from protocol.api import SubmitRun
 from protocol.errors import InvalidRequest, StateConflict
@@ -85,8 +85,7 @@ async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
     row, graph = build_run_row(svc, body)
     run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
-    await committed
-    position = await svc.store.read(QueuePosition(run_id))
+    position = await committed
     reply = {
         "run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
         "lane": row["lane"], "queue_position": position, "warnings": row["warnings"],
