@@ -38,6 +38,11 @@ class Execute:
     pool: Executor | None = None
 
 
+# NodeEvents and GraphEnded are received by the RunActor but live here, beside their
+# only sender: run.py imports this module to start executors, so the other way round
+# would be an import cycle.
+
+
 @dataclass(frozen=True)
 class NodeEvent:
     """An event produced by node code, not yet numbered."""

@@ -136,11 +136,6 @@ class QueuePosition:
 
 
 @dataclass(frozen=True)
-class QueueCounts:
-    pass
-
-
-@dataclass(frozen=True)
 class StatusCounts:
     pass
 
@@ -200,8 +195,6 @@ class StoreActor(ThreadActor):
                 return q.queued_runs(self.conn, queue_key)
             case QueuePosition(run_id):
                 return q.queue_position(self.conn, run_id)
-            case QueueCounts():
-                return q.queue_counts(self.conn)
             case StatusCounts():
                 return q.status_counts(self.conn)
             case MaxEnqueueSeq():

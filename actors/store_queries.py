@@ -184,16 +184,6 @@ def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
     return int(found[0][0]) if found and found[0][0] is not None else None
 
 
-def queue_counts(conn: apsw.Connection) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for key, status, count in conn.execute(
-        "SELECT queue_key, status, COUNT(*) FROM runs WHERE status IN ('queued', 'running') "
-        "AND lane = 'queued' GROUP BY queue_key, status"
-    ):
-        counts.setdefault(key, {"queued": 0, "running": 0})[status] = count
-    return counts
-
-
 def status_counts(conn: apsw.Connection) -> dict[str, int]:
     rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
     return {str(status): int(count) for status, count in rows}

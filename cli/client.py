@@ -10,7 +10,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from cli.errors import NoServer
+from cli.errors import CliError, NoServer
 
 
 class Client:
@@ -61,7 +61,7 @@ class Client:
         if response.status != 200:
             body = response.read()
             conn.close()
-            raise NoServer(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
+            raise CliError(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
         try:
             event, data = "message", list[str]()
             while True:

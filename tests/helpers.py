@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +140,3 @@ def sleeper(seconds: float = 30.0, device: str | None = None) -> dict[str, Any]:
 
 def hello() -> dict[str, Any]:
     return json.loads((EXAMPLES / "hello.json").read_text())  # type: ignore[no-any-return]
-
-
-def iter_lines(proc: subprocess.Popen[str]) -> Iterator[str]:
-    assert proc.stdout is not None
-    yield from proc.stdout

@@ -3,7 +3,7 @@ asyncio face and the registry in which it finds actors by name."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -24,7 +24,6 @@ class Services:
     version: str
     accelerators: tuple[str, ...] = ()
     started_at: str = ""
-    extra: dict[str, object] = field(default_factory=dict)
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)
