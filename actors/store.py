@@ -309,8 +309,12 @@ def open_database(path: Path) -> apsw.Connection:
 def _log_failed_write(future: asyncio.Future[Any]) -> None:
     # Retrieving the exception here also keeps asyncio from calling it "never retrieved"
     # for writers that do not wait on their write.
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("store write failed: %s", future.exception())
+    if future.cancelled():
+        return
+    error = future.exception()
+    # A TroupeError (no such run, still active) is an answer its writer handles.
+    if error is not None and not isinstance(error, TroupeError):
+        log.warning("store write failed: %s", error)
 
 
 @dataclass
