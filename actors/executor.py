@@ -14,6 +14,7 @@ import logging
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef
@@ -36,6 +37,7 @@ class Execute:
     # The control plane's node pool, shared by its in-process runs so that a run does
     # not pay for threads of its own; the engine caps each run at max_parallel.
     pool: Executor | None = None
+    run_dir: Path | None = None
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -103,7 +105,10 @@ class InProcessExecutor(ThreadActor):
         if not isinstance(message, Execute):
             raise TypeError(f"executor cannot handle {type(message).__name__}")
         courier = _Courier(self._loop, self._run)
-        ctx = ExecutionContext(message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel)
+        ctx = ExecutionContext(
+            message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel,
+            deterministic=message.deterministic, run_dir=message.run_dir,
+        )
         try:
             outcome = execute_graph(
                 message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,

@@ -20,7 +20,7 @@ from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
-from actors.store import AppendEvents, Prune, RecordOutputs, StoreClient, UpdateRun
+from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, StoreClient, UpdateRun
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev
 from protocol.settings import Settings
@@ -131,6 +131,7 @@ class RunActor(Actor):
                 max_parallel=self._settings.max_parallel_nodes,
                 cancel=self._cancel,
                 pool=self._node_pool,
+                run_dir=self._settings.home / "runs" / self.run_id,
             )
         )
 
@@ -189,7 +190,10 @@ class RunActor(Actor):
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
-            self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {})))
+            keep = self._settings.recorded_outputs_keep
+            self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
+        elif kind == ev.ARTIFACT:
+            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), str(payload.get("path"))))
         self._emit(kind, node_id, payload)
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:

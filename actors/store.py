@@ -11,7 +11,6 @@ hub never publishes an event the database could still lose.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
@@ -64,9 +63,21 @@ class AppendEvents:
 
 @dataclass(frozen=True)
 class RecordOutputs:
+    """One node's outputs, as summaries. Only the newest ``keep_runs`` runs keep theirs:
+    older runs' recorded outputs are evicted."""
+
     run_id: str
     node_id: str
     outputs: Mapping[str, Any]
+    keep_runs: int = 20
+
+
+@dataclass(frozen=True)
+class RecordArtifact:
+    run_id: str
+    node_id: str | None
+    kind: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,14 @@ class GetEvents:
 @dataclass(frozen=True)
 class GetMetrics:
     run_id: str
+
+
+@dataclass(frozen=True)
+class GetOutputs:
+    """Recorded outputs by node id; one node's when ``node_id`` is given."""
+
+    run_id: str
+    node_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +210,8 @@ class StoreActor(ThreadActor):
                 return q.get_events(self.conn, message.run_id, message.after, message.tail, message.cap_bytes)
             case GetMetrics(run_id):
                 return q.get_metrics(self.conn, run_id)
+            case GetOutputs(run_id, node_id):
+                return q.get_outputs(self.conn, run_id, node_id)
             case QueuedRuns(queue_key):
                 return q.queued_runs(self.conn, queue_key)
             case QueuePosition(run_id):
@@ -247,10 +268,12 @@ class StoreActor(ThreadActor):
                 q.update_run(conn, run_id, fields)
             case AppendEvents(run_id, events):
                 q.append_events(conn, run_id, events)
-            case RecordOutputs(run_id, node_id, outputs):
+            case RecordOutputs(run_id, node_id, outputs, keep_runs):
+                q.record_outputs(conn, run_id, node_id, outputs, keep_runs)
+            case RecordArtifact(run_id, node_id, kind, path):
                 conn.execute(
-                    "INSERT OR REPLACE INTO recorded_outputs(run_id, node_id, outputs) VALUES (?, ?, ?)",
-                    (run_id, node_id, json.dumps(outputs)),
+                    "INSERT INTO artifacts(run_id, node_id, kind, path, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (run_id, node_id, kind, path, ev.utc_now()),
                 )
             case DeleteRun(run_id):
                 q.delete_run(conn, run_id)

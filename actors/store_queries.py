@@ -168,6 +168,29 @@ def get_metrics(conn: apsw.Connection, run_id: str) -> dict[str, list[dict[str, 
     return series
 
 
+def record_outputs(
+    conn: apsw.Connection, run_id: str, node_id: str, outputs: Mapping[str, Any], keep_runs: int
+) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO recorded_outputs(run_id, node_id, outputs) VALUES (?, ?, ?)",
+        (run_id, node_id, json.dumps(outputs)),
+    )
+    conn.execute(
+        "DELETE FROM recorded_outputs WHERE run_id NOT IN (SELECT DISTINCT o.run_id FROM recorded_outputs o "
+        "JOIN runs r ON r.id = o.run_id ORDER BY r.enqueue_seq DESC LIMIT ?)",
+        (max(0, keep_runs),),
+    )
+
+
+def get_outputs(conn: apsw.Connection, run_id: str, node_id: str | None) -> dict[str, Any]:
+    query = "SELECT node_id, outputs FROM recorded_outputs WHERE run_id = ?"
+    args: tuple[Any, ...] = (run_id,)
+    if node_id is not None:
+        query += " AND node_id = ?"
+        args = (run_id, node_id)
+    return {str(n): json.loads(str(o)) for n, o in conn.execute(query, args)}
+
+
 def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool]]:
     return [
         (run_id, seq, seed is not None)

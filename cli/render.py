@@ -23,7 +23,8 @@ def render_event(event: dict[str, Any]) -> str | None:
     if kind == ev.METRIC:
         if "epoch" in payload:
             total = f"/{payload['epochs']}" if "epochs" in payload else ""
-            return f"    {node}  epoch {payload['epoch']}{total}  {payload.get('name')}={_number(payload.get('value'))}"
+            name = "loss" if payload.get("name") == "train_loss" else payload.get("name")
+            return f"    {node}  epoch {payload['epoch']}{total}  {name}={_number(payload.get('value'))}"
         return f"    {node}  {payload.get('name')}={_number(payload.get('value'))}  step {payload.get('step')}"
     if kind == ev.LOG:
         return f"    {node}  {payload.get('message', '')}"

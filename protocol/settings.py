@@ -28,6 +28,7 @@ class Settings:
     run_retention_keep_last: int = 200
     run_event_payload_cap_bytes: int = 131072
     run_events_response_cap_bytes: int = 4194304
+    recorded_outputs_keep: int = 20
     max_request_bytes: int = 16 * 1024 * 1024
     stop_grace_s: float = 10.0
     allowed_hosts: tuple[str, ...] = ()
@@ -77,6 +78,7 @@ class Settings:
             run_retention_keep_last=reader.integer("TROUPE_RUN_RETENTION_KEEP_LAST", 200),
             run_event_payload_cap_bytes=reader.integer("TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES", 131072),
             run_events_response_cap_bytes=reader.integer("TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES", 4194304),
+            recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
             allowed_hosts=tuple(

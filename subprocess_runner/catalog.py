@@ -8,6 +8,7 @@ the control plane light and lets an agent compute the same digest without torch.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -75,6 +76,22 @@ class Param:
 
 
 Execute = Callable[[Any, dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+
+
+def lazy(target: str) -> Execute:
+    """An ``execute`` that imports ``module:function`` on its first call, so that a pack
+    can declare nodes whose code needs torch without importing torch."""
+    module_name, _, function_name = target.partition(":")
+    loaded: list[Execute] = []
+
+    def execute(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
+        if not loaded:
+            module = importlib.import_module(module_name)
+            loaded.append(getattr(module, function_name))
+        return loaded[0](ctx, inputs, params)
+
+    execute.__qualname__ = execute.__name__ = f"lazy({target})"
+    return execute
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import json
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from subprocess_runner.errors import RunCancelled
@@ -28,6 +31,11 @@ def derive_seed(seed: int, node_id: str) -> int:
     """A node's own seed, stable across processes and Python versions (no ``hash()``)."""
     digest = hashlib.sha256(f"{seed}:{node_id}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % SEED_MODULUS
+
+
+def _print_event(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+    """The sink of a context made without one (an exported script): JSON lines."""
+    print(json.dumps({"type": kind, "node_id": node_id, "payload": payload}, default=str), flush=True)
 
 
 def current_node_id() -> str | None:
@@ -59,15 +67,21 @@ class ExecutionContext:
         node_id: str | None,
         device: str,
         seed: int | None,
-        sinks: Sinks,
+        sinks: Sinks | None = None,
         cancel: threading.Event | None = None,
+        *,
+        deterministic: bool = False,
+        run_dir: Path | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
         self.device = device
         self.seed = seed
-        self.sinks = sinks
+        self.sinks = sinks if sinks is not None else Sinks(_print_event)
         self.cancel = cancel or threading.Event()
+        self.deterministic = deterministic
+        # Where a node writes files of its own (checkpoints); None: a temp dir on demand.
+        self.run_dir = run_dir
 
     @property
     def node_seed(self) -> int | None:
@@ -76,7 +90,22 @@ class ExecutionContext:
         return derive_seed(self.seed, self.node_id)
 
     def for_node(self, node_id: str) -> ExecutionContext:
-        return ExecutionContext(self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel)
+        return ExecutionContext(
+            self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
+            deterministic=self.deterministic, run_dir=self.run_dir,
+        )
+
+    def files(self, kind: str) -> Path:
+        """A folder of this run for files of ``kind`` (``checkpoints``), created."""
+        if self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-{self.run_id[:8]}-"))
+        folder = self.run_dir / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def artifact(self, kind: str, path: Path | str) -> None:
+        """Announces a file the run wrote, so the control plane lists it on the run."""
+        self.sinks.emit("artifact", self.node_id, {"kind": kind, "path": str(path)})
 
     @property
     def cancelled(self) -> bool:
@@ -95,8 +124,11 @@ class ExecutionContext:
     def log(self, message: str) -> None:
         self.sinks.emit("log", self.node_id, {"message": str(message)})
 
-    def warning(self, message: str) -> None:
-        self.sinks.emit("warning", self.node_id, {"message": str(message)})
+    def warning(self, message: str, code: str | None = None) -> None:
+        payload: dict[str, Any] = {"message": str(message)}
+        if code is not None:
+            payload["code"] = code
+        self.sinks.emit("warning", self.node_id, payload)
 
     def metric(self, name: str, value: float, step: int | None = None, **extra: Any) -> None:
         if step is None:

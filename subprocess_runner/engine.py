@@ -8,6 +8,7 @@ exported scripts (DESIGN invariant 2); their signatures only grow.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import traceback
 from collections import deque
@@ -111,10 +112,25 @@ def invoke_node(
 
 
 def summarize(value: Any) -> Any:
-    """A JSON-safe view of an output for events: plain values as they are, anything
-    else by type and a short repr."""
+    """A JSON-safe view of an output for events and recorded outputs: plain values as
+    they are; objects that describe themselves (``summary()``), torch tensors and
+    models by their description; anything else by type and a short repr."""
     if value is None or isinstance(value, bool | int | str):
         return value
+    describe = getattr(value, "summary", None)
+    if callable(describe) and not isinstance(value, type):
+        try:
+            return describe()
+        except Exception as exc:  # a broken summary must not fail the node
+            return {"type": type(value).__name__, "summary_error": str(exc)}
+    if type(value).__module__.startswith("torch") and "torch" in sys.modules:
+        from subprocess_runner.packs._torch_runtime import describe_model, describe_tensor
+
+        torch = sys.modules["torch"]
+        if isinstance(value, torch.Tensor):
+            return describe_tensor(value)
+        if isinstance(value, torch.nn.Module):
+            return describe_model(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, list | tuple) and len(value) <= 64:

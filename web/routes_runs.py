@@ -14,10 +14,10 @@ from aiohttp import web
 from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
-from actors.store import DeleteRun, GetEvents, GetMetrics, GetRun, ListRuns
+from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
 from protocol import events as ev
 from protocol.api import SubmitRun
-from protocol.errors import InvalidRequest, StateConflict
+from protocol.errors import InvalidRequest, NotFound, StateConflict
 from subprocess_runner.devices import resolve_device
 from subprocess_runner.engine import prepare_executable_graph
 from web.context import Services, services
@@ -172,6 +172,29 @@ async def run_events(request: web.Request) -> web.Response:
         GetEvents(run_id, after=after, tail=tail, cap_bytes=svc.settings.run_events_response_cap_bytes)
     )
     return web.json_response({"events": events, "next_cursor": next_cursor})
+
+
+@routes.get("/api/runs/{run_id}/outputs")
+async def run_outputs(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    row = await _get_row(svc, run_id)
+    outputs = await svc.store.read(GetOutputs(run_id))
+    return web.json_response({"run_id": run_id, "record_outputs": row["record_outputs"], "outputs": outputs})
+
+
+@routes.get("/api/runs/{run_id}/outputs/{node_id}")
+async def run_node_outputs(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    node_id = request.match_info["node_id"]
+    await _get_row(svc, run_id)
+    outputs = await svc.store.read(GetOutputs(run_id, node_id))
+    if node_id not in outputs:
+        raise NotFound(f"run {run_id} has no recorded outputs of node {node_id!r} (was it run with "
+                       "record_outputs, and is it among the newest TROUPE_RECORDED_OUTPUTS_KEEP runs?)",
+                       code="outputs_not_found")
+    return web.json_response({"run_id": run_id, "node_id": node_id, "outputs": outputs[node_id]})
 
 
 @routes.get("/api/runs/{run_id}/metrics")

@@ -1,0 +1,59 @@
+"""What every torch node does first: cap torch's threads once per process, seed torch
+from the node's seed, and describe torch values for events and recorded outputs.
+
+Imported only when a torch node executes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from subprocess_runner.seeding import seed_torch
+
+_capped = threading.Lock()
+_done: list[bool] = []
+
+
+def prepare(ctx: Any) -> None:
+    with _capped:
+        if not _done:
+            # OMP_NUM_THREADS is set by whoever runs us (the control plane leaves the
+            # event loop a core); torch reads it too late when imported in a thread.
+            threads = os.environ.get("OMP_NUM_THREADS", "")
+            if threads.isdigit() and int(threads) > 0:
+                torch.set_num_threads(int(threads))
+            _done.append(True)
+    if ctx.node_seed is not None:
+        seed_torch(ctx.node_seed, ctx.deterministic)
+
+
+def generator(ctx: Any) -> torch.Generator | None:
+    """A generator for shuffling that a seeded run makes the same every time."""
+    if ctx.node_seed is None:
+        return None
+    return torch.Generator().manual_seed(ctx.node_seed)
+
+
+def describe_tensor(value: torch.Tensor) -> dict[str, Any]:
+    flat = value.detach().flatten()
+    summary: dict[str, Any] = {
+        "type": "tensor", "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch."),
+        "device": str(value.device), "preview": flat[:8].tolist(),
+    }
+    if flat.numel() and (flat.dtype.is_floating_point or flat.dtype in (torch.int32, torch.int64)):
+        as_float = flat.float()
+        summary.update(min=as_float.min().item(), max=as_float.max().item(), mean=as_float.mean().item())
+    return summary
+
+
+def describe_model(model: torch.nn.Module) -> dict[str, Any]:
+    return {
+        "type": "model", "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": [f"{name}: {type(layer).__name__}" for name, layer in model.named_children()]
+        or [type(model).__name__],
+    }
