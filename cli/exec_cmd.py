@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from typing import Any
@@ -14,11 +15,13 @@ from protocol.graph import Graph
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.devices import resolve_device
-from subprocess_runner.engine import execute_graph, prepare_executable_graph
+from subprocess_runner.engine import ExecutableGraph, execute_graph, prepare_executable_graph
 from subprocess_runner.errors import GraphInvalid
+from subprocess_runner.seeding import cap_threads
 
 
-def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int) -> int:
+def load_valid_graph(path: str) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
+    """The file's document, its model and its executable form; CliError when invalid."""
     from pydantic import ValidationError
 
     raw = _load_graph(path)
@@ -28,26 +31,38 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
         first = exc.errors()[0]
         raise CliError(f"{path}: {'/'.join(map(str, first['loc']))}: {first['msg']}") from None
     try:
-        resolved, warning = resolve_device(device or graph.settings.device)
         executable = prepare_executable_graph(graph, load_catalog(), prefix="")
-    except ValueError as exc:
-        raise CliError(f"{path}: {exc}") from None
     except GraphInvalid as exc:
         raise CliError(f"{path}: {exc.message} (at {exc.pointer})") from None
+    return raw, graph, executable
+
+
+def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int, events_json: bool = False) -> int:
+    cap_threads()  # before the first node imports torch
+    _, graph, executable = load_valid_graph(path)
+    try:
+        resolved, warning = resolve_device(device or graph.settings.device)
+    except ValueError as exc:
+        raise CliError(f"{path}: {exc}") from None
     if warning:
         print(f"  ⚠ {warning}")
     run_id = uuid.uuid4().hex
     lock = threading.Lock()
 
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        line = render_event({"type": kind, "node_id": node_id, "payload": payload})
+        line: str | None
+        if events_json:
+            line = json.dumps({"type": kind, "node_id": node_id, "payload": payload}, default=str)
+        else:
+            line = render_event({"type": kind, "node_id": node_id, "payload": payload})
         if line:
             with lock:
                 print(line, flush=True)
 
     cancel = threading.Event()
     ctx = ExecutionContext(run_id, None, resolved, seed, Sinks(emit), cancel)
-    print(f"  ▸ executing {path} on {resolved}" + (f" with seed {seed}" if seed is not None else ""), flush=True)
+    if not events_json:
+        print(f"  ▸ executing {path} on {resolved}" + (f" with seed {seed}" if seed is not None else ""), flush=True)
     try:
         outcome = execute_graph(executable, ctx, max_parallel=max_parallel)
     except KeyboardInterrupt:
@@ -55,5 +70,6 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
         print("  ✗ interrupted", flush=True)
         return EXIT_INTERRUPTED
     emit(ev.RUN_FINISHED, None, {"status": outcome.status, "error": outcome.error})
-    print(f"\n  Result          {outcome.status}", flush=True)
+    if not events_json:
+        print(f"\n  Result          {outcome.status}", flush=True)
     return EXIT_OK if outcome.status == ev.SUCCEEDED else EXIT_FAILED

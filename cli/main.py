@@ -99,15 +99,39 @@ def exec_(
     seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1)] = None,
     device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     max_parallel: Annotated[int, typer.Option(min=1, help="nodes executing at once")] = 4,
+    events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,
 ) -> None:
     """Execute a graph here, without a server."""
     from cli.exec_cmd import exec_graph
 
     try:
-        code = exec_graph(graph, seed, device, max_parallel)
+        code = exec_graph(graph, seed, device, max_parallel, events_json)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
+
+
+@app.command()
+def export(
+    graph: Annotated[str, typer.Argument(help="a saved graph (JSON)")],
+    output: Annotated[str | None, typer.Option("-o", "--output", help="the script to write (default: NAME.py)")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1, help="seed the script's run")] = None,
+    deterministic: Annotated[bool, typer.Option("--deterministic", help="ask for deterministic kernels")] = False,
+) -> None:
+    """Write a graph as a Python script that runs without a server."""
+    from cli.exec_cmd import load_valid_graph
+    from subprocess_runner.codegen import generate_script, script_name
+
+    try:
+        raw, _, _ = load_valid_graph(graph)
+        target = Path(output or script_name(raw))
+        try:
+            target.write_text(generate_script(raw, seed, deterministic))
+        except OSError as exc:
+            raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    except CliError as exc:
+        _fail(exc)
+    print(f"wrote {target}")
 
 
 def main() -> None:

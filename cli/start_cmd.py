@@ -14,6 +14,7 @@ from cli.errors import CliError, NoServer
 from cli.session import acquire_lock, lock_is_held, read_session, remove_session, write_session
 from protocol.settings import Settings
 from protocol.version import __version__
+from subprocess_runner.seeding import cap_threads
 
 log = logging.getLogger("troupe.cli")
 
@@ -21,20 +22,13 @@ log = logging.getLogger("troupe.cli")
 SWITCH_INTERVAL_S = 0.0005
 
 
-def _cap_threads() -> None:
-    """Thread caps for in-process runs that leave the event loop a core; set before
-    any numeric library is imported, and only where the user has not chosen."""
-    spare = max(1, (os.cpu_count() or 2) - 1)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(name, str(spare))
-
-
 def start(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in settings.warnings:
         log.warning("setting ignored: %s", warning)
     lock = acquire_lock(settings.home)
-    _cap_threads()
+    # In-process runs leave the event loop a core.
+    cap_threads()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         code = asyncio.run(_serve(settings))

@@ -40,6 +40,21 @@ class SubmitRun(BaseModel):
     options: RunOptions = Field(default_factory=RunOptions)
 
 
+class ExportGraph(BaseModel):
+    """Body of ``POST /api/export``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    graph: Graph
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    deterministic: bool = False
+
+
+class ExportedScript(BaseModel):
+    filename: str
+    script: str
+
+
 class RunCreated(BaseModel):
     run_id: str
     status: str

@@ -51,9 +51,11 @@ class Outcome:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def topological_sort(graph: Graph) -> list[str]:
+def topological_sort(graph: Graph | dict[str, Any]) -> list[str]:
     """Node ids in an order where every edge points forward; ties keep document order.
     Raises ``ValueError`` on a cycle (validation reports cycles with a pointer first)."""
+    if not isinstance(graph, Graph):
+        graph = Graph.model_validate(graph)
     position = {node.id: i for i, node in enumerate(graph.nodes)}
     indegree = dict.fromkeys(position, 0)
     children: dict[str, list[str]] = {n: [] for n in position}
@@ -75,8 +77,17 @@ def topological_sort(graph: Graph) -> list[str]:
     return order
 
 
-def prepare_executable_graph(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> ExecutableGraph:
-    """Validates ``graph`` against ``catalog`` and binds each node to its type."""
+def prepare_executable_graph(
+    graph: Graph | dict[str, Any], catalog: Catalog | None = None, prefix: str = "/graph"
+) -> ExecutableGraph:
+    """Validates ``graph`` (a document or its parsed model) against ``catalog`` (default:
+    every installed pack) and binds each node to its type."""
+    if not isinstance(graph, Graph):
+        graph = Graph.model_validate(graph)
+    if catalog is None:
+        from subprocess_runner.catalog import load_catalog
+
+        catalog = load_catalog()
     params = validate_graph(graph, catalog, prefix)
     sources: dict[str, dict[str, tuple[str, str]]] = {n.id: {} for n in graph.nodes}
     children: dict[str, list[str]] = {n.id: [] for n in graph.nodes}

@@ -6,8 +6,20 @@ nodes never imports numpy or torch; packs that import torch call ``seed_torch`` 
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def cap_threads(threads: int | None = None) -> int:
+    """Caps the numeric libraries' thread pools (default: every core but one), before
+    they are imported; a value the operator set already wins. Returns the cap."""
+    cap = threads if threads is not None else max(1, (os.cpu_count() or 2) - 1)
+    for name in _THREAD_VARIABLES:
+        os.environ.setdefault(name, str(cap))
+    return cap
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -14,7 +14,7 @@ _REF = "#/components/schemas/{model}"
 
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
-    api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply,
+    api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
 )
 
 
@@ -67,6 +67,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             _RUN_ID, ("after", "query", "integer")))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
             _RUN_ID, ("format", "query", "string")))},
+        "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
+                                    body=api.ExportGraph, mutation=True)},
+        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
+        "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
+            _RUN_ID, ("node_id", "path", "string")))},
         "/api/stream": {"get": _op("Every run's changes as server-sent events", None)},
         "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
         "/api/info": {"get": _op("Version, devices and capabilities", None)},

@@ -1,0 +1,90 @@
+"""Export: a graph as a standalone Python script that runs without a server.
+
+The script imports only the frozen runtime surface (DESIGN invariant 2): it must keep
+running unchanged as troupe grows, so this module and those symbols only ever grow.
+It executes nodes one at a time in topological order, with the same per-node seeds
+and thread caps as ``troupe exec``, and prints every event as a JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import pprint
+import re
+from typing import Any
+
+from protocol.version import __version__
+
+# (module, name): what an exported script may import. A test pins this list.
+FROZEN_SURFACE: tuple[tuple[str, str], ...] = (
+    ("subprocess_runner.engine", "invoke_node"),
+    ("subprocess_runner.engine", "prepare_executable_graph"),
+    ("subprocess_runner.engine", "topological_sort"),
+    ("subprocess_runner.context", "ExecutionContext"),
+    ("subprocess_runner.context", "derive_seed"),
+    ("subprocess_runner.context", "current_node_id"),
+    ("subprocess_runner.devices", "resolve_device"),
+    ("subprocess_runner.seeding", "seed_everything"),  # invoke_node seeds each node with it
+    ("subprocess_runner.seeding", "cap_threads"),
+)
+
+_TEMPLATE = '''#!/usr/bin/env python3
+"""{title}, exported by troupe {version}.
+
+Runs without a server: python {filename}
+It needs troupe {version} installed (its runtime executes the nodes) and prints every
+event as one JSON line.
+"""
+
+import json
+import sys
+import uuid
+
+from subprocess_runner.seeding import cap_threads
+
+cap_threads()  # before torch or numpy are imported, as troupe exec does
+
+from subprocess_runner.context import ExecutionContext  # noqa: E402
+from subprocess_runner.devices import resolve_device  # noqa: E402
+from subprocess_runner.engine import invoke_node, prepare_executable_graph, topological_sort  # noqa: E402
+
+GRAPH = {graph}
+SEED = {seed!r}
+DETERMINISTIC = {deterministic!r}
+
+
+def main() -> int:
+    graph = prepare_executable_graph(GRAPH)
+    device, warning = resolve_device(GRAPH.get("settings", {{}}).get("device"))
+    if warning:
+        print(json.dumps({{"type": "warning", "node_id": None, "payload": {{"message": warning}}}}), flush=True)
+    ctx = ExecutionContext(uuid.uuid4().hex, None, device, SEED, deterministic=DETERMINISTIC)
+    values = {{}}
+    for node_id in topological_sort(GRAPH):
+        node = graph.nodes[node_id]
+        inputs = {{port: values[source][out] for port, (source, out) in node.sources.items()}}
+        values[node_id] = invoke_node(node, ctx.for_node(node_id), inputs, DETERMINISTIC)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def script_name(graph: dict[str, Any]) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", str(graph.get("name") or "graph")).strip("_") or "graph"
+    return f"{stem}.py"
+
+
+def generate_script(graph: dict[str, Any], seed: int | None = None, deterministic: bool = False) -> str:
+    """The script's text; ``graph`` should have been validated by the caller."""
+    return _TEMPLATE.format(
+        title=f"The troupe graph {graph.get('name') or 'graph'!r}",
+        version=__version__,
+        filename=script_name(graph),
+        # A Python literal, readable and editable; JSON's true/null become True/None.
+        graph=pprint.pformat(json.loads(json.dumps(graph)), sort_dicts=False, width=100),
+        seed=seed,
+        deterministic=bool(deterministic),
+    )
