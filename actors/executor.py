@@ -20,7 +20,7 @@ from typing import Any
 from actors.base import ActorRef
 from actors.threaded import ThreadActor
 from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.engine import ExecutableGraph, Outcome, execute_graph
+from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
 
 log = logging.getLogger("troupe.executor")
 
@@ -38,6 +38,7 @@ class Execute:
     # not pay for threads of its own; the engine caps each run at max_parallel.
     pool: Executor | None = None
     run_dir: Path | None = None
+    cpu_gate: CpuGate | None = None
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -112,7 +113,7 @@ class InProcessExecutor(ThreadActor):
         try:
             outcome = execute_graph(
                 message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,
-                pool=message.pool,
+                pool=message.pool, cpu_gate=message.cpu_gate,
             )
         except BaseException as exc:  # never let node trouble reach pykka (it would stop every actor)
             log.exception("run %s: the engine failed", message.run_id)

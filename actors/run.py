@@ -9,6 +9,7 @@ limit-1 key for that moment; nothing runs twice).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from concurrent.futures import Executor
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, Registry
+from actors.cpus import LedgerGate
 from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
@@ -132,8 +134,13 @@ class RunActor(Actor):
                 cancel=self._cancel,
                 pool=self._node_pool,
                 run_dir=self._settings.home / "runs" / self.run_id,
+                cpu_gate=self._cpu_gate(),
             )
         )
+
+    def _cpu_gate(self) -> LedgerGate | None:
+        ledger = self._registry.lookup("cpus")
+        return LedgerGate(asyncio.get_running_loop(), ledger) if ledger is not None else None
 
     def _request_stop(self, final_status: str) -> dict[str, str]:
         if self._status == ev.QUEUED:

@@ -27,8 +27,8 @@ def start(settings: Settings) -> int:
     for warning in settings.warnings:
         log.warning("setting ignored: %s", warning)
     lock = acquire_lock(settings.home)
-    # In-process runs leave the event loop a core.
-    cap_threads()
+    # In-process runs get TROUPE_CPUS threads, leaving the event loop its cores.
+    cap_threads(settings.cpus)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         code = asyncio.run(_serve(settings))

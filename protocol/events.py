@@ -13,6 +13,7 @@ from typing import Any
 
 RUN_QUEUED = "run_queued"
 RUN_STARTED = "run_started"
+NODE_QUEUED = "node_queued"  # a node waits for the cpus it declared: {"cpus", "reason"}
 NODE_STARTED = "node_started"
 NODE_FINISHED = "node_finished"
 NODE_FAILED = "node_failed"
@@ -25,7 +26,7 @@ ARTIFACT = "artifact"  # a file the run wrote: {"kind", "path"}
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
-     ARTIFACT}
+     ARTIFACT, NODE_QUEUED}
 )
 
 # Run states.

@@ -13,6 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 GRAPH_VERSION = 1
 
 
+class NodeResources(BaseModel):
+    """What a node holds while it executes. ``cpus`` come out of the server's
+    ``TROUPE_CPUS``; a node that does not fit waits its turn."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: int | None = Field(default=None, ge=1, le=4096)
+
+
 class Node(BaseModel):
     """One node: an id unique in its graph, a catalog type and its params."""
 
@@ -21,6 +30,7 @@ class Node(BaseModel):
     id: str = Field(min_length=1, max_length=200)
     type: str = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
+    resources: NodeResources | None = None
     # Editors keep layout beside the node; the engine ignores it.
     position: dict[str, Any] | None = None
 

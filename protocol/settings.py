@@ -7,6 +7,7 @@ default and leave a line in ``warnings``, which ``troupe start`` logs.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ class Settings:
     run_event_payload_cap_bytes: int = 131072
     run_events_response_cap_bytes: int = 4194304
     recorded_outputs_keep: int = 20
+    # Cpus lent to nodes that declare them, and the thread cap of in-process runs.
+    cpus: int = 1
     max_request_bytes: int = 16 * 1024 * 1024
     stop_grace_s: float = 10.0
     allowed_hosts: tuple[str, ...] = ()
@@ -78,6 +81,7 @@ class Settings:
             run_retention_keep_last=reader.integer("TROUPE_RUN_RETENTION_KEEP_LAST", 200),
             run_event_payload_cap_bytes=reader.integer("TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES", 131072),
             run_events_response_cap_bytes=reader.integer("TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES", 4194304),
+            cpus=reader.limit("TROUPE_CPUS", default_cpus()),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
@@ -154,6 +158,11 @@ class _Reader:
                 continue
             result[normalise_key(key)] = max(1, number)
         return result
+
+
+def default_cpus() -> int:
+    """Every core but two (kept for the event loop and the API), at least one."""
+    return max(1, (os.cpu_count() or 1) - 2)
 
 
 def normalise_key(key: str) -> str:

@@ -7,14 +7,17 @@ exported scripts (DESIGN invariant 2); their signatures only grow.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import events as ev
 from protocol.graph import Graph
@@ -32,6 +35,16 @@ class ExecutableNode:
     params: dict[str, Any]
     # input port -> (source node id, source port)
     sources: dict[str, tuple[str, str]]
+    cpus: int | None = None
+
+
+class CpuGate(Protocol):
+    """Lends cpus to declared nodes (the control plane's CPU ledger). ``hold`` blocks
+    until the cpus are free, calling ``on_wait(reason)`` first if it has to wait; it
+    raises ``RunCancelled`` if the run is cancelled meanwhile."""
+
+    def hold(self, ctx: ExecutionContext, cpus: int, on_wait: Callable[[str], None]
+             ) -> AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,10 @@ class Outcome:
     error: str | None = None
     node_id: str | None = None
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _queued(emit: Any, node_id: str, cpus: int, reason: str) -> None:
+    emit(ev.NODE_QUEUED, node_id, {"cpus": cpus, "reason": reason})
 
 
 def topological_sort(graph: Graph | dict[str, Any]) -> list[str]:
@@ -99,7 +116,8 @@ def prepare_executable_graph(
     for node in graph.nodes:
         node_type = catalog.get(node.type)
         assert node_type is not None  # validated above
-        nodes[node.id] = ExecutableNode(node.id, node_type, params[node.id], sources[node.id])
+        cpus = node.resources.cpus if node.resources is not None else None
+        nodes[node.id] = ExecutableNode(node.id, node_type, params[node.id], sources[node.id], cpus)
     return ExecutableGraph(
         nodes=nodes,
         order=tuple(topological_sort(graph)),
@@ -158,12 +176,15 @@ def execute_graph(
     max_parallel: int = 4,
     deterministic: bool = False,
     pool: Executor | None = None,
+    cpu_gate: CpuGate | None = None,
 ) -> Outcome:
     """Executes every node, emitting node events through ``ctx.sinks``. A seeded run
     executes one node at a time, so its random streams do not interleave.
 
     Nodes run on ``pool`` when one is given (the engine still runs at most
-    ``max_parallel`` of them at once), else on a pool of this run's own."""
+    ``max_parallel`` of them at once), else on a pool of this run's own. A node that
+    declares cpus holds them from ``cpu_gate`` while it executes; without a gate the
+    declaration is not accounted."""
     if ctx.seed is not None:
         max_parallel = 1
     emit = ctx.sinks.emit
@@ -173,10 +194,19 @@ def execute_graph(
     running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
     failure: Outcome | None = None
 
+    def announce(node_id: str) -> None:
+        emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
+
     def run_one(node_id: str) -> dict[str, Any]:
         node = graph.nodes[node_id]
         inputs = {port: outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
         try:
+            if node.cpus is not None and cpu_gate is not None:
+                node_ctx = ctx.for_node(node_id)
+                waiting = functools.partial(_queued, emit, node_id, node.cpus)
+                with cpu_gate.hold(node_ctx, node.cpus, waiting):
+                    announce(node_id)
+                    return invoke_node(node, node_ctx, inputs, deterministic)
             return invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
         except (Exception, RunCancelled):
             raise
@@ -206,7 +236,8 @@ def execute_graph(
         while ready or running:
             while ready and len(running) < max_parallel and failure is None and not ctx.cancelled:
                 node_id = ready.popleft()
-                emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
+                if graph.nodes[node_id].cpus is None or cpu_gate is None:
+                    announce(node_id)  # a node holding cpus is announced once it has them
                 running[start(node_id)] = (node_id, time.monotonic())
             if not running:
                 break

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef, Registry
+from actors.cpus import CpuLedger
 from actors.events import Change, EventHub, Publish
 from actors.placer import Placer, Quarantine, RunSpec
 from actors.placer import Shutdown as PlacerShutdown
@@ -94,6 +95,7 @@ class ControlPlane:
         assert store_ref.is_alive
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
+        self.root.start_child(ChildSpec("cpus", lambda: CpuLedger(self.settings.cpus).start(self.registry)))
         self.web = WebService(
             Services(
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from actors.cpus import Snapshot as CpuSnapshot
 from actors.events import SubscriberCount
 from actors.placer import Quarantined
 from actors.queue import Snapshot
@@ -45,6 +46,11 @@ async def queues(request: web.Request) -> web.Response:
     return web.json_response({"queues": await queue_rows(services(request))})
 
 
+@routes.get("/api/resources")
+async def resources(request: web.Request) -> web.Response:
+    return web.json_response({"cpus": await services(request).actor("cpus").ask(CpuSnapshot())})
+
+
 @routes.get("/api/info")
 async def info(request: web.Request) -> web.Response:
     svc = services(request)
@@ -72,6 +78,7 @@ async def info(request: web.Request) -> web.Response:
                 "run_interactive_max_concurrent": settings.run_interactive_max_concurrent,
                 "max_parallel_nodes": settings.max_parallel_nodes,
                 "run_retention_keep_last": settings.run_retention_keep_last,
+                "cpus": settings.cpus,
             },
             "public_url": settings.public_url or settings.url,
             "runtime": {

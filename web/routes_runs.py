@@ -60,6 +60,11 @@ def build_run_row(svc: Services, body: SubmitRun) -> tuple[dict[str, Any], Any]:
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
     graph = prepare_executable_graph(body.graph, svc.catalog)
+    for i, node in enumerate(body.graph.nodes):
+        if node.resources is not None and (node.resources.cpus or 0) > svc.settings.cpus:
+            raise InvalidRequest(
+                f"node {node.id} declares {node.resources.cpus} cpus; this server lends {svc.settings.cpus} "
+                "(TROUPE_CPUS)", pointer=f"/graph/nodes/{i}/resources/cpus", node_id=node.id, code="cpus_unavailable")
     row = {
         "id": uuid.uuid4().hex,
         "name": body.name or body.graph.name,

@@ -14,7 +14,7 @@ from subprocess_runner.packs import core
 from subprocess_runner.validation import validate_graph
 from tests.helpers import REPO, edge, graph, node
 
-HEAVY = ("torch", "sklearn", "sacrebleu", "nltk", "numpy")
+HEAVY = ("torch", "sklearn", "sacrebleu", "nltk", "numpy", "rouge_score")
 
 
 def test_loading_the_catalog_and_the_control_plane_imports_no_heavy_library():
