@@ -48,7 +48,20 @@ def troupe_binary() -> list[str]:
     raise BenchError("no troupe executable beside this python nor in .venv/bin; run with .venv/bin/python")
 
 
-def start_server(home: Path, cpu_slots: int, timeout: float) -> Server:
+def start_argv() -> list[str]:
+    """The arguments after ``troupe``: ``start`` on 127.0.0.1, a free port, the examples."""
+    return ["start", "--host", HOST, "--port", "0", "--examples", str(REPO / "examples")]
+
+
+def start_server(
+    home: Path,
+    cpu_slots: int,
+    timeout: float,
+    extra_env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> Server:
+    """Starts ``troupe start`` (or ``command``, which must serve the same way) on 127.0.0.1
+    with ``extra_env`` added to its environment, and waits until it serves."""
     env = dict(os.environ)
     env.update(
         TROUPE_HOME=str(home),
@@ -57,11 +70,12 @@ def start_server(home: Path, cpu_slots: int, timeout: float) -> Server:
     )
     for name in ("TROUPE_HOST", "TROUPE_PORT", "TROUPE_PUBLIC_URL"):
         env.pop(name, None)
+    env.update(extra_env or {})
     log_path = home / "server.log"
     log = log_path.open("wb")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [*troupe_binary(), "start", "--host", HOST, "--port", "0", "--examples", str(REPO / "examples")],
+        command or [*troupe_binary(), *start_argv()],
         cwd=str(REPO),
         env=env,
         stdout=log,

@@ -4,6 +4,7 @@ tests and examples are built on. Their names and ports are a contract (DESIGN se
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from subprocess_runner.catalog import NodeType, Pack, Param, Port
@@ -23,6 +24,17 @@ def _multiply(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[
 
 def _sleep(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     ctx.sleep(params["seconds"])
+    return {"x": inputs.get("x")}
+
+
+def _busy(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    # Pure-Python work that holds the GIL: the case thread caps cannot help with.
+    deadline = time.monotonic() + params["seconds"]
+    spins = 0
+    while time.monotonic() < deadline:
+        for i in range(2000):
+            spins += i * i % 7
+        ctx.check_cancelled()
     return {"x": inputs.get("x")}
 
 
@@ -72,6 +84,14 @@ PACK = Pack(
             outputs=(Port("x", "any"),),
             params=(Param("seconds", "float", default=1.0, min=0, max=86400),),
             description="Waits, then passes x through; stops within 100 ms when the run is cancelled.",
+        ),
+        NodeType(
+            "core.Busy",
+            _busy,
+            inputs=(Port("x", "any", required=False),),
+            outputs=(Port("x", "any"),),
+            params=(Param("seconds", "float", default=1.0, min=0, max=86400),),
+            description="Keeps one CPU busy in pure Python for a while, then passes x through (a load for demos).",
         ),
         NodeType(
             "core.Fail",
