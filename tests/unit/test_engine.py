@@ -124,3 +124,11 @@ def test_seeded_nodes_get_their_own_stable_seeds():
     assert draws == first and first["a"][0] != first["b"][0]
     assert first["a"][1] == derive_seed(42, "a") == derive_seed(42, "a")
     assert 0 <= derive_seed(2**32 - 1, "node") < 2**32
+
+
+def test_busy_burns_cpu_until_cancelled():
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    started = time.monotonic()
+    outcome, _ = run(graph(node("b", "core.Busy", seconds=60)), cancel=cancel)
+    assert outcome.status == "cancelled" and time.monotonic() - started < 30
