@@ -197,6 +197,12 @@ def execute_graph(
     def announce(node_id: str) -> None:
         emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
 
+    finished_early: set[str] = set()
+
+    def finish(node_id: str, result: dict[str, Any], elapsed: float) -> None:
+        summary = {k: summarize(v) for k, v in result.items()}
+        emit(ev.NODE_FINISHED, node_id, {"duration_s": elapsed, "outputs": summary})
+
     def run_one(node_id: str) -> dict[str, Any]:
         node = graph.nodes[node_id]
         inputs = {port: outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
@@ -206,7 +212,13 @@ def execute_graph(
                 waiting = functools.partial(_queued, emit, node_id, node.cpus)
                 with cpu_gate.hold(node_ctx, node.cpus, waiting):
                     announce(node_id)
-                    return invoke_node(node, node_ctx, inputs, deterministic)
+                    began = time.monotonic()
+                    result = invoke_node(node, node_ctx, inputs, deterministic)
+                    # Finished before its cpus go back, so the log never shows the next
+                    # holder starting while this one still runs.
+                    finished_early.add(node_id)
+                    finish(node_id, result, round(time.monotonic() - began, 6))
+                    return result
             return invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
         except (Exception, RunCancelled):
             raise
@@ -248,11 +260,8 @@ def execute_graph(
                 exc = future.exception()
                 if exc is None:
                     outputs[node_id] = future.result()
-                    emit(
-                        ev.NODE_FINISHED,
-                        node_id,
-                        {"duration_s": elapsed, "outputs": {k: summarize(v) for k, v in outputs[node_id].items()}},
-                    )
+                    if node_id not in finished_early:
+                        finish(node_id, outputs[node_id], elapsed)
                     for child in graph.children[node_id]:
                         waiting[child] -= 1
                         if waiting[child] == 0:

@@ -41,7 +41,7 @@ def test_run_of_a_failing_graph_exits_1(shared_server, tmp_path):
 
 def test_queued_runs_print_their_position_and_key(make_server, tmp_path):
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
-    first = server.submit(sleeper(seconds=1.5))["run_id"]
+    first = server.submit(sleeper(seconds=3))["run_id"]  # long enough for the CLI to connect
     server.wait_status(first, "running")
     server.submit(sleeper(seconds=0.2))
     path = write(tmp_path, "quick.json", graph(node("c", "core.Constant", value=1)))

@@ -32,7 +32,8 @@ def test_csv_regression_trains_and_predicts(tmp_path):
     doc = graph(
         node("csv", "torch.CSVDataset", path=str(path), target="y", task="regression"),
         node("tl", "torch.DataLoader", batch_size=16), node("vl", "torch.DataLoader", shuffle=False),
-        node("mlp", "torch.MLP", hidden="8"), {"id": "opt", "type": "torch.Optimizer", "params": {"kind": "sgd", "lr": 0.05}},
+        node("mlp", "torch.MLP", hidden="8"),
+        {"id": "opt", "type": "torch.Optimizer", "params": {"kind": "sgd", "lr": 0.05}},
         {"id": "loss", "type": "torch.Loss", "params": {"kind": "mse"}}, node("fit", "torch.TrainingLoop", epochs=5),
         node("pred", "torch.Predict"),
         edges=(edge("csv", "train", "tl", "dataset"), edge("csv", "val", "vl", "dataset"),
