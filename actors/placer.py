@@ -22,13 +22,14 @@ from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGat
 from actors.placer_messages import Admit, Released
 from actors.queue import Enqueue
 from actors.run import Start
-from actors.store import InsertRun, MaxEnqueueSeq, StoreClient
+from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq, StoreClient
 from protocol import events as ev
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
 
-__all__ = ["Admit", "Placer", "Quarantine", "Quarantined", "Released", "RunSpec", "Shutdown", "Submit"]
+__all__ = ["Admit", "Placer", "Quarantine", "Quarantined", "Released", "RunSpec", "Shutdown", "Submit",
+           "SubmitSweep"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,16 @@ class Submit:
 
     row: Mapping[str, Any]
     graph: ExecutableGraph
+
+
+@dataclass(frozen=True)
+class SubmitSweep:
+    """Ask: queue every variant run of a sweep at once. Replies the commit future of the
+    one transaction that stores the sweep, its variants and its runs."""
+
+    sweep: Mapping[str, Any]
+    variants: tuple[Mapping[str, Any], ...]
+    runs: tuple[tuple[Mapping[str, Any], ExecutableGraph], ...]
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ class Placer(Actor):
         match message:
             case Submit(row, graph):
                 return self._submit(dict(row), graph)
+            case SubmitSweep(sweep, variants, runs):
+                return self._submit_sweep(sweep, variants, runs)
             case Admit():
                 self._waiting.append(message)
                 self._drain()
@@ -114,25 +127,44 @@ class Placer(Actor):
                 self._waiting.clear()
         return None
 
-    def _submit(self, row: dict[str, Any], graph: ExecutableGraph) -> tuple[str, asyncio.Future[Any]]:
+    def _check_open(self, key: str) -> None:
         if self._closed:
             raise ShuttingDown("the server is stopping; submit the run again after it restarts")
-        key, lane, seeded = row["queue_key"], row["lane"], row.get("seed") is not None
         if key in self._quarantined:
             raise QueueQuarantined(f"queue {key} is quarantined: {self._quarantined[key]}")
+
+    def _submit(self, row: dict[str, Any], graph: ExecutableGraph) -> tuple[str, asyncio.Future[Any]]:
+        key, lane, seeded = row["queue_key"], row["lane"], row.get("seed") is not None
+        self._check_open(key)
         if lane == ev.LANE_INTERACTIVE:
             self._check_interactive(row.get("editor_session"), seeded)
         self._next_seq += 1
         row["enqueue_seq"] = self._next_seq
         committed = self._store.write(InsertRun(row))
-        run_id = row["id"]
+        self._start_run(row, graph)
+        return row["id"], committed
+
+    def _submit_sweep(self, sweep: Mapping[str, Any], variants: tuple[Mapping[str, Any], ...],
+                      runs: tuple[tuple[Mapping[str, Any], ExecutableGraph], ...]) -> asyncio.Future[Any]:
+        rows = [dict(row) for row, _ in runs]
+        for row in rows:
+            self._check_open(row["queue_key"])
+        for row in rows:
+            self._next_seq += 1
+            row["enqueue_seq"] = self._next_seq
+        committed = self._store.write(CreateSweep(sweep, variants, tuple(rows)))
+        for row, (_, graph) in zip(rows, runs, strict=True):
+            self._start_run(row, graph)
+        return committed
+
+    def _start_run(self, row: dict[str, Any], graph: ExecutableGraph) -> None:
+        run_id, key, lane, seeded = row["id"], row["queue_key"], row["lane"], row.get("seed") is not None
         self._spawn_run(RunSpec(run_id, key, lane, row, graph))
         if lane == ev.LANE_INTERACTIVE:
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded))
-        return run_id, committed
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:

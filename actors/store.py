@@ -22,6 +22,7 @@ import apsw
 import apsw.bestpractice
 
 from actors import store_queries as q
+from actors import store_sweeps as sw
 from actors.errors import ActorDeadError, RunNotFound, RunStillActive, StoreUnavailable
 from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
 from actors.threaded import ThreadActor, ThreadActorRef
@@ -102,6 +103,21 @@ class Prune:
 
 
 @dataclass(frozen=True)
+class CreateSweep:
+    """A sweep, its variants and all its runs, in one transaction: no partial sweep."""
+
+    sweep: Mapping[str, Any]
+    variants: tuple[Mapping[str, Any], ...]
+    runs: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class SetSweepState:
+    sweep_id: str
+    state: str
+
+
+@dataclass(frozen=True)
 class Commit:
     ops: tuple[Any, ...]
 
@@ -142,6 +158,16 @@ class GetOutputs:
 
     run_id: str
     node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GetSweep:
+    sweep_id: str
+
+
+@dataclass(frozen=True)
+class ListSweeps:
+    pass
 
 
 @dataclass(frozen=True)
@@ -212,6 +238,10 @@ class StoreActor(ThreadActor):
                 return q.get_metrics(self.conn, run_id)
             case GetOutputs(run_id, node_id):
                 return q.get_outputs(self.conn, run_id, node_id)
+            case GetSweep(sweep_id):
+                return sw.get_sweep(self.conn, sweep_id)
+            case ListSweeps():
+                return sw.list_sweeps(self.conn)
             case QueuedRuns(queue_key):
                 return q.queued_runs(self.conn, queue_key)
             case QueuePosition(run_id):
@@ -266,6 +296,8 @@ class StoreActor(ThreadActor):
                 return q.queue_position(conn, row["id"])
             case UpdateRun(run_id, fields):
                 q.update_run(conn, run_id, fields)
+                if fields.get("status") in ev.TERMINAL_STATES:
+                    sw.harvest(conn, [run_id])
             case AppendEvents(run_id, events):
                 q.append_events(conn, run_id, events)
             case RecordOutputs(run_id, node_id, outputs, keep_runs):
@@ -276,17 +308,31 @@ class StoreActor(ThreadActor):
                     (run_id, node_id, kind, path, ev.utc_now()),
                 )
             case DeleteRun(run_id):
-                q.delete_run(conn, run_id)
+                q.check_deletable(conn, run_id)
+                self._delete_runs([run_id])
             case RecoverInterrupted(reason):
-                return q.recover_interrupted(conn, reason, ev.utc_now())
+                recovered = q.recover_interrupted(conn, reason, ev.utc_now())
+                sw.harvest(conn, sw.sweep_run_ids(conn, recovered))
+                return recovered
             case Prune(keep_last):
-                pruned = q.prune(conn, keep_last)
+                pruned = q.prunable(conn, keep_last)
+                self._delete_runs([run_id for run_id, _ in pruned])
                 for run_id, status in pruned:
                     self._remove_run_dirs(run_id, keep_checkpoints=status == ev.INTERRUPTED)
                 return [run_id for run_id, _ in pruned]
+            case CreateSweep(sweep, variants, runs):
+                sw.create_sweep(conn, sweep, variants, runs)
+            case SetSweepState(sweep_id, state):
+                sw.set_state(conn, sweep_id, state)
             case _:
                 raise TypeError(f"the store has no write {type(op).__name__}")
         return None
+
+    def _delete_runs(self, run_ids: list[str]) -> None:
+        # A sweep's results are harvested first: its table outlives its runs.
+        sw.harvest(self.conn, sw.sweep_run_ids(self.conn, run_ids))
+        for run_id in run_ids:
+            self.conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
     def _remove_run_dirs(self, run_id: str, keep_checkpoints: bool) -> None:
         # Retention, unlike a user's delete, also removes what a run wrote on its own;

@@ -216,13 +216,12 @@ def max_enqueue_seq(conn: apsw.Connection) -> int:
     return int(conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]
 
 
-def delete_run(conn: apsw.Connection, run_id: str) -> None:
+def check_deletable(conn: apsw.Connection, run_id: str) -> None:
     found = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchall()
     if not found:
         raise RunNotFound(f"no run {run_id}")
     if found[0][0] not in ev.TERMINAL_STATES:
         raise RunStillActive(f"run {run_id} is {found[0][0]}; cancel it before deleting it")
-    conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
 
 def recover_interrupted(conn: apsw.Connection, reason: str, now: str) -> list[str]:
@@ -243,7 +242,8 @@ def recover_interrupted(conn: apsw.Connection, reason: str, now: str) -> list[st
     return recovered
 
 
-def prune(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
+def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
+    """The finished runs outside the newest ``keep_last`` (negative: none)."""
     if keep_last < 0:
         return []
     doomed = conn.execute(
@@ -251,6 +251,4 @@ def prune(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
         "(SELECT enqueue_seq FROM runs ORDER BY enqueue_seq DESC LIMIT ?)",
         (keep_last,),
     ).fetchall()
-    for run_id, _ in doomed:
-        conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
     return [(str(run_id), str(status)) for run_id, status in doomed]

@@ -69,6 +69,33 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run_id, node_id)
     ) WITHOUT ROWID;
     """,
+    # 2: sweeps and their variants. A variant keeps its objective and final metrics, so
+    # results outlive the runs (deleted or pruned).
+    """
+    CREATE TABLE sweeps (
+        id TEXT PRIMARY KEY,
+        name TEXT,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        objective TEXT NOT NULL,
+        domains TEXT NOT NULL,
+        total INTEGER NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE sweep_variants (
+        sweep_id TEXT NOT NULL REFERENCES sweeps(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        params TEXT NOT NULL,
+        seed INTEGER,
+        status TEXT,
+        objective_value REAL,
+        final_metrics TEXT,
+        PRIMARY KEY (sweep_id, idx)
+    ) WITHOUT ROWID;
+    CREATE INDEX sweep_variants_run ON sweep_variants(run_id);
+    CREATE INDEX runs_sweep ON runs(sweep_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

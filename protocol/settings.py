@@ -30,6 +30,9 @@ class Settings:
     run_event_payload_cap_bytes: int = 131072
     run_events_response_cap_bytes: int = 4194304
     recorded_outputs_keep: int = 20
+    max_sweep_runs: int = 32
+    max_sweep_params: int = 4
+    max_sweep_domain: int = 32
     # Cpus lent to nodes that declare them, and the thread cap of in-process runs.
     cpus: int = 1
     max_request_bytes: int = 16 * 1024 * 1024
@@ -82,6 +85,9 @@ class Settings:
             run_event_payload_cap_bytes=reader.integer("TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES", 131072),
             run_events_response_cap_bytes=reader.integer("TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES", 4194304),
             cpus=reader.limit("TROUPE_CPUS", default_cpus()),
+            max_sweep_runs=reader.limit("TROUPE_MAX_SWEEP_RUNS", 32),
+            max_sweep_params=reader.limit("TROUPE_MAX_SWEEP_PARAMS", 4),
+            max_sweep_domain=reader.limit("TROUPE_MAX_SWEEP_DOMAIN", 32),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),

@@ -64,7 +64,7 @@ async def info(request: web.Request) -> web.Response:
             "capabilities": {
                 "runs": True,
                 "interactive_lane": True,
-                "sweeps": False,
+                "sweeps": True,
                 "studies": False,
                 "workers": False,
                 "s3": False,

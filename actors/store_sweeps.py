@@ -1,0 +1,102 @@
+"""The SQL of sweeps. Called only from the store's thread.
+
+Harvest: whenever a sweep's run ends, and before one is deleted or pruned, its last
+objective value and final metrics are copied onto its variant row, in the same
+transaction, so a sweep's table never loses a result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import apsw
+
+from actors import store_queries as q
+
+
+def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequence[Mapping[str, Any]],
+                 runs: Sequence[Mapping[str, Any]]) -> None:
+    conn.execute(
+        "INSERT INTO sweeps(id, name, state, spec, objective, domains, total, created_at) VALUES (?,?,?,?,?,?,?,?)",
+        (sweep["id"], sweep["name"], "running", json.dumps(sweep["spec"]), json.dumps(sweep["objective"]),
+         json.dumps(sweep["domains"]), sweep["total"], sweep["created_at"]),
+    )
+    for row in runs:
+        q.insert_run(conn, row)
+    conn.executemany(
+        "INSERT INTO sweep_variants(sweep_id, idx, run_id, params, seed) VALUES (?, ?, ?, ?, ?)",
+        [(sweep["id"], v["index"], v["run_id"], json.dumps(v["params"]), v["seed"]) for v in variants],
+    )
+
+
+def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
+    """Copies what the runs of sweeps recorded onto their variant rows."""
+    for run_id in run_ids:
+        found = conn.execute(
+            "SELECT v.sweep_id, v.idx, s.objective, r.status FROM sweep_variants v JOIN sweeps s ON s.id = v.sweep_id "
+            "JOIN runs r ON r.id = v.run_id WHERE v.run_id = ?", (run_id,)).fetchall()
+        if not found:
+            continue
+        sweep_id, idx, objective, status = found[0]
+        metric = json.loads(str(objective))["metric"]
+        finals = {str(name): value for name, value in conn.execute(
+            "SELECT series, value FROM metrics m WHERE run_id = ? AND seq = (SELECT MAX(seq) FROM metrics "
+            "WHERE run_id = m.run_id AND series = m.series)", (run_id,))}
+        conn.execute(
+            "UPDATE sweep_variants SET status = ?, objective_value = ?, final_metrics = ? "
+            "WHERE sweep_id = ? AND idx = ?",
+            (status, finals.get(metric), json.dumps(finals), sweep_id, idx),
+        )
+
+
+def sweep_run_ids(conn: apsw.Connection, run_ids: Sequence[str]) -> list[str]:
+    marks = ",".join("?" for _ in run_ids)
+    if not run_ids:
+        return []
+    return [str(r) for (r,) in conn.execute(
+        f"SELECT id FROM runs WHERE sweep_id IS NOT NULL AND id IN ({marks})", tuple(run_ids))]
+
+
+def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
+    found = conn.execute(
+        "SELECT id, name, state, spec, objective, domains, total, created_at FROM sweeps WHERE id = ?", (sweep_id,)
+    ).fetchall()
+    if not found:
+        return None
+    sid, name, state, spec, objective, domains, total, created_at = found[0]
+    variants = []
+    for idx, run_id, params, seed, kept_status, value, finals, live_status in conn.execute(
+        "SELECT v.idx, v.run_id, v.params, v.seed, v.status, v.objective_value, v.final_metrics, r.status "
+        "FROM sweep_variants v LEFT JOIN runs r ON r.id = v.run_id WHERE v.sweep_id = ? ORDER BY v.idx", (sweep_id,)
+    ):
+        run_exists = live_status is not None
+        metric = json.loads(str(objective))["metric"]
+        live_value = None
+        if run_exists:
+            live = conn.execute(
+                "SELECT value FROM metrics WHERE run_id = ? AND series = ? ORDER BY seq DESC LIMIT 1", (run_id, metric)
+            ).fetchall()
+            live_value = live[0][0] if live else None
+        variants.append({
+            "index": idx, "run_id": run_id, "params": json.loads(str(params)), "seed": seed,
+            "status": live_status if run_exists else "missing", "finished_status": kept_status,
+            "objective_value": live_value if run_exists else value, "run_exists": run_exists,
+            "final_metrics": json.loads(str(finals)) if finals else None,
+        })
+    series = sorted({str(s) for (s,) in conn.execute(
+        "SELECT DISTINCT m.series FROM metrics m JOIN sweep_variants v ON v.run_id = m.run_id WHERE v.sweep_id = ?",
+        (sweep_id,))})
+    return {"id": sid, "name": name, "state": state, "spec": json.loads(str(spec)),
+            "objective": json.loads(str(objective)), "domains": json.loads(str(domains)), "total": total,
+            "created_at": created_at, "variants": variants, "recorded_series": series}
+
+
+def set_state(conn: apsw.Connection, sweep_id: str, state: str) -> None:
+    conn.execute("UPDATE sweeps SET state = ? WHERE id = ?", (state, sweep_id))
+
+
+def list_sweeps(conn: apsw.Connection) -> list[dict[str, Any]]:
+    return [{"id": i, "name": n, "state": s, "total": t, "created_at": c} for i, n, s, t, c in conn.execute(
+        "SELECT id, name, state, total, created_at FROM sweeps ORDER BY created_at DESC, rowid DESC")]

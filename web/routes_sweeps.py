@@ -1,0 +1,145 @@
+"""``/api/sweeps``: one graph queued as many runs, ranked by an objective."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from actors.placer import SubmitSweep as PlacerSubmitSweep
+from actors.run import Cancel
+from actors.store import GetSweep, ListSweeps, SetSweepState
+from protocol import events as ev
+from protocol.errors import NotFound
+from protocol.graph import Graph
+from protocol.sweeps import SubmitSweep
+from subprocess_runner.sweeps import SweepLimits, compile_sweep
+from subprocess_runner.validation import validate_graph
+from web.context import Services, services
+from web.requests import RUN_ID, read_model
+from web.routes_runs import run_row
+
+routes = web.RouteTableDef()
+
+
+def _limits(svc: Services) -> SweepLimits:
+    s = svc.settings
+    return SweepLimits(s.max_sweep_runs, s.max_sweep_params, s.max_sweep_domain, s.recorded_outputs_keep)
+
+
+@routes.post("/api/sweeps")
+async def submit_sweep(request: web.Request) -> web.Response:
+    svc = services(request)
+    body = await read_model(request, SubmitSweep)
+    validate_graph(body.base_graph, svc.catalog, "/base_graph")
+    compiled = compile_sweep(body, svc.catalog, _limits(svc))
+    sweep_id = uuid.uuid4().hex
+    name = body.name or body.base_graph.name or "sweep"
+    runs, variants = [], []
+    for variant in compiled.variants:
+        row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
+                             seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
+        runs.append((row, graph))
+        variants.append({"index": variant.index, "run_id": row["id"], "params": variant.params, "seed": variant.seed})
+    sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),
+             "objective": body.objective.model_dump(mode="json"), "domains": compiled.domains,
+             "total": compiled.total_combinations, "created_at": ev.utc_now()}
+    committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, tuple(variants), tuple(runs)))
+    await committed
+    return web.json_response(
+        {"sweep_id": sweep_id, "total_combinations": compiled.total_combinations, "params": compiled.domains,
+         "variants": [{**v, "status": ev.QUEUED} for v in variants]},
+        status=201,
+    )
+
+
+def _sweep_id(request: web.Request) -> str:
+    sweep_id = request.match_info["sweep_id"]
+    if not RUN_ID.match(sweep_id):
+        raise NotFound(f"{sweep_id!r} is not a sweep id", code="sweep_not_found")
+    return sweep_id
+
+
+async def _load(svc: Services, sweep_id: str) -> dict[str, Any]:
+    sweep = await svc.store.read(GetSweep(sweep_id))
+    if sweep is None:
+        raise NotFound(f"no sweep {sweep_id}", code="sweep_not_found")
+    active = any(v["status"] in ev.ACTIVE_STATES for v in sweep["variants"])
+    if sweep["state"] in ("running", "cancelling") and not active:
+        # Every child ended: the sweep is finished, from this read on.
+        await svc.store.write(SetSweepState(sweep_id, "finished"))
+        sweep["state"] = "finished"
+    return sweep
+
+
+def _ranked(sweep: dict[str, Any]) -> dict[str, Any]:
+    direction = sweep["objective"]["direction"]
+    done = [v for v in sweep["variants"]
+            if v["objective_value"] is not None and v["status"] not in ev.ACTIVE_STATES]
+    done.sort(key=lambda v: (v["objective_value"] if direction == "minimize" else -v["objective_value"], v["index"]))
+    ranks = {v["index"]: i for i, v in enumerate(done, start=1)}
+    rows = []
+    for v in done + [v for v in sweep["variants"] if v["index"] not in ranks]:
+        rows.append({"index": v["index"], "run_id": v["run_id"], "status": v["status"], "params": v["params"],
+                     "seed": v["seed"], "objective_value": v["objective_value"], "rank": ranks.get(v["index"]),
+                     "run_exists": v["run_exists"], "final_metrics": v["final_metrics"]})
+    counts: dict[str, int] = {}
+    for v in sweep["variants"]:
+        counts[v["status"]] = counts.get(v["status"], 0) + 1
+    reply = {"sweep_id": sweep["id"], "name": sweep["name"], "state": sweep["state"], "objective": sweep["objective"],
+             "total_combinations": sweep["total"], "counts": counts, "params": sweep["domains"], "variants": rows,
+             "best": rows[0] if rows and rows[0]["rank"] == 1 else None, "created_at": sweep["created_at"]}
+    finished = [v for v in sweep["variants"] if v["status"] not in ev.ACTIVE_STATES]
+    if finished and not done:
+        reply["objective_warning"] = (
+            f"no variant recorded {sweep['objective']['metric']!r}; the runs recorded: "
+            f"{', '.join(sweep['recorded_series']) or 'nothing'}")
+    return reply
+
+
+@routes.get("/api/sweeps")
+async def list_sweeps(request: web.Request) -> web.Response:
+    return web.json_response({"sweeps": await services(request).store.read(ListSweeps())})
+
+
+@routes.get("/api/sweeps/{sweep_id}")
+async def get_sweep(request: web.Request) -> web.Response:
+    svc = services(request)
+    reply = _ranked(await _load(svc, _sweep_id(request)))
+    if request.query.get("format") != "csv":
+        return web.json_response(reply)
+    keys = [d["key"] for d in reply["params"]]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["index", "rank", "status", "objective_value", *keys, "run_id"])
+    for v in reply["variants"]:
+        writer.writerow([v["index"], v["rank"] if v["rank"] is not None else "", v["status"],
+                         v["objective_value"] if v["objective_value"] is not None else "",
+                         *(v["params"].get(k) for k in keys), v["run_id"]])
+    return web.Response(text=out.getvalue(), content_type="text/csv",
+                        headers={"Content-Disposition": f'attachment; filename="sweep-{reply["sweep_id"]}.csv"'})
+
+
+@routes.post("/api/sweeps/{sweep_id}/cancel")
+async def cancel_sweep(request: web.Request) -> web.Response:
+    svc = services(request)
+    sweep_id = _sweep_id(request)
+    sweep = await _load(svc, sweep_id)
+    cancelled = already = 0
+    for variant in sweep["variants"]:
+        run = svc.registry.lookup(f"runs/{variant['run_id']}")
+        if variant["status"] in ev.ACTIVE_STATES and run is not None:
+            await run.ask(Cancel())
+            cancelled += 1
+        else:
+            already += 1
+    if cancelled:
+        await svc.store.write(SetSweepState(sweep_id, "cancelling"))
+    sweep = await _load(svc, sweep_id)
+    return web.json_response({
+        "sweep_id": sweep_id, "state": sweep["state"], "cancelled": cancelled, "already_finished": already,
+        "variants": [{"index": v["index"], "run_id": v["run_id"], "status": v["status"]} for v in sweep["variants"]],
+    })
