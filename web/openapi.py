@@ -9,12 +9,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol import api
+from protocol.sweeps import SubmitSweep
 
 _REF = "#/components/schemas/{model}"
 
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
+    SubmitSweep,
 )
 
 
@@ -72,6 +74,15 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
         "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
             _RUN_ID, ("node_id", "path", "string")))},
+        "/api/sweeps": {
+            "post": _op("Queue a sweep: one run per combination", None, status="201", body=SubmitSweep, mutation=True),
+            "get": _op("Every sweep, newest first", None),
+        },
+        "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants (json or csv)", None, params=(
+            ("sweep_id", "path", "string"), ("format", "query", "string")))},
+        "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", None, params=(
+            ("sweep_id", "path", "string"),), mutation=True)},
+        "/api/resources": {"get": _op("The cpus lent to declared nodes", None)},
         "/api/stream": {"get": _op("Every run's changes as server-sent events", None)},
         "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
         "/api/info": {"get": _op("Version, devices and capabilities", None)},

@@ -52,6 +52,7 @@ def test_a_grid_queues_every_combination_last_param_fastest_and_ranks_them(share
     assert result["best"]["params"] == {"a.value": 1.0, "b.value": 1.0}
     assert result["variants"][0]["final_metrics"] == {"val_loss": 2.0}
     status, text = shared_server.client.request("GET", f"/api/sweeps/{reply['sweep_id']}?format=csv")
+    assert status == 200
     lines = text.splitlines()
     assert lines[0] == "index,rank,status,objective_value,a.value,b.value,run_id"
     assert lines[1].startswith("0,1,succeeded,2.0,1.0,1.0,")
