@@ -50,6 +50,8 @@ class Submit:
 
     row: Mapping[str, Any]
     graph: ExecutableGraph
+    # A study's attempt row, written in the run's own transaction.
+    attempt: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,8 @@ class Placer(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Submit(row, graph):
-                return self._submit(dict(row), graph)
+            case Submit(row, graph, attempt):
+                return self._submit(dict(row), graph, attempt)
             case SubmitSweep(sweep, variants, runs):
                 return self._submit_sweep(sweep, variants, runs)
             case Admit():
@@ -133,14 +135,15 @@ class Placer(Actor):
         if key in self._quarantined:
             raise QueueQuarantined(f"queue {key} is quarantined: {self._quarantined[key]}")
 
-    def _submit(self, row: dict[str, Any], graph: ExecutableGraph) -> tuple[str, asyncio.Future[Any]]:
+    def _submit(self, row: dict[str, Any], graph: ExecutableGraph, attempt: Mapping[str, Any] | None = None
+                ) -> tuple[str, asyncio.Future[Any]]:
         key, lane, seeded = row["queue_key"], row["lane"], row.get("seed") is not None
         self._check_open(key)
         if lane == ev.LANE_INTERACTIVE:
             self._check_interactive(row.get("editor_session"), seeded)
         self._next_seq += 1
         row["enqueue_seq"] = self._next_seq
-        committed = self._store.write(InsertRun(row))
+        committed = self._store.write(InsertRun(row, attempt))
         self._start_run(row, graph)
         return row["id"], committed
 

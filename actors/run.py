@@ -38,7 +38,10 @@ class Start:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop."""
+    """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop.
+    ``reason`` (``budget_run_seconds``) becomes the run's error."""
+
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class RunActor(Actor):
         self._next_seq = 1
         self._cancel = threading.Event()
         self._stop_as: str | None = None  # the status a requested stop ends in
+        self._stop_reason: str | None = None
         self._executor: ThreadActorRef | None = None
         self._released = False
         self._outbox: list[dict[str, Any]] = []
@@ -99,8 +103,8 @@ class RunActor(Actor):
                     self._on_node_event(event.type, event.node_id, event.payload)
             case GraphEnded(outcome):
                 self._finish(outcome.status, outcome.error, outcome.node_id)
-            case Cancel():
-                return self._request_stop(ev.CANCELLED)
+            case Cancel(reason):
+                return self._request_stop(ev.CANCELLED, reason)
             case Shutdown():
                 self._request_stop(ev.INTERRUPTED)
             case Abandon():
@@ -142,13 +146,14 @@ class RunActor(Actor):
         ledger = self._registry.lookup("cpus")
         return LedgerGate(asyncio.get_running_loop(), ledger) if ledger is not None else None
 
-    def _request_stop(self, final_status: str) -> dict[str, str]:
+    def _request_stop(self, final_status: str, reason: str | None = None) -> dict[str, str]:
         if self._status == ev.QUEUED:
             message = "cancelled before it started" if final_status == ev.CANCELLED else "the server stopped"
-            self._finish(final_status, message, None)
+            self._finish(final_status, reason or message, None)
             return {"run_id": self.run_id, "status": final_status}
         if self._stop_as is None:
             self._stop_as = final_status
+            self._stop_reason = reason
         self._cancel.set()
         return {"run_id": self.run_id, "status": self._status}
 
@@ -171,6 +176,8 @@ class RunActor(Actor):
             status = self._stop_as
             if status == ev.INTERRUPTED:
                 error = "the server stopped while this run was executing"
+            elif self._stop_reason:
+                error = self._stop_reason
         self._release()
         self._status = status
         fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}

@@ -22,6 +22,7 @@ import apsw
 import apsw.bestpractice
 
 from actors import store_queries as q
+from actors import store_studies as st
 from actors import store_sweeps as sw
 from actors.errors import ActorDeadError, RunNotFound, RunStillActive, StoreUnavailable
 from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
@@ -42,9 +43,11 @@ WRITE_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class InsertRun:
-    """Answers the new run's queue position, read in the same transaction."""
+    """Answers the new run's queue position, read in the same transaction. A study's
+    run comes with its ``attempt`` row, written in the same transaction."""
 
     row: Mapping[str, Any]
+    attempt: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,28 @@ class SetSweepState:
 
 
 @dataclass(frozen=True)
+class CreateStudy:
+    study: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateStudy:
+    """Fields of the study row: state, halt_reason, budget, active_seconds."""
+
+    study_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SetAttemptStatus:
+    """A study's own verdict on an attempt (``over_budget``), kept over the run's."""
+
+    study_id: str
+    attempt: int
+    status: str
+
+
+@dataclass(frozen=True)
 class Commit:
     ops: tuple[Any, ...]
 
@@ -158,6 +183,19 @@ class GetOutputs:
 
     run_id: str
     node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GetStudy:
+    """The study row and its attempts, each with its run's live status."""
+
+    study_id: str
+
+
+@dataclass(frozen=True)
+class ListStudies:
+    state: str | None = None
+    plugin_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +276,10 @@ class StoreActor(ThreadActor):
                 return q.get_metrics(self.conn, run_id)
             case GetOutputs(run_id, node_id):
                 return q.get_outputs(self.conn, run_id, node_id)
+            case GetStudy(study_id):
+                return st.get_study(self.conn, study_id)
+            case ListStudies(state, plugin_id):
+                return st.list_studies(self.conn, state, plugin_id)
             case GetSweep(sweep_id):
                 return sw.get_sweep(self.conn, sweep_id)
             case ListSweeps():
@@ -291,13 +333,16 @@ class StoreActor(ThreadActor):
     def _apply(self, op: Any) -> Any:
         conn = self.conn
         match op:
-            case InsertRun(row):
+            case InsertRun(row, attempt):
                 q.insert_run(conn, row)
+                if attempt is not None:
+                    st.insert_attempt(conn, attempt)
                 return q.queue_position(conn, row["id"])
             case UpdateRun(run_id, fields):
                 q.update_run(conn, run_id, fields)
                 if fields.get("status") in ev.TERMINAL_STATES:
                     sw.harvest(conn, [run_id])
+                    st.harvest(conn, [run_id])
             case AppendEvents(run_id, events):
                 q.append_events(conn, run_id, events)
             case RecordOutputs(run_id, node_id, outputs, keep_runs):
@@ -313,6 +358,7 @@ class StoreActor(ThreadActor):
             case RecoverInterrupted(reason):
                 recovered = q.recover_interrupted(conn, reason, ev.utc_now())
                 sw.harvest(conn, sw.sweep_run_ids(conn, recovered))
+                st.harvest(conn, recovered)
                 return recovered
             case Prune(keep_last):
                 pruned = q.prunable(conn, keep_last)
@@ -324,13 +370,20 @@ class StoreActor(ThreadActor):
                 sw.create_sweep(conn, sweep, variants, runs)
             case SetSweepState(sweep_id, state):
                 sw.set_state(conn, sweep_id, state)
+            case CreateStudy(study):
+                st.create_study(conn, study)
+            case UpdateStudy(study_id, fields):
+                st.update_study(conn, study_id, fields)
+            case SetAttemptStatus(study_id, attempt, status):
+                st.set_attempt_status(conn, study_id, attempt, status)
             case _:
                 raise TypeError(f"the store has no write {type(op).__name__}")
         return None
 
     def _delete_runs(self, run_ids: list[str]) -> None:
-        # A sweep's results are harvested first: its table outlives its runs.
+        # Sweep and study results are harvested first: their tables outlive their runs.
         sw.harvest(self.conn, sw.sweep_run_ids(self.conn, run_ids))
+        st.harvest(self.conn, run_ids)
         for run_id in run_ids:
             self.conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 

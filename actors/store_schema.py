@@ -96,6 +96,32 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX sweep_variants_run ON sweep_variants(run_id);
     CREATE INDEX runs_sweep ON runs(sweep_id);
     """,
+    # 3: studies and their attempts. An attempt row is written with its run, in one
+    # transaction, and keeps the run's outcome when the run is gone.
+    """
+    CREATE TABLE studies (
+        id TEXT PRIMARY KEY,
+        name TEXT,
+        state TEXT NOT NULL,
+        halt_reason TEXT,
+        spec TEXT NOT NULL,
+        budget TEXT NOT NULL,
+        active_seconds REAL NOT NULL DEFAULT 0,
+        plugin_id TEXT,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE study_attempts (
+        study_id TEXT NOT NULL REFERENCES studies(id) ON DELETE CASCADE,
+        variant INTEGER NOT NULL,
+        repeat INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        status TEXT,
+        objective_value REAL,
+        PRIMARY KEY (study_id, attempt)
+    ) WITHOUT ROWID;
+    CREATE INDEX study_attempts_run ON study_attempts(run_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -35,12 +35,15 @@ from actors.store import (
     AppendEvents,
     DeleteRun,
     InsertRun,
+    ListStudies,
     Prune,
     RecoverInterrupted,
     StoreActor,
     StoreClient,
     UpdateRun,
+    UpdateStudy,
 )
+from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev
 from protocol.settings import Settings
@@ -78,6 +81,7 @@ class ControlPlane:
         self.root = Supervisor("root")
         self.queues = Supervisor("queues", on_give_up=self._quarantine)
         self.runs = Supervisor("runs")
+        self.studies = Supervisor("studies")
         self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
@@ -96,11 +100,15 @@ class ControlPlane:
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
         self.root.start_child(ChildSpec("cpus", lambda: CpuLedger(self.settings.cpus).start(self.registry)))
+        self.accelerators = probe_accelerators() + self.settings.simulated_accelerators
+        # Studies left running by the last server go on (their budgets hold).
+        for study in await self.store.read(ListStudies(state="running")):
+            self.start_study(study["id"])
         self.web = WebService(
             Services(
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
-                accelerators=probe_accelerators() + self.settings.simulated_accelerators,
+                accelerators=self.accelerators, start_study=self.start_study,
             )
         )
         self.port = await self.web.start()
@@ -146,6 +154,20 @@ class ControlPlane:
 
         return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))  # type: ignore[return-value]
 
+    def start_study(self, study_id: str) -> None:
+        """Starts the actor of a running study, unless one is already driving it."""
+        name = f"studies/{study_id}"
+        running = self.studies.child(name)
+        if running is not None:
+            running.tell(Wake())  # type: ignore[attr-defined]  # the child is a StudyActor's ref
+            return
+
+        def factory() -> ActorRef:
+            actor = StudyActor(study_id, self.store, self.registry, self.settings, self.catalog, self.accelerators)
+            return actor.start(self.registry)
+
+        self.studies.start_child(ChildSpec(name, factory, Restart.TRANSIENT))
+
     def _quarantine(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
         key = spec.name.removeprefix("queues/")
         placer = self.registry.lookup("placer")
@@ -166,6 +188,9 @@ class ControlPlane:
                 hub.tell(Change({"kind": "status", "run_id": run_id, "status": fields["status"]}))
             case DeleteRun(run_id):
                 hub.tell(Change({"kind": "deleted", "run_id": run_id}))
+            case UpdateStudy(study_id, fields) if "state" in fields:
+                hub.tell(Change({"kind": "study", "study_id": study_id, "state": fields["state"],
+                                 "halt_reason": fields.get("halt_reason")}))
             case Prune():
                 for run_id in result:
                     hub.tell(Change({"kind": "deleted", "run_id": run_id, "reason": "retention"}))
@@ -188,7 +213,7 @@ class ControlPlane:
 
     async def stop(self) -> None:
         grace = self.settings.stop_grace_s
-        for supervisor in (self.root, self.queues, self.runs):
+        for supervisor in (self.root, self.queues, self.runs, self.studies):
             supervisor.stop_restarting()
         placer = self.registry.lookup("placer")
         if placer is not None:
@@ -206,6 +231,7 @@ class ControlPlane:
                 await asyncio.wait(pending, timeout=5.0)
         await self.store.drain()
         await self.web.stop()
+        await self.studies.stop()
         await self.runs.stop()
         await self.queues.stop()
         await self.store.drain()

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Exit
-from web import routes_export, routes_meta, routes_runs, routes_sweeps, streams
+from web import routes_export, routes_meta, routes_runs, routes_studies, routes_sweeps, streams
 from web.context import SERVICES, Services
 from web.errors import guard
 
@@ -29,6 +29,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_meta.routes)
     app.add_routes(routes_export.routes)
     app.add_routes(routes_sweeps.routes)
+    app.add_routes(routes_studies.routes)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", _index)
         app.router.add_static("/static/", STATIC)

@@ -3,6 +3,7 @@ asyncio face and the registry in which it finds actors by name."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -24,6 +25,8 @@ class Services:
     version: str
     accelerators: tuple[str, ...] = ()
     started_at: str = ""
+    # Starts (or wakes) the actor that drives a running study; the root provides it.
+    start_study: Callable[[str], None] = lambda study_id: None
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

@@ -65,7 +65,7 @@ async def info(request: web.Request) -> web.Response:
                 "runs": True,
                 "interactive_lane": True,
                 "sweeps": True,
-                "studies": False,
+                "studies": True,
                 "workers": False,
                 "s3": False,
             },

@@ -6,7 +6,6 @@ import base64
 import binascii
 import csv
 import io
-import uuid
 from typing import Any
 
 from aiohttp import web
@@ -15,12 +14,11 @@ from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
+from actors.submission import build_row
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
-from subprocess_runner.devices import resolve_device
-from subprocess_runner.engine import prepare_executable_graph
 from web.context import Services, services
 from web.requests import int_query, read_model, run_id_from
 
@@ -51,45 +49,7 @@ def build_run_row(svc: Services, body: SubmitRun) -> tuple[dict[str, Any], Any]:
 
 def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",
             **extra: Any) -> tuple[dict[str, Any], Any]:
-    """Validates a submission completely (device, lane, graph) before anything is queued,
-    and returns the run's row and executable graph."""
-    if options.target is not None:
-        raise InvalidRequest("no worker is enrolled on this server, so options.target cannot be placed",
-                             pointer="/options/target", code="unknown_target")
-    if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
-        raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
-    requested, where = options.device, "/options/device"
-    if requested is None:
-        requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
-    try:
-        device, warning = resolve_device(requested, svc.accelerators)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
-    graph = prepare_executable_graph(graph_doc, svc.catalog, prefix)
-    for i, node in enumerate(graph_doc.nodes):
-        if node.resources is not None and (node.resources.cpus or 0) > svc.settings.cpus:
-            raise InvalidRequest(
-                f"node {node.id} declares {node.resources.cpus} cpus; this server lends {svc.settings.cpus} "
-                "(TROUPE_CPUS)", pointer=f"{prefix}/nodes/{i}/resources/cpus", node_id=node.id,
-                code="cpus_unavailable")
-    row = {
-        "id": uuid.uuid4().hex,
-        "name": name or graph_doc.name,
-        "status": ev.QUEUED,
-        "device": device,
-        "queue_key": device,
-        "lane": options.lane,
-        "editor_session": options.editor_session,
-        "seed": options.seed,
-        "deterministic": options.deterministic,
-        "record_outputs": options.record_outputs,
-        "graph": graph_doc.model_dump(mode="json", exclude_none=True),
-        "options": options.model_dump(mode="json", exclude_none=True),
-        "warnings": [warning] if warning else [],
-        "created_at": ev.utc_now(),
-        **extra,
-    }
-    return row, graph
+    return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, **extra)
 
 
 @routes.post("/api/runs")

@@ -25,7 +25,7 @@ from web.routes_runs import run_row
 routes = web.RouteTableDef()
 
 
-def _limits(svc: Services) -> SweepLimits:
+def sweep_limits(svc: Services) -> SweepLimits:
     s = svc.settings
     return SweepLimits(s.max_sweep_runs, s.max_sweep_params, s.max_sweep_domain, s.recorded_outputs_keep)
 
@@ -35,7 +35,7 @@ async def submit_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitSweep)
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
-    compiled = compile_sweep(body, svc.catalog, _limits(svc))
+    compiled = compile_sweep(body, svc.catalog, sweep_limits(svc))
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
     runs, variants = [], []

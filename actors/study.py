@@ -1,0 +1,177 @@
+"""StudyActor: drives one running study through the ordinary run queue.
+
+Every tick it reads the study and its attempts back from the store (the durable facts)
+and acts: it stops children past ``max_run_seconds``, halts past ``max_active_seconds``,
+starts owed attempts while ``max_parallel_runs`` and ``max_runs`` allow, and halts or
+finishes. An attempt whose run was ``interrupted`` (a restart) is owed again, as a new
+attempt; every attempt started counts against ``max_runs``, across restarts. A halted,
+finished or cancelled study's actor stops normally; resume starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from actors.base import Actor, Registry
+from actors.placer import Submit
+from actors.run import Cancel
+from actors.store import GetStudy, SetAttemptStatus, StoreClient, UpdateStudy
+from actors.submission import build_row
+from protocol import events as ev
+from protocol.api import RunOptions
+from protocol.graph import Graph
+from protocol.settings import Settings
+from subprocess_runner.catalog import Catalog
+from subprocess_runner.studies import attempt_seed
+
+log = logging.getLogger("troupe.study")
+
+TICK_S = 0.2
+_RETRY = frozenset({ev.INTERRUPTED})
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Something changed (created, resumed): look now rather than at the next tick."""
+
+
+class StudyActor(Actor):
+    def __init__(self, study_id: str, store: StoreClient, registry: Registry, settings: Settings,
+                 catalog: Catalog, accelerators: tuple[str, ...]) -> None:
+        super().__init__(f"studies/{study_id}")
+        self.study_id = study_id
+        self._store = store
+        self._registry = registry
+        self._settings = settings
+        self._catalog = catalog
+        self._accelerators = accelerators
+        self._active: float | None = None  # active seconds, counted from the row
+        self._last = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self._alive_after_step = True
+
+    async def on_start(self) -> None:
+        self._schedule()
+
+    async def on_stop(self, reason: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Tick() | Wake():
+                await self._step()
+                if self._alive_after_step:
+                    self._schedule()
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
+        return None
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(TICK_S, self.ref.tell, Tick())
+
+    async def _step(self) -> None:
+        self._alive_after_step = False
+        study = await self._store.read(GetStudy(self.study_id))
+        if study is None or study["state"] != "running":
+            self.stop_self("not running")
+            return
+        now = time.monotonic()
+        if self._active is None:
+            self._active = float(study["active_seconds"])
+        else:
+            self._active += now - self._last
+        self._last = now
+        self._store.write(UpdateStudy(self.study_id, {"active_seconds": round(self._active, 3)}))
+        budget, spec, attempts = study["budget"], study["spec"], study["attempts"]
+        in_flight = [a for a in attempts if a["status"] in ev.ACTIVE_STATES]
+
+        limit = budget.get("max_active_seconds")
+        if limit is not None and self._active >= limit:
+            for attempt in in_flight:
+                await self._stop_attempt(attempt, "budget_active_seconds")
+            self._halt("budget_active_seconds")
+            return
+        limit = budget.get("max_run_seconds")
+        if limit is not None:
+            for attempt in in_flight:
+                if attempt["run_status"] == ev.RUNNING and _age(attempt["started_at"]) > limit:
+                    await self._stop_attempt(attempt, "budget_run_seconds")
+
+        owed = self._owed(spec, attempts)
+        if not owed and not in_flight:
+            self._store.write(UpdateStudy(self.study_id, {"state": "finished"}))
+            self.stop_self("finished")
+            return
+        room = len(owed)
+        if budget.get("max_parallel_runs") is not None:
+            room = min(room, budget["max_parallel_runs"] - len(in_flight))
+        left = None if budget.get("max_runs") is None else budget["max_runs"] - len(attempts)
+        if left is not None:
+            room = min(room, left)
+        next_attempt = max((a["attempt"] for a in attempts), default=-1) + 1
+        for variant, repeat in owed[: max(room, 0)]:
+            await self._start_attempt(spec, variant, repeat, next_attempt, study["name"])
+            next_attempt += 1
+        if left is not None and left <= 0 and owed and not in_flight:
+            self._halt("budget_max_runs")
+            return
+        self._alive_after_step = True
+
+    def _owed(self, spec: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        latest: dict[tuple[int, int], dict[str, Any]] = {}
+        for attempt in attempts:
+            latest[(attempt["variant"], attempt["repeat"])] = attempt
+        owed = []
+        for variant in range(len(spec["variants"])):
+            for repeat in range(spec["repeats"]):
+                last = latest.get((variant, repeat))
+                if last is None or last["status"] in _RETRY:
+                    owed.append((variant, repeat))
+        return owed
+
+    async def _start_attempt(self, spec: dict[str, Any], variant: int, repeat: int, attempt: int,
+                             name: str | None) -> None:
+        graph = Graph.model_validate(spec["variants"][variant]["graph"])
+        options = RunOptions.model_validate(spec.get("options") or {})
+        row, executable = build_row(
+            self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph",
+            seed=attempt_seed(spec.get("seed"), repeat), study_id=self.study_id,
+        )
+        record = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt,
+                  "run_id": row["id"]}
+        placer = self._registry.lookup("placer")
+        if placer is None:
+            return
+        _, committed = await placer.ask(Submit(row, executable, record))
+        await committed
+
+    async def _stop_attempt(self, attempt: dict[str, Any], reason: str) -> None:
+        self._store.write(SetAttemptStatus(self.study_id, attempt["attempt"], "over_budget"))
+        run = self._registry.lookup(f"runs/{attempt['run_id']}")
+        if run is not None:
+            await run.ask(Cancel(reason))
+
+    def _halt(self, reason: str) -> None:
+        log.info("study %s halted: %s", self.study_id, reason)
+        self._store.write(UpdateStudy(self.study_id, {"state": "halted", "halt_reason": reason}))
+        self.stop_self("halted")
+
+
+def _age(started_at: str | None) -> float:
+    if not started_at:
+        return 0.0
+    started = datetime.fromisoformat(started_at.replace("Z", "+00:00"))
+    return (datetime.now(started.tzinfo) - started).total_seconds()

@@ -1,0 +1,61 @@
+"""A run's row and executable graph from a submission, validated completely (device,
+lane, graph, declared cpus) before anything is queued. Used by the HTTP routes and by
+the actors that queue runs of their own (studies)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from protocol import events as ev
+from protocol.api import RunOptions
+from protocol.errors import InvalidRequest
+from protocol.graph import Graph
+from protocol.settings import Settings
+from subprocess_runner.catalog import Catalog
+from subprocess_runner.devices import resolve_device
+from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
+
+
+def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
+              name: str | None, options: RunOptions, prefix: str = "/graph", **extra: Any
+              ) -> tuple[dict[str, Any], ExecutableGraph]:
+    """Validates a submission completely (device, lane, graph) before anything is queued,
+    and returns the run's row and executable graph."""
+    if options.target is not None:
+        raise InvalidRequest("no worker is enrolled on this server, so options.target cannot be placed",
+                             pointer="/options/target", code="unknown_target")
+    if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
+        raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
+    requested, where = options.device, "/options/device"
+    if requested is None:
+        requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
+    try:
+        device, warning = resolve_device(requested, accelerators)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
+    graph = prepare_executable_graph(graph_doc, catalog, prefix)
+    for i, node in enumerate(graph_doc.nodes):
+        if node.resources is not None and (node.resources.cpus or 0) > settings.cpus:
+            raise InvalidRequest(
+                f"node {node.id} declares {node.resources.cpus} cpus; this server lends {settings.cpus} "
+                "(TROUPE_CPUS)", pointer=f"{prefix}/nodes/{i}/resources/cpus", node_id=node.id,
+                code="cpus_unavailable")
+    row = {
+        "id": uuid.uuid4().hex,
+        "name": name or graph_doc.name,
+        "status": ev.QUEUED,
+        "device": device,
+        "queue_key": device,
+        "lane": options.lane,
+        "editor_session": options.editor_session,
+        "seed": options.seed,
+        "deterministic": options.deterministic,
+        "record_outputs": options.record_outputs,
+        "graph": graph_doc.model_dump(mode="json", exclude_none=True),
+        "options": options.model_dump(mode="json", exclude_none=True),
+        "warnings": [warning] if warning else [],
+        "created_at": ev.utc_now(),
+        **extra,
+    }
+    return row, graph

@@ -1,0 +1,98 @@
+"""Compiles a study's variants into whole graphs, validated like a sweep's, and ranks
+variants from their attempts."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from protocol.studies import SubmitStudy
+from protocol.sweeps import Objective, SubmitSweep
+from subprocess_runner.catalog import Catalog
+from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep
+from subprocess_runner.validation import check_param
+
+SEED_MODULUS = 2**32
+_REDUCE: dict[str, Callable[[list[float]], float]] = {
+    "mean": statistics.fmean, "median": statistics.median, "min": min, "max": max,
+}
+
+
+def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -> list[dict[str, Any]]:
+    """``[{"name", "params": {"node.param": value}, "graph"}]``; raises ``SweepInvalid``."""
+    if body.options.seed is not None:
+        raise SweepInvalid("a study manages seeds; use its seed field", pointer="/options/seed")
+    if body.options.lane != "queued":
+        raise SweepInvalid("a study always queues; lane interactive is refused", pointer="/options/lane")
+    if (body.variants is None) == (body.sweep_spec is None):
+        raise SweepInvalid("give either variants or a sweep_spec", pointer="/variants")
+    if body.sweep_spec is not None:
+        objective = Objective(metric=body.objective.metric, direction=body.objective.direction)
+        sweep = SubmitSweep(base_graph=body.base_graph, sweep_spec=body.sweep_spec, objective=objective)
+        compiled = compile_sweep(sweep, catalog, limits)
+        return [{"name": ", ".join(f"{k}={v}" for k, v in v.params.items()), "params": v.params, "graph": v.graph}
+                for v in compiled.variants]
+    assert body.variants is not None
+    base = body.base_graph.model_dump(mode="json", exclude_none=True)
+    nodes = {n.id: n for n in body.base_graph.nodes}
+    out, names = [], set()
+    for i, variant in enumerate(body.variants):
+        where = f"/variants/{i}"
+        if variant.name in names:
+            raise SweepInvalid(f"variant name {variant.name!r} is used twice", pointer=f"{where}/name")
+        names.add(variant.name)
+        graph, params = copy.deepcopy(base), {}
+        for j, entry in enumerate(variant.params):
+            at = f"{where}/params/{j}"
+            node = nodes.get(entry.node_id)
+            node_type = catalog.get(node.type) if node is not None else None
+            if node is None or node_type is None:
+                raise SweepInvalid(f"the base graph has no node {entry.node_id!r}", pointer=f"{at}/node_id")
+            param = node_type.param(entry.param)
+            if param is None or param.type == "secret":
+                raise SweepInvalid(f"node {entry.node_id} has no settable param {entry.param!r}",
+                                   pointer=f"{at}/param", node_id=entry.node_id)
+            value = check_param(param, entry.value, f"{at}/value", entry.node_id)
+            target = next(n for n in graph["nodes"] if n["id"] == entry.node_id)
+            target.setdefault("params", {})[entry.param] = value
+            params[f"{entry.node_id}.{entry.param}"] = value
+        out.append({"name": variant.name, "params": params, "graph": graph})
+    return out
+
+
+def attempt_seed(seed: int | None, repeat: int) -> int | None:
+    """Repeat r of every variant gets the same seed, so variants are compared fairly."""
+    return None if seed is None else (seed + repeat) % SEED_MODULUS
+
+
+def rank(variants: list[dict[str, Any]], attempts: list[dict[str, Any]], repeats: int,
+         objective: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(ranking, unranked)``: a variant is ranked only when every repeat's final attempt
+    succeeded and recorded the objective."""
+    reduce = _REDUCE[objective.get("reduce", "mean")]
+    scored, unranked = [], []
+    for index, variant in enumerate(variants):
+        final: dict[int, dict[str, Any]] = {}
+        for attempt in attempts:
+            if attempt["variant"] == index:
+                final[attempt["repeat"]] = attempt  # later attempts replace retried ones
+        statuses = [final[r]["status"] if r in final else None for r in range(repeats)]
+        if "over_budget" in statuses:
+            reason = "over_budget"
+        elif any(s in ("failed", "cancelled") for s in statuses):
+            reason = "repeat_failed"
+        elif any(s != "succeeded" for s in statuses):
+            reason = "not_run"
+        elif any(final[r]["objective_value"] is None for r in range(repeats)):
+            reason = "no_objective"
+        else:
+            values = [final[r]["objective_value"] for r in range(repeats)]
+            scored.append({"variant": variant["name"], "objective_value": reduce(values), "repeats": repeats})
+            continue
+        unranked.append({"variant": variant["name"], "reason": reason})
+    scored.sort(key=lambda s: s["objective_value"] if objective["direction"] == "minimize" else -s["objective_value"])
+    for i, entry in enumerate(scored, start=1):
+        entry["rank"] = i
+    return scored, unranked

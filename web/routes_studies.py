@@ -1,0 +1,136 @@
+"""``/api/studies``: variants x repeats of one graph, driven by a StudyActor under a
+budget the server enforces."""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from actors.run import Cancel
+from actors.store import CreateStudy, GetStudy, ListStudies, UpdateStudy
+from actors.submission import build_row
+from protocol import events as ev
+from protocol.errors import NotFound, StateConflict
+from protocol.graph import Graph
+from protocol.studies import ResumeStudy, SubmitStudy
+from subprocess_runner.studies import compile_variants, rank
+from subprocess_runner.validation import validate_graph
+from web.context import Services, services
+from web.requests import RUN_ID, read_model
+from web.routes_sweeps import sweep_limits
+
+routes = web.RouteTableDef()
+
+
+def study_reply(study: dict[str, Any]) -> dict[str, Any]:
+    spec = study["spec"]
+    names = [v["name"] for v in spec["variants"]]
+    ranking, unranked = rank(spec["variants"], study["attempts"], spec["repeats"], spec["objective"])
+    return {
+        "id": study["id"], "name": study["name"], "state": study["state"], "halt_reason": study["halt_reason"],
+        "budget": study["budget"], "objective": spec["objective"], "repeats": spec["repeats"],
+        "variants": [{"name": v["name"], "params": v["params"]} for v in spec["variants"]],
+        "used": {"runs": len(study["attempts"]), "active_seconds": study["active_seconds"]},
+        "attempts": [{"variant": names[a["variant"]], "repeat": a["repeat"], "attempt": a["attempt"],
+                      "run_id": a["run_id"], "status": a["status"], "objective_value": a["objective_value"]}
+                     for a in study["attempts"]],
+        "ranking": ranking, "unranked": unranked, "plugin_id": study["plugin_id"], "created_at": study["created_at"],
+    }
+
+
+def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None) -> dict[str, Any]:
+    """Validates everything, stores the study and starts its actor; nothing is left
+    behind when a check fails."""
+    validate_graph(body.base_graph, svc.catalog, "/base_graph")
+    variants = compile_variants(body, svc.catalog, sweep_limits(svc))
+    for variant in variants:
+        build_row(svc.settings, svc.catalog, svc.accelerators, Graph.model_validate(variant["graph"]), body.name,
+                  body.options, "/base_graph")
+    return {
+        "id": uuid.uuid4().hex, "name": body.name or body.base_graph.name or "study", "state": "running",
+        "spec": {"variants": variants, "repeats": body.repeats, "seed": body.seed,
+                 "objective": body.objective.model_dump(mode="json"),
+                 "options": body.options.model_dump(mode="json", exclude_none=True)},
+        "budget": body.budget.model_dump(mode="json", exclude_none=True), "plugin_id": plugin_id,
+        "created_at": ev.utc_now(),
+    }
+
+
+async def store_and_start(svc: Services, study: dict[str, Any]) -> dict[str, Any]:
+    await svc.store.write(CreateStudy(study))
+    svc.start_study(study["id"])
+    return study_reply(await load(svc, study["id"]))
+
+
+@routes.post("/api/studies")
+async def submit_study(request: web.Request) -> web.Response:
+    svc = services(request)
+    body = await read_model(request, SubmitStudy)
+    return web.json_response(await store_and_start(svc, create_study(svc, body)), status=201)
+
+
+def _study_id(request: web.Request) -> str:
+    study_id = request.match_info["study_id"]
+    if not RUN_ID.match(study_id):
+        raise NotFound(f"{study_id!r} is not a study id", code="study_not_found")
+    return study_id
+
+
+async def load(svc: Services, study_id: str) -> dict[str, Any]:
+    study = await svc.store.read(GetStudy(study_id))
+    if study is None:
+        raise NotFound(f"no study {study_id}", code="study_not_found")
+    return study
+
+
+@routes.get("/api/studies")
+async def list_studies(request: web.Request) -> web.Response:
+    rows = await services(request).store.read(ListStudies())
+    return web.json_response({"studies": [
+        {k: r[k] for k in ("id", "name", "state", "halt_reason", "budget", "created_at")} for r in rows]})
+
+
+@routes.get("/api/studies/{study_id}")
+async def get_study(request: web.Request) -> web.Response:
+    reply = study_reply(await load(services(request), _study_id(request)))
+    if request.query.get("format") != "csv":
+        return web.json_response(reply)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["variant", "rank", "objective_value", "repeats", "unranked_reason"])
+    for entry in reply["ranking"]:
+        writer.writerow([entry["variant"], entry["rank"], entry["objective_value"], entry["repeats"], ""])
+    for entry in reply["unranked"]:
+        writer.writerow([entry["variant"], "", "", "", entry["reason"]])
+    return web.Response(text=out.getvalue(), content_type="text/csv")
+
+
+@routes.post("/api/studies/{study_id}/cancel")
+async def cancel_study(request: web.Request) -> web.Response:
+    svc = services(request)
+    study = await load(svc, _study_id(request))
+    if study["state"] in ("running", "halted"):
+        await svc.store.write(UpdateStudy(study["id"], {"state": "cancelled"}))
+        for attempt in study["attempts"]:
+            run = svc.registry.lookup(f"runs/{attempt['run_id']}")
+            if attempt["status"] in ev.ACTIVE_STATES and run is not None:
+                await run.ask(Cancel("study_cancelled"))
+    return web.json_response(study_reply(await load(svc, study["id"])))
+
+
+@routes.post("/api/studies/{study_id}/resume")
+async def resume_study(request: web.Request) -> web.Response:
+    svc = services(request)
+    study = await load(svc, _study_id(request))
+    body = await read_model(request, ResumeStudy)
+    if study["state"] in ("finished", "cancelled"):
+        raise StateConflict(f"study {study['id']} is {study['state']}; only a halted study resumes",
+                            code="study_not_resumable")
+    budget = {**study["budget"], **body.budget.model_dump(mode="json", exclude_unset=True)}
+    await svc.store.write(UpdateStudy(study["id"], {"state": "running", "halt_reason": None, "budget": budget}))
+    svc.start_study(study["id"])
+    return web.json_response(study_reply(await load(svc, study["id"])))
