@@ -126,6 +126,21 @@ class CreateStudy:
 
 
 @dataclass(frozen=True)
+class CreatePluginJob:
+    """Creates the job and its study in one transaction, unless the plugin already has a
+    job under this key: then answers that job (the caller compares the digest)."""
+
+    job: Mapping[str, Any]
+    study: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class GetPluginJobs:
+    plugin_id: str
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
 class UpdateStudy:
     """Fields of the study row: state, halt_reason, budget, active_seconds."""
 
@@ -280,6 +295,8 @@ class StoreActor(ThreadActor):
                 return st.get_study(self.conn, study_id)
             case ListStudies(state, plugin_id):
                 return st.list_studies(self.conn, state, plugin_id)
+            case GetPluginJobs(plugin_id, job_id):
+                return st.plugin_jobs(self.conn, plugin_id, job_id)
             case GetSweep(sweep_id):
                 return sw.get_sweep(self.conn, sweep_id)
             case ListSweeps():
@@ -372,6 +389,8 @@ class StoreActor(ThreadActor):
                 sw.set_state(conn, sweep_id, state)
             case CreateStudy(study):
                 st.create_study(conn, study)
+            case CreatePluginJob(job, study):
+                return st.create_plugin_job(conn, job, study)
             case UpdateStudy(study_id, fields):
                 st.update_study(conn, study_id, fields)
             case SetAttemptStatus(study_id, attempt, status):

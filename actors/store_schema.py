@@ -122,6 +122,19 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX study_attempts_run ON study_attempts(run_id);
     """,
+    # 4: jobs that plugins own (a study, today), idempotent per plugin and key.
+    """
+    CREATE TABLE plugin_jobs (
+        id TEXT PRIMARY KEY,
+        plugin_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        spec_digest TEXT NOT NULL,
+        study_id TEXT REFERENCES studies(id),
+        created_at TEXT NOT NULL,
+        UNIQUE (plugin_id, idempotency_key)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -105,3 +105,36 @@ def list_studies(conn: apsw.Connection, state: str | None, plugin_id: str | None
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     return [_study_row(v) for v in conn.execute(
         f"SELECT {_COLUMNS} FROM studies{clause} ORDER BY created_at DESC, rowid DESC", tuple(args))]
+
+
+_JOB_COLUMNS = "j.id, j.plugin_id, j.kind, j.idempotency_key, j.spec_digest, j.study_id, j.created_at, s.state"
+
+
+def _job(values: tuple[Any, ...]) -> dict[str, Any]:
+    keys = ("id", "plugin_id", "kind", "idempotency_key", "spec_digest", "study_id", "created_at", "state")
+    return dict(zip(keys, values, strict=True))
+
+
+def create_plugin_job(conn: apsw.Connection, job: Mapping[str, Any], study: Mapping[str, Any]) -> dict[str, Any]:
+    """Returns ``{"job": ..., "created": bool}``."""
+    found = conn.execute(
+        f"SELECT {_JOB_COLUMNS} FROM plugin_jobs j LEFT JOIN studies s ON s.id = j.study_id "
+        "WHERE j.plugin_id = ? AND j.idempotency_key = ?", (job["plugin_id"], job["idempotency_key"])).fetchall()
+    if found:
+        return {"job": _job(found[0]), "created": False}
+    create_study(conn, study)
+    conn.execute(
+        "INSERT INTO plugin_jobs(id, plugin_id, kind, idempotency_key, spec_digest, study_id, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (job["id"], job["plugin_id"], job["kind"], job["idempotency_key"], job["spec_digest"], study["id"],
+         job["created_at"]))
+    return {"job": {**job, "study_id": study["id"], "state": study["state"]}, "created": True}
+
+
+def plugin_jobs(conn: apsw.Connection, plugin_id: str, job_id: str | None) -> list[dict[str, Any]]:
+    query = f"SELECT {_JOB_COLUMNS} FROM plugin_jobs j LEFT JOIN studies s ON s.id = j.study_id WHERE j.plugin_id = ?"
+    args: tuple[Any, ...] = (plugin_id,)
+    if job_id is not None:
+        query += " AND j.id = ?"
+        args = (plugin_id, job_id)
+    return [_job(v) for v in conn.execute(query + " ORDER BY j.created_at DESC, j.rowid DESC", args)]

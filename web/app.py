@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Exit
-from web import routes_export, routes_meta, routes_runs, routes_studies, routes_sweeps, streams
+from web import routes_export, routes_meta, routes_plugins, routes_runs, routes_studies, routes_sweeps, streams
 from web.context import SERVICES, Services
 from web.errors import guard
 
@@ -30,6 +30,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_export.routes)
     app.add_routes(routes_sweeps.routes)
     app.add_routes(routes_studies.routes)
+    app.add_routes(routes_plugins.routes)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", _index)
         app.router.add_static("/static/", STATIC)

@@ -1,0 +1,111 @@
+"""``/api/plugins/{plugin_id}/jobs``: work a plugin asks the server to own.
+
+Kinds come from a registry; only ``study`` is registered. No plugin code is loaded on
+the server: a plugin is a client that names itself in the path. A job is idempotent per
+plugin and ``idempotency_key``: the same key with the same spec answers the same job
+(200), a different spec under that key is a 409.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from actors.store import CreatePluginJob, GetPluginJobs
+from protocol import events as ev
+from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError, pointer_from_path
+from protocol.studies import SubmitStudy
+from web.context import Services, services
+from web.requests import read_model
+from web.routes_studies import create_study
+
+routes = web.RouteTableDef()
+_PLUGIN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+# kind -> builds the study row of a job from its spec (validating it: 400 on a mistake)
+JobKind = Callable[[Services, dict[str, Any], str], Awaitable[dict[str, Any]]]
+JOB_KINDS: dict[str, JobKind] = {}
+
+
+def register_job_kind(kind: str, build: JobKind) -> None:
+    JOB_KINDS[kind] = build
+
+
+async def _study_kind(svc: Services, spec: dict[str, Any], plugin_id: str) -> dict[str, Any]:
+    from pydantic import ValidationError
+
+    try:
+        body = SubmitStudy.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidRequest(f"spec: {first['msg']}", pointer="/spec" + pointer_from_path(first["loc"])) from None
+    try:
+        return create_study(svc, body, plugin_id)
+    except TroupeError as exc:  # point into the job's body, where the spec sits
+        if exc.pointer is not None:
+            exc.pointer = "/spec" + exc.pointer
+        raise
+
+
+register_job_kind("study", _study_kind)
+
+
+class SubmitJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["study"]
+    spec: dict[str, Any]
+    idempotency_key: str = Field(min_length=1, max_length=200)
+
+
+def _plugin_id(request: web.Request) -> str:
+    plugin_id = request.match_info["plugin_id"]
+    if not _PLUGIN_ID.match(plugin_id):
+        raise NotFound(f"{plugin_id!r} is not a plugin id (lowercase letters, digits, '.', '_', '-')",
+                       code="plugin_not_found")
+    return plugin_id
+
+
+def _public(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: job[k] for k in ("id", "plugin_id", "kind", "idempotency_key", "study_id", "state", "created_at")}
+
+
+@routes.post("/api/plugins/{plugin_id}/jobs")
+async def submit_job(request: web.Request) -> web.Response:
+    svc = services(request)
+    plugin_id = _plugin_id(request)
+    body = await read_model(request, SubmitJob)
+    digest = hashlib.sha256(json.dumps(body.spec, sort_keys=True).encode()).hexdigest()
+    study = await JOB_KINDS[body.kind](svc, body.spec, plugin_id)
+    job = {"id": uuid.uuid4().hex, "plugin_id": plugin_id, "kind": body.kind,
+           "idempotency_key": body.idempotency_key, "spec_digest": digest, "created_at": ev.utc_now()}
+    result = await svc.store.write(CreatePluginJob(job, study))
+    found = result["job"]
+    if not result["created"]:
+        if found["spec_digest"] != digest:
+            raise StateConflict(f"plugin {plugin_id} already has a job under key {body.idempotency_key!r} with "
+                                "another spec", pointer="/idempotency_key", code="idempotency_conflict")
+        return web.json_response(_public(found))
+    svc.start_study(study["id"])
+    return web.json_response(_public(found), status=201)
+
+
+@routes.get("/api/plugins/{plugin_id}/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    jobs = await services(request).store.read(GetPluginJobs(_plugin_id(request)))
+    return web.json_response({"jobs": [_public(j) for j in jobs]})
+
+
+@routes.get("/api/plugins/{plugin_id}/jobs/{job_id}")
+async def get_job(request: web.Request) -> web.Response:
+    jobs = await services(request).store.read(GetPluginJobs(_plugin_id(request), request.match_info["job_id"]))
+    if not jobs:
+        raise NotFound("no such job of this plugin", code="job_not_found")
+    return web.json_response(_public(jobs[0]))
