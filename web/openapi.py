@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol import api
+from protocol.studies import ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 
 _REF = "#/components/schemas/{model}"
@@ -16,7 +17,7 @@ _REF = "#/components/schemas/{model}"
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
-    SubmitSweep,
+    SubmitSweep, SubmitStudy, ResumeStudy,
 )
 
 
@@ -83,6 +84,23 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", None, params=(
             ("sweep_id", "path", "string"),), mutation=True)},
         "/api/resources": {"get": _op("The cpus lent to declared nodes", None)},
+        "/api/studies": {
+            "post": _op("Start a study", None, status="201", body=SubmitStudy, mutation=True),
+            "get": _op("Every study, newest first", None),
+        },
+        "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking (json or csv)", None, params=(
+            ("study_id", "path", "string"), ("format", "query", "string")))},
+        "/api/studies/{study_id}/cancel": {"post": _op("Cancel a study", None, params=(
+            ("study_id", "path", "string"),), mutation=True)},
+        "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", None, params=(
+            ("study_id", "path", "string"),), body=ResumeStudy, mutation=True)},
+        "/api/plugins/{plugin_id}/jobs": {
+            "post": _op("Create a plugin job (idempotent per key)", None, status="201", params=(
+                ("plugin_id", "path", "string"),), mutation=True),
+            "get": _op("A plugin's jobs", None, params=(("plugin_id", "path", "string"),)),
+        },
+        "/api/plugins/{plugin_id}/jobs/{job_id}": {"get": _op("One plugin job", None, params=(
+            ("plugin_id", "path", "string"), ("job_id", "path", "string")))},
         "/api/stream": {"get": _op("Every run's changes as server-sent events", None)},
         "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
         "/api/info": {"get": _op("Version, devices and capabilities", None)},
