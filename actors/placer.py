@@ -22,7 +22,8 @@ from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGat
 from actors.placer_messages import Admit, Released
 from actors.queue import Enqueue
 from actors.run import Start
-from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq, StoreClient
+from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
+from actors.store_client import StoreClient
 from protocol import events as ev
 from subprocess_runner.engine import ExecutableGraph
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from actors.base import Actor, Registry
 from actors.placer_messages import Admit
-from actors.store import QueuedRuns, StoreClient
+from actors.store import QueuedRuns
+from actors.store_client import StoreClient
 
 log = logging.getLogger("troupe.queue")
 

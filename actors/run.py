@@ -22,7 +22,8 @@ from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
-from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, StoreClient, UpdateRun
+from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, UpdateRun
+from actors.store_client import StoreClient
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev
 from protocol.settings import Settings

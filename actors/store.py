@@ -1,20 +1,16 @@
 """The Store: one pykka thread actor owning the one apsw connection, the only writer of
-the database; and ``StoreClient``, its asyncio face, which coalesces writes.
+the database. Its asyncio face, which batches writes, is ``actors.store_client``.
 
-Writes from many actors queue in the client and go to the store thread as one
-``Commit`` batch: one ``BEGIN IMMEDIATE`` transaction, each op in its own savepoint so a
-bad op fails alone. Ops keep their order within and across batches (one batch in
-flight at a time), and ``on_committed`` sees them only after the commit, so the event
-hub never publishes an event the database could still lose.
+A ``Commit`` batch is one ``BEGIN IMMEDIATE`` transaction, each op in its own savepoint
+so a bad op fails alone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +20,16 @@ import apsw.bestpractice
 from actors import store_queries as q
 from actors import store_studies as st
 from actors import store_sweeps as sw
-from actors.errors import ActorDeadError, RunNotFound, RunStillActive, StoreUnavailable
+from actors.errors import ActorDeadError, RunNotFound, RunStillActive
 from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
-from actors.threaded import ThreadActor, ThreadActorRef
+from actors.threaded import ThreadActor
 from protocol import events as ev
-from protocol.errors import TroupeError
 
 log = logging.getLogger("troupe.store")
 
 # Applied once per process, before the first connection (apsw's own advice).
 apsw.bestpractice.apply(apsw.bestpractice.recommended)
 
-WRITE_TIMEOUT_S = 30.0
 
 
 # Messages: writes --------------------------------------------------------------
@@ -442,82 +436,3 @@ def open_database(path: Path) -> apsw.Connection:
             raise
         log.info("migrated %s to schema version %d", path, number + 1)
     return conn
-
-
-# The asyncio face -----------------------------------------------------------------
-
-
-def _log_failed_write(future: asyncio.Future[Any]) -> None:
-    # Retrieving the exception here also keeps asyncio from calling it "never retrieved"
-    # for writers that do not wait on their write.
-    if future.cancelled():
-        return
-    error = future.exception()
-    # A TroupeError (no such run, still active) is an answer its writer handles.
-    if error is not None and not isinstance(error, TroupeError):
-        log.warning("store write failed: %s", error)
-
-
-@dataclass
-class _Pending:
-    op: Any
-    future: asyncio.Future[Any]
-
-
-@dataclass
-class StoreClient:
-    """Queues writes and sends them to the store thread in batches (group commit)."""
-
-    ref: ThreadActorRef
-    on_committed: Callable[[Any, Any], None] = lambda op, result: None
-    _pending: list[_Pending] = field(default_factory=list)
-    _flushing: asyncio.Task[None] | None = None
-    _idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self._idle.set()
-
-    async def read(self, message: Any, timeout: float = 10.0) -> Any:
-        return await self.ref.ask(message, timeout)
-
-    def write(self, op: Any) -> asyncio.Future[Any]:
-        """Returns a future that resolves once ``op`` is committed (or failed)."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_log_failed_write)
-        self._pending.append(_Pending(op, future))
-        self._idle.clear()
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush(), name="store-flush")
-        return future
-
-    async def drain(self) -> None:
-        """Waits until every write made so far is committed."""
-        await self._idle.wait()
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    reply = self.ref.submit(Commit(tuple(p.op for p in batch)))
-                    outcomes = await asyncio.wait_for(asyncio.wrap_future(reply), WRITE_TIMEOUT_S)
-                except Exception as exc:
-                    log.error("store write of %d ops failed: %s", len(batch), exc)
-                    failure = exc if isinstance(exc, TroupeError) else StoreUnavailable(f"the store failed: {exc}")
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(failure)
-                    continue
-                for pending, outcome in zip(batch, outcomes, strict=True):
-                    if isinstance(outcome, Exception):
-                        pending.future.set_exception(outcome)
-                        continue
-                    try:
-                        self.on_committed(pending.op, outcome)
-                    except Exception:
-                        log.exception("on_committed failed for %s", type(pending.op).__name__)
-                    if not pending.future.done():
-                        pending.future.set_result(outcome)
-        finally:
-            self._flushing = None
-            self._idle.set()

@@ -20,7 +20,8 @@ from typing import Any
 from actors.base import Actor, Registry
 from actors.placer import Submit
 from actors.run import Cancel
-from actors.store import GetStudy, SetAttemptStatus, StoreClient, UpdateStudy
+from actors.store import GetStudy, SetAttemptStatus, UpdateStudy
+from actors.store_client import StoreClient
 from actors.submission import build_row
 from protocol import events as ev
 from protocol.api import RunOptions

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench._measure import BenchError
+from cli.client import read_events
 
 HOST = "127.0.0.1"
 
@@ -51,23 +52,8 @@ class Conn:
         if response.status != 200:
             body = response.read()
             raise BenchError(f"GET {path} answered {response.status}: {body[:200]!r}")
-        event, data = "message", list[str]()
         try:
-            while True:
-                line = response.readline()
-                if not line:
-                    return
-                text = line.decode().rstrip("\r\n")
-                if text == "":
-                    if data:
-                        yield event, json.loads("\n".join(data))
-                    event, data = "message", list[str]()
-                elif text.startswith(":"):
-                    continue
-                elif text.startswith("event:"):
-                    event = text[6:].strip()
-                elif text.startswith("data:"):
-                    data.append(text[5:].lstrip())
+            yield from read_events(response)
         finally:
             # Finish the chunked body (the server closes the stream after run_finished) so
             # the next request can use the same socket; close it if that is not possible.

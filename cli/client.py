@@ -63,21 +63,26 @@ class Client:
             conn.close()
             raise CliError(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
         try:
-            event, data = "message", list[str]()
-            while True:
-                line = response.readline()
-                if not line:
-                    return
-                text = line.decode().rstrip("\r\n")
-                if text == "":
-                    if data:
-                        yield event, json.loads("\n".join(data))
-                    event, data = "message", list[str]()
-                elif text.startswith(":"):
-                    continue
-                elif text.startswith("event:"):
-                    event = text[6:].strip()
-                elif text.startswith("data:"):
-                    data.append(text[5:].lstrip())
+            yield from read_events(response)
         finally:
             conn.close()
+
+
+def read_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
+    """``(event, data)`` of a server-sent event stream, until the body ends."""
+    event, data = "message", list[str]()
+    while True:
+        line = response.readline()
+        if not line:
+            return
+        text = line.decode().rstrip("\r\n")
+        if text == "":
+            if data:
+                yield event, json.loads("\n".join(data))
+            event, data = "message", list[str]()
+        elif text.startswith(":"):
+            continue
+        elif text.startswith("event:"):
+            event = text[6:].strip()
+        elif text.startswith("data:"):
+            data.append(text[5:].lstrip())

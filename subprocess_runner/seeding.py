@@ -19,7 +19,18 @@ def cap_threads(threads: int | None = None) -> int:
     cap = threads if threads is not None else max(1, (os.cpu_count() or 2) - 1)
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(cap))
-    return cap
+    chosen = os.environ["OMP_NUM_THREADS"]
+    _cap[:] = [int(chosen) if chosen.isdigit() and int(chosen) > 0 else cap]
+    return _cap[0]
+
+
+_cap: list[int] = []
+
+
+def thread_cap() -> int | None:
+    """The cap ``cap_threads`` settled on in this process (an operator's own
+    OMP_NUM_THREADS included), or None when it never ran."""
+    return _cap[0] if _cap else None
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -39,10 +39,10 @@ from actors.store import (
     Prune,
     RecoverInterrupted,
     StoreActor,
-    StoreClient,
     UpdateRun,
     UpdateStudy,
 )
+from actors.store_client import StoreClient
 from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev

@@ -47,11 +47,16 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
     return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id)
 
 
+def hex_id(request: web.Request, kind: str) -> str:
+    """The ``{kind}_id`` of the path; 404 ``{kind}_not_found`` unless it is 32 lowercase hex."""
+    value = request.match_info[f"{kind}_id"]
+    if not RUN_ID.match(value):
+        raise NotFound(f"{value!r} is not a {kind} id (32 lowercase hex characters)", code=f"{kind}_not_found")
+    return value
+
+
 def run_id_from(request: web.Request) -> str:
-    run_id = request.match_info["run_id"]
-    if not RUN_ID.match(run_id):
-        raise NotFound(f"{run_id!r} is not a run id (32 lowercase hex characters)", code="run_not_found")
-    return run_id
+    return hex_id(request, "run")
 
 
 def int_query(request: web.Request, name: str, *, default: int | None = None, minimum: int = 0,

@@ -20,7 +20,7 @@ from protocol.studies import ResumeStudy, SubmitStudy
 from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
-from web.requests import RUN_ID, read_model
+from web.requests import hex_id, read_model
 from web.routes_sweeps import sweep_limits
 
 routes = web.RouteTableDef()
@@ -73,13 +73,6 @@ async def submit_study(request: web.Request) -> web.Response:
     return web.json_response(await store_and_start(svc, create_study(svc, body)), status=201)
 
 
-def _study_id(request: web.Request) -> str:
-    study_id = request.match_info["study_id"]
-    if not RUN_ID.match(study_id):
-        raise NotFound(f"{study_id!r} is not a study id", code="study_not_found")
-    return study_id
-
-
 async def load(svc: Services, study_id: str) -> dict[str, Any]:
     study = await svc.store.read(GetStudy(study_id))
     if study is None:
@@ -96,7 +89,7 @@ async def list_studies(request: web.Request) -> web.Response:
 
 @routes.get("/api/studies/{study_id}")
 async def get_study(request: web.Request) -> web.Response:
-    reply = study_reply(await load(services(request), _study_id(request)))
+    reply = study_reply(await load(services(request), hex_id(request, "study")))
     if request.query.get("format") != "csv":
         return web.json_response(reply)
     out = io.StringIO()
@@ -112,7 +105,7 @@ async def get_study(request: web.Request) -> web.Response:
 @routes.post("/api/studies/{study_id}/cancel")
 async def cancel_study(request: web.Request) -> web.Response:
     svc = services(request)
-    study = await load(svc, _study_id(request))
+    study = await load(svc, hex_id(request, "study"))
     if study["state"] in ("running", "halted"):
         await svc.store.write(UpdateStudy(study["id"], {"state": "cancelled"}))
         for attempt in study["attempts"]:
@@ -125,7 +118,7 @@ async def cancel_study(request: web.Request) -> web.Response:
 @routes.post("/api/studies/{study_id}/resume")
 async def resume_study(request: web.Request) -> web.Response:
     svc = services(request)
-    study = await load(svc, _study_id(request))
+    study = await load(svc, hex_id(request, "study"))
     body = await read_model(request, ResumeStudy)
     if study["state"] in ("finished", "cancelled"):
         raise StateConflict(f"study {study['id']} is {study['state']}; only a halted study resumes",

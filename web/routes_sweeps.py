@@ -19,7 +19,7 @@ from protocol.sweeps import SubmitSweep
 from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
-from web.requests import RUN_ID, read_model
+from web.requests import hex_id, read_model
 from web.routes_runs import run_row
 
 routes = web.RouteTableDef()
@@ -54,13 +54,6 @@ async def submit_sweep(request: web.Request) -> web.Response:
          "variants": [{**v, "status": ev.QUEUED} for v in variants]},
         status=201,
     )
-
-
-def _sweep_id(request: web.Request) -> str:
-    sweep_id = request.match_info["sweep_id"]
-    if not RUN_ID.match(sweep_id):
-        raise NotFound(f"{sweep_id!r} is not a sweep id", code="sweep_not_found")
-    return sweep_id
 
 
 async def _load(svc: Services, sweep_id: str) -> dict[str, Any]:
@@ -108,7 +101,7 @@ async def list_sweeps(request: web.Request) -> web.Response:
 @routes.get("/api/sweeps/{sweep_id}")
 async def get_sweep(request: web.Request) -> web.Response:
     svc = services(request)
-    reply = _ranked(await _load(svc, _sweep_id(request)))
+    reply = _ranked(await _load(svc, hex_id(request, "sweep")))
     if request.query.get("format") != "csv":
         return web.json_response(reply)
     keys = [d["key"] for d in reply["params"]]
@@ -126,7 +119,7 @@ async def get_sweep(request: web.Request) -> web.Response:
 @routes.post("/api/sweeps/{sweep_id}/cancel")
 async def cancel_sweep(request: web.Request) -> web.Response:
     svc = services(request)
-    sweep_id = _sweep_id(request)
+    sweep_id = hex_id(request, "sweep")
     sweep = await _load(svc, sweep_id)
     cancelled = already = 0
     for variant in sweep["variants"]:

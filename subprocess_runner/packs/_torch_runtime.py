@@ -6,13 +6,12 @@ Imported only when a torch node executes.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import torch
 
-from subprocess_runner.seeding import seed_torch
+from subprocess_runner.seeding import seed_torch, thread_cap
 
 _capped = threading.Lock()
 _done: list[bool] = []
@@ -21,11 +20,11 @@ _done: list[bool] = []
 def prepare(ctx: Any) -> None:
     with _capped:
         if not _done:
-            # OMP_NUM_THREADS is set by whoever runs us (the control plane leaves the
-            # event loop a core); torch reads it too late when imported in a thread.
-            threads = os.environ.get("OMP_NUM_THREADS", "")
-            if threads.isdigit() and int(threads) > 0:
-                torch.set_num_threads(int(threads))
+            # The cap whoever runs us chose (the control plane: TROUPE_CPUS), which
+            # torch may have read too late when imported in a thread.
+            threads = thread_cap()
+            if threads is not None:
+                torch.set_num_threads(threads)
             _done.append(True)
     if ctx.node_seed is not None:
         seed_torch(ctx.node_seed, ctx.deterministic)

@@ -18,10 +18,10 @@ from actors.store import (
     Prune,
     RecoverInterrupted,
     StoreActor,
-    StoreClient,
     UpdateRun,
     open_database,
 )
+from actors.store_client import StoreClient
 from actors.store_schema import SCHEMA_VERSION
 from actors.threaded import start_thread_actor
 
