@@ -180,3 +180,14 @@ def test_unknown_sweeps_are_404(shared_server):
     for path in ("/api/sweeps/" + "0" * 32, "/api/sweeps/nothex"):
         status, reply = shared_server.client.request("GET", path)
         assert status == 404 and reply["error"]["code"] == "sweep_not_found"
+
+
+def test_a_run_that_failed_after_recording_the_objective_is_still_ranked(shared_server):
+    base = graph(node("c", "core.Constant", value=1), node("m", "core.LogMetric", name="val_loss"),
+                 node("f", "core.Fail", message="late"),
+                 edges=({"source": "c", "source_port": "value", "target": "m", "target_port": "value"},
+                        {"source": "m", "source_port": "value", "target": "f", "target_port": "x"}))
+    reply = post(shared_server, sweep_body([{"node_id": "c", "param": "value", "values": [2, 1]}], base=base))
+    result = wait_finished(shared_server, reply["sweep_id"])
+    assert result["counts"] == {"failed": 2}
+    assert [(v["rank"], v["objective_value"]) for v in result["variants"]] == [(1, 1.0), (2, 2.0)]

@@ -1,0 +1,75 @@
+"""Sweep compilation and study ranking, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.errors import InvalidRequest
+from protocol.sweeps import SubmitSweep
+from subprocess_runner.catalog import NodeType, Pack, Param, build_catalog
+from subprocess_runner.packs import core
+from subprocess_runner.studies import attempt_seed, rank
+from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep
+from tests.helpers import graph, node
+
+CATALOG = build_catalog([core.PACK, Pack("t", (NodeType("t.Login", lambda c, i, p: {}, params=(
+    Param("password", "secret", default=""), Param("mode", "select", default="a", options=("a", "b")),
+    Param("flag", "bool", default=False))),))])
+
+
+def body(params, **extra):
+    return SubmitSweep.model_validate({
+        "base_graph": graph(node("l", "t.Login")), "sweep_spec": {"method": "grid", "params": params, **extra},
+        "objective": {"metric": "m", "direction": "minimize"}})
+
+
+def test_secrets_cannot_be_swept_but_selects_and_bools_can():
+    with pytest.raises(SweepInvalid) as caught:
+        compile_sweep(body([{"node_id": "l", "param": "password", "values": ["a", "b"]}]), CATALOG, SweepLimits())
+    assert caught.value.pointer == "/sweep_spec/params/0/param"
+    compiled = compile_sweep(body([{"node_id": "l", "param": "mode", "values": ["a", "b"]},
+                                   {"node_id": "l", "param": "flag", "values": [True, False]}]), CATALOG, SweepLimits())
+    assert [v.params for v in compiled.variants] == [
+        {"l.mode": "a", "l.flag": True}, {"l.mode": "a", "l.flag": False},
+        {"l.mode": "b", "l.flag": True}, {"l.mode": "b", "l.flag": False}]
+    with pytest.raises(InvalidRequest) as caught:  # the param's own check: graph_invalid
+        compile_sweep(body([{"node_id": "l", "param": "mode", "values": ["a", "c"]}]), CATALOG, SweepLimits())
+    assert caught.value.pointer == "/sweep_spec/params/0/values/1"
+
+
+def test_a_range_on_a_select_is_refused():
+    with pytest.raises(SweepInvalid, match="int or float"):
+        compile_sweep(body([{"node_id": "l", "param": "mode", "range": {"min": 0, "max": 1, "count": 2}}]),
+                      CATALOG, SweepLimits())
+
+
+VARIANTS = [{"name": "a"}, {"name": "b"}]
+
+
+def attempt(variant, repeat, status, value, n=0):
+    return {"variant": variant, "repeat": repeat, "attempt": n, "status": status, "objective_value": value}
+
+
+@pytest.mark.parametrize("reduce, a_value", [("mean", 2.0), ("median", 2.0), ("min", 1.0), ("max", 3.0)])
+def test_rank_reduces_the_repeats(reduce, a_value):
+    attempts = [attempt(0, 0, "succeeded", 1.0), attempt(0, 1, "succeeded", 3.0),
+                attempt(1, 0, "succeeded", 0.5), attempt(1, 1, "succeeded", 10.0)]
+    ranking, unranked = rank(VARIANTS, attempts, 2, {"direction": "minimize", "reduce": reduce})
+    assert {r["variant"]: r["objective_value"] for r in ranking}["a"] == a_value and unranked == []
+    assert [r["rank"] for r in ranking] == [1, 2]
+
+
+def test_a_retried_repeat_counts_by_its_last_attempt_and_reasons_are_given():
+    attempts = [attempt(0, 0, "interrupted", None, 0), attempt(0, 0, "succeeded", 1.0, 1),
+                attempt(1, 0, "over_budget", None, 2)]
+    ranking, unranked = rank(VARIANTS, attempts, 1, {"direction": "maximize"})
+    assert ranking == [{"variant": "a", "objective_value": 1.0, "repeats": 1, "rank": 1}]
+    assert unranked == [{"variant": "b", "reason": "over_budget"}]
+    _, unranked = rank(VARIANTS, [attempt(0, 0, "succeeded", None), attempt(1, 0, "failed", None)], 1,
+                       {"direction": "maximize"})
+    assert unranked == [{"variant": "a", "reason": "no_objective"}, {"variant": "b", "reason": "repeat_failed"}]
+
+
+def test_repeat_seeds_wrap_into_range():
+    assert attempt_seed(None, 3) is None
+    assert [attempt_seed(2**32 - 1, r) for r in range(3)] == [2**32 - 1, 0, 1]
