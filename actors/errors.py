@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict, TroupeError
+from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict, TroupeError, Unauthorized
 
 
 class ActorDeadError(TroupeError):
@@ -68,6 +68,18 @@ class QueueQuarantined(CapacityRefused):
 
 class ShuttingDown(CapacityRefused):
     code = "shutting_down"
+
+
+class EnrollmentRefused(Unauthorized):
+    """Raised when an enrollment token is unknown, expired, used up or revoked: no retry
+    can help, so the agent exits."""
+
+    code = "enrollment_refused"
+
+
+class NameTaken(EnrollmentRefused):
+    code = "worker_name_taken"
+    http_status = 409
 
 
 class InvalidOptions(InvalidRequest):

@@ -20,10 +20,12 @@ import apsw.bestpractice
 from actors import store_queries as q
 from actors import store_studies as st
 from actors import store_sweeps as sw
-from actors.errors import ActorDeadError, RunNotFound, RunStillActive
+from actors import store_workers as wk
+from actors.errors import ActorDeadError
 from actors.store_schema import MIGRATIONS, SCHEMA_VERSION
 from actors.threaded import ThreadActor
 from protocol import events as ev
+from protocol.errors import TroupeError
 
 log = logging.getLogger("troupe.store")
 
@@ -152,6 +154,31 @@ class SetAttemptStatus:
 
 
 @dataclass(frozen=True)
+class CreateEnrollment:
+    """Answers the token's expiry (epoch seconds)."""
+
+    token: str
+    name: str | None
+    ttl_s: float
+    uses: int
+
+
+@dataclass(frozen=True)
+class RedeemEnrollment:
+    """Spends a use of the token on the worker's credential; answers the worker's name."""
+
+    token: str
+    name: str | None
+    machine_id: str
+    credential: str
+
+
+@dataclass(frozen=True)
+class RevokeWorker:
+    name: str
+
+
+@dataclass(frozen=True)
 class Commit:
     ops: tuple[Any, ...]
 
@@ -205,6 +232,16 @@ class GetStudy:
 class ListStudies:
     state: str | None = None
     plugin_id: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerForCredential:
+    credential: str
+
+
+@dataclass(frozen=True)
+class ListWorkers:
+    pass
 
 
 @dataclass(frozen=True)
@@ -291,6 +328,10 @@ class StoreActor(ThreadActor):
                 return st.list_studies(self.conn, state, plugin_id)
             case GetPluginJobs(plugin_id, job_id):
                 return st.plugin_jobs(self.conn, plugin_id, job_id)
+            case WorkerForCredential(credential):
+                return wk.worker_for(self.conn, credential)
+            case ListWorkers():
+                return wk.list_workers(self.conn)
             case GetSweep(sweep_id):
                 return sw.get_sweep(self.conn, sweep_id)
             case ListSweeps():
@@ -330,7 +371,7 @@ class StoreActor(ThreadActor):
                 try:
                     with conn:  # a savepoint: one bad op rolls back alone
                         results.append(self._apply(op))
-                except (apsw.Error, RunNotFound, RunStillActive, ValueError, TypeError) as exc:
+                except (apsw.Error, TroupeError, ValueError, TypeError) as exc:
                     if isinstance(exc, Exception) and self.is_broken(exc):
                         raise
                     results.append(exc)
@@ -381,6 +422,12 @@ class StoreActor(ThreadActor):
                 sw.create_sweep(conn, sweep, variants, runs)
             case SetSweepState(sweep_id, state):
                 sw.set_state(conn, sweep_id, state)
+            case CreateEnrollment(token, name, ttl_s, uses):
+                return wk.create_enrollment(conn, token, name, ttl_s, uses, ev.utc_now())
+            case RedeemEnrollment(token, name, machine_id, credential):
+                return wk.redeem(conn, token, name, machine_id, credential, ev.utc_now())
+            case RevokeWorker(name):
+                return wk.revoke(conn, name)
             case CreateStudy(study):
                 st.create_study(conn, study)
             case CreatePluginJob(job, study):

@@ -135,6 +135,24 @@ MIGRATIONS: tuple[str, ...] = (
         UNIQUE (plugin_id, idempotency_key)
     );
     """,
+    # 5: worker enrollment: one-time tokens and per-worker credentials, hashes only.
+    """
+    CREATE TABLE enrollments (
+        token_hash TEXT PRIMARY KEY,
+        name TEXT,
+        expires_at REAL NOT NULL,
+        uses_left INTEGER NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE workers (
+        name TEXT PRIMARY KEY,
+        credential_hash TEXT NOT NULL UNIQUE,
+        machine_id TEXT NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0,
+        enrolled_at TEXT NOT NULL
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -134,6 +134,55 @@ def export(
     print(f"wrote {target}")
 
 
+agent_app = typer.Typer(no_args_is_help=True, help="The worker agent: dials out to a control plane, never listens.")
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.command("start")
+def agent_start(
+    url: Annotated[str, typer.Option(help="the control plane, as the join command gives it")],
+    token: Annotated[str | None, typer.Option(help="a one-time enrollment token (first start only)")] = None,
+    name: Annotated[str | None, typer.Option(help="this worker's name")] = None,
+) -> None:
+    """Start a worker agent in the foreground."""
+    from cli.agent_cmd import start as run_agent
+    from cli.config import load_simulated_inventory
+
+    try:
+        code = run_agent(url, token, name, load_simulated_inventory())
+    except CliError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@agent_app.command("stop")
+def agent_stop(
+    name: Annotated[str | None, typer.Option(help="the worker to stop (default: every agent here)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait")] = 30.0,
+) -> None:
+    """Stop the agents running on this machine."""
+    from cli.agent_cmd import stop as stop_agent
+
+    try:
+        raise typer.Exit(stop_agent(name, timeout))
+    except CliError as exc:
+        _fail(exc)
+
+
+@agent_app.command("forget")
+def agent_forget(
+    url: Annotated[str | None, typer.Option(help="only credentials for this control plane")] = None,
+    name: Annotated[str | None, typer.Option(help="only this worker's credential")] = None,
+) -> None:
+    """Drop stored agent credentials."""
+    from cli.agent_cmd import forget
+
+    try:
+        raise typer.Exit(forget(url, name))
+    except CliError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     try:
         app()

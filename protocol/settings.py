@@ -30,6 +30,8 @@ class Settings:
     run_event_payload_cap_bytes: int = 131072
     run_events_response_cap_bytes: int = 4194304
     recorded_outputs_keep: int = 20
+    worker_heartbeat_s: float = 10.0
+    worker_resume_grace_s: float = 300.0
     max_sweep_runs: int = 32
     max_sweep_params: int = 4
     max_sweep_domain: int = 32
@@ -88,6 +90,8 @@ class Settings:
             max_sweep_runs=reader.limit("TROUPE_MAX_SWEEP_RUNS", 32),
             max_sweep_params=reader.limit("TROUPE_MAX_SWEEP_PARAMS", 4),
             max_sweep_domain=reader.limit("TROUPE_MAX_SWEEP_DOMAIN", 32),
+            worker_heartbeat_s=reader.number("TROUPE_WORKER_HEARTBEAT_S", 10.0) or 10.0,
+            worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),

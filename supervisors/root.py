@@ -45,6 +45,7 @@ from actors.store import (
 from actors.store_client import StoreClient
 from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
+from actors.worker import WorkerConnection
 from protocol import events as ev
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
@@ -82,6 +83,7 @@ class ControlPlane:
         self.queues = Supervisor("queues", on_give_up=self._quarantine)
         self.runs = Supervisor("runs")
         self.studies = Supervisor("studies")
+        self.workers = Supervisor("workers")
         self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
@@ -108,7 +110,7 @@ class ControlPlane:
             Services(
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
-                accelerators=self.accelerators, start_study=self.start_study,
+                accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
             )
         )
         self.port = await self.web.start()
@@ -168,6 +170,18 @@ class ControlPlane:
 
         self.studies.start_child(ChildSpec(name, factory, Restart.TRANSIENT))
 
+    def start_worker(self, name: str) -> ActorRef:
+        existing = self.workers.child(f"workers/{name}")
+        if existing is not None:
+            return existing  # type: ignore[return-value]
+
+        def factory() -> ActorRef:
+            settings = self.settings
+            return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s).start(
+                self.registry)
+
+        return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
+
     def _quarantine(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
         key = spec.name.removeprefix("queues/")
         placer = self.registry.lookup("placer")
@@ -213,7 +227,7 @@ class ControlPlane:
 
     async def stop(self) -> None:
         grace = self.settings.stop_grace_s
-        for supervisor in (self.root, self.queues, self.runs, self.studies):
+        for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers):
             supervisor.stop_restarting()
         placer = self.registry.lookup("placer")
         if placer is not None:
@@ -232,6 +246,7 @@ class ControlPlane:
         await self.store.drain()
         await self.web.stop()
         await self.studies.stop()
+        await self.workers.stop()
         await self.runs.stop()
         await self.queues.stop()
         await self.store.drain()

@@ -10,7 +10,17 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Exit
-from web import routes_export, routes_meta, routes_plugins, routes_runs, routes_studies, routes_sweeps, streams
+from web import (
+    routes_export,
+    routes_meta,
+    routes_plugins,
+    routes_runs,
+    routes_studies,
+    routes_sweeps,
+    routes_workers,
+    streams,
+    ws_worker,
+)
 from web.context import SERVICES, Services
 from web.errors import guard
 
@@ -31,6 +41,8 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_sweeps.routes)
     app.add_routes(routes_studies.routes)
     app.add_routes(routes_plugins.routes)
+    app.add_routes(routes_workers.routes)
+    app.add_routes(ws_worker.routes)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", _index)
         app.router.add_static("/static/", STATIC)
@@ -63,6 +75,10 @@ class WebService:
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._svc.settings.port
+        settings = self._svc.settings
+        host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+        host = f"[{host}]" if ":" in host else host
+        self._svc.public_url = settings.public_url or f"http://{host}:{self.port}"
         return self.port
 
     async def stop(self, *args: Any) -> None:

@@ -25,8 +25,12 @@ class Services:
     version: str
     accelerators: tuple[str, ...] = ()
     started_at: str = ""
+    # The URL this server is reached at (TROUPE_PUBLIC_URL, else the address it bound).
+    public_url: str = ""
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
+    # Finds or starts the WorkerConnection actor of an enrolled worker.
+    start_worker: Callable[[str], ActorRef] = lambda name: None  # type: ignore[assignment,return-value]
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

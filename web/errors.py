@@ -21,6 +21,7 @@ log = logging.getLogger("troupe.web")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_SELF_AUTHENTICATED = frozenset({"/api/workers/credentials"})
 
 
 def error_response(error: TroupeError) -> web.Response:
@@ -46,7 +47,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS "
                 "to reach this server by that name"
             )
-        if request.method not in _SAFE_METHODS:
+        # The credential exchange proves itself with the enrollment token.
+        if request.method not in _SAFE_METHODS and request.path not in _SELF_AUTHENTICATED:
             header = request.headers.get("Authorization", "")
             scheme, _, token = header.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), svc.token.encode()):

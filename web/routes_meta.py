@@ -80,7 +80,7 @@ async def info(request: web.Request) -> web.Response:
                 "run_retention_keep_last": settings.run_retention_keep_last,
                 "cpus": settings.cpus,
             },
-            "public_url": settings.public_url or settings.url,
+            "public_url": svc.public_url,
             "runtime": {
                 "switch_interval_s": sys.getswitchinterval(),
                 # The control plane must stay light: only node code imports torch.

@@ -1,0 +1,110 @@
+"""Link (agent side): the agent's one outbound socket to ``/ws/worker``. It never
+listens. It says hello, sends heartbeats, and reconnects with backoff while the control
+plane is unreachable; a final refusal (wrong version, revoked credential) ends the agent
+with exit 1, since no retry can fix it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from actors.base import Actor
+from protocol import worker as wire
+
+log = logging.getLogger("troupe.agent")
+
+BACKOFF_S = (0.5, 1, 2, 4, 8, 15, 30)
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    url: str
+    credential: str
+    hello: Callable[[], Any]  # an awaitable factory of the Hello frame (inventory is read each time)
+    on_final: Callable[[int, str], None]  # exit code, reason
+
+
+@dataclass(frozen=True)
+class _Status:
+    """Ask: the link's state, for the agent's log and tests."""
+
+
+class Link(Actor):
+    def __init__(self, config: LinkConfig) -> None:
+        super().__init__("link")
+        self._config = config
+        self._task: asyncio.Task[None] | None = None
+        self._state = "connecting"
+
+    async def on_start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
+
+    async def on_stop(self, reason: str) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, _Status):
+            return self._state
+        raise TypeError(f"link got an unknown message {message!r}")
+
+    async def _run(self) -> None:
+        attempt = 0
+        ws_url = self._config.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/ws/worker"
+        headers = {"Authorization": f"Bearer {self._config.credential}"}
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.ws_connect(ws_url, headers=headers, heartbeat=None) as ws:
+                        attempt = 0
+                        if await self._session(ws):
+                            return
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    self._state = "unreachable"
+                    log.warning("control plane unreachable at %s: %s", ws_url, exc)
+                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
+        """One connection; True when the agent must stop."""
+        frame_no = 0
+        hello = await self._config.hello()
+        await ws.send_str(wire.dump_frame(hello))
+        first = await ws.receive(timeout=30)
+        if first.type != aiohttp.WSMsgType.TEXT:
+            return False
+        answer = wire.parse_frame(first.data)
+        if isinstance(answer, wire.Refused):
+            self._config.on_final(1, f"refused by the control plane: {answer.reason}")
+            return True
+        if not isinstance(answer, wire.Welcome):
+            return False
+        self._state = "connected"
+        log.info("connected as %s%s", answer.name, " (degraded)" if answer.degraded else "")
+        beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, frame_no))
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                frame = wire.parse_frame(message.data)
+                if isinstance(frame, wire.Refused):
+                    self._config.on_final(1, f"refused by the control plane: {frame.reason}")
+                    return True
+                if isinstance(frame, wire.Drain):
+                    log.info("asked to drain: no new runs will come")
+        finally:
+            beats.cancel()
+        self._state = "disconnected"
+        return False
+
+    async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, frame_no: int) -> None:
+        while not ws.closed:
+            await asyncio.sleep(every)
+            frame_no += 1
+            await ws.send_str(wire.dump_frame(wire.Heartbeat(frame_no=frame_no)))

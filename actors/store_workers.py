@@ -1,0 +1,77 @@
+"""The SQL of worker enrollment. Called only from the store's thread. Tokens and
+credentials are stored as SHA-256 hashes; the secrets themselves never touch the disk
+of the control plane."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import apsw
+
+from actors.errors import EnrollmentRefused, NameTaken
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_enrollment(conn: apsw.Connection, token: str, name: str | None, ttl_s: float, uses: int,
+                      now: str) -> float:
+    expires_at = time.time() + ttl_s
+    conn.execute(
+        "INSERT INTO enrollments(token_hash, name, expires_at, uses_left, created_at) VALUES (?, ?, ?, ?, ?)",
+        (digest(token), name, expires_at, uses, now),
+    )
+    return expires_at
+
+
+def redeem(conn: apsw.Connection, token: str, name: str | None, machine_id: str, credential: str,
+           now: str) -> str:
+    """Spends one use of ``token`` on a credential for the worker; returns its name."""
+    found = conn.execute(
+        "SELECT name, expires_at, uses_left, revoked FROM enrollments WHERE token_hash = ?", (digest(token),)
+    ).fetchall()
+    if not found:
+        raise EnrollmentRefused("this enrollment token is unknown; ask for a new join command")
+    bound, expires_at, uses_left, revoked = found[0]
+    if revoked:
+        raise EnrollmentRefused("this enrollment token was revoked")
+    if float(expires_at) < time.time():  # type: ignore[arg-type]
+        raise EnrollmentRefused("this enrollment token has expired; ask for a new join command")
+    if int(uses_left) <= 0:  # type: ignore[arg-type]
+        raise EnrollmentRefused("this enrollment token was already used")
+    worker = str(bound or name or f"worker-{machine_id[:8]}")
+    existing = conn.execute("SELECT machine_id, revoked FROM workers WHERE name = ?", (worker,)).fetchall()
+    # A name changes hands only through a token issued for that name.
+    if existing and not existing[0][1] and bound is None and existing[0][0] != machine_id:
+        raise NameTaken(f"a worker named {worker!r} is enrolled from another machine; issue a token for that name")
+    conn.execute("UPDATE enrollments SET uses_left = uses_left - 1 WHERE token_hash = ?", (digest(token),))
+    conn.execute(
+        "INSERT OR REPLACE INTO workers(name, credential_hash, machine_id, revoked, enrolled_at) "
+        "VALUES (?, ?, ?, 0, ?)",
+        (worker, digest(credential), machine_id, now),
+    )
+    return worker
+
+
+def worker_for(conn: apsw.Connection, credential: str) -> dict[str, Any] | None:
+    found = conn.execute(
+        "SELECT name, machine_id, revoked FROM workers WHERE credential_hash = ?", (digest(credential),)
+    ).fetchall()
+    if not found:
+        return None
+    name, machine_id, revoked = found[0]
+    return {"name": name, "machine_id": machine_id, "revoked": bool(revoked)}
+
+
+def list_workers(conn: apsw.Connection) -> list[Mapping[str, Any]]:
+    return [{"name": n, "machine_id": m, "revoked": bool(r), "enrolled_at": e} for n, m, r, e in conn.execute(
+        "SELECT name, machine_id, revoked, enrolled_at FROM workers ORDER BY name")]
+
+
+def revoke(conn: apsw.Connection, name: str) -> bool:
+    conn.execute("UPDATE workers SET revoked = 1 WHERE name = ? AND revoked = 0", (name,))
+    return bool(conn.changes())

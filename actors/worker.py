@@ -1,0 +1,152 @@
+"""WorkerConnection: one per enrolled worker that has connected, named ``workers/<name>``.
+
+The websocket lives in its aiohttp handler task, which tells this actor ``Attached``
+(with an outbox queue the handler drains onto the socket), ``Beat`` and ``Detached``.
+Three missed heartbeats, or the socket closing, make the worker ``disconnected``; past
+``TROUPE_WORKER_RESUME_GRACE_S`` the actor stops normally (transient: not restarted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor
+from protocol import worker as wire
+
+log = logging.getLogger("troupe.worker")
+
+
+@dataclass(frozen=True)
+class Attached:
+    hello: wire.Hello
+    degraded: bool
+    missing_node_types: tuple[str, ...]
+    outbox: asyncio.Queue[Any]
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A frame arrived: the worker is alive."""
+
+    inventory: wire.Inventory | None = None
+
+
+@dataclass(frozen=True)
+class Detached:
+    outbox: asyncio.Queue[Any]
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """The worker's credential was revoked: refuse it and close."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    pass
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pass
+
+
+@dataclass(frozen=True)
+class _Check:
+    pass
+
+
+CLOSE = object()  # put in an outbox: the handler closes the socket
+
+
+class WorkerConnection(Actor):
+    def __init__(self, name: str, heartbeat_s: float, grace_s: float) -> None:
+        super().__init__(f"workers/{name}")
+        self.worker = name
+        self._heartbeat_s = heartbeat_s
+        self._grace_s = grace_s
+        self._hello: wire.Hello | None = None
+        self._degraded = False
+        self._missing: tuple[str, ...] = ()
+        self._outbox: asyncio.Queue[Any] | None = None
+        self._last_beat = time.monotonic()
+        self._disconnected_at: float | None = None
+        self._draining = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def on_start(self) -> None:
+        self._schedule()
+
+    async def on_stop(self, reason: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _schedule(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._heartbeat_s / 2, self.ref.tell, _Check())
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Attached(hello, degraded, missing, outbox):
+                if self._outbox is not None and self._outbox is not outbox:
+                    self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
+                self._hello, self._degraded, self._missing, self._outbox = hello, degraded, missing, outbox
+                self._last_beat, self._disconnected_at = time.monotonic(), None
+            case Beat(inventory):
+                self._last_beat = time.monotonic()
+                if inventory is not None and self._hello is not None:
+                    self._hello = self._hello.model_copy(update={"inventory": inventory})
+            case Detached(outbox):
+                if outbox is self._outbox:
+                    self._disconnect("the socket closed")
+            case Revoked():
+                if self._outbox is not None:
+                    self._outbox.put_nowait(wire.Refused(code="revoked", reason="this worker's credential was revoked"))
+                    self._outbox.put_nowait(CLOSE)
+                self.stop_self("revoked")
+            case Drain():
+                self._draining = True
+                if self._outbox is not None:
+                    self._outbox.put_nowait(wire.Drain())
+            case _Check():
+                self._check()
+            case Snapshot():
+                return self._snapshot()
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
+        return None
+
+    def _disconnect(self, why: str) -> None:
+        if self._disconnected_at is None:
+            log.warning("worker %s disconnected: %s", self.worker, why)
+            self._disconnected_at = time.monotonic()
+        if self._outbox is not None:
+            self._outbox.put_nowait(CLOSE)
+        self._outbox = None
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        if self._outbox is not None and now - self._last_beat > 3 * self._heartbeat_s:
+            self._disconnect("three heartbeats missed")
+        if self._disconnected_at is not None and now - self._disconnected_at >= self._grace_s:
+            log.warning("worker %s stayed away past the grace of %ss", self.worker, self._grace_s)
+            self.stop_self("grace expired")
+            return
+        self._schedule()
+
+    def _snapshot(self) -> dict[str, Any]:
+        hello = self._hello
+        return {
+            "name": self.worker,
+            "state": "connected" if self._outbox is not None else "disconnected",
+            "degraded": self._degraded,
+            "draining": self._draining,
+            "missing_node_types": list(self._missing),
+            "version": hello.version if hello else None,
+            "machine_id": hello.machine_id if hello else None,
+            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
+            "inventory": hello.inventory.model_dump() if hello else None,
+        }

@@ -1,0 +1,151 @@
+"""``troupe agent start | stop | forget``: the worker agent that dials out to a control
+plane. Its files live in platformdirs' user config and state dirs (``XDG_*`` move them):
+credentials (0600), keyed by (control-plane URL, worker name), and a pid file per worker."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from cli.client import Client
+from cli.errors import CliError
+
+log = logging.getLogger("troupe.cli")
+
+
+def _config_dir() -> Path:
+    return Path(platformdirs.user_config_dir("troupe"))
+
+
+def _state_dir() -> Path:
+    return Path(platformdirs.user_state_dir("troupe"))
+
+
+def _credentials_file() -> Path:
+    return _config_dir() / "agent-credentials.json"
+
+
+def _read_credentials() -> dict[str, dict[str, str]]:
+    try:
+        data = json.loads(_credentials_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_credentials(data: dict[str, dict[str, str]]) -> None:
+    path = _credentials_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def _key(url: str, name: str) -> str:
+    return f"{url.rstrip('/')}|{name}"
+
+
+def _matching(credentials: dict[str, Any], url: str | None, name: str | None) -> list[str]:
+    return [key for key in credentials
+            if (url is None or key.startswith(f"{url.rstrip('/')}|")) and (name is None or key.endswith(f"|{name}"))]
+
+
+def machine_id(simulated: dict[str, Any] | None) -> str:
+    if simulated and simulated.get("machine_id"):
+        return str(simulated["machine_id"])
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:32]
+
+
+def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, str]:
+    status, reply = Client(url, None).request("POST", "/api/workers/credentials",
+                                              {"token": token, "name": name, "machine_id": machine})
+    if status != 201:
+        error = reply.get("error", {}) if isinstance(reply, dict) else {}
+        raise CliError(f"enrollment refused ({status} {error.get('code', '')}): {error.get('message', reply)}")
+    return reply["name"], reply["credential"]
+
+
+def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None) -> int:
+    from supervisors.agent import Agent, AgentConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    machine = machine_id(simulated)
+    credentials = _read_credentials()
+    if token:
+        name, credential = _enroll(url, token, name, machine)
+        credentials[_key(url, name)] = {"credential": credential}
+        _write_credentials(credentials)
+    else:
+        known = _matching(credentials, url, name)
+        if len(known) != 1:
+            raise CliError(f"no stored credential for {url}" + (f" as {name}" if name else "") +
+                           "; start with the join command (--token) the control plane printed")
+        name = known[0].split("|", 1)[1]
+        credential = credentials[known[0]]["credential"]
+    assert name is not None
+    pid_file = _state_dir() / f"agent-{name}.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(str(os.getpid()))
+    print(f"troupe agent {name} dialing {url}", flush=True)
+    try:
+        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated))))
+    finally:
+        pid_file.unlink(missing_ok=True)
+
+
+async def _serve(agent: Any) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    code: int = await agent.run(stop)
+    return code
+
+
+def stop(name: str | None, timeout: float) -> int:
+    pids = sorted(_state_dir().glob(f"agent-{name or '*'}.pid"))
+    if not pids:
+        raise CliError("no troupe agent runs here" + (f" as {name}" if name else ""))
+    for pid_file in pids:
+        pid = int(pid_file.read_text())
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pid_file.unlink(missing_ok=True)
+            continue
+        deadline = time.monotonic() + timeout
+        while pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"stopped agent {pid_file.stem.removeprefix('agent-')} (pid {pid})")
+    return 0
+
+
+def forget(url: str | None, name: str | None) -> int:
+    credentials = _read_credentials()
+    doomed = _matching(credentials, url, name)
+    if not doomed:
+        raise CliError("no stored credential matches")
+    for key in doomed:
+        del credentials[key]
+        print(f"forgot {key.replace('|', ' as ')}")
+    _write_credentials(credentials)
+    return 0

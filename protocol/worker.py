@@ -1,0 +1,95 @@
+"""The frames of ``/ws/worker``: JSON objects with a ``type``, validated on receipt by
+both ends. Every frame carries the sender's per-connection ``frame_no`` (for acks and
+dedup); a run's event ``seq`` is never the agent's to assign.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+# Close codes of the worker socket (4000-4999 are the application's).
+CLOSE_REFUSED = 4001  # handshake refused: version, credential, revoked
+CLOSE_PROTOCOL = 4002  # a malformed or unexpected frame
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    frame_no: int = Field(default=0, ge=0)
+
+
+class Card(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uuid: str
+    name: str
+    index: int = Field(ge=0)
+    memory_total_mib: int = Field(ge=0)
+    memory_free_mib: int = Field(ge=0)
+    pci_bus_id: str | None = None
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: int = Field(ge=1)
+    cards: list[Card] = Field(default_factory=list)
+    mps: bool = False
+
+
+class Hello(_Frame):
+    """The agent's first frame."""
+
+    type: Literal["hello"] = "hello"
+    version: str
+    name: str
+    machine_id: str
+    capabilities: list[str] = Field(default_factory=list)
+    catalog_digest: str
+    node_types: list[str] = Field(default_factory=list)
+    inventory: Inventory
+
+
+class Welcome(_Frame):
+    type: Literal["welcome"] = "welcome"
+    name: str
+    degraded: bool = False
+    missing_node_types: list[str] = Field(default_factory=list)
+    heartbeat_s: float
+
+
+class Refused(_Frame):
+    """The control plane will not have this agent; ``final`` means no retry can help."""
+
+    type: Literal["refused"] = "refused"
+    code: str
+    reason: str
+    final: bool = True
+
+
+class Heartbeat(_Frame):
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class InventoryUpdate(_Frame):
+    type: Literal["inventory"] = "inventory"
+    inventory: Inventory
+
+
+class Drain(_Frame):
+    type: Literal["drain"] = "drain"
+
+
+Frame = Annotated[Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain, Field(discriminator="type")]
+FRAME = TypeAdapter(Frame)
+
+
+def parse_frame(raw: str | bytes) -> Any:
+    """The frame, or ``pydantic.ValidationError`` / ``ValueError`` for a malformed one."""
+    return FRAME.validate_json(raw)
+
+
+def dump_frame(frame: BaseModel) -> str:
+    return frame.model_dump_json()

@@ -1,0 +1,106 @@
+"""``/ws/worker``: the socket an agent dials. It authenticates the agent, runs the
+handshake, then shuttles frames between the socket and the worker's WorkerConnection
+actor (found by name, so a restarted actor picks the socket up again)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from actors.store import WorkerForCredential
+from actors.worker import CLOSE, Attached, Beat, Detached
+from protocol import worker as wire
+from protocol.version import __version__
+from web.context import Services, services
+
+log = logging.getLogger("troupe.web")
+routes = web.RouteTableDef()
+HELLO_TIMEOUT_S = 10.0
+_LOOPBACK = ("127.0.0.1", "::1")
+
+
+async def _refuse(ws: web.WebSocketResponse, code: str, reason: str, final: bool = True) -> web.WebSocketResponse:
+    log.warning("worker refused: %s", reason)
+    await ws.send_str(wire.dump_frame(wire.Refused(code=code, reason=reason, final=final)))
+    await ws.close(code=wire.CLOSE_REFUSED, message=code.encode())
+    return ws
+
+
+async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[str | None, str]:
+    """The worker's enrolled name, or None with the reason it is refused."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        return None, "the agent sent no credential"
+    peer = request.remote or ""
+    if peer in _LOOPBACK and hmac.compare_digest(secret.encode(), svc.token.encode()):
+        return hello.name, ""  # a same-machine agent may use the session token
+    worker = await svc.store.read(WorkerForCredential(secret))
+    if worker is None:
+        return None, "the credential is unknown; enroll this agent again with a new join command"
+    if worker["revoked"]:
+        return None, f"worker {worker['name']}'s credential was revoked"
+    return worker["name"], ""
+
+
+@routes.get("/ws/worker")
+async def worker_socket(request: web.Request) -> web.WebSocketResponse:
+    svc = services(request)
+    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=8 * 1024 * 1024)
+    await ws.prepare(request)
+    try:
+        first = await ws.receive(timeout=HELLO_TIMEOUT_S)
+        hello = wire.parse_frame(first.data) if first.type == WSMsgType.TEXT else None
+    except (TimeoutError, ValidationError, ValueError) as exc:
+        return await _refuse(ws, "bad_handshake", f"the first frame must be a hello: {exc}")
+    if not isinstance(hello, wire.Hello):
+        return await _refuse(ws, "bad_handshake", "the first frame must be a hello")
+    if hello.version != __version__:
+        return await _refuse(ws, "version_mismatch",
+                             f"the control plane runs troupe {__version__}, this agent {hello.version}; "
+                             "install the same version on both")
+    name, reason = await _who(svc, request, hello)
+    if name is None:
+        return await _refuse(ws, "unauthorized", reason)
+    missing = sorted(set(svc.catalog.types) - set(hello.node_types))
+    degraded = hello.catalog_digest != svc.catalog.digest
+    actor = svc.start_worker(name)
+    outbox: asyncio.Queue[Any] = asyncio.Queue()
+    actor.tell(Attached(hello, degraded, tuple(missing), outbox))
+    await ws.send_str(wire.dump_frame(wire.Welcome(
+        name=name, degraded=degraded, missing_node_types=missing, heartbeat_s=svc.settings.worker_heartbeat_s)))
+    pump = asyncio.ensure_future(_pump(ws, outbox))
+    try:
+        async for message in ws:
+            if message.type != WSMsgType.TEXT:
+                continue
+            try:
+                frame = wire.parse_frame(message.data)
+            except (ValidationError, ValueError) as exc:
+                log.warning("worker %s sent a malformed frame: %s", name, exc)
+                await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
+                break
+            live = svc.registry.lookup(f"workers/{name}")
+            if live is None:
+                break
+            live.tell(Beat(frame.inventory if isinstance(frame, wire.InventoryUpdate) else None))
+    finally:
+        pump.cancel()
+        live = svc.registry.lookup(f"workers/{name}")
+        if live is not None:
+            live.tell(Detached(outbox))
+    return ws
+
+
+async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any]) -> None:
+    while True:
+        item = await outbox.get()
+        if item is CLOSE:
+            await ws.close()
+            return
+        await ws.send_str(wire.dump_frame(item))
