@@ -27,6 +27,15 @@ class LinkConfig:
     credential: str
     hello: Callable[[], Any]  # an awaitable factory of the Hello frame (inventory is read each time)
     on_final: Callable[[int, str], None]  # exit code, reason
+    on_frame: Callable[[Any], None] = lambda frame: None  # assign and cancel frames go here
+
+
+@dataclass(frozen=True)
+class Send:
+    """A frame for the control plane; frames sent while disconnected wait for the next
+    connection."""
+
+    frame: Any
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class Link(Actor):
         self._config = config
         self._task: asyncio.Task[None] | None = None
         self._state = "connecting"
+        self._outbox: asyncio.Queue[Any] = asyncio.Queue()
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
@@ -51,6 +61,9 @@ class Link(Actor):
     async def receive(self, message: Any) -> Any:
         if isinstance(message, _Status):
             return self._state
+        if isinstance(message, Send):
+            self._outbox.put_nowait(message.frame)
+            return None
         raise TypeError(f"link got an unknown message {message!r}")
 
     async def _run(self) -> None:
@@ -88,6 +101,7 @@ class Link(Actor):
         self._state = "connected"
         log.info("connected as %s%s", answer.name, " (degraded)" if answer.degraded else "")
         beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, frame_no))
+        sending = asyncio.ensure_future(self._drain_outbox(ws))
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
@@ -98,10 +112,22 @@ class Link(Actor):
                     return True
                 if isinstance(frame, wire.Drain):
                     log.info("asked to drain: no new runs will come")
+                if isinstance(frame, wire.Assign | wire.CancelRun):
+                    self._config.on_frame(frame)
         finally:
             beats.cancel()
+            sending.cancel()
         self._state = "disconnected"
         return False
+
+    async def _drain_outbox(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while not ws.closed:
+            frame = await self._outbox.get()
+            try:
+                await ws.send_str(wire.dump_frame(frame))
+            except (ConnectionResetError, aiohttp.ClientError):
+                self._outbox.put_nowait(frame)  # sent again on the next connection
+                return
 
     async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, frame_no: int) -> None:
         while not ws.closed:

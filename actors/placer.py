@@ -30,7 +30,7 @@ from subprocess_runner.engine import ExecutableGraph
 log = logging.getLogger("troupe.placer")
 
 __all__ = ["Admit", "Placer", "Quarantine", "Quarantined", "Released", "RunSpec", "Shutdown", "Submit",
-           "SubmitSweep"]
+           "SubmitSweep", "WorkerOffline", "WorkerOnline"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,18 @@ class SubmitSweep:
     sweep: Mapping[str, Any]
     variants: tuple[Mapping[str, Any], ...]
     runs: tuple[tuple[Mapping[str, Any], ExecutableGraph], ...]
+
+
+@dataclass(frozen=True)
+class WorkerOnline:
+    """A worker attached: its parked runs start, in the order they were admitted."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class WorkerOffline:
+    name: str
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,9 @@ class Placer(Actor):
         self._waiting: deque[Admit] = deque()
         self._interactive: dict[str, str | None] = {}  # run id -> editor session
         self._quarantined: dict[str, str] = {}
+        # Worker runs pass no seed gate (each has its own process) but wait for their worker.
+        self._online: set[str] = set()
+        self._parked: dict[str, list[Admit]] = {}
         self._closed = False
 
     async def on_start(self) -> None:
@@ -116,9 +131,18 @@ class Placer(Actor):
                 return self._submit(dict(row), graph, attempt)
             case SubmitSweep(sweep, variants, runs):
                 return self._submit_sweep(sweep, variants, runs)
-            case Admit():
-                self._waiting.append(message)
-                self._drain()
+            case Admit(run_id, key):
+                if "/" in key:
+                    self._admit_on_worker(message)
+                else:
+                    self._waiting.append(message)
+                    self._drain()
+            case WorkerOnline(name):
+                self._online.add(name)
+                for parked in self._parked.pop(name, []):
+                    self._admit_on_worker(parked)
+            case WorkerOffline(name):
+                self._online.discard(name)
             case Released(run_id):
                 self._release(run_id)
             case Quarantine(key, reason):
@@ -185,6 +209,15 @@ class Placer(Actor):
                 f"a seeded run executes alone and {len(self._executing)} in-process runs are executing; "
                 "try again when they finish, or submit it to the queue"
             )
+
+    def _admit_on_worker(self, admit: Admit) -> None:
+        worker = admit.queue_key.split("/", 1)[0]
+        if worker not in self._online:
+            self._parked.setdefault(worker, []).append(admit)
+            return
+        run = self._registry.lookup(f"runs/{admit.run_id}")
+        if run is not None:
+            run.tell(Start())
 
     def _gate_allows(self, seeded: bool) -> bool:
         if self._seeded is not None:

@@ -26,6 +26,7 @@ from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, Upd
 from actors.store_client import StoreClient
 from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import events as ev
+from protocol import worker as wire
 from protocol.settings import Settings
 from subprocess_runner.engine import ExecutableGraph
 
@@ -49,6 +50,21 @@ class Cancel:
 class Shutdown:
     """The server is stopping gracefully: queued runs end ``interrupted`` at once,
     running ones are asked to stop and end ``interrupted`` too."""
+
+
+@dataclass(frozen=True)
+class WorkerGone:
+    """The run's worker disconnected; it may come back within the grace."""
+
+
+@dataclass(frozen=True)
+class WorkerBack:
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """The run's worker stayed away past the grace: the run ends interrupted."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class RunActor(Actor):
         self._executor: ThreadActorRef | None = None
         self._released = False
         self._outbox: list[dict[str, Any]] = []
+        self._worker: str | None = row.get("worker")
 
     async def on_start(self) -> None:
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
@@ -108,6 +125,18 @@ class RunActor(Actor):
                 return self._request_stop(ev.CANCELLED, reason)
             case Shutdown():
                 self._request_stop(ev.INTERRUPTED)
+            case WorkerGone():
+                if self._status == ev.RUNNING:
+                    self._status = ev.DISCONNECTED
+                    self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
+                    self._emit(ev.WARNING, None, {"message": f"worker {self._worker} disconnected",
+                                                  "code": "worker_disconnected"})
+            case WorkerBack():
+                if self._status == ev.DISCONNECTED:
+                    self._status = ev.RUNNING
+                    self._write(UpdateRun(self.run_id, {"status": ev.RUNNING}))
+            case WorkerLost():
+                self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
@@ -127,6 +156,9 @@ class RunActor(Actor):
         started_at = ev.utc_now()
         self._write(UpdateRun(self.run_id, {"status": ev.RUNNING, "started_at": started_at}))
         self._emit(ev.RUN_STARTED, None, {"device": self._row["device"], "seed": self._row.get("seed")})
+        if self._worker is not None:
+            self._send_to_worker("assign")
+            return
         self._executor = start_thread_actor(InProcessExecutor, f"executor/{self.run_id}", self.ref)
         self._executor.tell(
             Execute(
@@ -143,6 +175,22 @@ class RunActor(Actor):
             )
         )
 
+    def _send_to_worker(self, what: str) -> None:
+        from actors.worker import AssignRun, CancelOnWorker  # worker.py imports this module
+
+        connection = self._registry.lookup(f"workers/{self._worker}")
+        if connection is None:
+            if what == "assign":
+                self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
+            return
+        if what == "assign":
+            frame = wire.Assign(run_id=self.run_id, graph=self._row["graph"], seed=self._row.get("seed"),
+                                deterministic=bool(self._row.get("deterministic")), devices=[self._row["device"]],
+                                max_parallel=self._settings.max_parallel_nodes)
+            connection.tell(AssignRun(self.run_id, frame))
+        else:
+            connection.tell(CancelOnWorker(self.run_id))
+
     def _cpu_gate(self) -> LedgerGate | None:
         ledger = self._registry.lookup("cpus")
         return LedgerGate(asyncio.get_running_loop(), ledger) if ledger is not None else None
@@ -156,6 +204,8 @@ class RunActor(Actor):
             self._stop_as = final_status
             self._stop_reason = reason
         self._cancel.set()
+        if self._worker is not None:
+            self._send_to_worker("cancel")
         return {"run_id": self.run_id, "status": self._status}
 
     def _release(self) -> None:
@@ -169,7 +219,7 @@ class RunActor(Actor):
         if placer is not None:
             placer.tell(Released(self.run_id))
 
-    def _finish(self, status: str, error: str | None, node_id: str | None) -> None:
+    def _finish(self, status: str, error: str | None, node_id: str | None, reason: str | None = None) -> None:
         if self._status in ev.TERMINAL_STATES:
             return
         # A cancelled engine outcome ends as whatever stop was asked for.
@@ -186,6 +236,8 @@ class RunActor(Actor):
         payload: dict[str, Any] = {"status": status, "error": error}
         if node_id is not None:
             payload["node_id"] = node_id
+        if reason is not None:
+            payload["reason"] = reason
         self._emit(ev.RUN_FINISHED, None, payload)
         if self._settings.run_retention_keep_last >= 0:
             self._write(Prune(self._settings.run_retention_keep_last))
@@ -236,4 +288,7 @@ class Abandon:
     now, so the record is right even though its thread is left behind."""
 
 
-__all__ = ["Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start"]
+__all__ = [
+    "Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start", "WorkerBack", "WorkerGone",
+    "WorkerLost",
+]

@@ -14,7 +14,7 @@ from protocol import events as ev
 RUN_COLUMNS = (
     "id", "name", "status", "device", "queue_key", "lane", "editor_session", "seed", "deterministic",
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
-    "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id",
+    "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
 )
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
 

@@ -153,6 +153,10 @@ MIGRATIONS: tuple[str, ...] = (
         enrolled_at TEXT NOT NULL
     );
     """,
+    # 6: the worker a run executes on (null: in-process).
+    """
+    ALTER TABLE runs ADD COLUMN worker TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -17,23 +17,45 @@ from subprocess_runner.devices import resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
 
 
+def target_worker(options: RunOptions) -> str | None:
+    """The worker ``options.target`` names; None for a local run. Raises for a bad shape."""
+    target = options.target
+    if target is None or target.get("worker") in (None, "local"):
+        return None
+    worker = target.get("worker")
+    if not isinstance(worker, str) or not worker:
+        raise InvalidRequest("options.target.worker must be a worker's name", pointer="/options/target/worker",
+                             code="unknown_target")
+    if options.lane == ev.LANE_INTERACTIVE:
+        raise InvalidRequest("interactive runs execute in the control plane; drop the target or the lane",
+                             pointer="/options/lane")
+    return worker
+
+
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
-              name: str | None, options: RunOptions, prefix: str = "/graph", **extra: Any
+              name: str | None, options: RunOptions, prefix: str = "/graph",
+              worker: tuple[str, tuple[str, ...]] | None = None, **extra: Any
               ) -> tuple[dict[str, Any], ExecutableGraph]:
     """Validates a submission completely (device, lane, graph) before anything is queued,
-    and returns the run's row and executable graph."""
-    if options.target is not None:
-        raise InvalidRequest("no worker is enrolled on this server, so options.target cannot be placed",
-                             pointer="/options/target", code="unknown_target")
+    and returns the run's row and executable graph. ``worker`` is (name, its devices)
+    for a run placed on a worker."""
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
     requested, where = options.device, "/options/device"
-    if requested is None:
+    devices = (options.target or {}).get("devices") if worker is not None else None
+    if devices:
+        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+            raise InvalidRequest("options.target.devices must be a list of devices", pointer="/options/target/devices")
+        requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
+    elif requested is None:
         requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
+    available = tuple(d for d in worker[1] if d != "cpu") if worker is not None else accelerators
     try:
-        device, warning = resolve_device(requested, accelerators)
+        device, warning = resolve_device(requested, available)
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
+    if warning and worker is not None:
+        warning = warning.replace("this server", f"worker {worker[0]}")
     graph = prepare_executable_graph(graph_doc, catalog, prefix)
     for i, node in enumerate(graph_doc.nodes):
         if node.resources is not None and (node.resources.cpus or 0) > settings.cpus:
@@ -46,7 +68,8 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "name": name or graph_doc.name,
         "status": ev.QUEUED,
         "device": device,
-        "queue_key": device,
+        "queue_key": f"{worker[0]}/{device}" if worker is not None else device,
+        "worker": worker[0] if worker is not None else None,
         "lane": options.lane,
         "editor_session": options.editor_session,
         "seed": options.seed,

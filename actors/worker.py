@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor
+from actors.base import Actor, Registry
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.worker")
@@ -51,6 +51,26 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class AssignRun:
+    """From a RunActor that was admitted on this worker."""
+
+    run_id: str
+    frame: wire.Assign
+
+
+@dataclass(frozen=True)
+class CancelOnWorker:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RunDone:
+    """The worker reported the run's end."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     pass
 
@@ -64,8 +84,10 @@ CLOSE = object()  # put in an outbox: the handler closes the socket
 
 
 class WorkerConnection(Actor):
-    def __init__(self, name: str, heartbeat_s: float, grace_s: float) -> None:
+    def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry) -> None:
         super().__init__(f"workers/{name}")
+        self._registry = registry
+        self._runs: set[str] = set()
         self.worker = name
         self._heartbeat_s = heartbeat_s
         self._grace_s = grace_s
@@ -95,6 +117,8 @@ class WorkerConnection(Actor):
                     self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
                 self._hello, self._degraded, self._missing, self._outbox = hello, degraded, missing, outbox
                 self._last_beat, self._disconnected_at = time.monotonic(), None
+                self._tell_placer(online=True)
+                self._tell_runs("back")
             case Beat(inventory):
                 self._last_beat = time.monotonic()
                 if inventory is not None and self._hello is not None:
@@ -107,6 +131,17 @@ class WorkerConnection(Actor):
                     self._outbox.put_nowait(wire.Refused(code="revoked", reason="this worker's credential was revoked"))
                     self._outbox.put_nowait(CLOSE)
                 self.stop_self("revoked")
+            case AssignRun(run_id, frame):
+                self._runs.add(run_id)
+                if self._outbox is not None:
+                    self._outbox.put_nowait(frame)
+                else:
+                    self._tell_runs("lost", only={run_id})
+            case CancelOnWorker(run_id):
+                if self._outbox is not None:
+                    self._outbox.put_nowait(wire.CancelRun(run_id=run_id))
+            case RunDone(run_id):
+                self._runs.discard(run_id)
             case Drain():
                 self._draining = True
                 if self._outbox is not None:
@@ -119,10 +154,30 @@ class WorkerConnection(Actor):
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
+    def _tell_placer(self, online: bool) -> None:
+        from actors.placer import WorkerOffline, WorkerOnline  # the placer module imports the run module
+
+        placer = self._registry.lookup("placer")
+        if placer is not None:
+            placer.tell(WorkerOnline(self.worker) if online else WorkerOffline(self.worker))
+
+    def _tell_runs(self, what: str, only: set[str] | None = None) -> None:
+        from actors.run import WorkerBack, WorkerGone, WorkerLost  # run.py sends to this module
+
+        message = {"gone": WorkerGone, "back": WorkerBack, "lost": WorkerLost}[what]()
+        for run_id in list(only or self._runs):
+            run = self._registry.lookup(f"runs/{run_id}")
+            if run is not None:
+                run.tell(message)
+        if what == "lost":
+            self._runs -= only or set(self._runs)
+
     def _disconnect(self, why: str) -> None:
         if self._disconnected_at is None:
             log.warning("worker %s disconnected: %s", self.worker, why)
             self._disconnected_at = time.monotonic()
+            self._tell_placer(online=False)
+            self._tell_runs("gone")
         if self._outbox is not None:
             self._outbox.put_nowait(CLOSE)
         self._outbox = None
@@ -133,6 +188,7 @@ class WorkerConnection(Actor):
             self._disconnect("three heartbeats missed")
         if self._disconnected_at is not None and now - self._disconnected_at >= self._grace_s:
             log.warning("worker %s stayed away past the grace of %ss", self.worker, self._grace_s)
+            self._tell_runs("lost")
             self.stop_self("grace expired")
             return
         self._schedule()

@@ -82,7 +82,46 @@ class Drain(_Frame):
     type: Literal["drain"] = "drain"
 
 
-Frame = Annotated[Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain, Field(discriminator="type")]
+class Assign(_Frame):
+    """Control plane -> agent: execute this graph in a fresh process."""
+
+    type: Literal["assign"] = "assign"
+    run_id: str
+    graph: dict[str, Any]
+    seed: int | None = None
+    deterministic: bool = False
+    devices: list[str] = Field(default_factory=list)
+    max_parallel: int = Field(default=4, ge=1)
+
+
+class CancelRun(_Frame):
+    type: Literal["cancel"] = "cancel"
+    run_id: str
+
+
+class RunEvent(_Frame):
+    """Agent -> control plane: one event of a run, not yet numbered (the RunActor
+    assigns ``seq``)."""
+
+    type: Literal["event"] = "event"
+    run_id: str
+    kind: str
+    node_id: str | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunEnded(_Frame):
+    type: Literal["ended"] = "ended"
+    run_id: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    error: str | None = None
+    node_id: str | None = None
+
+
+Frame = Annotated[
+    Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain | Assign | CancelRun | RunEvent | RunEnded,
+    Field(discriminator="type"),
+]
 FRAME = TypeAdapter(Frame)
 
 

@@ -10,13 +10,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from actors.base import Registry
 from actors.inventory import InventoryActor, Probe
-from actors.link import Link, LinkConfig
+from actors.link import Link, LinkConfig, Send
+from actors.run_process import Cancel as RunCancel
+from actors.run_process import RunProcess
 from actors.threaded import start_thread_actor
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
-from supervisors.supervisor import ChildSpec, Supervisor
+from supervisors.supervisor import ChildSpec, Restart, Supervisor
 
 log = logging.getLogger("troupe.agent")
 
@@ -28,6 +31,7 @@ class AgentConfig:
     credential: str
     machine_id: str
     simulated_inventory: dict[str, Any] | None = None
+    kill_grace_s: float = 10.0
 
 
 class Agent:
@@ -53,11 +57,30 @@ class Agent:
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found)
 
-        root.start_child(ChildSpec("link", lambda: Link(LinkConfig(
-            self.config.url, self.config.credential, hello, final)).start()))
+        registry = Registry()
+        link_holder: list[Any] = []
+
+        def send(frame: Any) -> None:
+            if link_holder:
+                link_holder[0].tell(Send(frame))
+
+        def on_frame(frame: Any) -> None:
+            if isinstance(frame, wire.Assign):
+                process = RunProcess(frame, send, self.config.kill_grace_s)
+                runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
+            elif isinstance(frame, wire.CancelRun):
+                running = registry.lookup(f"run/{frame.run_id}")
+                if running is not None:
+                    running.tell(RunCancel())
+
+        runs = Supervisor("runs")
+        link = root.start_child(ChildSpec("link", lambda: Link(LinkConfig(
+            self.config.url, self.config.credential, hello, final, on_frame)).start(registry)))
+        link_holder.append(link)
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(finished.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
+        await runs.stop(timeout=self.config.kill_grace_s + 5)
         await root.stop(timeout=10)
         return self.exit_code

@@ -177,8 +177,8 @@ class ControlPlane:
 
         def factory() -> ActorRef:
             settings = self.settings
-            return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s).start(
-                self.registry)
+            return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s,
+                                    self.registry).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
 

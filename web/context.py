@@ -4,7 +4,7 @@ asyncio face and the registry in which it finds actors by name."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ class Services:
     started_at: str = ""
     # The URL this server is reached at (TROUPE_PUBLIC_URL, else the address it bound).
     public_url: str = ""
+    # Workers that connected since this server started, with the devices they offered:
+    # a run may wait for one of them while it is offline.
+    seen_workers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
     # Finds or starts the WorkerConnection actor of an enrolled worker.

@@ -14,7 +14,7 @@ from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
-from actors.submission import build_row
+from actors.submission import build_row, target_worker
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
@@ -43,20 +43,29 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def build_run_row(svc: Services, body: SubmitRun) -> tuple[dict[str, Any], Any]:
-    return run_row(svc, body.graph, body.name, body.options)
-
-
 def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",
-            **extra: Any) -> tuple[dict[str, Any], Any]:
-    return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, **extra)
+            worker: tuple[str, tuple[str, ...]] | None = None, **extra: Any) -> tuple[dict[str, Any], Any]:
+    return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, worker,
+                     **extra)
+
+
+async def worker_of(svc: Services, options: RunOptions) -> tuple[str, tuple[str, ...]] | None:
+    """(name, devices) of the worker a submission targets; 400 for a worker never seen
+    since this server started. A known worker that is offline is fine: the run waits."""
+    name = target_worker(options)
+    if name is None:
+        return None
+    if name not in svc.seen_workers:
+        raise InvalidRequest(f"no worker {name!r} has connected since this server started",
+                             pointer="/options/target/worker", code="unknown_target")
+    return name, svc.seen_workers[name]
 
 
 @routes.post("/api/runs")
 async def submit_run(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitRun)
-    row, graph = build_run_row(svc, body)
+    row, graph = run_row(svc, body.graph, body.name, body.options, worker=await worker_of(svc, body.options))
     run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
     position = await committed
     reply = {

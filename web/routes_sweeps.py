@@ -20,7 +20,7 @@ from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.requests import hex_id, read_model
-from web.routes_runs import run_row
+from web.routes_runs import run_row, worker_of
 
 routes = web.RouteTableDef()
 
@@ -39,9 +39,10 @@ async def submit_sweep(request: web.Request) -> web.Response:
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
     runs, variants = [], []
+    worker = await worker_of(svc, body.options)  # a target applies to every variant
     for variant in compiled.variants:
         row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
-                             seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
+                             worker, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
         runs.append((row, graph))
         variants.append({"index": variant.index, "run_id": row["id"], "params": variant.params, "seed": variant.seed})
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),

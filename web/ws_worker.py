@@ -12,10 +12,12 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
+from actors.executor import GraphEnded, NodeEvent, NodeEvents
 from actors.store import WorkerForCredential
-from actors.worker import CLOSE, Attached, Beat, Detached
+from actors.worker import CLOSE, Attached, Beat, Detached, RunDone
 from protocol import worker as wire
 from protocol.version import __version__
+from subprocess_runner.engine import Outcome
 from web.context import Services, services
 
 log = logging.getLogger("troupe.web")
@@ -69,6 +71,7 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
         return await _refuse(ws, "unauthorized", reason)
     missing = sorted(set(svc.catalog.types) - set(hello.node_types))
     degraded = hello.catalog_digest != svc.catalog.digest
+    svc.seen_workers[name] = ("cpu", *(f"cuda:{card.index}" for card in hello.inventory.cards))
     actor = svc.start_worker(name)
     outbox: asyncio.Queue[Any] = asyncio.Queue()
     actor.tell(Attached(hello, degraded, tuple(missing), outbox))
@@ -89,12 +92,25 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             if live is None:
                 break
             live.tell(Beat(frame.inventory if isinstance(frame, wire.InventoryUpdate) else None))
+            if isinstance(frame, wire.RunEvent | wire.RunEnded):
+                _to_run(svc, frame, live)
     finally:
         pump.cancel()
         live = svc.registry.lookup(f"workers/{name}")
         if live is not None:
             live.tell(Detached(outbox))
     return ws
+
+
+def _to_run(svc: Services, frame: wire.RunEvent | wire.RunEnded, connection: Any) -> None:
+    """A worker run's events take the in-process runs' path: the RunActor numbers them."""
+    run = svc.registry.lookup(f"runs/{frame.run_id}")
+    if isinstance(frame, wire.RunEnded):
+        connection.tell(RunDone(frame.run_id))
+        if run is not None:
+            run.tell(GraphEnded(Outcome(frame.status, frame.error, frame.node_id)))
+    elif run is not None:
+        run.tell(NodeEvents((NodeEvent(frame.kind, frame.node_id, frame.payload),)))
 
 
 async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any]) -> None:

@@ -75,7 +75,7 @@ def test_invalid_graphs_are_refused_with_a_pointer(shared_server, g, pointer, no
         ({"graph": hello(), "options": {"device": 3}}, "/options/device"),
         ({"graph": hello(), "options": {"device": "gpu0"}}, "/options/device"),
         ({"graph": hello(), "options": {"bogus": 1}}, "/options/bogus"),
-        ({"graph": hello(), "options": {"target": {"worker": "gpu-a"}}}, "/options/target"),
+        ({"graph": hello(), "options": {"target": {"worker": "gpu-a"}}}, "/options/target/worker"),
         ({"graph": {"nodes": [{"id": "a", "type": 5}]}}, "/graph/nodes/0/type"),
         ({}, "/graph"),
     ],

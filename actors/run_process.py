@@ -1,0 +1,101 @@
+"""RunProcess (agent side): one spawned child executing one run.
+
+The child is a fresh interpreter (multiprocessing *spawn*); a reader thread turns its
+pipe messages into frames for the link. Cancel is cooperative first (a message down the
+pipe), then a kill after ``kill_grace_s``. A child that dies without reporting (a
+segfault, an OOM kill) fails only its run, with the exit signal in the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor
+from protocol import worker as wire
+
+log = logging.getLogger("troupe.agent")
+
+
+@dataclass(frozen=True)
+class Cancel:
+    pass
+
+
+@dataclass(frozen=True)
+class _FromChild:
+    message: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Exited:
+    exitcode: int | None
+
+
+class RunProcess(Actor):
+    def __init__(self, assign: wire.Assign, send: Callable[[Any], None], kill_grace_s: float = 10.0) -> None:
+        super().__init__(f"run/{assign.run_id}")
+        self._assign = assign
+        self._send = send
+        self._kill_grace_s = kill_grace_s
+        self._ended = False
+        self._process: Any = None
+        self._conn: Any = None
+
+    async def on_start(self) -> None:
+        from subprocess_runner import child
+
+        context = multiprocessing.get_context("spawn")
+        parent, child_end = context.Pipe()
+        self._conn = parent
+        self._process = context.Process(target=child.main, args=(child_end, self._assign.model_dump()),
+                                        name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
+        self._process.start()
+        child_end.close()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, args=(loop,), name=f"pipe-{self._assign.run_id[:8]}",
+                         daemon=True).start()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while True:
+                message = self._conn.recv()
+                loop.call_soon_threadsafe(self.ref.tell, _FromChild(message))
+        except (EOFError, OSError):
+            pass
+        self._process.join()
+        loop.call_soon_threadsafe(self.ref.tell, _Exited(self._process.exitcode))
+
+    async def receive(self, message: Any) -> Any:
+        run_id = self._assign.run_id
+        match message:
+            case _FromChild(("event", kind, node_id, payload)):
+                self._send(wire.RunEvent(run_id=run_id, kind=kind, node_id=node_id, payload=payload))
+            case _FromChild(("ended", status, error, node_id)):
+                self._ended = True
+                self._send(wire.RunEnded(run_id=run_id, status=status, error=error, node_id=node_id))
+            case _Exited(code):
+                if not self._ended:
+                    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
+                    self._send(wire.RunEnded(run_id=run_id, status="failed",
+                                             error=f"the run's process died ({how}) before it finished"))
+                self.stop_self("exited")
+            case Cancel():
+                with contextlib.suppress(OSError):  # the child is already gone
+                    self._conn.send("cancel")
+                asyncio.get_running_loop().call_later(self._kill_grace_s, self._kill)
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
+        return None
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            log.warning("run %s ignored its cancel for %ss; killing it", self._assign.run_id, self._kill_grace_s)
+            self._process.kill()

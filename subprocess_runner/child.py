@@ -1,0 +1,54 @@
+"""The entry point of a run child: one fresh interpreter per worker run (multiprocessing
+*spawn*). It sets the card order and visibility before anything can import torch, runs
+the graph with the same engine as the control plane, and sends every event up the pipe.
+It never learns where the database is."""
+
+from __future__ import annotations
+
+import os
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def main(conn: Connection, assign: dict[str, Any]) -> None:
+    devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
+
+    from subprocess_runner.context import ExecutionContext, Sinks
+    from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
+    from subprocess_runner.seeding import cap_threads
+
+    cap_threads()
+    lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with lock:
+            conn.send(message)
+
+    def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        send(("event", kind, node_id, payload))
+
+    cancel = threading.Event()
+
+    def listen() -> None:
+        try:
+            while conn.recv() != "cancel":
+                pass
+        except (EOFError, OSError):
+            pass
+        cancel.set()
+
+    threading.Thread(target=listen, name="cancel-listener", daemon=True).start()
+    # Renumbered from cuda:0 in the order the run listed its cards.
+    device = "cuda:0" if devices else "cpu"
+    try:
+        graph = prepare_executable_graph(assign["graph"])
+        ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
+                               deterministic=bool(assign.get("deterministic")))
+        outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
+                                deterministic=bool(assign.get("deterministic")))
+    except BaseException as exc:  # the run fails; the child still reports it
+        outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
+    send(("ended", outcome.status, outcome.error, outcome.node_id))

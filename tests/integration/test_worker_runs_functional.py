@@ -1,0 +1,117 @@
+"""Runs on a worker: one fresh process per run on the agent, the same events as in-process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import hello, sleeper
+from tests.integration.test_single_node_parity import canonical
+from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
+
+
+@pytest.fixture
+def worker(make_server, tmp_path):
+    """A server with one connected agent named gpu-a (one simulated card)."""
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_WORKER_RESUME_GRACE_S="2")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    read_until(agent, "connected as gpu-a")
+    yield server, agent
+    if agent.poll() is None:
+        agent.terminate()
+        agent.wait(30)
+
+
+def target(**extra):
+    return {"worker": "gpu-a", **extra}
+
+
+def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker):
+    server, _ = worker
+    remote = server.submit(hello(), target=target())
+    assert remote["queue_key"] == "gpu-a/cpu" and remote["device"] == "cpu"
+    local = server.submit(hello())
+    remote_events = server.events_until_finished(remote["run_id"])
+    local_events = server.events_until_finished(local["run_id"])
+    assert remote_events[-1]["payload"]["status"] == "succeeded"
+    remote_form, local_form = canonical(remote_events), canonical(local_events)
+    assert remote_form["run"][0]["payload"].pop("queue_key") == "gpu-a/cpu"
+    assert local_form["run"][0]["payload"].pop("queue_key") == "cpu"
+    assert remote_form == local_form  # the same vocabulary and order, whoever executes
+    assert [e["seq"] for e in remote_events] == list(range(1, len(remote_events) + 1))
+    assert server.get(f"/api/runs/{remote['run_id']}")["final_loss"] == 5.0
+
+
+def test_target_devices_win_and_a_missing_card_falls_back_with_a_warning(worker):
+    server, _ = worker
+    on_card = server.submit(hello(), device="cpu", target=target(devices=["cuda:0"]))
+    assert on_card["queue_key"] == "gpu-a/cuda:0" and on_card["warnings"] == []
+    missing = server.submit(hello(), target=target(devices=["cuda:5"]))
+    assert missing["queue_key"] == "gpu-a/cpu" and "worker gpu-a" in missing["warnings"][0]
+    for run in (on_card, missing):
+        assert server.events_until_finished(run["run_id"])[-1]["payload"]["status"] == "succeeded"
+
+
+def test_unknown_workers_and_interactive_targets_are_refused(worker):
+    server, _ = worker
+    unknown = server.submit(hello(), expect=400, target={"worker": "nope"})
+    assert unknown["error"]["code"] == "unknown_target"
+    interactive = server.submit(hello(), expect=400, target=target(), lane="interactive", editor_session="e")
+    assert interactive["error"]["pointer"] == "/options/lane"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_child_killed_by_a_signal_fails_only_its_run(worker):
+    server, agent = worker
+    doomed = server.submit(sleeper(seconds=60), target=target())["run_id"]
+    server.wait_status(doomed, "running")
+    for kind, data in server.client.stream(f"/api/runs/{doomed}/stream", read_timeout=30):
+        if kind == "run_event" and data["type"] == "node_started":
+            break  # the child executes
+    spawned = [c for c in _children(agent.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
+    assert spawned
+    for pid in spawned:
+        os.kill(pid, signal.SIGKILL)
+    events = server.events_until_finished(doomed)
+    assert events[-1]["payload"]["status"] == "failed" and "SIGKILL" in events[-1]["payload"]["error"]
+    assert worker_state(server, "gpu-a")["state"] == "connected"
+    after = server.submit(hello(), target=target())["run_id"]
+    assert server.events_until_finished(after)[-1]["payload"]["status"] == "succeeded"
+
+
+def test_cancel_reaches_the_run_on_its_worker(worker):
+    server, _ = worker
+    run_id = server.submit(sleeper(seconds=60), target=target())["run_id"]
+    server.wait_status(run_id, "running")
+    server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "cancelled"
+
+
+def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for(worker, tmp_path):
+    server, agent = worker
+    run_id = server.submit(sleeper(seconds=60), target=target())["run_id"]
+    server.wait_status(run_id, "running")
+    agent.kill()
+    agent.wait(10)
+    server.wait_status(run_id, "disconnected")
+    events = server.events_until_finished(run_id)
+    assert events[-1]["payload"]["status"] == "interrupted" and events[-1]["payload"]["reason"] == "worker_lost"
+    # The worker is known but offline: a run for it waits, and starts when it is back.
+    waiting = server.submit(hello(), target=target())["run_id"]
+    assert server.get(f"/api/runs/{waiting}")["status"] == "queued"
+    again = start_agent(server, tmp_path, f"troupe agent start --url {server.url}")
+    try:
+        read_until(again, "connected as gpu-a")
+        assert server.events_until_finished(waiting)[-1]["payload"]["status"] == "succeeded"
+    finally:
+        again.terminate()
+        again.wait(30)
