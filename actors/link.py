@@ -112,7 +112,7 @@ class Link(Actor):
                     return True
                 if isinstance(frame, wire.Drain):
                     log.info("asked to drain: no new runs will come")
-                if isinstance(frame, wire.Assign | wire.CancelRun):
+                if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun):
                     self._config.on_frame(frame)
         finally:
             beats.cancel()

@@ -26,7 +26,9 @@ log = logging.getLogger("troupe.agent")
 
 @dataclass(frozen=True)
 class Cancel:
-    pass
+    """Stop the run: cooperatively first, then killed after the grace; ``kill`` at once."""
+
+    kill: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,16 @@ class RunProcess(Actor):
         threading.Thread(target=self._read, args=(loop,), name=f"pipe-{self._assign.run_id[:8]}",
                          daemon=True).start()
 
+    async def on_stop(self, reason: str) -> None:
+        # The agent is stopping: the child is asked to stop, then killed after the grace,
+        # so no run outlives its agent.
+        if self._process is None or not self._process.is_alive():
+            return
+        with contextlib.suppress(OSError):
+            self._conn.send("cancel")
+        await asyncio.to_thread(self._process.join, self._kill_grace_s)
+        self._kill()
+
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
@@ -87,7 +99,11 @@ class RunProcess(Actor):
                     self._send(wire.RunEnded(run_id=run_id, status="failed",
                                              error=f"the run's process died ({how}) before it finished"))
                 self.stop_self("exited")
-            case Cancel():
+            case Cancel(kill):
+                if kill:
+                    self._ended = True  # nobody waits for its end any more
+                    self._kill()
+                    return None
                 with contextlib.suppress(OSError):  # the child is already gone
                     self._conn.send("cancel")
                 asyncio.get_running_loop().call_later(self._kill_grace_s, self._kill)
@@ -97,5 +113,5 @@ class RunProcess(Actor):
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():
-            log.warning("run %s ignored its cancel for %ss; killing it", self._assign.run_id, self._kill_grace_s)
+            log.warning("killing the process of run %s", self._assign.run_id)
             self._process.kill()

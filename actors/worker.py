@@ -64,6 +64,13 @@ class CancelOnWorker:
 
 
 @dataclass(frozen=True)
+class Rebind:
+    """After a reconnect: the runs the agent still executes and this server still holds."""
+
+    run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RunDone:
     """The worker reported the run's end."""
 
@@ -142,6 +149,9 @@ class WorkerConnection(Actor):
                     self._outbox.put_nowait(wire.CancelRun(run_id=run_id))
             case RunDone(run_id):
                 self._runs.discard(run_id)
+            case Rebind(run_ids):
+                self._runs |= set(run_ids)
+                self._tell_runs("back", only=set(run_ids))
             case Drain():
                 self._draining = True
                 if self._outbox is not None:

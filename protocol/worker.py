@@ -50,6 +50,8 @@ class Hello(_Frame):
     catalog_digest: str
     node_types: list[str] = Field(default_factory=list)
     inventory: Inventory
+    # Runs this agent still executes (after a reconnect): kept or killed by the answer.
+    runs: list[str] = Field(default_factory=list)
 
 
 class Welcome(_Frame):
@@ -99,6 +101,13 @@ class CancelRun(_Frame):
     run_id: str
 
 
+class KillRun(_Frame):
+    """The control plane no longer holds this run: stop its process now."""
+
+    type: Literal["kill"] = "kill"
+    run_id: str
+
+
 class RunEvent(_Frame):
     """Agent -> control plane: one event of a run, not yet numbered (the RunActor
     assigns ``seq``)."""
@@ -119,7 +128,8 @@ class RunEnded(_Frame):
 
 
 Frame = Annotated[
-    Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain | Assign | CancelRun | RunEvent | RunEnded,
+    Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
+    | RunEnded,
     Field(discriminator="type"),
 ]
 FRAME = TypeAdapter(Frame)

@@ -42,6 +42,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> int:
         catalog = load_catalog()
         root = Supervisor("agent")
+        registry = Registry()
         inventory = root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
             InventoryActor, "inventory", self.config.simulated_inventory)))
         finished = asyncio.Event()
@@ -54,10 +55,11 @@ class Agent:
 
         async def hello() -> wire.Hello:
             found = await inventory.ask(Probe())  # type: ignore[attr-defined]  # a ThreadActorRef
+            running = [name.removeprefix("run/") for name in registry.names("run/")]
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
-                              catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found)
+                              catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
+                              runs=running)
 
-        registry = Registry()
         link_holder: list[Any] = []
 
         def send(frame: Any) -> None:
@@ -68,10 +70,10 @@ class Agent:
             if isinstance(frame, wire.Assign):
                 process = RunProcess(frame, send, self.config.kill_grace_s)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
-            elif isinstance(frame, wire.CancelRun):
+            elif isinstance(frame, wire.CancelRun | wire.KillRun):
                 running = registry.lookup(f"run/{frame.run_id}")
                 if running is not None:
-                    running.tell(RunCancel())
+                    running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
         runs = Supervisor("runs")
         link = root.start_child(ChildSpec("link", lambda: Link(LinkConfig(

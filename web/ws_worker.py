@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from actors.executor import GraphEnded, NodeEvent, NodeEvents
 from actors.store import WorkerForCredential
-from actors.worker import CLOSE, Attached, Beat, Detached, RunDone
+from actors.worker import CLOSE, Attached, Beat, Detached, Rebind, RunDone
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.engine import Outcome
@@ -77,6 +77,11 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     actor.tell(Attached(hello, degraded, tuple(missing), outbox))
     await ws.send_str(wire.dump_frame(wire.Welcome(
         name=name, degraded=degraded, missing_node_types=missing, heartbeat_s=svc.settings.worker_heartbeat_s)))
+    held = [run_id for run_id in hello.runs if svc.registry.lookup(f"runs/{run_id}") is not None]
+    actor.tell(Rebind(tuple(held)))
+    for run_id in set(hello.runs) - set(held):
+        log.warning("worker %s still executes run %s, which this server no longer holds: killing it", name, run_id)
+        await ws.send_str(wire.dump_frame(wire.KillRun(run_id=run_id)))
     pump = asyncio.ensure_future(_pump(ws, outbox))
     try:
         async for message in ws:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,33 @@ def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for
     finally:
         again.terminate()
         again.wait(30)
+
+
+def test_a_returning_agent_is_told_to_kill_what_the_server_no_longer_holds(worker):
+    server, agent = worker
+    run_id = server.submit(sleeper(seconds=120), target=target())["run_id"]
+    server.wait_status(run_id, "running")
+    for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=30):
+        if kind == "run_event" and data["type"] == "node_started":
+            break
+    (child,) = [c for c in _children(agent.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
+    agent.send_signal(signal.SIGSTOP)  # the agent falls silent; its child keeps running
+    try:
+        events = server.events_until_finished(run_id)
+        assert events[-1]["payload"]["reason"] == "worker_lost"
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    read_until(agent, "connected as gpu-a")
+    # Told to kill it, the agent ends the child (it is reaped, or a zombie until it is).
+    for _ in range(400):
+        if not _alive(child):
+            break
+        time.sleep(0.025)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
