@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.base import Actor, ActorRef, Registry
@@ -67,9 +67,13 @@ class SubmitSweep:
 
 @dataclass(frozen=True)
 class WorkerOnline:
-    """A worker attached: its parked runs start, in the order they were admitted."""
+    """A worker attached: its parked runs start, in the order they were admitted.
+    ``devices`` maps each device it offers to (physical id, slot limit): the same
+    physical device offered by several workers is one quota, the smallest limit."""
 
     name: str
+    devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    draining: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,10 @@ class Placer(Actor):
         # Worker runs pass no seed gate (each has its own process) but wait for their worker.
         self._online: set[str] = set()
         self._parked: dict[str, list[Admit]] = {}
+        self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # worker -> device -> (physical, limit)
+        self._holders: dict[str, set[str]] = {}  # physical device -> runs holding it
+        self._held: dict[str, str] = {}  # run -> physical device
+        self._device_waiting: dict[str, deque[Admit]] = {}
         self._closed = False
 
     async def on_start(self) -> None:
@@ -137,7 +145,11 @@ class Placer(Actor):
                 else:
                     self._waiting.append(message)
                     self._drain()
-            case WorkerOnline(name):
+            case WorkerOnline(name, devices, draining):
+                self._providers[name] = dict(devices)
+                if draining:
+                    self._online.discard(name)
+                    return None
                 self._online.add(name)
                 for parked in self._parked.pop(name, []):
                     self._admit_on_worker(parked)
@@ -211,13 +223,26 @@ class Placer(Actor):
             )
 
     def _admit_on_worker(self, admit: Admit) -> None:
-        worker = admit.queue_key.split("/", 1)[0]
+        worker, device = admit.queue_key.split("/", 1)
         if worker not in self._online:
             self._parked.setdefault(worker, []).append(admit)
             return
+        physical, _ = self._providers.get(worker, {}).get(device, (admit.queue_key, 1))
+        if len(self._holders.get(physical, ())) >= self._quota(physical):
+            self._device_waiting.setdefault(physical, deque()).append(admit)
+            return
+        self._holders.setdefault(physical, set()).add(admit.run_id)
+        self._held[admit.run_id] = physical
         run = self._registry.lookup(f"runs/{admit.run_id}")
-        if run is not None:
-            run.tell(Start())
+        if run is None:
+            self._release(admit.run_id)
+            return
+        run.tell(Start())
+
+    def _quota(self, physical: str) -> int:
+        limits = [limit for worker, devices in self._providers.items() if worker in self._online
+                  for held, limit in devices.values() if held == physical]
+        return min(limits) if limits else 1
 
     def _gate_allows(self, seeded: bool) -> bool:
         if self._seeded is not None:
@@ -246,6 +271,13 @@ class Placer(Actor):
         run.tell(Start())
 
     def _release(self, run_id: str) -> None:
+        physical = self._held.pop(run_id, None)
+        if physical is not None:
+            self._holders.get(physical, set()).discard(run_id)
+            waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
+            for admit in waiting:  # in order; those that still do not fit wait again
+                if admit.run_id != run_id and self._registry.lookup(f"runs/{admit.run_id}") is not None:
+                    self._admit_on_worker(admit)
         self._executing.discard(run_id)
         self._interactive.pop(run_id, None)
         if self._seeded == run_id:

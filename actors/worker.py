@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,9 +92,11 @@ CLOSE = object()  # put in an outbox: the handler closes the socket
 
 
 class WorkerConnection(Actor):
-    def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry) -> None:
+    def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
+                 limit_for: Callable[[str], int] = lambda key: 1) -> None:
         super().__init__(f"workers/{name}")
         self._registry = registry
+        self._limit_for = limit_for
         self._runs: set[str] = set()
         self.worker = name
         self._heartbeat_s = heartbeat_s
@@ -156,6 +159,7 @@ class WorkerConnection(Actor):
                 self._draining = True
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Drain())
+                    self._tell_placer(online=True)  # draining: no new runs start here
             case _Check():
                 self._check()
             case Snapshot():
@@ -168,8 +172,22 @@ class WorkerConnection(Actor):
         from actors.placer import WorkerOffline, WorkerOnline  # the placer module imports the run module
 
         placer = self._registry.lookup("placer")
-        if placer is not None:
-            placer.tell(WorkerOnline(self.worker) if online else WorkerOffline(self.worker))
+        if placer is None:
+            return
+        if not online or self._hello is None:
+            placer.tell(WorkerOffline(self.worker))
+            return
+        placer.tell(WorkerOnline(self.worker, self._devices(), self._draining))
+
+    def _devices(self) -> dict[str, tuple[str, int]]:
+        """Each offered device with its physical identity (NVML UUID; the machine for its
+        cpu) and its slot limit."""
+        assert self._hello is not None
+        limit = self._limit_for
+        devices = {"cpu": (f"cpu@{self._hello.machine_id}", limit(f"{self.worker}/cpu"))}
+        for card in self._hello.inventory.cards:
+            devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{self.worker}/cuda:{card.index}"))
+        return devices
 
     def _tell_runs(self, what: str, only: set[str] | None = None) -> None:
         from actors.run import WorkerBack, WorkerGone, WorkerLost  # run.py sends to this module
@@ -215,4 +233,6 @@ class WorkerConnection(Actor):
             "machine_id": hello.machine_id if hello else None,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
             "inventory": hello.inventory.model_dump() if hello else None,
+            "slots": [{"device": device, "physical_id": physical, "limit": limit}
+                      for device, (physical, limit) in (self._devices().items() if hello else [])],
         }

@@ -178,7 +178,7 @@ class ControlPlane:
         def factory() -> ActorRef:
             settings = self.settings
             return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s,
-                                    self.registry).start(self.registry)
+                                    self.registry, settings.concurrency_for).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
 

@@ -146,3 +146,45 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_one_card_offered_by_two_workers_runs_one_run_at_limit_1(make_server, tmp_path):
+    # #842: both agents report the same NVML UUID (GPU-aaaa); it is one quota.
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agents = []
+    try:
+        for name in ("gpu-a", "gpu-b"):
+            agent = start_agent(server, tmp_path / name, enroll(server, name=name)["command"], machine=f"m-{name}")
+            read_until(agent, f"connected as {name}")
+            agents.append(agent)
+        first = server.submit(sleeper(seconds=60), target={"worker": "gpu-a", "devices": ["cuda:0"]})["run_id"]
+        second = server.submit(hello(), target={"worker": "gpu-b", "devices": ["cuda:0"]})["run_id"]
+        server.wait_status(first, "running")
+        assert server.get(f"/api/runs/{second}")["status"] == "queued"
+        slots = {w["name"]: w["slots"] for w in server.get("/api/workers")["workers"]}
+        assert {s["physical_id"] for s in slots["gpu-a"] if s["device"] == "cuda:0"} == {"GPU-aaaa"}
+        server.client.request("POST", f"/api/runs/{first}/cancel")
+        assert server.events_until_finished(second)[-1]["payload"]["status"] == "succeeded"
+        # Each machine's cpu is its own: cpu runs on both workers at once are fine.
+        a = server.submit(sleeper(seconds=60), target={"worker": "gpu-a"})["run_id"]
+        b = server.submit(sleeper(seconds=60), target={"worker": "gpu-b"})["run_id"]
+        server.wait_status(a, "running")
+        server.wait_status(b, "running")
+        for run_id in (a, b):
+            server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    finally:
+        for agent in agents:
+            agent.terminate()
+            agent.wait(30)
+
+
+def test_a_draining_worker_takes_no_new_runs(worker):
+    server, _ = worker
+    status, reply = server.client.request("POST", "/api/workers/gpu-a/drain")
+    assert status == 200 and reply["draining"] is True
+    run_id = server.submit(hello(), target=target())["run_id"]
+    # A local run submitted after it passes admission after it, and finishes meanwhile.
+    later = server.submit(hello())["run_id"]
+    server.events_until_finished(later)
+    assert server.get(f"/api/runs/{run_id}")["status"] == "queued"
+    server.client.request("POST", f"/api/runs/{run_id}/cancel")
