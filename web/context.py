@@ -30,6 +30,8 @@ class Services:
     # Workers that connected since this server started, with the devices they offered:
     # a run may wait for one of them while it is offline.
     seen_workers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # ... and the catalog node types each of them has.
+    worker_types: dict[str, frozenset[str]] = field(default_factory=dict)
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
     # Finds or starts the WorkerConnection actor of an enrolled worker.

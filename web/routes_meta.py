@@ -66,7 +66,7 @@ async def info(request: web.Request) -> web.Response:
                 "interactive_lane": True,
                 "sweeps": True,
                 "studies": True,
-                "workers": False,
+                "workers": True,
                 "s3": False,
             },
             "catalog": {"digest": svc.catalog.digest, "packs": list(svc.catalog.packs),

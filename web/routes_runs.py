@@ -49,15 +49,24 @@ def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptio
                      **extra)
 
 
-async def worker_of(svc: Services, options: RunOptions) -> tuple[str, tuple[str, ...]] | None:
+async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None
+                    ) -> tuple[str, tuple[str, ...]] | None:
     """(name, devices) of the worker a submission targets; 400 for a worker never seen
-    since this server started. A known worker that is offline is fine: the run waits."""
+    since this server started, or one that lacks node types the graph uses (a degraded
+    worker). A known worker that is offline is fine: the run waits for it."""
     name = target_worker(options)
     if name is None:
         return None
+    if name == "any":
+        raise InvalidRequest("target any is not placed yet; name a worker", pointer="/options/target/worker",
+                             code="target_any_unsupported")
     if name not in svc.seen_workers:
         raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                              pointer="/options/target/worker", code="unknown_target")
+    lacking = sorted({n.type for n in graph.nodes} - svc.worker_types.get(name, frozenset())) if graph else []
+    if lacking:
+        raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
+                             code="worker_lacks_node_types")
     return name, svc.seen_workers[name]
 
 
@@ -65,7 +74,8 @@ async def worker_of(svc: Services, options: RunOptions) -> tuple[str, tuple[str,
 async def submit_run(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitRun)
-    row, graph = run_row(svc, body.graph, body.name, body.options, worker=await worker_of(svc, body.options))
+    row, graph = run_row(svc, body.graph, body.name, body.options,
+                         worker=await worker_of(svc, body.options, body.graph))
     run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
     position = await committed
     reply = {

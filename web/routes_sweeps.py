@@ -39,7 +39,7 @@ async def submit_sweep(request: web.Request) -> web.Response:
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
     runs, variants = [], []
-    worker = await worker_of(svc, body.options)  # a target applies to every variant
+    worker = await worker_of(svc, body.options, body.base_graph)  # a target applies to every variant
     for variant in compiled.variants:
         row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
                              worker, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)

@@ -72,6 +72,7 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     missing = sorted(set(svc.catalog.types) - set(hello.node_types))
     degraded = hello.catalog_digest != svc.catalog.digest
     svc.seen_workers[name] = ("cpu", *(f"cuda:{card.index}" for card in hello.inventory.cards))
+    svc.worker_types[name] = frozenset(hello.node_types)
     actor = svc.start_worker(name)
     outbox: asyncio.Queue[Any] = asyncio.Queue()
     actor.tell(Attached(hello, degraded, tuple(missing), outbox))

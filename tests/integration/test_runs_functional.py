@@ -74,7 +74,7 @@ def test_delete_removes_a_finished_run_and_refuses_an_active_one(shared_server):
 def test_meta_routes_answer(shared_server):
     info = shared_server.get("/api/info")
     assert info["name"] == "troupe" and "cpu" in info["devices"]
-    assert info["capabilities"]["workers"] is False
+    assert info["capabilities"]["workers"] is True and info["capabilities"]["sweeps"] is True
     # The server sets a short GIL switch interval and never imports torch itself.
     assert info["runtime"] == {"switch_interval_s": 0.0005, "torch_imported": False}
     nodes = {n["type"] for n in shared_server.get("/api/nodes")["nodes"]}

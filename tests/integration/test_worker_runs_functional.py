@@ -188,3 +188,16 @@ def test_a_draining_worker_takes_no_new_runs(worker):
     server.events_until_finished(later)
     assert server.get(f"/api/runs/{run_id}")["status"] == "queued"
     server.client.request("POST", f"/api/runs/{run_id}/cancel")
+
+
+async def test_a_degraded_worker_is_refused_graphs_it_cannot_run(shared_server):
+    from tests.integration.test_workers_functional import handshake
+    from tests.integration.test_workers_functional import hello as hello_frame
+
+    answer = await handshake(shared_server, hello_frame(name="old-agent", catalog_digest="x",
+                                                         node_types=["core.Constant"]))
+    assert answer.degraded is True
+    refused = shared_server.submit(hello(), expect=400, target={"worker": "old-agent"})
+    assert refused["error"]["code"] == "worker_lacks_node_types" and "core.Add" in refused["error"]["message"]
+    anywhere = shared_server.submit(hello(), expect=400, target={"worker": "any"})
+    assert anywhere["error"]["code"] == "target_any_unsupported"
