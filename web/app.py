@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,17 @@ from web.errors import guard
 STATIC = Path(__file__).parent / "static"
 
 
+_LOOPBACK_PEERS = ("127.0.0.1", "::1")
+
+
 async def _index(request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(STATIC / "index.html")
+    """The page. The session token goes into it only for a loopback client (the Host
+    check has already passed), so the browser on this machine can act, and no one else."""
+    html = (STATIC / "index.html").read_text()
+    if request.remote in _LOOPBACK_PEERS:
+        token = html_escape(request.app[SERVICES].token, quote=True)
+        html = html.replace('<meta name="troupe-token" content="">', f'<meta name="troupe-token" content="{token}">')
+    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
 
 def build_app(svc: Services) -> web.Application:

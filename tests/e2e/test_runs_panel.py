@@ -1,0 +1,85 @@
+"""The Runs panel in a real browser: Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import hello, sleeper
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+IMAGES = Path(__file__).resolve().parent.parent.parent / "docs" / "images"
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - .ci/run installs it
+    sync_playwright = None
+
+pytestmark = pytest.mark.skipif(
+    sync_playwright is None or not Path(CHROMIUM).exists(),
+    reason="browser tests need Debian's chromium and the playwright package (.ci/run installs both)",
+)
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture
+def page(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        tab = browser.new_page(viewport={"width": 1440, "height": 900})
+        errors: list[str] = []
+        tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        tab.on("pageerror", lambda error: errors.append(str(error)))
+        tab.goto(server.url + "/")
+        yield server, tab, errors
+        browser.close()
+
+
+def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
+    server, tab, errors = page
+    done = server.submit(hello())["run_id"]
+    server.events_until_finished(done)
+    running = server.submit(sleeper(seconds=60))["run_id"]
+    waiting = [server.submit(sleeper(seconds=60))["run_id"] for _ in range(2)]
+    server.wait_status(running, "running")
+
+    row = tab.locator(f'tr[data-run="{waiting[1]}"]')
+    row.get_by_text("#2 in queue").wait_for()
+    tab.locator(f'tr[data-run="{waiting[0]}"]').get_by_text("#1 in queue").wait_for()
+    tab.get_by_text("3 runs active").wait_for()
+    tab.locator(f'tr[data-run="{done}"] .status.succeeded').wait_for()
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(IMAGES / "runs-panel.png"))
+
+    tab.locator(f'tr[data-run="{running}"]').get_by_role("button", name="Stop").click()
+    tab.locator(f'tr[data-run="{running}"] .status.cancelled').wait_for()
+    row.get_by_text("#1 in queue").wait_for()  # the queue moved up, live
+
+    tab.once("dialog", lambda dialog: dialog.accept())
+    tab.locator(f'tr[data-run="{done}"]').get_by_role("button", name="Delete").click()
+    tab.locator(f'tr[data-run="{done}"]').wait_for(state="detached")
+    status, _ = server.client.request("GET", f"/api/runs/{done}")
+    assert status == 404
+
+    tab.locator(f'tr[data-run="{running}"]').click()
+    tab.locator("#details-events").get_by_text("run_finished").wait_for()
+    tab.locator('.chip[data-filter="cancelled"]').click()
+    assert tab.locator("tbody tr").count() == 1
+    for run_id in waiting:
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert errors == []
+
+
+def test_the_page_served_to_a_loopback_client_carries_the_session_token(make_server):
+    import http.client
+
+    server = make_server()
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/")
+    html = conn.getresponse().read().decode()
+    assert f'content="{server.token}"' in html
