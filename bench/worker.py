@@ -1,0 +1,251 @@
+"""Worker benchmark: what a run on a worker agent costs against the same run in-process.
+
+Against a real ``troupe start`` on 127.0.0.1 and a real ``troupe agent start`` enrolled to
+it as ``bench`` (simulated inventory: 2 cpus, no cards), ``examples/hello.json`` is
+submitted ``--runs`` times each way, alternating (one worker run, one in-process run):
+
+- worker: ``POST /api/runs`` with ``options.target.worker = "bench"`` (queue ``bench/cpu``);
+  the agent executes each run in a fresh spawned interpreter;
+- in-process: the same graph with no target (queue ``cpu``), run in the server's process.
+
+One keep-alive connection; the clock starts before the POST and stops when
+``GET /api/runs/{id}/stream`` delivers ``run_started``, then ``run_finished``. Median and
+p99 (nearest rank) of both, and the worker / in-process ratios; also the POST alone and the
+server's event timestamps (``run_started`` -> first ``node_started`` -> ``run_finished``). For scale, the start-up of
+a bare interpreter and of one that imports the run child's modules (as is, and with their
+bytecode cached).
+
+Run it from the repository root: ``.venv/bin/python bench/worker.py``. Its server, agent and
+their files live in a temporary directory (``TROUPE_HOME``, ``XDG_CONFIG_HOME``,
+``XDG_STATE_HOME``); it talks only to 127.0.0.1, stops the agent and then the server with
+SIGTERM, and is bounded by ``--max-seconds``.
+"""
+
+# ruff: noqa: E402
+from __future__ import annotations
+
+import os
+import sys
+
+# As in queue.py: the helpers beside this file are imported as the package ``bench`` from
+# the repository root, and this file's folder is not left on sys.path.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._http import HOST, Conn
+from bench._measure import BenchError, OutOfTime, fmt_ms, machine, steal_s, summary
+from bench._troupe import REPO, start_server, stop_server_proc, ts_seconds
+
+WORKER = "bench"
+INVENTORY = {"machine_id": "bench-machine", "cpus": 2, "cards": []}
+CHILD_IMPORTS = "import cli.main, subprocess_runner.child, subprocess_runner.context, subprocess_runner.engine"
+MODES = ("worker", "in-process")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=50, help="timed runs of each kind (default 50)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs of each kind first (default 3)")
+    parser.add_argument("--floor-samples", type=int, default=10, help="interpreter start-ups timed (default 10)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="limit of one run, agent start (default 60)")
+    parser.add_argument("--max-seconds", type=int, default=600, help="hard limit of the whole run (default 600)")
+    args = parser.parse_args(argv)
+    if not (1 <= args.runs <= 10_000 and 0 <= args.warmup <= 100 and 1 <= args.floor_samples <= 100):
+        parser.error("--runs must be 1..10000, --warmup 0..100, --floor-samples 1..100")
+    return args
+
+
+def start_agent(url: str, token: str, tmp: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path, float]:
+    """Starts ``troupe agent start`` and waits for its "connected as bench" line."""
+    env = dict(os.environ)
+    env.update(
+        XDG_CONFIG_HOME=str(tmp / "xdg-config"),
+        XDG_STATE_HOME=str(tmp / "xdg-state"),
+        TROUPE_HOME=str(tmp / "agent-home"),
+        TROUPE_SIMULATED_INVENTORY=json.dumps(INVENTORY),
+    )
+    log_path = tmp / "agent.log"
+    log = log_path.open("wb")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", WORKER],
+        cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while f"connected as {WORKER}" not in (text := log_path.read_text(errors="replace")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server_proc(proc, 10)
+            raise BenchError(f"the agent did not connect within {timeout}s (exit {proc.returncode}):\n{text[-2000:]}")
+        time.sleep(0.02)
+    return proc, log_path, time.perf_counter() - t0
+
+
+def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path]:
+    status, reply = conn.request("POST", "/api/workers/enrollments", json.dumps({"name": WORKER}).encode())
+    if status != 201:
+        raise BenchError(f"POST /api/workers/enrollments answered {status}: {reply}")
+    url = f"http://{HOST}:{port}"
+    if f"--url {url} " not in reply["command"]:
+        raise BenchError(f"the join command is not for {url}: {reply['command']}")
+    proc, log_path, start_s = start_agent(url, reply["token"], tmp, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        _, body = conn.request("GET", "/api/workers")
+        states = {w["name"]: w["state"] for w in body["workers"]}
+        if states.get(WORKER) == "connected":
+            break
+        if time.monotonic() > deadline:
+            stop_server_proc(proc, 30)
+            raise BenchError(f"GET /api/workers does not show {WORKER} connected: {states}")
+        time.sleep(0.05)
+    print(f"agent pid {proc.pid} connected as {WORKER} {start_s:.2f} s after its start; /api/workers: connected")
+    return proc, log_path
+
+
+def one_run(conn: Conn, body: bytes, queue_key: str) -> dict[str, Any]:
+    """Submits one run and follows its stream; client times (s) from before the POST."""
+    t0 = time.perf_counter()
+    status, reply = conn.request("POST", "/api/runs", body)
+    t_submit = time.perf_counter()
+    if status != 201:
+        raise BenchError(f"POST /api/runs answered {status}: {reply}")
+    if reply.get("queue_key") != queue_key:
+        raise BenchError(f"run {reply['run_id']} is on queue {reply.get('queue_key')!r}, not {queue_key!r}")
+    seen: dict[str, tuple[float, dict[str, Any]]] = {}
+    for kind, data in conn.stream(f"/api/runs/{reply['run_id']}/stream"):
+        if kind == "run_event":
+            seen.setdefault(data["type"], (time.perf_counter(), data))
+            if data["type"] == "run_finished":
+                break
+    if "run_started" not in seen or "run_finished" not in seen:
+        raise BenchError(f"run {reply['run_id']}: the stream ended with {sorted(seen)}")
+    (t_started, started), (t_finished, finished) = seen["run_started"], seen["run_finished"]
+    row = {
+        "submit": t_submit - t0,
+        "started": t_started - t0,
+        "finished": t_finished - t0,
+        "ok": finished["payload"].get("status") == "succeeded",
+        "srv_run": ts_seconds(finished["ts"]) - ts_seconds(started["ts"]),
+    }
+    if "node_started" in seen:
+        row["srv_first_node"] = ts_seconds(seen["node_started"][1]["ts"]) - ts_seconds(started["ts"])
+    if "run_queued" in seen:
+        row["srv_queue"] = ts_seconds(started["ts"]) - ts_seconds(seen["run_queued"][1]["ts"])
+    return row
+
+
+def interpreter_floor(samples: int, pycache: Path) -> dict[str, list[float]]:
+    """Wall time of ``python -c pass``, of a python importing the run child's modules in
+    this environment, and of the same with their bytecode cached (``PYTHONPYCACHEPREFIX``
+    in the temporary directory, written by one untimed start first)."""
+    cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cached["PYTHONPYCACHEPREFIX"] = str(pycache)
+    cases = (("bare", "pass", None), ("imports", CHILD_IMPORTS, None), ("cached", CHILD_IMPORTS, cached))
+    subprocess.run([sys.executable, "-c", CHILD_IMPORTS], cwd=str(REPO), env=cached, check=True, timeout=60)
+    times: dict[str, list[float]] = {key: [] for key, _, _ in cases}
+    for _ in range(samples):
+        for key, code, env in cases:
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, check=True, timeout=60)
+            times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise OutOfTime(f"the benchmark ran past --max-seconds={args.max_seconds}")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(args.max_seconds)
+    graph = json.loads((REPO / "examples" / "hello.json").read_text())
+    bodies = {
+        "worker": (json.dumps({"graph": graph, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
+        "in-process": (json.dumps({"graph": graph}).encode(), "cpu"),
+    }
+    info = machine()
+    command = f".venv/bin/python bench/worker.py --runs {args.runs} --warmup {args.warmup}" + (
+        f" --floor-samples {args.floor_samples}" if args.floor_samples != 10 else "")
+    print(f"troupe worker benchmark  {info['date']}")
+    print(f"machine: {info['nproc']} cores ({info['cpu']}), python {info['python']}, linux {info['kernel']}")
+    print(info["free"])
+    print(f"settings: --runs {args.runs} --warmup {args.warmup} (alternating worker / in-process runs)")
+    print()
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="troupe-worker-", ignore_cleanup_errors=True) as name:
+        tmp = Path(name)
+        home = tmp / "home"
+        home.mkdir()
+        server = start_server(home, cpu_slots=2, timeout=60.0, extra_env={"TROUPE_WORKER_HEARTBEAT_S": "1"})
+        print(f"server pid {server.pid} on {HOST}:{server.port}, started in {server.start_s:.2f} s")
+        conn = Conn(server.port, server.token, args.timeout)
+        agent: subprocess.Popen[bytes] | None = None
+        try:
+            agent, agent_log = enroll_and_attach(conn, server.port, tmp, args.timeout)
+            steal0, t0 = steal_s(), time.perf_counter()
+            for i in range(args.warmup + args.runs):
+                for mode in MODES:
+                    row = one_run(conn, *bodies[mode])
+                    if i >= args.warmup:
+                        rows[mode].append(row)
+            print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
+                  f"CPU steal {steal_s() - steal0:.2f} s")
+        finally:
+            conn.close()
+            if agent is not None:
+                code = stop_server_proc(agent, 30.0)
+                print(f"stopped the agent with SIGTERM (exit {code})")
+            print(f"stopped the server (exit {stop_server_proc(server.proc, 30.0)})")
+        if agent is not None and agent.returncode not in (0, -signal.SIGTERM):
+            print(agent_log.read_text(errors="replace")[-2000:])
+        floor = interpreter_floor(args.floor_samples, tmp / "pycache")
+    signal.alarm(0)
+
+    print()
+    for mode in MODES:
+        print(f"[{mode}]")
+        for key, label in (("submit", "POST -> 201"), ("started", "POST -> run_started"),
+                           ("finished", "POST -> run_finished"), ("srv_queue", "server run_queued -> run_started"),
+                           ("srv_first_node", "server run_started -> 1st node_started"),
+                           ("srv_run", "server run_started -> run_finished")):
+            values = [r[key] for r in rows[mode] if key in r]
+            if values:
+                print(f"  {label:<38} {fmt_ms(summary(values))}")
+    print("[interpreter start-up, for scale]")
+    print(f"  {'python -c pass':<38} {fmt_ms(summary(floor['bare']))}")
+    print(f"  {'python -c ' + repr(CHILD_IMPORTS)[:22] + '...':<38} {fmt_ms(summary(floor['imports']))}")
+    print(f"  {'  the same, bytecode cached':<38} {fmt_ms(summary(floor['cached']))}")
+    dont_write = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
+    print(f"  (the imports: {CHILD_IMPORTS}; PYTHONDONTWRITEBYTECODE={dont_write!r})")
+    print()
+    print("Summary (ms; p99 nearest rank; ratio = worker / in-process)")
+    print(f"  {'figure':<30}{'worker':>10}{'in-process':>12}{'ratio':>8}")
+    for key, label in (("started", "submit -> run_started"), ("finished", "submit -> run_finished")):
+        for stat in ("median", "p99"):
+            w, p = (summary([r[key] for r in rows[mode]])[stat] for mode in MODES)
+            print(f"  {label + ' ' + stat:<30}{w:10.2f}{p:12.2f}{w / p:8.2f}")
+    failures = {mode: sum(not r["ok"] for r in rows[mode]) for mode in MODES}
+    print(f"  runs not succeeded: worker {failures['worker']}, in-process {failures['in-process']}")
+    print()
+    print(f"reproduce, from the repository root: {command}")
+    return 1 if any(failures.values()) else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        sys.exit(2)
