@@ -124,3 +124,9 @@ def machine() -> dict[str, str]:
         "kernel": platform.release(),
         "free": free,
     }
+
+
+def environ() -> dict[str, str]:
+    """A copy of this process's environment, the base of every child's (the one place the
+    bench reads it)."""
+    return dict(os.environ)

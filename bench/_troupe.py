@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import HOST, Conn
-from bench._measure import BenchError, LatencyResult, cpu_seconds, last_pid, shares
+from bench._measure import BenchError, LatencyResult, cpu_seconds, environ, last_pid, shares
 
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
@@ -62,7 +62,7 @@ def start_server(
 ) -> Server:
     """Starts ``troupe start`` (or ``command``, which must serve the same way) on 127.0.0.1
     with ``extra_env`` added to its environment, and waits until it serves."""
-    env = dict(os.environ)
+    env = environ()
     env.update(
         TROUPE_HOME=str(home),
         TROUPE_RUN_RETENTION_KEEP_LAST="-1",  # keep every run for the drain check

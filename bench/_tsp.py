@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench._measure import BenchError, LatencyResult, shares
+from bench._measure import BenchError, LatencyResult, environ, shares
 
 
 def find_tsp() -> str | None:
@@ -24,7 +24,7 @@ def find_tsp() -> str | None:
     if ts:
         try:
             probe = subprocess.run(
-                [ts, "-h"], capture_output=True, text=True, timeout=5, env={**os.environ, "TS_SOCKET": os.devnull}
+                [ts, "-h"], capture_output=True, text=True, timeout=5, env={**environ(), "TS_SOCKET": os.devnull}
             )
             if "TS_SOCKET" in probe.stdout + probe.stderr:
                 return ts
@@ -37,7 +37,7 @@ class Tsp:
     def __init__(self, binary: str, workdir: Path, slots: int, max_jobs: int) -> None:
         self.binary = binary
         self.env = {
-            **os.environ,
+            **environ(),
             "TS_SOCKET": str(workdir / "ts.sock"),
             "TMPDIR": str(workdir),
             "TS_SLOTS": str(slots),

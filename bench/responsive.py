@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Conn
-from bench._measure import BenchError, OutOfTime, cpu_seconds, machine, steal_s, summary
+from bench._measure import BenchError, OutOfTime, cpu_seconds, environ, machine, steal_s, summary
 from bench._troupe import REPO, TERMINAL, Server, start_argv, start_server, stop_server_proc
 
 TARGET_P99_MS = 100.0
@@ -114,10 +114,10 @@ def server_for(config: str, home: Path) -> tuple[Server, str]:
     if not caps:
         env.update({name: str(os.cpu_count() or 1) for name in THREAD_VARIABLES})
     if not switch:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), environ().get("PYTHONPATH", "")) if p)
         command = [sys.executable, "-c", WRAPPER.format(interval=PYTHON_SWITCH_INTERVAL_S, argv=start_argv())]
     server = start_server(home, cpu_slots=2, timeout=60.0, extra_env=env, command=command)
-    return server, env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS", "")
+    return server, env.get("OMP_NUM_THREADS") or environ().get("OMP_NUM_THREADS", "")
 
 
 def measure(config: str, args: argparse.Namespace, graph: dict[str, Any], home: Path) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import HOST, Conn
-from bench._measure import BenchError, OutOfTime, fmt_ms, machine, steal_s, summary
+from bench._measure import BenchError, OutOfTime, environ, fmt_ms, machine, steal_s, summary
 from bench._troupe import REPO, start_server, stop_server_proc, ts_seconds
 
 WORKER = "bench"
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def start_agent(url: str, token: str, tmp: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path, float]:
     """Starts ``troupe agent start`` and waits for its "connected as bench" line."""
-    env = dict(os.environ)
+    env = environ()
     env.update(
         XDG_CONFIG_HOME=str(tmp / "xdg-config"),
         XDG_STATE_HOME=str(tmp / "xdg-state"),
@@ -149,7 +149,7 @@ def interpreter_floor(samples: int, pycache: Path) -> dict[str, list[float]]:
     """Wall time of ``python -c pass``, of a python importing the run child's modules in
     this environment, and of the same with their bytecode cached (``PYTHONPYCACHEPREFIX``
     in the temporary directory, written by one untimed start first)."""
-    cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cached = {k: v for k, v in environ().items() if k != "PYTHONDONTWRITEBYTECODE"}
     cached["PYTHONPYCACHEPREFIX"] = str(pycache)
     cases = (("bare", "pass", None), ("imports", CHILD_IMPORTS, None), ("cached", CHILD_IMPORTS, cached))
     subprocess.run([sys.executable, "-c", CHILD_IMPORTS], cwd=str(REPO), env=cached, check=True, timeout=60)
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'python -c pass':<38} {fmt_ms(summary(floor['bare']))}")
     print(f"  {'python -c ' + repr(CHILD_IMPORTS)[:22] + '...':<38} {fmt_ms(summary(floor['imports']))}")
     print(f"  {'  the same, bytecode cached':<38} {fmt_ms(summary(floor['cached']))}")
-    dont_write = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
+    dont_write = environ().get("PYTHONDONTWRITEBYTECODE", "")
     print(f"  (the imports: {CHILD_IMPORTS}; PYTHONDONTWRITEBYTECODE={dont_write!r})")
     print()
     print("Summary (ms; p99 nearest rank; ratio = worker / in-process)")

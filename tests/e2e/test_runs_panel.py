@@ -13,7 +13,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 IMAGES = Path(__file__).resolve().parent.parent.parent / "docs" / "images"
 
 try:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 except ImportError:  # pragma: no cover - .ci/run installs it
     sync_playwright = None
 
@@ -68,7 +68,8 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     tab.locator(f'tr[data-run="{running}"]').click()
     tab.locator("#details-events").get_by_text("run_finished").wait_for()
     tab.locator('.chip[data-filter="cancelled"]').click()
-    assert tab.locator("tbody tr").count() == 1
+    expect(tab.locator("tbody tr")).to_have_count(1)
+    expect(tab.locator(f'tr[data-run="{running}"]')).to_be_visible()
     for run_id in waiting:
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
     assert errors == []
