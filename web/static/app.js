@@ -141,6 +141,9 @@ async function start() {
   renderChips();
   await refresh();
   const stream = new EventSource("/api/stream");
+  // "hello" comes once the subscription is in place (again after a reconnect): what
+  // changed before it is caught by this refresh, what changes after it by "run" events.
+  stream.addEventListener("hello", soon);
   stream.addEventListener("run", soon);
   stream.addEventListener("reset", soon);
   setInterval(() => { if (document.querySelector(".status.running")) soon(); }, 1000);  // durations tick
