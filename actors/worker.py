@@ -128,7 +128,6 @@ class WorkerConnection(Actor):
                 self._hello, self._degraded, self._missing, self._outbox = hello, degraded, missing, outbox
                 self._last_beat, self._disconnected_at = time.monotonic(), None
                 self._tell_placer(online=True)
-                self._tell_runs("back")
             case Beat(inventory):
                 self._last_beat = time.monotonic()
                 if inventory is not None and self._hello is not None:
@@ -153,8 +152,13 @@ class WorkerConnection(Actor):
             case RunDone(run_id):
                 self._runs.discard(run_id)
             case Rebind(run_ids):
+                # Runs the agent no longer executes (it restarted) are lost; the rest go on.
+                gone = self._runs - set(run_ids)
+                if gone:
+                    self._tell_runs("lost", only=gone)
                 self._runs |= set(run_ids)
-                self._tell_runs("back", only=set(run_ids))
+                if run_ids:
+                    self._tell_runs("back", only=set(run_ids))
             case Drain():
                 self._draining = True
                 if self._outbox is not None:
@@ -193,12 +197,13 @@ class WorkerConnection(Actor):
         from actors.run import WorkerBack, WorkerGone, WorkerLost  # run.py sends to this module
 
         message = {"gone": WorkerGone, "back": WorkerBack, "lost": WorkerLost}[what]()
-        for run_id in list(only or self._runs):
+        targets = set(self._runs) if only is None else only
+        for run_id in targets:
             run = self._registry.lookup(f"runs/{run_id}")
             if run is not None:
                 run.tell(message)
         if what == "lost":
-            self._runs -= only or set(self._runs)
+            self._runs -= targets
 
     def _disconnect(self, why: str) -> None:
         if self._disconnected_at is None:

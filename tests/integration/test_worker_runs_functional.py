@@ -201,3 +201,26 @@ async def test_a_degraded_worker_is_refused_graphs_it_cannot_run(shared_server):
     assert refused["error"]["code"] == "worker_lacks_node_types" and "core.Add" in refused["error"]["message"]
     anywhere = shared_server.submit(hello(), expect=400, target={"worker": "any"})
     assert anywhere["error"]["code"] == "target_any_unsupported"
+
+
+def test_a_restarted_agent_that_lost_its_runs_ends_them_at_once(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_WORKER_RESUME_GRACE_S="300")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    read_until(agent, "connected as gpu-a")
+    run_id = server.submit(sleeper(seconds=60), target=target())["run_id"]
+    server.wait_status(run_id, "running")
+    children = _children(agent.pid)
+    agent.kill()  # the agent dies; its run's process is orphaned
+    agent.wait(10)
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+    server.wait_status(run_id, "disconnected")
+    again = start_agent(server, tmp_path, f"troupe agent start --url {server.url}")
+    try:
+        read_until(again, "connected as gpu-a")
+        # The new agent reports no runs: the server does not wait out its 300 s grace.
+        events = server.events_until_finished(run_id)
+        assert events[-1]["payload"]["status"] == "interrupted" and events[-1]["payload"]["reason"] == "worker_lost"
+    finally:
+        again.terminate()
+        again.wait(30)
