@@ -98,5 +98,9 @@ def set_state(conn: apsw.Connection, sweep_id: str, state: str) -> None:
 
 
 def list_sweeps(conn: apsw.Connection) -> list[dict[str, Any]]:
+    # A sweep none of whose runs is active is finished, as a read of it would settle.
     return [{"id": i, "name": n, "state": s, "total": t, "created_at": c} for i, n, s, t, c in conn.execute(
-        "SELECT id, name, state, total, created_at FROM sweeps ORDER BY created_at DESC, rowid DESC")]
+        "SELECT id, name, CASE WHEN state IN ('running', 'cancelling') AND NOT EXISTS ("
+        "  SELECT 1 FROM sweep_variants v JOIN runs r ON r.id = v.run_id WHERE v.sweep_id = sweeps.id"
+        "  AND r.status IN ('queued', 'running', 'disconnected')) THEN 'finished' ELSE state END, total, created_at "
+        "FROM sweeps ORDER BY created_at DESC, rowid DESC")]

@@ -84,3 +84,25 @@ def test_the_page_served_to_a_loopback_client_carries_the_session_token(make_ser
     conn.request("GET", "/")
     html = conn.getresponse().read().decode()
     assert f'content="{server.token}"' in html
+
+
+def test_the_sweeps_panel_ranks_variants_best_first(page):
+    server, tab, errors = page
+    body = {"base_graph": hello(), "name": "a sweep",
+            "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [3, 1, 2]}]},
+            "objective": {"metric": "val_loss", "direction": "minimize"}}
+    status, reply = server.client.request("POST", "/api/sweeps", body)
+    assert status == 201
+    for variant in reply["variants"]:
+        server.events_until_finished(variant["run_id"])
+    tab.get_by_role("button", name="Sweeps").click()
+    tab.locator(f'tr[data-sweep="{reply["sweep_id"]}"]').click()
+    tab.get_by_text("a sweep — finished").wait_for()
+    expect(tab.locator(f'tr[data-sweep="{reply["sweep_id"]}"]')).to_contain_text("finished")
+    ranks = tab.locator("#ranking-rows tr")
+    expect(ranks).to_have_count(3)
+    expect(ranks.nth(0)).to_contain_text("1")
+    expect(ranks.nth(0)).to_contain_text("4.000")  # a=1: val_loss 1 + 3
+    assert tab.locator("#sweep-csv").get_attribute("href") == f"/api/sweeps/{reply['sweep_id']}?format=csv"
+    tab.screenshot(path=str(IMAGES / "sweeps-panel.png"))
+    assert errors == []

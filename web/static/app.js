@@ -132,12 +132,57 @@ let pending = null;
 function soon() {
   // Many changes arrive together (a queue moving): one refresh for the burst.
   if (pending) return;
-  pending = setTimeout(() => { pending = null; refresh().catch((e) => showMessage(e.message)); }, 100);
+  pending = setTimeout(() => {
+    pending = null;
+    refresh().catch((e) => showMessage(e.message));
+    if (!document.getElementById("sweeps").hidden) refreshSweeps().catch((e) => showMessage(e.message));
+  }, 100);
+}
+
+// Sweeps: each sweep, and a selected one's variants ranked best first.
+let openSweep = null;
+
+async function refreshSweeps() {
+  const { sweeps } = await api("GET", "/api/sweeps");
+  document.getElementById("sweep-rows").replaceChildren(...sweeps.map((s) => el("tr", {
+    "data-sweep": s.id, onclick: () => { openSweep = s.id; renderSweep(); },
+  }, el("td", {}, s.name || s.id.slice(0, 8)), el("td", {}, s.state), el("td", {}, String(s.total)),
+  el("td", {}, time(s.created_at)))));
+  document.getElementById("sweeps-empty").hidden = sweeps.length > 0;
+  if (openSweep) await renderSweep();
+}
+
+async function renderSweep() {
+  const sweep = await api("GET", `/api/sweeps/${openSweep}`);
+  const keys = sweep.params.map((p) => p.key);
+  document.getElementById("sweep").hidden = false;
+  const counts = Object.entries(sweep.counts).map(([status, n]) => `${n} ${status}`).join(", ");
+  document.getElementById("sweep-title").textContent =
+    `${sweep.name} — ${sweep.state} (${counts}); ${sweep.objective.direction} ${sweep.objective.metric}`;
+  const warning = document.getElementById("sweep-warning");
+  warning.hidden = !sweep.objective_warning;
+  warning.textContent = sweep.objective_warning || "";
+  document.getElementById("sweep-csv").href = `/api/sweeps/${sweep.sweep_id}?format=csv`;
+  document.getElementById("ranking-head").replaceChildren(el("tr", {},
+    ...["Rank", "Status", sweep.objective.metric, ...keys].map((h) => el("th", {}, h))));
+  document.getElementById("ranking-rows").replaceChildren(...sweep.variants.map((v) => el("tr", {},
+    el("td", {}, v.rank === null ? "" : String(v.rank)), el("td", {}, el("span", { class: `status ${v.status}` }, v.status)),
+    el("td", {}, v.objective_value === null ? "" : v.objective_value.toPrecision(4)),
+    ...keys.map((k) => el("td", {}, String(v.params[k]))))));
+}
+
+function showTab(name) {
+  for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.tab === name);
+  for (const panel of document.querySelectorAll(".panel")) panel.hidden = panel.id !== name;
+  if (name === "sweeps") refreshSweeps().catch((e) => showMessage(e.message));
 }
 
 async function start() {
   const info = await api("GET", "/api/info");
   document.getElementById("server").textContent = `v${info.version} · ${info.devices.join(", ")}`;
+  // Only the panels whose API this server has.
+  document.querySelector('.tab[data-tab="sweeps"]').hidden = !info.capabilities.sweeps;
+  for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
   renderChips();
   await refresh();
   const stream = new EventSource("/api/stream");
