@@ -8,11 +8,15 @@ import math
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 
 
 class BenchError(Exception):
@@ -130,3 +134,22 @@ def environ() -> dict[str, str]:
     """A copy of this process's environment, the base of every child's (the one place the
     bench reads it)."""
     return dict(os.environ)
+
+
+def time_limit(seconds: int) -> None:
+    """Ends the benchmark with ``OutOfTime`` once it has run ``seconds`` (0: cancel)."""
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise OutOfTime(f"the benchmark ran past --max-seconds={seconds}")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(seconds)
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """Runs a benchmark's ``main``: its exit code, or 2 with the reason when it could not run."""
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -32,12 +32,11 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import json
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench._measure import BenchError, OutOfTime, machine
+from bench._measure import machine, run_main, time_limit
 from bench._phases import troupe_phase, tsp_phase
 from bench._troupe import REPO
 
@@ -104,11 +103,7 @@ def print_summary(figures: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, changed = parse_args(argv)
 
-    def out_of_time(signum: int, frame: Any) -> None:
-        raise OutOfTime(f"the benchmark ran past --max-seconds={args.max_seconds}")
-
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(args.max_seconds)
+    time_limit(args.max_seconds)
 
     graph_body = json.dumps({"graph": json.loads((REPO / "examples" / "hello.json").read_text())}).encode()
     info = machine()
@@ -126,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         code = troupe_phase(args, graph_body, Path(tmp), figures)
         if not args.skip_tsp and tsp_phase(args, Path(tmp), figures):
             code = 1
-    signal.alarm(0)
+    time_limit(0)
     if "troupe" in figures:
         print_summary(figures)
     print()
@@ -135,8 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

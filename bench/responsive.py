@@ -37,7 +37,6 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import json
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Conn
-from bench._measure import BenchError, OutOfTime, cpu_seconds, environ, machine, steal_s, summary
+from bench._measure import BenchError, cpu_seconds, environ, machine, run_main, steal_s, summary, time_limit
 from bench._troupe import REPO, TERMINAL, Server, start_argv, start_server, stop_server_proc
 
 TARGET_P99_MS = 100.0
@@ -234,11 +233,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def out_of_time(signum: int, frame: Any) -> None:
-        raise OutOfTime(f"the benchmark ran past --max-seconds={args.max_seconds}")
-
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(args.max_seconds)
+    time_limit(args.max_seconds)
     graph = json.loads((REPO / "examples" / "digits_mlp.json").read_text())
     trainer = [n for n in graph["nodes"] if n["id"] == "trainer"]
     if len(trainer) != 1:
@@ -262,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             home.mkdir()
             rows += measure(config, args, graph, home)
             print()
-    signal.alarm(0)
+    time_limit(0)
     print_table(rows)
     print()
     print(f"reproduce, from the repository root: {command}")
@@ -270,8 +265,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)

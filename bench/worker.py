@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import HOST, Conn
-from bench._measure import BenchError, OutOfTime, environ, fmt_ms, machine, steal_s, summary
+from bench._measure import BenchError, environ, fmt_ms, machine, run_main, steal_s, summary, time_limit
 from bench._troupe import REPO, start_server, stop_server_proc, ts_seconds
 
 WORKER = "bench"
@@ -165,11 +165,7 @@ def interpreter_floor(samples: int, pycache: Path) -> dict[str, list[float]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def out_of_time(signum: int, frame: Any) -> None:
-        raise OutOfTime(f"the benchmark ran past --max-seconds={args.max_seconds}")
-
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(args.max_seconds)
+    time_limit(args.max_seconds)
     graph = json.loads((REPO / "examples" / "hello.json").read_text())
     bodies = {
         "worker": (json.dumps({"graph": graph, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
@@ -211,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         if agent is not None and agent.returncode not in (0, -signal.SIGTERM):
             print(agent_log.read_text(errors="replace")[-2000:])
         floor = interpreter_floor(args.floor_samples, tmp / "pycache")
-    signal.alarm(0)
+    time_limit(0)
 
     print()
     for mode in MODES:
@@ -244,8 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_main(main)
