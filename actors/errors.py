@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict, TroupeError, Unauthorized
+from protocol.errors import CapacityRefused, NotFound, StateConflict, TroupeError, Unauthorized
 
 
 class ActorDeadError(TroupeError):
@@ -81,6 +81,3 @@ class NameTaken(EnrollmentRefused):
     code = "worker_name_taken"
     http_status = 409
 
-
-class InvalidOptions(InvalidRequest):
-    code = "invalid_options"

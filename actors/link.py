@@ -38,17 +38,11 @@ class Send:
     frame: Any
 
 
-@dataclass(frozen=True)
-class _Status:
-    """Ask: the link's state, for the agent's log and tests."""
-
-
 class Link(Actor):
     def __init__(self, config: LinkConfig) -> None:
         super().__init__("link")
         self._config = config
         self._task: asyncio.Task[None] | None = None
-        self._state = "connecting"
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
 
     async def on_start(self) -> None:
@@ -59,8 +53,6 @@ class Link(Actor):
             self._task.cancel()
 
     async def receive(self, message: Any) -> Any:
-        if isinstance(message, _Status):
-            return self._state
         if isinstance(message, Send):
             self._outbox.put_nowait(message.frame)
             return None
@@ -78,7 +70,6 @@ class Link(Actor):
                         if await self._session(ws):
                             return
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    self._state = "unreachable"
                     log.warning("control plane unreachable at %s: %s", ws_url, exc)
                 delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 attempt += 1
@@ -98,7 +89,6 @@ class Link(Actor):
             return True
         if not isinstance(answer, wire.Welcome):
             return False
-        self._state = "connected"
         log.info("connected as %s%s", answer.name, " (degraded)" if answer.degraded else "")
         beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, frame_no))
         sending = asyncio.ensure_future(self._drain_outbox(ws))
@@ -117,7 +107,6 @@ class Link(Actor):
         finally:
             beats.cancel()
             sending.cancel()
-        self._state = "disconnected"
         return False
 
     async def _drain_outbox(self, ws: aiohttp.ClientWebSocketResponse) -> None:

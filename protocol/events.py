@@ -23,11 +23,13 @@ WARNING = "warning"
 RUN_FINISHED = "run_finished"
 ARTIFACT = "artifact"  # a file the run wrote: {"kind", "path"}
 
-RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})
+RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
      ARTIFACT, NODE_QUEUED}
 )
+# What node code (in-process or in a worker's run child) may emit.
+NODE_LEVEL = VOCABULARY - RUN_LEVEL
 
 # Run states.
 QUEUED = "queued"

@@ -12,12 +12,6 @@ class GraphInvalid(InvalidRequest):
     code = "graph_invalid"
 
 
-class NodeFailed(TroupeError):
-    """Raised by the engine when a node's ``execute`` raised; carries the node id."""
-
-    code = "node_failed"
-
-
 class RunCancelled(TroupeError):
     """Raised inside node code when the run was asked to stop; the engine turns it into
     a ``cancelled`` outcome instead of a failure."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
 from html import escape as html_escape
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,6 @@ class WebService:
         self._svc = svc
         self._runner: web.AppRunner | None = None
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
-        self._tasks: weakref.WeakSet[Any] = weakref.WeakSet()
         self.port: int | None = None
 
     @property

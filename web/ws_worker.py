@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from actors.executor import GraphEnded, NodeEvent, NodeEvents
 from actors.store import WorkerForCredential
 from actors.worker import CLOSE, Attached, Beat, Detached, Rebind, RunDone
+from protocol import events as ev
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.engine import Outcome
@@ -90,6 +91,8 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
                 continue
             try:
                 frame = wire.parse_frame(message.data)
+                if isinstance(frame, wire.RunEvent) and frame.kind not in ev.NODE_LEVEL:
+                    raise ValueError(f"event kind {frame.kind!r} is not the worker's to send")
             except (ValidationError, ValueError) as exc:
                 log.warning("worker %s sent a malformed frame: %s", name, exc)
                 await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")

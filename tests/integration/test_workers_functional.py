@@ -211,3 +211,16 @@ def test_agent_forget_and_stop(make_server, tmp_path):
     again = subprocess.run(troupe_cmd("agent", "start", "--url", server.url), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "no stored credential" in again.stderr
+
+
+async def test_a_worker_cannot_send_the_events_the_control_plane_owns(shared_server):
+    url = shared_server.url.replace("http://", "ws://") + "/ws/worker"
+    headers = {"Authorization": f"Bearer {shared_server.token}"}
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+        await ws.send_str(hello(name="forger"))
+        assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Welcome)
+        forged = wire.RunEvent(run_id="0" * 32, kind="run_finished", payload={"status": "succeeded"})
+        await ws.send_str(forged.model_dump_json())
+        closing = await ws.receive(timeout=10)
+        assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert ws.close_code == wire.CLOSE_PROTOCOL
