@@ -106,6 +106,14 @@ class Server:
                 return self.get(f"/api/runs/{run_id}")  # type: ignore[no-any-return]
         raise AssertionError(f"{run_id} never reached {status}")
 
+    def wait_until(self, predicate: Any, timeout: float = 30.0) -> None:
+        """Checks ``predicate()`` when the global stream opens and after each change it
+        announces, until it holds."""
+        for kind, _ in self.client.stream("/api/stream", read_timeout=timeout):
+            if kind in ("hello", "run") and predicate():
+                return
+        raise AssertionError("the condition never held")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
