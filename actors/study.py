@@ -33,6 +33,7 @@ from subprocess_runner.studies import attempt_seed
 log = logging.getLogger("troupe.study")
 
 TICK_S = 0.2
+PERSIST_ACTIVE_S = 1.0
 _RETRY = frozenset({ev.INTERRUPTED})
 
 
@@ -58,6 +59,7 @@ class StudyActor(Actor):
         self._accelerators = accelerators
         self._active: float | None = None  # active seconds, counted from the row
         self._last = time.monotonic()
+        self._saved = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._alive_after_step = True
 
@@ -95,7 +97,10 @@ class StudyActor(Actor):
         else:
             self._active += now - self._last
         self._last = now
-        self._store.write(UpdateStudy(self.study_id, {"active_seconds": round(self._active, 3)}))
+        # Persisted once a second, not every tick: a restart loses at most that much.
+        if now - self._saved >= PERSIST_ACTIVE_S:
+            self._saved = now
+            self._store.write(UpdateStudy(self.study_id, {"active_seconds": round(self._active, 3)}))
         budget, spec, attempts = study["budget"], study["spec"], study["attempts"]
         in_flight = [a for a in attempts if a["status"] in ev.ACTIVE_STATES]
 
@@ -113,7 +118,8 @@ class StudyActor(Actor):
 
         owed = self._owed(spec, attempts)
         if not owed and not in_flight:
-            self._store.write(UpdateStudy(self.study_id, {"state": "finished"}))
+            self._store.write(UpdateStudy(self.study_id, {"state": "finished",
+                                                          "active_seconds": round(self._active, 3)}))
             self.stop_self("finished")
             return
         room = len(owed)
@@ -167,7 +173,8 @@ class StudyActor(Actor):
 
     def _halt(self, reason: str) -> None:
         log.info("study %s halted: %s", self.study_id, reason)
-        self._store.write(UpdateStudy(self.study_id, {"state": "halted", "halt_reason": reason}))
+        self._store.write(UpdateStudy(self.study_id, {"state": "halted", "halt_reason": reason,
+                                                      "active_seconds": round(self._active or 0.0, 3)}))
         self.stop_self("halted")
 
 
