@@ -77,26 +77,33 @@ class Link(Actor):
 
     async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """One connection; True when the agent must stop."""
-        frame_no = 0
+        numbers = wire.Numbering()
         hello = await self._config.hello()
-        await ws.send_str(wire.dump_frame(hello))
+        await ws.send_str(wire.dump_frame(hello, numbers.next()))
         first = await ws.receive(timeout=30)
         if first.type != aiohttp.WSMsgType.TEXT:
             return False
         answer = wire.parse_frame(first.data)
+        numbers.is_new(answer)
         if isinstance(answer, wire.Refused):
             self._config.on_final(1, f"refused by the control plane: {answer.reason}")
             return True
         if not isinstance(answer, wire.Welcome):
             return False
         log.info("connected as %s%s", answer.name, " (degraded)" if answer.degraded else "")
-        beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, frame_no))
-        sending = asyncio.ensure_future(self._drain_outbox(ws))
+        beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, numbers))
+        sending = asyncio.ensure_future(self._drain_outbox(ws, numbers))
+        acked = 0
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
                     continue
                 frame = wire.parse_frame(message.data)
+                if not numbers.is_new(frame):
+                    log.warning("the control plane sent frame %s twice: dropped", frame.frame_no)
+                    continue
+                if isinstance(frame, wire.Ack):
+                    acked = max(acked, frame.upto)
                 if isinstance(frame, wire.Refused):
                     self._config.on_final(1, f"refused by the control plane: {frame.reason}")
                     return True
@@ -107,19 +114,20 @@ class Link(Actor):
         finally:
             beats.cancel()
             sending.cancel()
+            if numbers.sent > acked:
+                log.warning("connection lost with frames after %s unacknowledged (%s sent)", acked, numbers.sent)
         return False
 
-    async def _drain_outbox(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _drain_outbox(self, ws: aiohttp.ClientWebSocketResponse, numbers: wire.Numbering) -> None:
         while not ws.closed:
             frame = await self._outbox.get()
             try:
-                await ws.send_str(wire.dump_frame(frame))
+                await ws.send_str(wire.dump_frame(frame, numbers.next()))
             except (ConnectionResetError, aiohttp.ClientError):
                 self._outbox.put_nowait(frame)  # sent again on the next connection
                 return
 
-    async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, frame_no: int) -> None:
+    async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, numbers: wire.Numbering) -> None:
         while not ws.closed:
             await asyncio.sleep(every)
-            frame_no += 1
-            await ws.send_str(wire.dump_frame(wire.Heartbeat(frame_no=frame_no)))
+            await ws.send_str(wire.dump_frame(wire.Heartbeat(), numbers.next()))

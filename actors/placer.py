@@ -25,6 +25,7 @@ from actors.run import Start
 from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
 from actors.store_client import StoreClient
 from protocol import events as ev
+from protocol.settings import ANY_PREFIX
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
@@ -74,6 +75,8 @@ class WorkerOnline:
     name: str
     devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     draining: bool = False
+    # It has every node type of this server: target ``any`` may place runs on it.
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class Placer(Actor):
         self._holders: dict[str, set[str]] = {}  # physical device -> runs holding it
         self._held: dict[str, str] = {}  # run -> physical device
         self._device_waiting: dict[str, deque[Admit]] = {}
+        self._complete: set[str] = set()  # online workers with every node type
+        self._any_waiting: deque[Admit] = deque()  # target ``any``, in admission order
         self._closed = False
 
     async def on_start(self) -> None:
@@ -140,21 +145,28 @@ class Placer(Actor):
             case SubmitSweep(sweep, variants, runs):
                 return self._submit_sweep(sweep, variants, runs)
             case Admit(run_id, key):
-                if "/" in key:
+                if key.startswith(ANY_PREFIX):
+                    self._any_waiting.append(message)
+                    self._place_anywhere()
+                elif "/" in key:
                     self._admit_on_worker(message)
                 else:
                     self._waiting.append(message)
                     self._drain()
-            case WorkerOnline(name, devices, draining):
+            case WorkerOnline(name, devices, draining, complete):
                 self._providers[name] = dict(devices)
                 if draining:
                     self._online.discard(name)
+                    self._complete.discard(name)
                     return None
                 self._online.add(name)
+                (self._complete.add if complete else self._complete.discard)(name)
                 for parked in self._parked.pop(name, []):
                     self._admit_on_worker(parked)
+                self._place_anywhere()
             case WorkerOffline(name):
                 self._online.discard(name)
+                self._complete.discard(name)
             case Released(run_id):
                 self._release(run_id)
             case Quarantine(key, reason):
@@ -228,16 +240,57 @@ class Placer(Actor):
             self._parked.setdefault(worker, []).append(admit)
             return
         physical, _ = self._providers.get(worker, {}).get(device, (admit.queue_key, 1))
-        if len(self._holders.get(physical, ())) >= self._quota(physical):
+        if not self._free(physical):
             self._device_waiting.setdefault(physical, deque()).append(admit)
             return
-        self._holders.setdefault(physical, set()).add(admit.run_id)
-        self._held[admit.run_id] = physical
-        run = self._registry.lookup(f"runs/{admit.run_id}")
+        self._hold_and_start(admit.run_id, physical, Start())
+
+    def _place_anywhere(self) -> None:
+        """Places the runs for target ``any`` that fit somewhere now, in admission order:
+        of every online worker with every node type, the least busy one that has the
+        asked device free. The others wait for a release anywhere or a worker attaching."""
+        waiting, self._any_waiting = self._any_waiting, deque()
+        for admit in waiting:
+            if self._registry.lookup(f"runs/{admit.run_id}") is None:
+                continue  # withdrawn while it waited
+            spot = self._free_spot(admit.queue_key.removeprefix(ANY_PREFIX))
+            if spot is None:
+                self._any_waiting.append(admit)
+                continue
+            worker, device, physical = spot
+            self._hold_and_start(admit.run_id, physical, Start(worker=worker, device=device))
+
+    def _free_spot(self, asked: str) -> tuple[str, str, str] | None:
+        by_load = sorted(self._complete & self._online, key=lambda w: (-self._has_cards(w), self._load(w), w))
+        for worker in by_load:
+            devices = self._providers.get(worker, {})
+            if asked == "auto":
+                candidates = [d for d in devices if d != "cpu"] or ["cpu"]
+            else:
+                candidates = [asked] if asked in devices else []
+            for device in candidates:
+                physical = devices[device][0]
+                if self._free(physical):
+                    return worker, device, physical
+        return None
+
+    def _has_cards(self, worker: str) -> bool:
+        return any(device != "cpu" for device in self._providers.get(worker, {}))
+
+    def _load(self, worker: str) -> int:
+        return sum(len(self._holders.get(physical, ())) for physical, _ in self._providers.get(worker, {}).values())
+
+    def _free(self, physical: str) -> bool:
+        return len(self._holders.get(physical, ())) < self._quota(physical)
+
+    def _hold_and_start(self, run_id: str, physical: str, start: Start) -> None:
+        self._holders.setdefault(physical, set()).add(run_id)
+        self._held[run_id] = physical
+        run = self._registry.lookup(f"runs/{run_id}")
         if run is None:
-            self._release(admit.run_id)
+            self._release(run_id)
             return
-        run.tell(Start())
+        run.tell(start)
 
     def _quota(self, physical: str) -> int:
         limits = [limit for worker, devices in self._providers.items() if worker in self._online
@@ -278,6 +331,9 @@ class Placer(Actor):
             for admit in waiting:  # in order; those that still do not fit wait again
                 if admit.run_id != run_id and self._registry.lookup(f"runs/{admit.run_id}") is not None:
                     self._admit_on_worker(admit)
+        self._any_waiting = deque(a for a in self._any_waiting if a.run_id != run_id)
+        if physical is not None:
+            self._place_anywhere()
         self._executing.discard(run_id)
         self._interactive.pop(run_id, None)
         if self._seeded == run_id:

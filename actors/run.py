@@ -35,7 +35,11 @@ log = logging.getLogger("troupe.run")
 
 @dataclass(frozen=True)
 class Start:
-    """From the placer: the run holds a slot and passed the seed gate."""
+    """From the placer: the run holds a slot and passed the seed gate. For target
+    ``any`` the placer names the worker and device it chose."""
+
+    worker: str | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,8 @@ class RunActor(Actor):
 
     def _dispatch(self, message: Any) -> Any:
         match message:
-            case Start():
-                self._start()
+            case Start(worker, device):
+                self._start(worker, device)
             case NodeEvents(events):
                 for event in events:
                     self._on_node_event(event.type, event.node_id, event.payload)
@@ -149,13 +153,17 @@ class RunActor(Actor):
         return None
 
     # Lifecycle ---------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, worker: str | None, device: str | None) -> None:
         if self._status != ev.QUEUED:
             return  # cancelled while the grant was on its way; the slot is already back
         self._status = ev.RUNNING
-        started_at = ev.utc_now()
-        self._write(UpdateRun(self.run_id, {"status": ev.RUNNING, "started_at": started_at}))
-        self._emit(ev.RUN_STARTED, None, {"device": self._row["device"], "seed": self._row.get("seed")})
+        fields: dict[str, Any] = {"status": ev.RUNNING, "started_at": ev.utc_now()}
+        started: dict[str, Any] = {"device": device or self._row["device"], "seed": self._row.get("seed")}
+        if worker is not None:  # placed by target ``any``
+            self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
+            self._row["device"] = fields["device"] = started["device"]
+        self._write(UpdateRun(self.run_id, fields))
+        self._emit(ev.RUN_STARTED, None, started)
         if self._worker is not None:
             self._send_to_worker("assign")
             return

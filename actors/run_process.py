@@ -48,6 +48,7 @@ class RunProcess(Actor):
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
+        self._cancelled = False
         self._process: Any = None
         self._conn: Any = None
 
@@ -94,7 +95,11 @@ class RunProcess(Actor):
                 self._ended = True
                 self._send(wire.RunEnded(run_id=run_id, status=status, error=error, node_id=node_id))
             case _Exited(code):
-                if not self._ended:
+                if not self._ended and self._cancelled:
+                    self._send(wire.RunEnded(run_id=run_id, status="cancelled", error=(
+                        f"the run did not stop within {self._kill_grace_s:g} s of the cancel "
+                        "(TROUPE_WORKER_KILL_GRACE_S); its process was killed")))
+                elif not self._ended:
                     how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
                     self._send(wire.RunEnded(run_id=run_id, status="failed",
                                              error=f"the run's process died ({how}) before it finished"))
@@ -104,6 +109,7 @@ class RunProcess(Actor):
                     self._ended = True  # nobody waits for its end any more
                     self._kill()
                     return None
+                self._cancelled = True
                 with contextlib.suppress(OSError):  # the child is already gone
                     self._conn.send("cancel")
                 asyncio.get_running_loop().call_later(self._kill_grace_s, self._kill)

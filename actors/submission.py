@@ -11,10 +11,12 @@ from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
-from protocol.settings import Settings
+from protocol.settings import ANY_PREFIX, Settings
 from subprocess_runner.catalog import Catalog
-from subprocess_runner.devices import resolve_device
+from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
+
+ANY = ANY_PREFIX.rstrip("/")
 
 
 def target_worker(options: RunOptions) -> str | None:
@@ -54,8 +56,11 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         device, warning = resolve_device(requested, available)
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
+    anywhere = worker is not None and worker[0] == ANY
+    if anywhere and device != "cpu" and parse_device(requested or "") in (("auto", None), ("cuda", None)):
+        device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:
-        warning = warning.replace("this server", f"worker {worker[0]}")
+        warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker[0]}")
     graph = prepare_executable_graph(graph_doc, catalog, prefix)
     for i, node in enumerate(graph_doc.nodes):
         if node.resources is not None and (node.resources.cpus or 0) > settings.cpus:
@@ -69,7 +74,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "status": ev.QUEUED,
         "device": device,
         "queue_key": f"{worker[0]}/{device}" if worker is not None else device,
-        "worker": worker[0] if worker is not None else None,
+        "worker": worker[0] if worker is not None and not anywhere else None,  # ``any``: set when placed
         "lane": options.lane,
         "editor_session": options.editor_session,
         "seed": options.seed,

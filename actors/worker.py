@@ -181,7 +181,7 @@ class WorkerConnection(Actor):
         if not online or self._hello is None:
             placer.tell(WorkerOffline(self.worker))
             return
-        placer.tell(WorkerOnline(self.worker, self._devices(), self._draining))
+        placer.tell(WorkerOnline(self.worker, self._devices(), self._draining, complete=not self._missing))
 
     def _devices(self) -> dict[str, tuple[str, int]]:
         """Each offered device with its physical identity (NVML UUID; the machine for its

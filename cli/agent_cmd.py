@@ -18,6 +18,7 @@ from typing import Any
 import platformdirs
 
 from cli.client import Client
+from cli.config import load_settings
 from cli.errors import CliError
 
 log = logging.getLogger("troupe.cli")
@@ -107,7 +108,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     pid_file.write_text(str(os.getpid()))
     print(f"troupe agent {name} dialing {url}", flush=True)
     try:
-        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated))))
+        grace = load_settings().worker_kill_grace_s
+        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated, grace))))
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -16,6 +16,11 @@ from pathlib import Path
 DEFAULT_PORT = 8765
 
 
+# Target ``any``: its runs wait on the key ``any/<device>`` until the placer finds them a slot.
+ANY_PREFIX = "any/"
+ANY_QUEUE_LIMIT = 1_000_000
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -32,6 +37,8 @@ class Settings:
     recorded_outputs_keep: int = 20
     worker_heartbeat_s: float = 10.0
     worker_resume_grace_s: float = 300.0
+    # On an agent: how long a cancelled run's process has to stop before it is killed.
+    worker_kill_grace_s: float = 10.0
     max_sweep_runs: int = 32
     max_sweep_params: int = 4
     max_sweep_domain: int = 32
@@ -48,7 +55,11 @@ class Settings:
     warnings: tuple[str, ...] = ()
 
     def concurrency_for(self, queue_key: str) -> int:
-        """How many queued-lane runs may hold a slot of ``queue_key`` at once."""
+        """How many queued-lane runs may hold a slot of ``queue_key`` at once. A run for
+        target ``any`` (key ``any/<device>``) is limited by the slots of the worker it
+        lands on, which the placer counts, so its own queue only keeps the order."""
+        if queue_key.startswith(ANY_PREFIX):
+            return ANY_QUEUE_LIMIT
         if queue_key in self.run_queue_max_concurrent:
             return self.run_queue_max_concurrent[queue_key]
         device = queue_key.rsplit("/", 1)[-1]
@@ -92,6 +103,7 @@ class Settings:
             max_sweep_domain=reader.limit("TROUPE_MAX_SWEEP_DOMAIN", 32),
             worker_heartbeat_s=reader.number("TROUPE_WORKER_HEARTBEAT_S", 10.0) or 10.0,
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
+            worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),

@@ -75,6 +75,14 @@ class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
 
 
+class Ack(_Frame):
+    """Control plane -> agent, answering each heartbeat: every frame of this connection
+    up to ``upto`` arrived. Replay of what was not acked is for a later version."""
+
+    type: Literal["ack"] = "ack"
+    upto: int = Field(ge=0)
+
+
 class InventoryUpdate(_Frame):
     type: Literal["inventory"] = "inventory"
     inventory: Inventory
@@ -128,7 +136,7 @@ class RunEnded(_Frame):
 
 
 Frame = Annotated[
-    Hello | Welcome | Refused | Heartbeat | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
+    Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
     | RunEnded,
     Field(discriminator="type"),
 ]
@@ -140,5 +148,30 @@ def parse_frame(raw: str | bytes) -> Any:
     return FRAME.validate_json(raw)
 
 
-def dump_frame(frame: BaseModel) -> str:
+def dump_frame(frame: BaseModel, frame_no: int | None = None) -> str:
+    """The frame as JSON; ``frame_no`` numbers it for the connection it goes out on."""
+    if frame_no is not None:
+        frame = frame.model_copy(update={"frame_no": frame_no})
     return frame.model_dump_json()
+
+
+class Numbering:
+    """One connection's frame numbers: those it sends (from 1) and the newest it
+    received, so that a frame that comes twice is recognised and dropped."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+    def next(self) -> int:
+        self.sent += 1
+        return self.sent
+
+    def is_new(self, frame: BaseModel) -> bool:
+        number = int(getattr(frame, "frame_no", 0))
+        if number == 0:
+            return True  # unnumbered (an older sender): nothing to compare
+        if number <= self.received:
+            return False
+        self.received = number
+        return True

@@ -14,7 +14,7 @@ from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
-from actors.submission import build_row, target_worker
+from actors.submission import ANY, build_row, target_worker
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
@@ -39,6 +39,7 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
         error_detail=row["error_detail"], warnings=row["warnings"], artifacts=row["artifacts"], graph=row["graph"],
+        worker=row.get("worker"),
     )
     return detail
 
@@ -57,9 +58,8 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
     name = target_worker(options)
     if name is None:
         return None
-    if name == "any":
-        raise InvalidRequest("target any is not placed yet; name a worker", pointer="/options/target/worker",
-                             code="target_any_unsupported")
+    if name == ANY:
+        return ANY, _devices_of_eligible_workers(svc)
     if name not in svc.seen_workers:
         raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                              pointer="/options/target/worker", code="unknown_target")
@@ -68,6 +68,20 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
         raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
                              code="worker_lacks_node_types")
     return name, svc.seen_workers[name]
+
+
+def _devices_of_eligible_workers(svc: Services) -> tuple[str, ...]:
+    """Every device offered by a worker that target ``any`` may use: one that has every
+    node type this server has (a degraded worker lacking some is skipped). 400 when
+    there is none, with what was seen."""
+    eligible = [name for name, types in svc.worker_types.items() if not set(svc.catalog.types) - types]
+    if not eligible:
+        seen = sorted(svc.seen_workers)
+        raise InvalidRequest(
+            f"target any needs a worker with every node type of this server; {len(seen)} seen since start"
+            + (f" ({', '.join(seen)}), none has them all" if seen else ""),
+            pointer="/options/target/worker", code="no_eligible_worker")
+    return tuple(sorted({device for name in eligible for device in svc.seen_workers[name]}))
 
 
 @routes.post("/api/runs")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
+from typing import Annotated
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from actors.queue import Snapshot as QueueSnapshot
 from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
@@ -25,10 +26,20 @@ CREDENTIALS_PATH = "/api/workers/credentials"
 _NAME = r"[a-z0-9][a-z0-9_.-]{0,63}"
 
 
+def _not_reserved(name: str | None) -> str | None:
+    if name in _RESERVED:
+        raise ValueError(f"{name!r} is a target word (options.target.worker), not a worker name")
+    return name
+
+
+_RESERVED = ("any", "local")
+WorkerName = Annotated[str | None, Field(default=None, pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
+
+
 class NewEnrollment(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str | None = Field(default=None, pattern=f"^{_NAME}$")
+    name: WorkerName = None
     ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
     uses: int = Field(default=1, ge=1, le=1000)
 
@@ -37,7 +48,7 @@ class Redeem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     token: str = Field(min_length=1, max_length=200)
-    name: str | None = Field(default=None, pattern=f"^{_NAME}$")
+    name: WorkerName = None
     machine_id: str = Field(min_length=1, max_length=200)
 
 

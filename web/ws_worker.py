@@ -67,6 +67,8 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
         return await _refuse(ws, "version_mismatch",
                              f"the control plane runs troupe {__version__}, this agent {hello.version}; "
                              "install the same version on both")
+    numbers = wire.Numbering()
+    numbers.is_new(hello)
     name, reason = await _who(svc, request, hello)
     if name is None:
         return await _refuse(ws, "unauthorized", reason)
@@ -78,13 +80,14 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     outbox: asyncio.Queue[Any] = asyncio.Queue()
     actor.tell(Attached(hello, degraded, tuple(missing), outbox))
     await ws.send_str(wire.dump_frame(wire.Welcome(
-        name=name, degraded=degraded, missing_node_types=missing, heartbeat_s=svc.settings.worker_heartbeat_s)))
+        name=name, degraded=degraded, missing_node_types=missing, heartbeat_s=svc.settings.worker_heartbeat_s),
+        numbers.next()))
     held = [run_id for run_id in hello.runs if svc.registry.lookup(f"runs/{run_id}") is not None]
     actor.tell(Rebind(tuple(held)))
     for run_id in set(hello.runs) - set(held):
         log.warning("worker %s still executes run %s, which this server no longer holds: killing it", name, run_id)
-        await ws.send_str(wire.dump_frame(wire.KillRun(run_id=run_id)))
-    pump = asyncio.ensure_future(_pump(ws, outbox))
+        await ws.send_str(wire.dump_frame(wire.KillRun(run_id=run_id), numbers.next()))
+    pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
         async for message in ws:
             if message.type != WSMsgType.TEXT:
@@ -97,9 +100,14 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
                 log.warning("worker %s sent a malformed frame: %s", name, exc)
                 await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
                 break
+            if not numbers.is_new(frame):
+                log.warning("worker %s sent frame %s twice: dropped", name, frame.frame_no)
+                continue
             live = svc.registry.lookup(f"workers/{name}")
             if live is None:
                 break
+            if isinstance(frame, wire.Heartbeat):
+                outbox.put_nowait(wire.Ack(upto=numbers.received))
             live.tell(Beat(frame.inventory if isinstance(frame, wire.InventoryUpdate) else None))
             if isinstance(frame, wire.RunEvent | wire.RunEnded):
                 _to_run(svc, frame, live)
@@ -122,10 +130,10 @@ def _to_run(svc: Services, frame: wire.RunEvent | wire.RunEnded, connection: Any
         run.tell(NodeEvents((NodeEvent(frame.kind, frame.node_id, frame.payload),)))
 
 
-async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any]) -> None:
+async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: wire.Numbering) -> None:
     while True:
         item = await outbox.get()
         if item is CLOSE:
             await ws.close()
             return
-        await ws.send_str(wire.dump_frame(item))
+        await ws.send_str(wire.dump_frame(item, numbers.next()))

@@ -18,11 +18,12 @@ from tests.helpers import REPO, base_env, troupe_cmd
 CARD = {"uuid": "GPU-aaaa", "name": "Fake 16G", "index": 0, "memory_total_mib": 16000, "memory_free_mib": 15000}
 
 
-def agent_env(server, tmp_path: Path, machine: str = "machine-1") -> dict[str, str]:
-    env = base_env(server.home)
+def agent_env(server, tmp_path: Path, machine: str = "machine-1", cards: tuple[dict, ...] = (CARD,),
+              **settings: str) -> dict[str, str]:
+    env = base_env(server.home, **settings)
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    env["TROUPE_SIMULATED_INVENTORY"] = json.dumps({"machine_id": machine, "cpus": 2, "cards": [CARD]})
+    env["TROUPE_SIMULATED_INVENTORY"] = json.dumps({"machine_id": machine, "cpus": 2, "cards": list(cards)})
     return env
 
 
@@ -32,9 +33,9 @@ def enroll(server, **body):
     return reply
 
 
-def start_agent(server, tmp_path, command: str, machine: str = "machine-1"):
+def start_agent(server, tmp_path, command: str, machine: str = "machine-1", **env_options):
     args = command.split()[1:]  # drop "troupe"
-    return subprocess.Popen(troupe_cmd(*args), cwd=REPO, env=agent_env(server, tmp_path, machine),
+    return subprocess.Popen(troupe_cmd(*args), cwd=REPO, env=agent_env(server, tmp_path, machine, **env_options),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -224,3 +225,19 @@ async def test_a_worker_cannot_send_the_events_the_control_plane_owns(shared_ser
         closing = await ws.receive(timeout=10)
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert ws.close_code == wire.CLOSE_PROTOCOL
+
+
+async def test_heartbeats_are_acked_and_a_frame_sent_twice_is_dropped(shared_server):
+    url = shared_server.url.replace("http://", "ws://") + "/ws/worker"
+    headers = {"Authorization": f"Bearer {shared_server.token}"}
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+        await ws.send_str(hello(name="numbered", frame_no=1))
+        welcome = wire.parse_frame((await ws.receive(timeout=10)).data)
+        assert isinstance(welcome, wire.Welcome) and welcome.frame_no == 1
+        await ws.send_str(wire.dump_frame(wire.Heartbeat(), 2))
+        first = wire.parse_frame((await ws.receive(timeout=10)).data)
+        assert isinstance(first, wire.Ack) and first.upto == 2
+        await ws.send_str(wire.dump_frame(wire.Heartbeat(), 2))  # a duplicate: no answer
+        await ws.send_str(wire.dump_frame(wire.Heartbeat(), 3))
+        second = wire.parse_frame((await ws.receive(timeout=10)).data)
+        assert isinstance(second, wire.Ack) and second.upto == 3 and second.frame_no > first.frame_no
