@@ -97,7 +97,7 @@ class WorkerConnection(Actor):
         super().__init__(f"workers/{name}")
         self._registry = registry
         self._limit_for = limit_for
-        self._runs: set[str] = set()
+        self._runs: dict[str, str] = {}  # run id -> the device it executes on
         self.worker = name
         self._heartbeat_s = heartbeat_s
         self._grace_s = grace_s
@@ -136,12 +136,13 @@ class WorkerConnection(Actor):
                 if outbox is self._outbox:
                     self._disconnect("the socket closed")
             case Revoked():
+                self._tell_runs("lost")  # its agent stops: nothing of it will come back
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Refused(code="revoked", reason="this worker's credential was revoked"))
                     self._outbox.put_nowait(CLOSE)
                 self.stop_self("revoked")
             case AssignRun(run_id, frame):
-                self._runs.add(run_id)
+                self._runs[run_id] = frame.devices[0] if frame.devices else "cpu"
                 if self._outbox is not None:
                     self._outbox.put_nowait(frame)
                 else:
@@ -150,13 +151,14 @@ class WorkerConnection(Actor):
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.CancelRun(run_id=run_id))
             case RunDone(run_id):
-                self._runs.discard(run_id)
+                self._runs.pop(run_id, None)
             case Rebind(run_ids):
                 # Runs the agent no longer executes (it restarted) are lost; the rest go on.
-                gone = self._runs - set(run_ids)
+                gone = set(self._runs) - set(run_ids)
                 if gone:
                     self._tell_runs("lost", only=gone)
-                self._runs |= set(run_ids)
+                for run_id in run_ids:
+                    self._runs.setdefault(run_id, "cpu")
                 if run_ids:
                     self._tell_runs("back", only=set(run_ids))
             case Drain():
@@ -203,7 +205,8 @@ class WorkerConnection(Actor):
             if run is not None:
                 run.tell(message)
         if what == "lost":
-            self._runs -= targets
+            for run_id in targets:
+                self._runs.pop(run_id, None)
 
     def _disconnect(self, why: str) -> None:
         if self._disconnected_at is None:
@@ -238,6 +241,8 @@ class WorkerConnection(Actor):
             "machine_id": hello.machine_id if hello else None,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
             "inventory": hello.inventory.model_dump() if hello else None,
-            "slots": [{"device": device, "physical_id": physical, "limit": limit}
+            "slots": [{"device": device, "physical_id": physical, "limit": limit,
+                       "running": sum(1 for on in self._runs.values() if on == device)}
                       for device, (physical, limit) in (self._devices().items() if hello else [])],
+            "running_runs": sorted(self._runs),
         }

@@ -14,7 +14,6 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from actors.queue import Snapshot as QueueSnapshot
 from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked, Snapshot
 from protocol.errors import NotFound
@@ -88,10 +87,7 @@ async def list_workers(request: web.Request) -> web.Response:
         snapshot = await live.ask(Snapshot()) if live is not None else {
             "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
             "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
-            "inventory": None, "slots": []}
-        for slot in snapshot.get("slots", []):
-            queue = svc.registry.lookup(f"queues/{row['name']}/{slot['device']}")
-            slot["running"] = (await queue.ask(QueueSnapshot()))["running"] if queue is not None else 0
+            "inventory": None, "slots": [], "running_runs": []}
         rows.append({**snapshot, "enrolled_at": row["enrolled_at"]})
     return web.json_response({"workers": rows})
 

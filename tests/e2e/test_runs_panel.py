@@ -1,42 +1,19 @@
-"""The Runs panel in a real browser: Debian's Chromium driven by Playwright."""
+"""The Runs and Sweeps panels in a real browser."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
+from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
 from tests.helpers import hello, sleeper
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-IMAGES = Path(__file__).resolve().parent.parent.parent / "docs" / "images"
-
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - .ci/run installs it
-    sync_playwright = None
-
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or not Path(CHROMIUM).exists(),
-    reason="browser tests need Debian's chromium and the playwright package (.ci/run installs both)",
-)
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--disable-quic"]
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
+expect = pytest.importorskip("playwright.sync_api", reason=REASON).expect
 
 
 @pytest.fixture
-def page(make_server):
-    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        tab = browser.new_page(viewport={"width": 1440, "height": 900})
-        errors: list[str] = []
-        tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        tab.on("pageerror", lambda error: errors.append(str(error)))
-        tab.goto(server.url + "/")
-        yield server, tab, errors
-        browser.close()
+def page(open_page):
+    return open_page(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
 
 
 def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
@@ -52,15 +29,18 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     tab.locator(f'tr[data-run="{waiting[0]}"]').get_by_text("#1 in queue").wait_for()
     tab.get_by_text("3 runs active").wait_for()
     tab.locator(f'tr[data-run="{done}"] .status.succeeded').wait_for()
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    tab.screenshot(path=str(IMAGES / "runs-panel.png"))
+    screenshot(tab, "runs-panel.png")
 
     tab.locator(f'tr[data-run="{running}"]').get_by_role("button", name="Stop").click()
     tab.locator(f'tr[data-run="{running}"] .status.cancelled').wait_for()
     row.get_by_text("#1 in queue").wait_for()  # the queue moved up, live
 
-    tab.once("dialog", lambda dialog: dialog.accept())
+    tab.locator(f'tr[data-run="{done}"]').click()
+    chart = tab.locator('#details-charts figure.chart[data-series="val_loss"]')
+    expect(chart).to_contain_text("last 5")  # the details show a chart per metric series
     tab.locator(f'tr[data-run="{done}"]').get_by_role("button", name="Delete").click()
+    expect(tab.locator("dialog[open]")).to_contain_text("Checkpoint files stay on disk")
+    confirm(tab, "Delete")
     tab.locator(f'tr[data-run="{done}"]').wait_for(state="detached")
     status, _ = server.client.request("GET", f"/api/runs/{done}")
     assert status == 404
@@ -104,5 +84,5 @@ def test_the_sweeps_panel_ranks_variants_best_first(page):
     expect(ranks.nth(0)).to_contain_text("1")
     expect(ranks.nth(0)).to_contain_text("4.000")  # a=1: val_loss 1 + 3
     assert tab.locator("#sweep-csv").get_attribute("href") == f"/api/sweeps/{reply['sweep_id']}?format=csv"
-    tab.screenshot(path=str(IMAGES / "sweeps-panel.png"))
+    screenshot(tab, "sweeps-panel.png")
     assert errors == []

@@ -1,0 +1,107 @@
+"""The graph editor in a real browser: build from the palette, connect, run on the
+interactive lane, see node states, and queue with the "Queue on..." dialog."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import MISSING, REASON, screenshot
+from tests.helpers import sleeper
+
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
+expect = pytest.importorskip("playwright.sync_api", reason=REASON).expect
+
+
+def add(tab, node_type: str) -> None:
+    tab.locator(f'button[data-palette="{node_type}"]').click()
+
+
+def connect(tab, source: str, target: str) -> None:
+    tab.locator(f'circle[data-port="out:{source}"]').drag_to(tab.locator(f'circle[data-port="in:{target}"]'))
+
+
+def set_param(tab, node: str, param: str, value: str) -> None:
+    tab.locator(f'g[data-node="{node}"] text.title').click()
+    field = tab.locator(f'#inspector [data-param="{param}"]')
+    field.fill(value)
+
+
+def node_state(tab, node: str):
+    return tab.locator(f'g[data-node="{node}"]')
+
+
+def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
+    server, tab, errors = open_page()
+    tab.get_by_role("button", name="New").click()
+    tab.locator("#palette-search").fill("const")
+    expect(tab.locator("#palette-groups button")).to_have_count(1)  # the palette is searchable
+    add(tab, "core.Constant")
+    tab.locator("#palette-search").fill("")
+    for node_type in ("core.Constant", "core.Add", "core.LogMetric", "eval.Texts"):
+        add(tab, node_type)
+    set_param(tab, "constant1", "value", "2")
+    set_param(tab, "constant2", "value", "3")
+    set_param(tab, "logmetric1", "name", "val_loss")
+    expect(tab.locator("#inspector")).to_contain_text("name (string)")  # a form from the param schema
+
+    connect(tab, "texts1:texts", "add1:a")  # texts into a float input: refused, visibly
+    expect(tab.locator("#editor-status")).to_contain_text("types differ")
+    expect(tab.locator("#edges path.edge")).to_have_count(0)
+    connect(tab, "constant1:value", "add1:a")
+    connect(tab, "constant2:value", "add1:b")
+    connect(tab, "add1:sum", "logmetric1:value")
+    expect(tab.locator("#edges path.edge")).to_have_count(3)
+    tab.locator('g[data-node="texts1"] text.title').click()
+    tab.locator("#inspector").get_by_role("button", name="Delete node").click()
+    expect(tab.locator('g[data-node="texts1"]')).to_have_count(0)
+
+    tab.get_by_role("button", name="Run", exact=True).click()
+    for node in ("constant1", "constant2", "add1", "logmetric1"):
+        expect(node_state(tab, node)).to_have_class("node done")
+    expect(tab.locator("#editor-status")).to_contain_text("run succeeded")
+    runs = server.get("/api/runs")["runs"]
+    assert [(r["lane"], r["status"], r["final_loss"]) for r in runs] == [("interactive", "succeeded", 5.0)]
+    tab.locator('g[data-node="add1"] text.title').click()
+    expect(tab.locator("#node-outputs")).to_contain_text('"sum": 5')  # the inspector shows recorded outputs
+    tab.get_by_role("button", name="Tidy").click()
+    screenshot(tab, "editor.png")
+    assert errors == []
+
+
+def test_run_is_disabled_while_active_and_a_full_lane_is_said(open_page):
+    server, tab, errors = open_page(TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT="1")
+    blocker = server.submit(sleeper(seconds=60), lane="interactive", editor_session="someone-else")["run_id"]
+    server.wait_status(blocker, "running")
+    run = tab.get_by_role("button", name="Run", exact=True)
+    run.click()
+    expect(tab.locator("#editor-status")).to_contain_text("Run refused: interactive_lane_full")
+    expect(tab.locator("#message")).to_contain_text("TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT")
+    expect(run).to_be_enabled()
+    server.client.request("POST", f"/api/runs/{blocker}/cancel")
+    server.wait_status(blocker, "cancelled")
+
+    tab.locator("#examples").select_option("sleepy")
+    run.click()
+    expect(run).to_be_disabled()  # its run is active
+    expect(run).to_be_enabled(timeout=30_000)
+    expect(tab.locator("#editor-status")).to_contain_text("run succeeded")
+    # Chromium logs every non-2xx response itself; the refusal above is the only one.
+    assert [e for e in errors if "status of 503" not in e] == []
+
+
+def test_queue_on_explains_the_queue_before_it_submits(open_page):
+    server, tab, errors = open_page(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    busy = server.submit(sleeper(seconds=60))["run_id"]
+    server.wait_status(busy, "running")
+    tab.get_by_role("button", name="Queue on…").click()
+    dialog = tab.locator("dialog[open]")
+    expect(dialog.locator("#queue-explain")).to_contain_text("Queue cpu: 1 of 1 slots busy, 0 waiting")
+    expect(dialog.locator("#queue-explain")).to_contain_text("#1 in queue")
+    dialog.get_by_role("button", name="Queue").click()
+    expect(tab.locator("#editor-status")).to_contain_text("#1 in queue")
+    queued = [r for r in server.get("/api/runs")["runs"] if r["id"] != busy]
+    assert [(r["lane"], r["queue_key"], r["queue_position"]) for r in queued] == [("queued", "cpu", 1)]
+    tab.locator(f'tr[data-run="{queued[0]["id"]}"]').get_by_text("#1 in queue").wait_for()
+    for run_id in (busy, queued[0]["id"]):
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert errors == []

@@ -1,0 +1,95 @@
+"""The New sweep dialog, the Studies panel and the Workers panel in a real browser."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
+from tests.integration.test_studies_functional import post, study_body, variants, wait_state
+from tests.integration.test_workers_functional import read_until, start_agent
+
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
+expect = pytest.importorskip("playwright.sync_api", reason=REASON).expect
+
+
+def test_the_new_sweep_dialog_queues_a_sweep_of_the_editor_graph_and_ranks_it(open_page):
+    server, tab, errors = open_page()  # the editor opens on the hello example
+    tab.get_by_role("button", name="Sweeps").click()
+    tab.get_by_role("button", name="New sweep…").click()
+    dialog = tab.locator("dialog[open]")
+    dialog.locator("[data-field=param]").select_option(label="a.value (float)")
+    dialog.locator("[data-field=values]").fill("3, 1, 2")
+    dialog.locator('input[name="name"]').fill("from the dialog")
+    dialog.get_by_role("button", name="Queue the sweep").click()
+    dialog.wait_for(state="hidden")
+    sweeps = server.get("/api/sweeps")["sweeps"]
+    assert [(s["name"], s["total"]) for s in sweeps] == [("from the dialog", 3)]
+    tab.get_by_text("from the dialog — finished").wait_for(timeout=30_000)
+    ranks = tab.locator("#ranking-rows tr")
+    expect(ranks).to_have_count(3)
+    expect(ranks.nth(0)).to_contain_text("4.000")  # a=1 gives val_loss 1 + 3, the smallest
+    expect(ranks.nth(2)).to_contain_text("6.000")
+
+    tab.get_by_role("button", name="New sweep…").click()
+    dialog.locator("[data-field=values]").fill("1, x")
+    dialog.get_by_role("button", name="Queue the sweep").click()
+    expect(dialog.locator(".message")).to_contain_text("is not a number")  # refused in the dialog
+    dialog.get_by_role("button", name="Cancel").click()
+    assert errors == []
+
+
+def test_the_studies_panel_shows_the_budget_and_resumes_a_halted_study(open_page):
+    server, tab, errors = open_page()
+    study = post(server, study_body(variants(1, 2), repeats=2, budget={"max_runs": 2}))
+    wait_state(server, study["id"], "halted")
+    tab.get_by_role("button", name="Studies").click()
+    row = tab.locator(f'tr[data-study="{study["id"]}"]')
+    expect(row).to_contain_text("halted (budget_max_runs)")
+    expect(row).to_contain_text("2 of 2 runs")
+    row.click()
+    expect(tab.locator("#study")).to_contain_text("v1")
+    expect(tab.locator('#study [data-limit="max_runs"]')).to_have_text("2 of 2")
+    screenshot(tab, "studies-panel.png")
+    tab.locator("#study").get_by_role("button", name="Resume…").click()
+    dialog = tab.locator("dialog[open]")
+    expect(dialog).to_contain_text("Raise the limit that stopped it")
+    dialog.locator('input[name="max_runs"]').fill("4")
+    confirm(tab, "Resume")
+    expect(row).to_contain_text("finished", timeout=30_000)
+    expect(tab.locator("#study tbody tr").first).to_contain_text("v1")  # ranked best first: 1 + 3 < 2 + 3
+    assert server.get(f"/api/studies/{study['id']}")["used"]["runs"] == 4
+    assert errors == []
+
+
+def test_add_a_worker_from_the_panel_and_see_it_connect(open_page, tmp_path):
+    server, tab, errors = open_page(TROUPE_WORKER_HEARTBEAT_S="1")
+    tab.get_by_role("button", name="Workers").click()
+    tab.get_by_role("button", name="Add worker…").click()
+    dialog = tab.locator("dialog[open]")
+    dialog.locator('input[name="name"]').fill("gpu-a")
+    dialog.get_by_role("button", name="Create join command").click()
+    command = dialog.locator("[data-join]").inner_text()
+    assert command.startswith("troupe agent start --url ") and "--token" in command
+    expect(dialog).to_contain_text("works 1 time")
+    dialog.get_by_role("button", name="Close").click()
+    agent = start_agent(server, tmp_path, command)
+    try:
+        read_until(agent, "connected as gpu-a")
+        row = tab.locator('tr[data-worker="gpu-a"]')
+        expect(row).to_contain_text("connected")
+        expect(row).to_contain_text("Fake 16G")
+        row.get_by_role("button", name="Drain").click()
+        expect(tab.locator("dialog[open]")).to_contain_text("finish normally")
+        confirm(tab, "Drain")
+        expect(row).to_contain_text("draining")
+        screenshot(tab, "workers-panel.png")
+        row.get_by_role("button", name="Remove").click()
+        expect(tab.locator("dialog[open]")).to_contain_text("end interrupted (worker_lost)")
+        confirm(tab, "Remove")
+        expect(row).to_have_count(0)
+        assert agent.wait(30) == 1  # its credential is revoked: the agent stops
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
+    assert errors == []

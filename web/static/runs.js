@@ -1,0 +1,142 @@
+// The Runs panel: every run the server holds, live, with Stop, Watch, CSV and Delete,
+// and the details of one run (facts, artifacts, a chart per metric series, its events).
+
+import { chart } from "./chart.js";
+import { api, confirmDialog, copyButton, el, seconds, showMessage, time } from "./util.js";
+
+const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Succeeded", "succeeded"],
+  ["Failed", "failed"], ["Cancelled", "cancelled"], ["Interrupted", "interrupted"]];
+export const ACTIVE = new Set(["queued", "running", "disconnected"]);
+let filter = "";
+let openRun = null;
+let watch = null; // {runId, source, lines}: a Watch replays the whole log from seq 1
+
+function duration(row) {
+  if (!row.started_at) return "";
+  const end = row.finished_at ? Date.parse(row.finished_at) : Date.now();
+  return seconds((end - Date.parse(row.started_at)) / 1000);
+}
+
+async function act(label, run) {
+  try {
+    showMessage("");
+    await run();
+    await refreshRuns();
+  } catch (error) {
+    showMessage(`${label} failed: ${error.message}`);
+  }
+}
+
+function actions(row) {
+  const cell = el("td", { class: "actions" });
+  const quiet = (handler) => (event) => { event.stopPropagation(); handler(); };
+  if (ACTIVE.has(row.status)) {
+    cell.append(el("button", { onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
+  }
+  cell.append(el("button", { onclick: quiet(() => watchRun(row.id)) }, "Watch"));
+  cell.append(el("a", { href: `/api/runs/${row.id}/metrics?format=csv`, onclick: (e) => e.stopPropagation() }, "CSV"));
+  if (!ACTIVE.has(row.status)) {
+    cell.append(el("button", {
+      onclick: quiet(() => confirmDialog(`Delete run ${row.name || row.id}?`,
+        "Its metrics, events and recorded outputs are removed from the database. Checkpoint files stay on disk. "
+        + "This cannot be undone.", "Delete", async () => {
+          await api("DELETE", `/api/runs/${row.id}`);
+          if (openRun === row.id) closeDetails();
+          await refreshRuns();
+        })),
+    }, "Delete"));
+  }
+  return cell;
+}
+
+function renderRow(row) {
+  const status = el("td", {}, el("span", { class: `status ${row.status}` }, row.status));
+  const device = el("td", { title: row.queue_key }, row.queue_key);
+  if (row.queue_position !== null) device.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
+  const loss = row.final_loss === null ? "" : row.final_loss.toPrecision(4);
+  return el("tr", { "data-run": row.id, class: row.id === openRun ? "selected" : null, onclick: () => openDetails(row.id) },
+    el("td", { title: row.id }, row.name || row.id.slice(0, 8)), status, device,
+    el("td", {}, time(row.started_at)), el("td", {}, duration(row)), el("td", {}, loss), actions(row));
+}
+
+export async function refreshRuns() {
+  const query = filter ? `?status=${filter}&limit=200` : "?limit=200";
+  const [list, all] = await Promise.all([api("GET", `/api/runs${query}`), api("GET", "/api/runs?limit=500")]);
+  document.getElementById("rows").replaceChildren(...list.runs.map(renderRow));
+  document.getElementById("empty").hidden = list.runs.length > 0;
+  const busy = all.runs.filter((r) => ACTIVE.has(r.status)).length;
+  const notice = document.getElementById("notice");
+  notice.hidden = busy === 0;
+  notice.textContent = `${busy} run${busy === 1 ? "" : "s"} active`;
+  if (openRun) await renderDetails();
+}
+
+export async function openDetails(runId) {
+  stopWatch();
+  openRun = runId;
+  document.getElementById("details-log-title").replaceChildren("Events ", el("span", { class: "muted" }, "(the last 200)"));
+  await renderDetails();
+  for (const row of document.querySelectorAll("#rows tr")) row.classList.toggle("selected", row.dataset.run === runId);
+}
+
+function closeDetails() {
+  stopWatch();
+  openRun = null;
+  document.getElementById("details").hidden = true;
+}
+
+function stopWatch() {
+  if (watch) watch.source.close();
+  watch = null;
+}
+
+function eventLine(e) {
+  return `${String(e.seq).padStart(4)}  ${e.type.padEnd(14)} ${e.node_id || ""}  ${JSON.stringify(e.payload)}`;
+}
+
+// Watch: the run's whole log, replayed from its first event, then live.
+async function watchRun(runId) {
+  await openDetails(runId);
+  const log = document.getElementById("details-events");
+  document.getElementById("details-log-title").replaceChildren("Log ", el("span", { class: "muted" }, "(replayed from the start, live)"));
+  log.textContent = "";
+  const source = new EventSource(`/api/runs/${runId}/stream?after=0`);
+  watch = { runId, source, lines: [] };
+  source.addEventListener("run_event", (message) => {
+    const event = JSON.parse(message.data);
+    watch.lines.push(eventLine(event));
+    log.textContent = watch.lines.join("\n");
+    log.scrollTop = log.scrollHeight;
+    if (event.type === "run_finished") source.close();
+  });
+}
+
+async function renderDetails() {
+  const runId = openRun;
+  const [run, page, metrics] = await Promise.all([api("GET", `/api/runs/${runId}`),
+    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/metrics`)]);
+  if (runId !== openRun) return;
+  document.getElementById("details").hidden = false;
+  document.getElementById("details-title").textContent = `${run.name || run.id} — ${run.status}`;
+  const facts = [["Run ID", run.id], ["Queue", run.queue_key], ["Device", run.device],
+    ["Worker", run.worker || "this server"], ["Lane", run.lane], ["Seed", run.seed ?? "none"],
+    ["Deterministic", String(run.deterministic)], ["Error", run.error || ""]];
+  if (run.error_detail) facts.push(["Error detail", run.error_detail]);
+  document.getElementById("details-facts").replaceChildren(
+    ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
+  document.getElementById("details-artifacts").replaceChildren(...run.artifacts.length ? [el("h3", {}, "Artifacts"),
+    ...run.artifacts.map((a) => el("div", { class: "artifact" }, el("span", { class: "muted" }, a.kind),
+      el("code", { title: a.path }, a.path), copyButton(a.path)))] : []);
+  document.getElementById("details-csv").href = `/api/runs/${runId}/metrics?format=csv`;
+  const series = Object.entries(metrics.series);
+  document.getElementById("details-charts").replaceChildren(...series.length
+    ? series.map(([name, points]) => chart(name, points)) : [el("p", { class: "muted" }, "No metrics recorded.")]);
+  if (!watch) document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
+}
+
+export function renderChips() {
+  document.getElementById("chips").replaceChildren(...FILTERS.map(([label, value]) => el("button", {
+    class: `chip${value === filter ? " active" : ""}`, "data-filter": value || "all",
+    onclick: () => { filter = value; renderChips(); refreshRuns().catch((e) => showMessage(e.message)); },
+  }, label)));
+}

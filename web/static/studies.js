@@ -1,0 +1,97 @@
+// The Studies panel: each study's state, the budget used of each limit, its attempts and
+// ranking (with the reason a variant is unranked), cancel, and resume with a raised budget.
+
+import { api, confirmDialog, el, openDialog, seconds, time } from "./util.js";
+
+let openStudy = null;
+const LIMITS = [
+  ["max_runs", "Runs", (s) => s.used.runs, String],
+  ["max_active_seconds", "Active time", (s) => s.used.active_seconds, seconds],
+  ["max_parallel_runs", "Runs at once", (s) => s.attempts.filter((a) => ["queued", "running"].includes(a.status)).length, String],
+  ["max_run_seconds", "Seconds per run", null, seconds],
+];
+
+function usedSummary(study) {
+  const parts = [];
+  if (study.budget.max_runs !== undefined) parts.push(`${study.used.runs} of ${study.budget.max_runs} runs`);
+  else parts.push(`${study.used.runs} runs`);
+  if (study.budget.max_active_seconds !== undefined) {
+    parts.push(`${seconds(study.used.active_seconds)} of ${seconds(study.budget.max_active_seconds)}`);
+  }
+  return parts.join(", ");
+}
+
+export async function refreshStudies() {
+  const { studies } = await api("GET", "/api/studies");
+  const full = await Promise.all(studies.map((s) => api("GET", `/api/studies/${s.id}`)));
+  document.getElementById("study-rows").replaceChildren(...full.map((s) => el("tr", {
+    "data-study": s.id, class: s.id === openStudy ? "selected" : null,
+    onclick: () => { openStudy = s.id; refreshStudies(); },
+  }, el("td", {}, s.name), el("td", {}, el("span", { class: `status ${s.state}` }, s.state),
+    s.halt_reason ? el("span", { class: "muted" }, ` (${s.halt_reason})`) : null),
+  el("td", {}, usedSummary(s)), el("td", {}, time(s.created_at)))));
+  document.getElementById("studies-empty").hidden = studies.length > 0;
+  const box = document.getElementById("study");
+  const study = full.find((s) => s.id === openStudy);
+  box.hidden = !study;
+  if (study) renderStudy(box, study);
+}
+
+function renderStudy(box, study) {
+  const budget = el("div", { class: "budget" }, ...LIMITS.flatMap(([key, label, used, format]) => {
+    const limit = study.budget[key];
+    const usedText = used ? format(used(study)) : "";
+    const text = limit === undefined ? `${usedText} (no limit)` : used ? `${usedText} of ${format(limit)}` : format(limit);
+    return [el("span", { class: "muted" }, label), el("span", { "data-limit": key }, text)];
+  }));
+  const ranking = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Rank", "Variant",
+    `${study.objective.reduce} ${study.objective.metric}`, "Repeats"].map((h) => el("th", {}, h)))),
+  el("tbody", {}, ...study.ranking.map((r) => el("tr", {}, el("td", {}, String(r.rank)), el("td", {}, r.variant),
+    el("td", {}, r.objective_value === null ? "" : r.objective_value.toPrecision(4)), el("td", {}, String(r.repeats)))),
+  ...study.unranked.map((u) => el("tr", {}, el("td", {}, "–"), el("td", {}, u.variant),
+    el("td", { colspan: 2, class: "muted" }, u.reason)))));
+  const attempts = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Variant", "Repeat", "Attempt", "Status",
+    study.objective.metric].map((h) => el("th", {}, h)))),
+  el("tbody", {}, ...study.attempts.map((a) => el("tr", { "data-run": a.run_id }, el("td", {}, a.variant), el("td", {}, String(a.repeat)),
+    el("td", {}, String(a.attempt)), el("td", {}, el("span", { class: `status ${a.status}` }, a.status)),
+    el("td", {}, a.objective_value === null ? "" : a.objective_value.toPrecision(4))))));
+  const buttons = el("p", {});
+  if (["running", "halted"].includes(study.state)) {
+    buttons.append(el("button", { class: "danger", onclick: () => confirmDialog(`Cancel study ${study.name}?`,
+      "Its queued and running attempts are cancelled now and no new attempt starts. The ranking so far stays; "
+      + "a cancelled study cannot be resumed.", "Cancel the study", async () => {
+        await api("POST", `/api/studies/${study.id}/cancel`);
+        await refreshStudies();
+      }) }, "Cancel"));
+  }
+  if (study.state === "halted") buttons.append(" ", el("button", { onclick: () => resumeDialog(study) }, "Resume…"));
+  box.replaceChildren(el("h2", {}, `${study.name} — ${study.state}`),
+    study.halt_reason ? el("p", { class: "message" }, `Halted: ${study.halt_reason}`) : "",
+    buttons, el("h3", {}, "Budget"), budget, el("h3", {}, "Ranking"), ranking,
+    el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV")),
+    el("h3", {}, `Attempts (${study.attempts.length})`), attempts);
+}
+
+function resumeDialog(study) {
+  openDialog(`Resume study ${study.name}`, (form) => {
+    form.append(el("p", { class: "explain" }, `It halted: ${study.halt_reason || "its budget ran out"}. Resuming keeps `
+      + "every attempt so far and starts new attempts for the variants and repeats still missing, under the budget below. "
+      + "Raise the limit that stopped it, or it halts again at once."));
+    for (const [key, label] of LIMITS) {
+      const current = study.budget[key];
+      form.append(el("label", {}, `${label} (${key})`),
+        el("input", { name: key, type: "number", min: 0, step: "any", value: current ?? "", placeholder: "no limit" }));
+    }
+  }, {
+    submitLabel: "Resume",
+    submit: async (form) => {
+      const budget = {};
+      for (const [key] of LIMITS) {
+        const raw = form.elements[key].value;
+        if (raw !== "") budget[key] = Number(raw);
+      }
+      await api("POST", `/api/studies/${study.id}/resume`, { budget });
+      await refreshStudies();
+    },
+  });
+}

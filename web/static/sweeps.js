@@ -1,0 +1,125 @@
+// The Sweeps panel: each sweep, a selected one's variants ranked best first, and the
+// "New sweep" dialog, built from the param schemas of the graph in the editor.
+
+import { catalogType, currentGraph } from "./editor.js";
+import { api, el, openDialog, time } from "./util.js";
+
+let openSweep = null;
+
+export async function refreshSweeps() {
+  const { sweeps } = await api("GET", "/api/sweeps");
+  document.getElementById("sweep-rows").replaceChildren(...sweeps.map((s) => el("tr", {
+    "data-sweep": s.id, class: s.id === openSweep ? "selected" : null,
+    onclick: () => { openSweep = s.id; refreshSweeps(); },
+  }, el("td", {}, s.name || s.id.slice(0, 8)), el("td", {}, el("span", { class: `status ${s.state}` }, s.state)),
+  el("td", {}, String(s.total)), el("td", {}, time(s.created_at)))));
+  document.getElementById("sweeps-empty").hidden = sweeps.length > 0;
+  if (openSweep) await renderSweep();
+}
+
+async function renderSweep() {
+  const sweep = await api("GET", `/api/sweeps/${openSweep}`);
+  const keys = sweep.params.map((p) => p.key);
+  document.getElementById("sweep").hidden = false;
+  const counts = Object.entries(sweep.counts).map(([status, n]) => `${n} ${status}`).join(", ");
+  document.getElementById("sweep-title").textContent =
+    `${sweep.name} — ${sweep.state} (${counts}); ${sweep.objective.direction} ${sweep.objective.metric}`;
+  const warning = document.getElementById("sweep-warning");
+  warning.hidden = !sweep.objective_warning;
+  warning.textContent = sweep.objective_warning || "";
+  document.getElementById("sweep-csv").href = `/api/sweeps/${sweep.sweep_id}?format=csv`;
+  document.getElementById("ranking-head").replaceChildren(el("tr", {},
+    ...["Rank", "Status", sweep.objective.metric, ...keys].map((h) => el("th", {}, h))));
+  document.getElementById("ranking-rows").replaceChildren(...sweep.variants.map((v) => el("tr", {},
+    el("td", {}, v.rank === null ? "" : String(v.rank)), el("td", {}, el("span", { class: `status ${v.status}` }, v.status)),
+    el("td", {}, v.objective_value === null ? "" : v.objective_value.toPrecision(4)),
+    ...keys.map((k) => el("td", {}, String(v.params[k]))))));
+}
+
+// Params a sweep can vary: numbers, selects and booleans of the editor's nodes (never secrets).
+function sweepable(graph) {
+  const found = [];
+  for (const node of graph.nodes) {
+    for (const param of catalogType(node.type)?.params || []) {
+      if (["int", "float", "select", "bool"].includes(param.type)) found.push({ node, param });
+    }
+  }
+  return found;
+}
+
+function defaultValues(node, param) {
+  if (param.type === "select") return param.options.join(", ");
+  if (param.type === "bool") return "true, false";
+  const current = node.params[param.name] ?? param.default ?? (param.min ?? 1);
+  return param.type === "int" ? `${current}, ${Number(current) + 1}` : `${current}, ${Number(current) * 2}`;
+}
+
+function parseValue(text, type) {
+  if (type === "int" || type === "float") {
+    const number = Number(text);
+    if (text === "" || Number.isNaN(number)) throw new Error(`${JSON.stringify(text)} is not a number`);
+    return number;
+  }
+  if (type === "bool") return text === "true";
+  return text;
+}
+
+function paramRow(choices, index) {
+  const select = el("select", { "data-field": "param" }, ...choices.map(({ node, param }, i) => el("option",
+    { value: String(i), selected: i === index }, `${node.id}.${param.name} (${param.type})`)));
+  const values = el("input", { "data-field": "values", size: 30, "aria-label": "values, comma separated" });
+  const fill = () => { const { node, param } = choices[Number(select.value)]; values.value = defaultValues(node, param); };
+  select.addEventListener("change", fill);
+  fill();
+  const row = el("div", { class: "row sweep-param" }, el("div", {}, el("label", {}, "Param"), select),
+    el("div", {}, el("label", {}, "Values (comma separated)"), values),
+    el("button", { type: "button", onclick: () => row.remove() }, "Remove"));
+  return row;
+}
+
+export function newSweepDialog() {
+  const graph = currentGraph();
+  const choices = sweepable(graph);
+  let paramsBox;
+  openDialog("New sweep", (form) => {
+    if (!choices.length) {
+      form.append(el("p", { class: "explain" }, "The graph in the editor has no param a sweep can vary "
+        + "(numbers, selects or booleans). Load an example or add nodes first."));
+      return;
+    }
+    paramsBox = el("div", {}, paramRow(choices, 0));
+    form.append(
+      el("p", { class: "muted" }, `Variants of "${graph.name || "graph"}" as it is in the editor, each a queued run.`),
+      el("div", { class: "row" }, el("div", {}, el("label", {}, "Name"), el("input", { name: "name", value: `${graph.name || "graph"} sweep` })),
+        el("div", {}, el("label", {}, "Method"), el("select", { name: "method" }, el("option", { value: "grid" }, "grid: every combination"),
+          el("option", { value: "random" }, "random: draw samples"))),
+        el("div", {}, el("label", {}, "Samples (random)"), el("input", { name: "samples", type: "number", min: 1, value: 4, size: 4 }))),
+      paramsBox,
+      el("button", { type: "button", onclick: () => paramsBox.append(paramRow(choices, 0)) }, "Add a param"),
+      el("div", { class: "row" }, el("div", {}, el("label", {}, "Objective metric"), el("input", { name: "metric", value: "val_loss" })),
+        el("div", {}, el("label", {}, "Direction"), el("select", { name: "direction" }, el("option", { value: "minimize" }, "minimize"),
+          el("option", { value: "maximize" }, "maximize")))),
+      el("p", { class: "explain" }, "Each combination becomes one run on the queue of the graph's device; the ranking "
+        + "orders them by the objective's last value as they finish. Limits (variants, params, values) are the server's; "
+        + "a sweep over them is refused whole, never cut."));
+  }, {
+    submitLabel: "Queue the sweep",
+    submit: choices.length ? async (form) => {
+      const params = [...paramsBox.querySelectorAll(".sweep-param")].map((row) => {
+        const { node, param } = choices[Number(row.querySelector("[data-field=param]").value)];
+        const values = row.querySelector("[data-field=values]").value.split(",").map((v) => v.trim()).filter((v) => v !== "");
+        return { node_id: node.id, param: param.name, values: values.map((v) => parseValue(v, param.type)) };
+      });
+      if (!params.length) throw new Error("add at least one param");
+      const method = form.elements.method.value;
+      const body = {
+        base_graph: graph, name: form.elements.name.value || undefined,
+        sweep_spec: { method, params, ...(method === "random" ? { samples: Number(form.elements.samples.value) } : {}) },
+        objective: { metric: form.elements.metric.value, direction: form.elements.direction.value },
+      };
+      const reply = await api("POST", "/api/sweeps", body);
+      openSweep = reply.sweep_id;
+      document.querySelector('.tab[data-tab="sweeps"]').click();
+    } : null,
+  });
+}

@@ -1,0 +1,117 @@
+// What every panel shares: the HTTP API, element builders, the message line and the dialog.
+
+const token = document.querySelector('meta[name="troupe-token"]').content;
+
+export class ApiError extends Error {
+  constructor(status, error) {
+    super(error ? `${error.code}: ${error.message}` : `HTTP ${status}`);
+    this.status = status;
+    this.code = error ? error.code : null;
+  }
+}
+
+export async function api(method, path, body, extra = {}) {
+  const headers = { "Accept": "application/json" };
+  if (method !== "GET") headers["Authorization"] = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body), ...extra,
+  });
+  const data = await response.json();
+  if (!response.ok) throw new ApiError(response.status, data.error);
+  return data;
+}
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  node.append(...children.filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  node.append(...children);
+  return node;
+}
+
+export function showMessage(text, ok = false) {
+  const message = document.getElementById("message");
+  message.textContent = text;
+  message.classList.toggle("ok", ok);
+  message.hidden = !text;
+}
+
+export function time(stamp) {
+  return stamp ? new Date(stamp).toLocaleTimeString() : "";
+}
+
+export function seconds(value) {
+  if (value === null || value === undefined) return "";
+  return value < 60 ? `${value.toFixed(1)} s` : `${Math.floor(value / 60)} min ${Math.round(value % 60)} s`;
+}
+
+export function copyButton(text) {
+  return el("button", {
+    type: "button", title: "Copy to the clipboard",
+    onclick: async (event) => {
+      event.stopPropagation();
+      const button = event.currentTarget;
+      try {
+        await navigator.clipboard.writeText(text);
+        button.textContent = "Copied";
+      } catch {
+        button.textContent = "Select and copy";
+      }
+    },
+  }, "Copy");
+}
+
+// One <dialog> serves every form: `build(form)` fills it, `submit(form)` runs on the
+// primary button and may throw to keep the dialog open with the error shown.
+export function openDialog(title, build, { submitLabel = "OK", submit = null, cancelLabel = "Cancel" } = {}) {
+  const dialog = document.getElementById("dialog");
+  const form = document.getElementById("dialog-form");
+  const error = el("p", { class: "message", hidden: true });
+  form.replaceChildren(el("h2", {}, title));
+  build(form);
+  const buttons = el("menu", {});
+  if (cancelLabel) buttons.append(el("button", { type: "button", value: "cancel", onclick: () => dialog.close() }, cancelLabel));
+  if (submit) {
+    buttons.append(el("button", {
+      type: "button", class: "primary", "data-action": "submit",
+      onclick: async (event) => {
+        const button = event.currentTarget;
+        button.disabled = true;
+        try {
+          error.hidden = true;
+          if ((await submit(form)) !== false) dialog.close();
+        } catch (failure) {
+          error.textContent = failure.message;
+          error.hidden = false;
+        } finally {
+          button.disabled = false;
+        }
+      },
+    }, submitLabel));
+  }
+  form.append(error, buttons);
+  dialog.showModal();
+  return dialog;
+}
+
+export function confirmDialog(title, explanation, label, action) {
+  return openDialog(title, (form) => form.append(el("p", { class: "explain" }, explanation)),
+    { submitLabel: label, submit: action });
+}

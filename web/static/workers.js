@@ -1,0 +1,94 @@
+// The Workers panel: each enrolled worker (state, version, devices and memory, slots,
+// running runs, what it lacks when degraded), drain, remove, and "Add worker", which
+// makes an enrollment and shows the one-line join command.
+
+import { api, confirmDialog, copyButton, el, openDialog, showMessage } from "./util.js";
+
+export let knownWorkers = [];
+
+function devices(worker) {
+  const cards = worker.inventory ? worker.inventory.cards : [];
+  const parts = [worker.inventory ? `cpu ×${worker.inventory.cpus}` : "cpu"];
+  for (const card of cards) {
+    parts.push(`cuda:${card.index} ${card.name} (${(card.memory_free_mib / 1024).toFixed(1)} of ${(card.memory_total_mib / 1024).toFixed(1)} GiB free)`);
+  }
+  return parts.join(", ");
+}
+
+function slots(worker) {
+  return worker.slots.map((s) => `${s.device} ${s.running}/${s.limit}`).join(", ");
+}
+
+function notes(worker) {
+  const parts = [];
+  if (worker.draining) parts.push("draining");
+  if (worker.degraded) {
+    parts.push(worker.missing_node_types.length ? `degraded, lacks ${worker.missing_node_types.join(", ")}` : "degraded");
+  }
+  if (worker.running_runs.length) parts.push(`${worker.running_runs.length} running`);
+  return parts.join("; ");
+}
+
+function actions(worker) {
+  const running = worker.running_runs.length;
+  const cell = el("td", { class: "actions" });
+  if (!worker.draining && worker.state === "connected") {
+    cell.append(el("button", { onclick: () => confirmDialog(`Drain ${worker.name}?`,
+      `No new run starts on ${worker.name}; runs for it wait (or go to another worker when they target any). `
+      + `The ${running} run${running === 1 ? "" : "s"} executing there finish normally.`, "Drain", async () => {
+        await api("POST", `/api/workers/${worker.name}/drain`);
+        await refreshWorkers();
+      }) }, "Drain"));
+  }
+  cell.append(el("button", { class: "danger", onclick: () => confirmDialog(`Remove ${worker.name}?`,
+    `Its credential is revoked and its agent stops at once. The ${running} run${running === 1 ? "" : "s"} executing `
+    + "there end interrupted (worker_lost). To bring the machine back, add it again with a new join command.",
+    "Remove", async () => {
+      await api("DELETE", `/api/workers/${worker.name}`);
+      await refreshWorkers();
+    }) }, "Remove"));
+  return cell;
+}
+
+export async function refreshWorkers() {
+  const { workers } = await api("GET", "/api/workers");
+  knownWorkers = workers;
+  document.getElementById("worker-rows").replaceChildren(...workers.map((w) => el("tr", { "data-worker": w.name },
+    el("td", {}, w.name), el("td", {}, el("span", { class: `status ${w.state}` }, w.state)),
+    el("td", {}, w.version || ""), el("td", { title: devices(w) }, devices(w)), el("td", {}, slots(w)),
+    el("td", { title: notes(w) }, notes(w)), actions(w))));
+  document.getElementById("workers-empty").hidden = workers.length > 0;
+}
+
+export function addWorkerDialog() {
+  openDialog("Add worker", (form) => {
+    form.append(
+      el("p", { class: "muted" }, "A worker is a machine (a GPU server) that runs the troupe agent. The agent dials this "
+        + "server; nothing on the worker listens."),
+      el("div", { class: "row" }, el("div", {}, el("label", {}, "Name (optional; else the machine's hostname)"),
+        el("input", { name: "name", placeholder: "gpu-a", pattern: "[a-z0-9][a-z0-9_.\\-]{0,63}" })),
+      el("div", {}, el("label", {}, "Valid for (hours)"), el("input", { name: "hours", type: "number", min: 0.01, step: "any", value: 24, size: 5 })),
+      el("div", {}, el("label", {}, "Uses"), el("input", { name: "uses", type: "number", min: 1, value: 1, size: 4 }))),
+      el("div", { id: "join" }));
+  }, {
+    submitLabel: "Create join command",
+    submit: async (form) => {
+      const body = { ttl_s: Number(form.elements.hours.value) * 3600, uses: Number(form.elements.uses.value) };
+      if (form.elements.name.value) body.name = form.elements.name.value;
+      const reply = await api("POST", "/api/workers/enrollments", body);
+      const expires = new Date(reply.expires_at).toLocaleString();
+      form.querySelector("#join").replaceChildren(
+        el("label", {}, "Run this on the worker, as the user that should execute runs:"),
+        el("code", { class: "command", "data-join": "" }, reply.command), copyButton(reply.command),
+        el("p", { class: "explain" }, `The token works ${reply.uses} time${reply.uses === 1 ? "" : "s"}, until ${expires}. `
+          + "The agent exchanges it for a credential of its own (kept in the agent's config directory, readable only by that "
+          + "user), reports its cards and memory, and then waits for runs from this server. It reconnects by itself "
+          + "after a network break; Remove revokes it."));
+      form.querySelector('[data-action="submit"]').hidden = true;
+      showMessage("");
+      refreshWorkers();
+      return false; // keep the dialog open: the command is what the user came for
+    },
+    cancelLabel: "Close",
+  });
+}
