@@ -21,6 +21,7 @@ from actors.base import ActorRef
 from actors.threaded import ThreadActor
 from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
+from subprocess_runner.node_cache import SessionCache
 
 log = logging.getLogger("troupe.executor")
 
@@ -39,6 +40,8 @@ class Execute:
     pool: Executor | None = None
     run_dir: Path | None = None
     cpu_gate: CpuGate | None = None
+    # The editor session's node cache: interactive runs of an editor only.
+    cache: SessionCache | None = None
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -113,7 +116,7 @@ class InProcessExecutor(ThreadActor):
         try:
             outcome = execute_graph(
                 message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,
-                pool=message.pool, cpu_gate=message.cpu_gate,
+                pool=message.pool, cpu_gate=message.cpu_gate, cache=message.cache,
             )
         except BaseException as exc:  # never let node trouble reach pykka (it would stop every actor)
             log.exception("run %s: the engine failed", message.run_id)

@@ -19,13 +19,13 @@ from typing import Any
 
 from actors.base import Actor, ActorRef, Registry
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
+from actors.placement import WorkerPlacement
 from actors.placer_messages import Admit, Released
 from actors.queue import Enqueue
 from actors.run import Start
-from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
+from actors.store import CreateSweep, GetRun, InsertRun, MaxEnqueueSeq
 from actors.store_client import StoreClient
 from protocol import events as ev
-from protocol.settings import ANY_PREFIX
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
@@ -111,6 +111,8 @@ class Placer(Actor):
         interactive_limit: int,
         spawn_run: Callable[[RunSpec], ActorRef],
         ensure_queue: Callable[[str], ActorRef],
+        ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
+        local_cpu: tuple[str, int] | None = None,
     ) -> None:
         super().__init__("placer")
         self._store = store
@@ -124,15 +126,10 @@ class Placer(Actor):
         self._waiting: deque[Admit] = deque()
         self._interactive: dict[str, str | None] = {}  # run id -> editor session
         self._quarantined: dict[str, str] = {}
-        # Worker runs pass no seed gate (each has its own process) but wait for their worker.
-        self._online: set[str] = set()
-        self._parked: dict[str, list[Admit]] = {}
-        self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # worker -> device -> (physical, limit)
-        self._holders: dict[str, set[str]] = {}  # physical device -> runs holding it
-        self._held: dict[str, str] = {}  # run -> physical device
-        self._device_waiting: dict[str, deque[Admit]] = {}
-        self._complete: set[str] = set()  # online workers with every node type
-        self._any_waiting: deque[Admit] = deque()  # target ``any``, in admission order
+        # Worker runs pass no seed gate (each has its own process) but need a slot of
+        # their device's ledger, as do local runs on a device a same-machine worker shares.
+        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), self._run_devices,
+                                      local_cpu)
         self._closed = False
 
     async def on_start(self) -> None:
@@ -145,30 +142,17 @@ class Placer(Actor):
             case SubmitSweep(sweep, variants, runs):
                 return self._submit_sweep(sweep, variants, runs)
             case Admit(run_id, key):
-                if key.startswith(ANY_PREFIX):
-                    self._any_waiting.append(message)
-                    self._place_anywhere()
-                elif "/" in key:
-                    self._admit_on_worker(message)
+                if "/" in key:
+                    await self._slots.admit(message)
                 else:
                     self._waiting.append(message)
-                    self._drain()
+                    await self._drain()
             case WorkerOnline(name, devices, draining, complete):
-                self._providers[name] = dict(devices)
-                if draining:
-                    self._online.discard(name)
-                    self._complete.discard(name)
-                    return None
-                self._online.add(name)
-                (self._complete.add if complete else self._complete.discard)(name)
-                for parked in self._parked.pop(name, []):
-                    self._admit_on_worker(parked)
-                self._place_anywhere()
+                await self._slots.online(name, devices, draining, complete)
             case WorkerOffline(name):
-                self._online.discard(name)
-                self._complete.discard(name)
+                self._slots.offline(name)
             case Released(run_id):
-                self._release(run_id)
+                await self._release(run_id)
             case Quarantine(key, reason):
                 self._quarantined[key] = reason
             case Quarantined():
@@ -177,6 +161,12 @@ class Placer(Actor):
                 self._closed = True
                 self._waiting.clear()
         return None
+
+    async def _run_devices(self, run_id: str) -> list[str]:
+        """The devices a worker run asks for when it names several (``target.devices``)."""
+        row = await self._store.read(GetRun(run_id))
+        devices = ((row or {}).get("options") or {}).get("target", {}).get("devices") or []
+        return list(devices) if len(devices) > 1 else []
 
     def _check_open(self, key: str) -> None:
         if self._closed:
@@ -234,82 +224,19 @@ class Placer(Actor):
                 "try again when they finish, or submit it to the queue"
             )
 
-    def _admit_on_worker(self, admit: Admit) -> None:
-        worker, device = admit.queue_key.split("/", 1)
-        if worker not in self._online:
-            self._parked.setdefault(worker, []).append(admit)
-            return
-        physical, _ = self._providers.get(worker, {}).get(device, (admit.queue_key, 1))
-        if not self._free(physical):
-            self._device_waiting.setdefault(physical, deque()).append(admit)
-            return
-        self._hold_and_start(admit.run_id, physical, Start())
-
-    def _place_anywhere(self) -> None:
-        """Places the runs for target ``any`` that fit somewhere now, in admission order:
-        of every online worker with every node type, the least busy one that has the
-        asked device free. The others wait for a release anywhere or a worker attaching."""
-        waiting, self._any_waiting = self._any_waiting, deque()
-        for admit in waiting:
-            if self._registry.lookup(f"runs/{admit.run_id}") is None:
-                continue  # withdrawn while it waited
-            spot = self._free_spot(admit.queue_key.removeprefix(ANY_PREFIX))
-            if spot is None:
-                self._any_waiting.append(admit)
-                continue
-            worker, device, physical = spot
-            self._hold_and_start(admit.run_id, physical, Start(worker=worker, device=device))
-
-    def _free_spot(self, asked: str) -> tuple[str, str, str] | None:
-        by_load = sorted(self._complete & self._online, key=lambda w: (-self._has_cards(w), self._load(w), w))
-        for worker in by_load:
-            devices = self._providers.get(worker, {})
-            if asked == "auto":
-                candidates = [d for d in devices if d != "cpu"] or ["cpu"]
-            else:
-                candidates = [asked] if asked in devices else []
-            for device in candidates:
-                physical = devices[device][0]
-                if self._free(physical):
-                    return worker, device, physical
-        return None
-
-    def _has_cards(self, worker: str) -> bool:
-        return any(device != "cpu" for device in self._providers.get(worker, {}))
-
-    def _load(self, worker: str) -> int:
-        return sum(len(self._holders.get(physical, ())) for physical, _ in self._providers.get(worker, {}).values())
-
-    def _free(self, physical: str) -> bool:
-        return len(self._holders.get(physical, ())) < self._quota(physical)
-
-    def _hold_and_start(self, run_id: str, physical: str, start: Start) -> None:
-        self._holders.setdefault(physical, set()).add(run_id)
-        self._held[run_id] = physical
-        run = self._registry.lookup(f"runs/{run_id}")
-        if run is None:
-            self._release(run_id)
-            return
-        run.tell(start)
-
-    def _quota(self, physical: str) -> int:
-        limits = [limit for worker, devices in self._providers.items() if worker in self._online
-                  for held, limit in devices.values() if held == physical]
-        return min(limits) if limits else 1
-
     def _gate_allows(self, seeded: bool) -> bool:
         if self._seeded is not None:
             return False
         return not (seeded and self._executing)
 
-    def _drain(self) -> None:
+    async def _drain(self) -> None:
         while self._waiting and not self._closed:
             head = self._waiting[0]
             if self._registry.lookup(f"runs/{head.run_id}") is None:
                 self._waiting.popleft()  # withdrawn while it waited
                 continue
-            if not self._gate_allows(head.seeded):
-                return
+            if not self._gate_allows(head.seeded) or not await self._slots.hold_local(head.run_id, head.queue_key):
+                return  # retried when a run releases
             self._waiting.popleft()
             self._grant(head.run_id, head.seeded)
 
@@ -319,24 +246,15 @@ class Placer(Actor):
             self._seeded = run_id
         run = self._registry.lookup(f"runs/{run_id}")
         if run is None:
-            self._release(run_id)
+            self.ref.tell(Released(run_id))  # withdrawn meanwhile
             return
         run.tell(Start())
 
-    def _release(self, run_id: str) -> None:
-        physical = self._held.pop(run_id, None)
-        if physical is not None:
-            self._holders.get(physical, set()).discard(run_id)
-            waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
-            for admit in waiting:  # in order; those that still do not fit wait again
-                if admit.run_id != run_id and self._registry.lookup(f"runs/{admit.run_id}") is not None:
-                    self._admit_on_worker(admit)
-        self._any_waiting = deque(a for a in self._any_waiting if a.run_id != run_id)
-        if physical is not None:
-            self._place_anywhere()
+    async def _release(self, run_id: str) -> None:
+        await self._slots.release(run_id)
         self._executing.discard(run_id)
         self._interactive.pop(run_id, None)
         if self._seeded == run_id:
             self._seeded = None
         self._waiting = deque(w for w in self._waiting if w.run_id != run_id)
-        self._drain()
+        await self._drain()

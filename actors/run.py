@@ -29,6 +29,7 @@ from protocol import events as ev
 from protocol import worker as wire
 from protocol.settings import Settings
 from subprocess_runner.engine import ExecutableGraph
+from subprocess_runner.node_cache import NodeCache, SessionCache
 
 log = logging.getLogger("troupe.run")
 
@@ -85,9 +86,11 @@ class RunActor(Actor):
         registry: Registry,
         settings: Settings,
         node_pool: Executor | None = None,
+        node_cache: NodeCache | None = None,
     ) -> None:
         super().__init__(f"runs/{row['id']}")
         self._node_pool = node_pool
+        self._node_cache = node_cache
         self.run_id: str = row["id"]
         self._row = row
         self._graph = graph
@@ -180,8 +183,18 @@ class RunActor(Actor):
                 pool=self._node_pool,
                 run_dir=self._settings.home / "runs" / self.run_id,
                 cpu_gate=self._cpu_gate(),
+                cache=self._editor_cache(),
             )
         )
+
+    def _editor_cache(self) -> SessionCache | None:
+        """The editor session's cache, for an interactive run only: a queued run is a
+        record of its own, computed from scratch whoever submitted it."""
+        session = self._row.get("editor_session")
+        cache = self._node_cache
+        if self._row["lane"] != ev.LANE_INTERACTIVE or not session or cache is None or not cache.enabled:
+            return None
+        return cache.session(session)
 
     def _send_to_worker(self, what: str) -> None:
         from actors.worker import AssignRun, CancelOnWorker  # worker.py imports this module
@@ -193,11 +206,16 @@ class RunActor(Actor):
             return
         if what == "assign":
             frame = wire.Assign(run_id=self.run_id, graph=self._row["graph"], seed=self._row.get("seed"),
-                                deterministic=bool(self._row.get("deterministic")), devices=[self._row["device"]],
+                                deterministic=bool(self._row.get("deterministic")), devices=self._devices(),
                                 max_parallel=self._settings.max_parallel_nodes)
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
+
+    def _devices(self) -> list[str]:
+        """The run's devices in their order: ``target.devices`` when it names several."""
+        named = ((self._row.get("options") or {}).get("target") or {}).get("devices") or []
+        return list(named) if len(named) > 1 else [self._row["device"]]
 
     def _cpu_gate(self) -> LedgerGate | None:
         ledger = self._registry.lookup("cpus")

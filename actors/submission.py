@@ -5,6 +5,7 @@ the actors that queue runs of their own (studies)."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from protocol import events as ev
@@ -34,13 +35,23 @@ def target_worker(options: RunOptions) -> str | None:
     return worker
 
 
+@dataclass(frozen=True)
+class WorkerOffer:
+    """What a worker offered when it last connected; for target ``any``, the union of
+    every eligible worker's devices and the largest cpu count."""
+
+    name: str
+    devices: tuple[str, ...]
+    cpus: int
+
+
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
               name: str | None, options: RunOptions, prefix: str = "/graph",
-              worker: tuple[str, tuple[str, ...]] | None = None, **extra: Any
+              worker: WorkerOffer | None = None, **extra: Any
               ) -> tuple[dict[str, Any], ExecutableGraph]:
     """Validates a submission completely (device, lane, graph) before anything is queued,
-    and returns the run's row and executable graph. ``worker`` is (name, its devices)
-    for a run placed on a worker."""
+    and returns the run's row and executable graph. ``worker`` is what the targeted
+    worker offers; an ask it can never grant is refused here, with the numbers."""
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
     requested, where = options.device, "/options/device"
@@ -48,33 +59,37 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     if devices:
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise InvalidRequest("options.target.devices must be a list of devices", pointer="/options/target/devices")
+        if len(devices) > 1:
+            _check_devices(worker, devices)  # type: ignore[arg-type]
         requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
     elif requested is None:
         requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
-    available = tuple(d for d in worker[1] if d != "cpu") if worker is not None else accelerators
+    available = tuple(d for d in worker.devices if d != "cpu") if worker is not None else accelerators
     try:
         device, warning = resolve_device(requested, available)
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
-    anywhere = worker is not None and worker[0] == ANY
+    anywhere = worker is not None and worker.name == ANY
     if anywhere and device != "cpu" and parse_device(requested or "") in (("auto", None), ("cuda", None)):
         device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:
-        warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker[0]}")
+        warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker.name}")
+    lends, lender = (worker.cpus, f"worker {worker.name} has" if not anywhere else "the largest worker has") \
+        if worker is not None else (settings.cpus, "this server lends")
     graph = prepare_executable_graph(graph_doc, catalog, prefix)
     for i, node in enumerate(graph_doc.nodes):
-        if node.resources is not None and (node.resources.cpus or 0) > settings.cpus:
+        if node.resources is not None and (node.resources.cpus or 0) > lends:
             raise InvalidRequest(
-                f"node {node.id} declares {node.resources.cpus} cpus; this server lends {settings.cpus} "
-                "(TROUPE_CPUS)", pointer=f"{prefix}/nodes/{i}/resources/cpus", node_id=node.id,
-                code="cpus_unavailable")
+                f"node {node.id} declares {node.resources.cpus} cpus; {lender} {lends}"
+                + (" (TROUPE_CPUS)" if worker is None else ""), pointer=f"{prefix}/nodes/{i}/resources/cpus",
+                node_id=node.id, code="cpus_unavailable")
     row = {
         "id": uuid.uuid4().hex,
         "name": name or graph_doc.name,
         "status": ev.QUEUED,
         "device": device,
-        "queue_key": f"{worker[0]}/{device}" if worker is not None else device,
-        "worker": worker[0] if worker is not None and not anywhere else None,  # ``any``: set when placed
+        "queue_key": f"{worker.name}/{device}" if worker is not None else device,
+        "worker": worker.name if worker is not None and not anywhere else None,  # ``any``: set when placed
         "lane": options.lane,
         "editor_session": options.editor_session,
         "seed": options.seed,
@@ -87,3 +102,21 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         **extra,
     }
     return row, graph
+
+
+def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
+    """A run on several devices needs every one of them on one worker: a worker that
+    can never grant the ask is told so now, with what it has."""
+    if worker.name == ANY:
+        raise InvalidRequest("target any places a run on one device; name a worker for several",
+                             pointer="/options/target/devices", code="worker_cannot_grant")
+    if len(set(devices)) != len(devices):
+        raise InvalidRequest(f"options.target.devices names a device twice: {devices}",
+                             pointer="/options/target/devices")
+    lacking = [d for d in devices if d not in worker.devices]
+    if lacking:
+        cards = [d for d in worker.devices if d != "cpu"]
+        raise InvalidRequest(
+            f"the run asks for {len(devices)} devices ({', '.join(devices)}); worker {worker.name} offers "
+            f"{len(cards)} card{'s' if len(cards) != 1 else ''} ({', '.join(cards) or 'none'}) and lacks "
+            f"{', '.join(lacking)}", pointer="/options/target/devices", code="worker_cannot_grant")

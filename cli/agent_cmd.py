@@ -5,12 +5,10 @@ credentials (0600), keyed by (control-plane URL, worker name), and a pid file pe
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import platformdirs
 from cli.client import Client
 from cli.config import load_settings
 from cli.errors import CliError
+from subprocess_runner.devices import host_machine_id
 
 log = logging.getLogger("troupe.cli")
 
@@ -66,14 +65,7 @@ def _matching(credentials: dict[str, Any], url: str | None, name: str | None) ->
 def machine_id(simulated: dict[str, Any] | None) -> str:
     if simulated and simulated.get("machine_id"):
         return str(simulated["machine_id"])
-    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            value = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if value:
-            return value
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:32]
+    return host_machine_id()
 
 
 def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, str]:

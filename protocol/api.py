@@ -115,6 +115,23 @@ class CancelReply(BaseModel):
     status: str
 
 
+class EditorSessionCache(BaseModel):
+    """Reply of ``GET /api/editor-sessions/{session}``: what the session's node cache
+    holds (``bytes`` is an estimate)."""
+
+    editor_session: str
+    entries: int
+    bytes: int
+    budget_bytes: int
+
+
+class EditorSessionClosed(BaseModel):
+    """Reply of ``DELETE /api/editor-sessions/{session}``."""
+
+    editor_session: str
+    dropped_entries: int
+
+
 class QueueRow(BaseModel):
     queue_key: str
     limit: int

@@ -45,6 +45,9 @@ class Settings:
     # Cpus lent to nodes that declare them, and the thread cap of in-process runs.
     cpus: int = 1
     max_request_bytes: int = 16 * 1024 * 1024
+    # Node outputs kept between two Runs of one editor session, in MiB over every
+    # session (0: no cache).
+    editor_cache_mb: int = 512
     stop_grace_s: float = 10.0
     allowed_hosts: tuple[str, ...] = ()
     public_url: str | None = None
@@ -106,6 +109,7 @@ class Settings:
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
+            editor_cache_mb=reader.integer("TROUPE_EDITOR_CACHE_MB", 512, minimum=0),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
             allowed_hosts=tuple(
                 h.strip().lower() for h in environ.get("TROUPE_ALLOWED_HOSTS", "").split(",") if h.strip()

@@ -8,8 +8,11 @@ it never creates a CUDA context. ``resolve_device`` is part of the export surfac
 from __future__ import annotations
 
 import functools
+import hashlib
 import platform
 import re
+import socket
+from pathlib import Path
 
 _DEVICE = re.compile(r"^(cpu|auto|cuda|mps)(?::(\d{1,3}))?$")
 
@@ -32,6 +35,21 @@ def probe_accelerators() -> tuple[str, ...]:
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         found.append("mps:0")
     return tuple(found)
+
+
+@functools.lru_cache(maxsize=1)
+def host_machine_id() -> str:
+    """This machine's stable id (systemd's machine-id, else a hash of the hostname). The
+    server and an agent on one host read the same value, which is how a same-machine
+    worker is recognised: never by its peer address."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value:
+            return value
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:32]
 
 
 def parse_device(name: str) -> tuple[str, int | None] | None:

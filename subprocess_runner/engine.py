@@ -8,6 +8,7 @@ exported scripts (DESIGN invariant 2); their signatures only grow.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import sys
 import time
@@ -24,8 +25,11 @@ from protocol.graph import Graph
 from subprocess_runner.catalog import Catalog, NodeType
 from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
 from subprocess_runner.errors import RunCancelled
+from subprocess_runner.node_cache import SessionCache, graph_keys, private_copy
 from subprocess_runner.seeding import seed_everything
 from subprocess_runner.validation import validate_graph
+
+log = logging.getLogger("troupe.engine")
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ def execute_graph(
     deterministic: bool = False,
     pool: Executor | None = None,
     cpu_gate: CpuGate | None = None,
+    cache: SessionCache | None = None,
 ) -> Outcome:
     """Executes every node, emitting node events through ``ctx.sinks``. A seeded run
     executes one node at a time, so its random streams do not interleave.
@@ -184,24 +189,54 @@ def execute_graph(
     Nodes run on ``pool`` when one is given (the engine still runs at most
     ``max_parallel`` of them at once), else on a pool of this run's own. A node that
     declares cpus holds them from ``cpu_gate`` while it executes; without a gate the
-    declaration is not accounted."""
+    declaration is not accounted.
+
+    With ``cache`` (an editor session's), a node whose key is cached is not executed:
+    it gets ``node_started`` and ``node_finished`` with ``cached: true`` and the cached
+    outputs; every node that succeeds stores its outputs."""
     if ctx.seed is not None:
         max_parallel = 1
     emit = ctx.sinks.emit
+    keys: dict[str, str] = {}
+    if cache is not None:
+        keys = graph_keys(graph, device=ctx.device, seed=ctx.seed, deterministic=deterministic)
+    # Looked up once, at the start: what is found stays referenced for the whole run.
+    hits = {n: found for n in graph.order if cache is not None and (found := cache.get(keys[n])) is not None}
     outputs: dict[str, dict[str, Any]] = {}
     waiting = {n: len({src for src, _ in graph.nodes[n].sources.values()}) for n in graph.order}
     ready = deque(n for n in graph.order if waiting[n] == 0)
     running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
     failure: Outcome | None = None
 
-    def announce(node_id: str) -> None:
-        emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type})
+    def announce(node_id: str, **extra: Any) -> None:
+        emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type, **extra})
 
     finished_early: set[str] = set()
 
-    def finish(node_id: str, result: dict[str, Any], elapsed: float) -> None:
+    def finish(node_id: str, result: dict[str, Any], elapsed: float, **extra: Any) -> None:
         summary = {k: summarize(v) for k, v in result.items()}
-        emit(ev.NODE_FINISHED, node_id, {"duration_s": elapsed, "outputs": summary})
+        emit(ev.NODE_FINISHED, node_id, {"duration_s": elapsed, "outputs": summary, **extra})
+
+    def remember(node_id: str, result: dict[str, Any]) -> None:
+        # In the node's thread, before any consumer can start and change its outputs.
+        # Not once the run is cancelled: a node may have returned early, with less.
+        if cache is not None and not ctx.cancelled:
+            try:
+                cache.put(keys[node_id], result)
+            except Exception:  # the cache must never fail a node that succeeded
+                log.exception("caching the outputs of node %s failed", node_id)
+
+    def reuse(node_id: str) -> dict[str, Any]:
+        """The cached outputs of a node, copied when a node that executes will read
+        them (it could change them: a training loop trains its model in place)."""
+        found = hits[node_id]
+        if cache is None or all(child in hits for child in graph.children[node_id]):
+            return found
+        try:
+            return private_copy(found)
+        except Exception:  # not copyable after all: the run takes the cache's objects
+            cache.discard(keys[node_id])
+            return found
 
     def run_one(node_id: str) -> dict[str, Any]:
         node = graph.nodes[node_id]
@@ -214,12 +249,15 @@ def execute_graph(
                     announce(node_id)
                     began = time.monotonic()
                     result = invoke_node(node, node_ctx, inputs, deterministic)
+                    remember(node_id, result)
                     # Finished before its cpus go back, so the log never shows the next
                     # holder starting while this one still runs.
                     finished_early.add(node_id)
                     finish(node_id, result, round(time.monotonic() - began, 6))
                     return result
-            return invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
+            result = invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
+            remember(node_id, result)
+            return result
         except (Exception, RunCancelled):
             raise
         except BaseException as exc:  # sys.exit in node code fails this run only
@@ -244,10 +282,22 @@ def execute_graph(
             own_pool = ThreadPoolExecutor(max_workers=max(1, max_parallel), thread_name_prefix=f"run-{ctx.run_id[:8]}")
         return own_pool.submit(run_one, node_id)
 
+    def release_children(node_id: str) -> None:
+        for child in graph.children[node_id]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+
     try:
         while ready or running:
             while ready and len(running) < max_parallel and failure is None and not ctx.cancelled:
                 node_id = ready.popleft()
+                if node_id in hits:  # not executed: announced and finished at once
+                    announce(node_id, cached=True)
+                    outputs[node_id] = reuse(node_id)
+                    finish(node_id, outputs[node_id], 0.0, cached=True)
+                    release_children(node_id)
+                    continue
                 if graph.nodes[node_id].cpus is None or cpu_gate is None:
                     announce(node_id)  # a node holding cpus is announced once it has them
                 running[start(node_id)] = (node_id, time.monotonic())
@@ -262,10 +312,7 @@ def execute_graph(
                     outputs[node_id] = future.result()
                     if node_id not in finished_early:
                         finish(node_id, outputs[node_id], elapsed)
-                    for child in graph.children[node_id]:
-                        waiting[child] -= 1
-                        if waiting[child] == 0:
-                            ready.append(child)
+                    release_children(node_id)
                 elif isinstance(exc, RunCancelled) or (ctx.cancelled and failure is None):
                     emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True, "duration_s": elapsed})
                 else:

@@ -5,6 +5,7 @@
     ├── events    the hub                                     permanent, escalates
     ├── placer    admission                                   permanent, escalates
     ├── queues/   one QueueActor per queue key                permanent, quarantined past the limit
+    ├── ledgers/  one LedgerActor per physical device         temporary, rebuilt by the placer
     ├── runs/     one RunActor per active run                 temporary
     └── web       the aiohttp server                          escalates
 
@@ -26,6 +27,7 @@ from typing import Any
 from actors.base import ActorRef, Registry
 from actors.cpus import CpuLedger
 from actors.events import Change, EventHub, Publish
+from actors.ledger import LedgerActor
 from actors.placer import Placer, Quarantine, RunSpec
 from actors.placer import Shutdown as PlacerShutdown
 from actors.queue import QueueActor
@@ -49,7 +51,8 @@ from actors.worker import WorkerConnection
 from protocol import events as ev
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
-from subprocess_runner.devices import probe_accelerators
+from subprocess_runner.devices import host_machine_id, probe_accelerators
+from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
 from web.context import Services
@@ -84,6 +87,7 @@ class ControlPlane:
         self.runs = Supervisor("runs")
         self.studies = Supervisor("studies")
         self.workers = Supervisor("workers")
+        self.ledgers = Supervisor("ledgers")
         self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
@@ -91,6 +95,8 @@ class ControlPlane:
         # other: the engine submits a node only once its inputs exist).
         self.node_pool = ThreadPoolExecutor(max_workers=NODE_POOL_PER_SLOT * self.settings.max_parallel_nodes,
                                             thread_name_prefix="nodes")
+        # Node outputs kept between two Runs of one editor session (interactive runs).
+        self.node_cache = NodeCache(self.settings.editor_cache_mb * 1024 * 1024)
 
         store_ref = self.root.start_child(ChildSpec("store", self._make_store))
         self.recovered = await self.store.write(RecoverInterrupted())
@@ -111,6 +117,7 @@ class ControlPlane:
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
+                node_cache=self.node_cache,
             )
         )
         self.port = await self.web.start()
@@ -126,15 +133,19 @@ class ControlPlane:
         return ref
 
     def _make_placer(self) -> ActorRef:
+        # The server's cpu is one physical device with a same-machine agent's cpu.
+        local_cpu = (f"cpu@{host_machine_id()}", self.settings.concurrency_for("cpu"))
         placer = Placer(
             self.store, self.registry, interactive_limit=self.settings.run_interactive_max_concurrent,
-            spawn_run=self._spawn_run, ensure_queue=self._ensure_queue,
+            spawn_run=self._spawn_run, ensure_queue=self._ensure_queue, ensure_ledger=self._ensure_ledger,
+            local_cpu=local_cpu,
         )
         return placer.start(self.registry)
 
     def _spawn_run(self, spec: RunSpec) -> ActorRef:
         def factory() -> ActorRef:
-            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings, self.node_pool)
+            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings, self.node_pool,
+                             self.node_cache)
             return actor.start(self.registry)
 
         return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))  # type: ignore[return-value]
@@ -155,6 +166,18 @@ class ControlPlane:
             return ref
 
         return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))  # type: ignore[return-value]
+
+    def _ensure_ledger(self, physical: str) -> tuple[ActorRef, bool]:
+        """The ledger of a physical device, and whether it is new (then the placer tells
+        it its providers and holders). A crashed ledger is not restarted in place: the
+        next ask makes a fresh one."""
+        name = f"ledgers/{physical}"
+        existing = self.ledgers.child(name)
+        if existing is not None:
+            return existing, False  # type: ignore[return-value]
+        ref = self.ledgers.start_child(ChildSpec(name, lambda: LedgerActor(physical).start(self.registry),
+                                                 Restart.TEMPORARY))
+        return ref, True  # type: ignore[return-value]
 
     def start_study(self, study_id: str) -> None:
         """Starts the actor of a running study, unless one is already driving it."""
@@ -227,7 +250,7 @@ class ControlPlane:
 
     async def stop(self) -> None:
         grace = self.settings.stop_grace_s
-        for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers):
+        for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers, self.ledgers):
             supervisor.stop_restarting()
         placer = self.registry.lookup("placer")
         if placer is not None:
@@ -249,6 +272,8 @@ class ControlPlane:
         await self.workers.stop()
         await self.runs.stop()
         await self.queues.stop()
+        await self.ledgers.stop()
         await self.store.drain()
         await self.root.stop(timeout=grace)
         self.node_pool.shutdown(wait=False, cancel_futures=True)
+        self.node_cache.clear()

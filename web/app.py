@@ -11,6 +11,7 @@ from aiohttp import web
 
 from actors.base import Exit
 from web import (
+    routes_editor,
     routes_export,
     routes_meta,
     routes_plugins,
@@ -47,6 +48,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(streams.routes)
     app.add_routes(routes_meta.routes)
     app.add_routes(routes_export.routes)
+    app.add_routes(routes_editor.routes)
     app.add_routes(routes_sweeps.routes)
     app.add_routes(routes_studies.routes)
     app.add_routes(routes_plugins.routes)

@@ -17,6 +17,7 @@ _REF = "#/components/schemas/{model}"
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
+    api.EditorSessionCache, api.EditorSessionClosed,
     SubmitSweep, SubmitStudy, ResumeStudy,
 )
 
@@ -47,6 +48,7 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
 
 
 _RUN_ID = ("run_id", "path", "string")
+_SESSION = ("session", "path", "string")
 
 
 @functools.lru_cache(maxsize=4)
@@ -83,6 +85,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             ("sweep_id", "path", "string"), ("format", "query", "string")))},
         "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", None, params=(
             ("sweep_id", "path", "string"),), mutation=True)},
+        "/api/editor-sessions/{session}": {
+            "get": _op("What an editor session's node cache holds", api.EditorSessionCache, params=(_SESSION,)),
+            "delete": _op("Close an editor session: drop its cached node outputs", api.EditorSessionClosed,
+                          params=(_SESSION,), mutation=True),
+        },
         "/api/resources": {"get": _op("The cpus lent to declared nodes", None)},
         "/api/studies": {
             "post": _op("Start a study", None, status="201", body=SubmitStudy, mutation=True),

@@ -18,6 +18,7 @@ from actors.placer import Quarantined
 from actors.queue import Snapshot
 from actors.store import StatusCounts
 from protocol import events as ev
+from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.openapi import openapi_document
 
@@ -68,6 +69,7 @@ async def info(request: web.Request) -> web.Response:
                 "studies": True,
                 "workers": True,
                 "s3": False,
+                "editor_cache": svc.node_cache.enabled,
             },
             "catalog": {"digest": svc.catalog.digest, "packs": list(svc.catalog.packs),
                         "broken_packs": svc.catalog.broken_packs},
@@ -81,6 +83,10 @@ async def info(request: web.Request) -> web.Response:
                 "cpus": settings.cpus,
             },
             "public_url": svc.public_url,
+            # An agent reporting this machine id shares this server's cpu (one quota).
+            "machine_id": host_machine_id(),
+            # Node outputs kept between the interactive runs of editor sessions.
+            "editor_cache": svc.node_cache.stats(),
             "runtime": {
                 "switch_interval_s": sys.getswitchinterval(),
                 # The control plane must stay light: only node code imports torch.
@@ -128,6 +134,12 @@ async def metrics(request: web.Request) -> web.Response:
     runs = Gauge("troupe_runs", "Runs in the database by state.", ["state"], registry=registry)
     workers = Gauge("troupe_workers", "Enrolled workers by state.", ["state"], registry=registry)
     subscribers = Gauge("troupe_stream_subscribers", "Open event-stream subscriptions.", registry=registry)
+    cache = svc.node_cache.stats()
+    Gauge("troupe_editor_cache_bytes", "Estimated bytes of node outputs in the editor cache.",
+          registry=registry).set(cache["bytes"])
+    Gauge("troupe_editor_cache_entries", "Node outputs in the editor cache.", registry=registry).set(cache["entries"])
+    Gauge("troupe_editor_cache_evictions", "Editor-cache entries evicted for room since start.",
+          registry=registry).set(cache["evictions"])
     for row in await queue_rows(svc):
         depth.labels(row["queue_key"]).set(row["queued"])
         running.labels(row["queue_key"]).set(row["running"])

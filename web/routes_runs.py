@@ -14,7 +14,7 @@ from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
-from actors.submission import ANY, build_row, target_worker
+from actors.submission import ANY, WorkerOffer, build_row, target_worker
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
@@ -45,21 +45,21 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",
-            worker: tuple[str, tuple[str, ...]] | None = None, **extra: Any) -> tuple[dict[str, Any], Any]:
+            worker: WorkerOffer | None = None, **extra: Any) -> tuple[dict[str, Any], Any]:
     return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, worker,
                      **extra)
 
 
 async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None
-                    ) -> tuple[str, tuple[str, ...]] | None:
-    """(name, devices) of the worker a submission targets; 400 for a worker never seen
+                    ) -> WorkerOffer | None:
+    """What the worker a submission targets offers; 400 for a worker never seen
     since this server started, or one that lacks node types the graph uses (a degraded
     worker). A known worker that is offline is fine: the run waits for it."""
     name = target_worker(options)
     if name is None:
         return None
     if name == ANY:
-        return ANY, _devices_of_eligible_workers(svc)
+        return _eligible_workers(svc)
     if name not in svc.seen_workers:
         raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                              pointer="/options/target/worker", code="unknown_target")
@@ -67,11 +67,11 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
     if lacking:
         raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
                              code="worker_lacks_node_types")
-    return name, svc.seen_workers[name]
+    return svc.seen_workers[name]
 
 
-def _devices_of_eligible_workers(svc: Services) -> tuple[str, ...]:
-    """Every device offered by a worker that target ``any`` may use: one that has every
+def _eligible_workers(svc: Services) -> WorkerOffer:
+    """What the workers that target ``any`` may use offer together: those with every
     node type this server has (a degraded worker lacking some is skipped). 400 when
     there is none, with what was seen."""
     eligible = [name for name, types in svc.worker_types.items() if not set(svc.catalog.types) - types]
@@ -81,7 +81,9 @@ def _devices_of_eligible_workers(svc: Services) -> tuple[str, ...]:
             f"target any needs a worker with every node type of this server; {len(seen)} seen since start"
             + (f" ({', '.join(seen)}), none has them all" if seen else ""),
             pointer="/options/target/worker", code="no_eligible_worker")
-    return tuple(sorted({device for name in eligible for device in svc.seen_workers[name]}))
+    offers = [svc.seen_workers[name] for name in eligible]
+    return WorkerOffer(ANY, tuple(sorted({d for offer in offers for d in offer.devices})),
+                       max(offer.cpus for offer in offers))
 
 
 @routes.post("/api/runs")

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from actors.executor import GraphEnded, NodeEvent, NodeEvents
 from actors.store import WorkerForCredential
+from actors.submission import WorkerOffer
 from actors.worker import CLOSE, Attached, Beat, Detached, Rebind, RunDone
 from protocol import events as ev
 from protocol import worker as wire
@@ -74,7 +75,8 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
         return await _refuse(ws, "unauthorized", reason)
     missing = sorted(set(svc.catalog.types) - set(hello.node_types))
     degraded = hello.catalog_digest != svc.catalog.digest
-    svc.seen_workers[name] = ("cpu", *(f"cuda:{card.index}" for card in hello.inventory.cards))
+    svc.seen_workers[name] = WorkerOffer(name, ("cpu", *(f"cuda:{card.index}" for card in hello.inventory.cards)),
+                                         hello.inventory.cpus)
     svc.worker_types[name] = frozenset(hello.node_types)
     actor = svc.start_worker(name)
     outbox: asyncio.Queue[Any] = asyncio.Queue()

@@ -3,6 +3,8 @@ interactive lane, see node states, and queue with the "Queue on..." dialog."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.e2e.conftest import MISSING, REASON, screenshot
@@ -26,8 +28,8 @@ def set_param(tab, node: str, param: str, value: str) -> None:
     field.fill(value)
 
 
-def node_state(tab, node: str):
-    return tab.locator(f'g[data-node="{node}"]')
+def expect_state(tab, node: str, state: str) -> None:
+    expect(tab.locator(f'g[data-node="{node}"]')).to_have_class(re.compile(rf"\b{state}\b"))
 
 
 def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
@@ -57,7 +59,7 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
 
     tab.get_by_role("button", name="Run", exact=True).click()
     for node in ("constant1", "constant2", "add1", "logmetric1"):
-        expect(node_state(tab, node)).to_have_class("node done")
+        expect_state(tab, node, "done")
     expect(tab.locator("#editor-status")).to_contain_text("run succeeded")
     runs = server.get("/api/runs")["runs"]
     assert [(r["lane"], r["status"], r["final_loss"]) for r in runs] == [("interactive", "succeeded", 5.0)]
@@ -65,6 +67,14 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
     expect(tab.locator("#node-outputs")).to_contain_text('"sum": 5')  # the inspector shows recorded outputs
     tab.get_by_role("button", name="Tidy").click()
     screenshot(tab, "editor.png")
+
+    # Only the last node changed: the second Run takes the others from the editor-session cache.
+    set_param(tab, "logmetric1", "name", "train_loss")
+    tab.get_by_role("button", name="Run", exact=True).click()
+    expect_state(tab, "logmetric1", "done")
+    for node in ("constant1", "constant2", "add1"):
+        expect_state(tab, node, "cached")
+    expect(tab.locator('text[data-state="add1"]')).to_have_text("cached")
     assert errors == []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.events import utc_now
 from tests.helpers import hello, sleeper
 from tests.integration.test_workers_functional import CARD, enroll, handshake, read_until, start_agent
 from tests.integration.test_workers_functional import hello as hello_frame
@@ -40,12 +41,13 @@ def test_any_spreads_runs_over_free_cards_and_the_next_waits_for_a_release(two_w
     third = server.submit(hello(), device="auto", target=ANYWHERE)
     assert third["queue_position"] == 1
     assert server.get(f"/api/runs/{third['run_id']}")["status"] == "queued"  # every card is taken
+    freed_at = utc_now()
     server.client.request("POST", f"/api/runs/{first['run_id']}/cancel")
     events = server.events_until_finished(third["run_id"])
     started = next(e for e in events if e["type"] == "run_started")
     freed = server.get(f"/api/runs/{first['run_id']}")["worker"]
     assert started["payload"]["worker"] == freed and started["payload"]["device"] == "cuda:0"
-    assert events[-1]["payload"]["status"] == "succeeded"
+    assert events[-1]["payload"]["status"] == "succeeded" and started["ts"] > freed_at
     # cpu runs for any land on a worker's cpu even while both cards are busy.
     on_cpu = server.submit(hello(), device="cpu", target=ANYWHERE)
     assert on_cpu["queue_key"] == "any/cpu"
@@ -71,3 +73,61 @@ def test_any_and_local_are_not_worker_names(make_server):
     for word in ("any", "local"):
         status, reply = server.client.request("POST", "/api/workers/enrollments", {"name": word})
         assert status == 400 and reply["error"]["pointer"] == "/name"
+
+
+def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_path):
+    # #842 for the cpu: an agent on the server's own machine (same machine id) offers the
+    # cpu the server runs on; at limit 1 only one run uses it, local or on the worker.
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    here = server.get("/api/info")["machine_id"]
+    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"], machine=here)
+    try:
+        read_until(agent, "connected as beside")
+        local = server.submit(sleeper(seconds=60))["run_id"]
+        server.wait_status(local, "running")
+        remote = server.submit(hello(), target={"worker": "beside"})["run_id"]
+        assert server.get(f"/api/runs/{remote}")["status"] == "queued"  # the one cpu slot is taken
+        freed_at = utc_now()
+        server.client.request("POST", f"/api/runs/{local}/cancel")
+        assert server.events_until_finished(remote)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{remote}")["started_at"] > freed_at  # it waited for the slot
+        # The other way round: a worker run holds the cpu and a local run waits for it.
+        remote = server.submit(sleeper(seconds=60), target={"worker": "beside"})["run_id"]
+        server.wait_status(remote, "running")
+        local = server.submit(hello())["run_id"]
+        assert server.get(f"/api/runs/{local}")["status"] == "queued"
+        freed_at = utc_now()
+        server.client.request("POST", f"/api/runs/{remote}/cancel")
+        assert server.events_until_finished(local)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{local}")["started_at"] > freed_at
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
+def test_a_run_on_two_cards_holds_both_and_an_ask_no_worker_can_grant_is_refused(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    cards = ({**CARD, "uuid": "GPU-a0"}, {**CARD, "uuid": "GPU-a1", "index": 1})
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"], cards=cards)
+    try:
+        read_until(agent, "connected as gpu-a")
+        both = server.submit(sleeper(seconds=60), target={"worker": "gpu-a", "devices": ["cuda:0", "cuda:1"]})
+        assert both["queue_key"] == "gpu-a/cuda:0"
+        server.wait_status(both["run_id"], "running")
+        second_card = server.submit(hello(), target={"worker": "gpu-a", "devices": ["cuda:1"]})["run_id"]
+        assert server.get(f"/api/runs/{second_card}")["status"] == "queued"
+        freed_at = utc_now()
+        server.client.request("POST", f"/api/runs/{both['run_id']}/cancel")
+        assert server.events_until_finished(second_card)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{second_card}")["started_at"] > freed_at  # cuda:1 was held too
+
+        never = server.submit(hello(), expect=400, target={"worker": "gpu-a", "devices": ["cuda:0", "cuda:3"]})
+        assert never["error"]["code"] == "worker_cannot_grant"
+        assert "asks for 2 devices" in never["error"]["message"] and "offers 2 cards" in never["error"]["message"]
+        greedy = hello()
+        greedy["nodes"][0]["resources"] = {"cpus": 8}
+        refused = server.submit(greedy, expect=400, target={"worker": "gpu-a"})
+        assert refused["error"]["code"] == "cpus_unavailable" and "worker gpu-a has 2" in refused["error"]["message"]
+    finally:
+        agent.terminate()
+        agent.wait(30)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol.events import utc_now
 from tests.helpers import hello, sleeper
 from tests.integration.test_single_node_parity import canonical
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
@@ -188,8 +189,10 @@ def test_one_card_offered_by_two_workers_runs_one_run_at_limit_1(make_server, tm
         assert server.get(f"/api/runs/{second}")["status"] == "queued"
         slots = {w["name"]: w["slots"] for w in server.get("/api/workers")["workers"]}
         assert {s["physical_id"] for s in slots["gpu-a"] if s["device"] == "cuda:0"} == {"GPU-aaaa"}
+        freed_at = utc_now()
         server.client.request("POST", f"/api/runs/{first}/cancel")
         assert server.events_until_finished(second)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{second}")["started_at"] > freed_at  # it waited for the card
         # Each machine's cpu is its own: cpu runs on both workers at once are fine.
         a = server.submit(sleeper(seconds=60), target={"worker": "gpu-a"})["run_id"]
         b = server.submit(sleeper(seconds=60), target={"worker": "gpu-b"})["run_id"]
