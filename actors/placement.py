@@ -40,6 +40,9 @@ class WorkerPlacement:
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
         self._device_waiting: dict[str, deque[Admit]] = {}  # physical -> named-worker runs
         self._any_waiting: deque[Admit] = deque()  # target ``any``, in admission order
+        # Local runs on a device no worker shares: the queue's limit is the whole quota,
+        # so they skip the ledger (no ask on the core path) until a worker shares it.
+        self._unshared: dict[str, str] = {}  # run -> physical
 
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool, complete: bool) -> None:
@@ -54,6 +57,7 @@ class WorkerPlacement:
         self._online.add(name)
         (self._complete.add if complete else self._complete.discard)(name)
         for physical, limit in devices.values():
+            self._share(physical)
             self._ledger(physical).tell(Offer(name, limit))
         for parked in self._parked.pop(name, []):
             await self.admit_named(parked)
@@ -93,11 +97,28 @@ class WorkerPlacement:
         """A local queued run on a device the server shares with a same-machine worker
         takes a slot of that device's ledger too; True when it may start."""
         offered = self._providers.get(LOCAL, {}).get(device)
-        return offered is None or await self._hold(run_id, LOCAL, offered[0])
+        if offered is None:
+            return True
+        physical = offered[0]
+        if not any(provider != LOCAL and any(on == physical for on, _ in devices.values())
+                   for provider, devices in self._providers.items() if provider in self._online):
+            self._unshared[run_id] = physical
+            return True
+        return await self._hold(run_id, LOCAL, physical)
+
+    def _share(self, physical: str) -> None:
+        """A worker now offers a device of the server's own: the local runs on it count."""
+        moved = tuple(run for run, on in self._unshared.items() if on == physical)
+        for run_id in moved:
+            del self._unshared[run_id]
+            self._held.setdefault(run_id, []).append((LOCAL, physical))
+        if moved:
+            self._ledger(physical).tell(Adopt(moved))
 
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
         self._any_waiting = deque(a for a in self._any_waiting if a.run_id != run_id)
+        self._unshared.pop(run_id, None)
         for physical in self._free_all(run_id):
             waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
             for admit in waiting:  # in order; those that still do not fit wait again

@@ -80,11 +80,12 @@ def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_pat
     # cpu the server runs on; at limit 1 only one run uses it, local or on the worker.
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
     here = server.get("/api/info")["machine_id"]
-    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"], machine=here)
+    join = enroll(server, name="beside")["command"]
+    local = server.submit(sleeper(seconds=60))["run_id"]
+    server.wait_status(local, "running")  # before the agent attaches: it counts all the same
+    agent = start_agent(server, tmp_path, join, machine=here)
     try:
         read_until(agent, "connected as beside")
-        local = server.submit(sleeper(seconds=60))["run_id"]
-        server.wait_status(local, "running")
         remote = server.submit(hello(), target={"worker": "beside"})["run_id"]
         assert server.get(f"/api/runs/{remote}")["status"] == "queued"  # the one cpu slot is taken
         freed_at = utc_now()
