@@ -6,6 +6,10 @@ executes, and while it executes no other in-process run starts. Admissions pass 
 gate in arrival order, so a seeded run waiting for the process is not starved by
 runs that arrive after it. Interactive submissions are never made to wait: a refusal
 is an immediate error (HTTP 503) that says why.
+
+Worker runs pass no seed gate (each has a process of its own). Their slots are counted
+by one LedgerActor per physical device, which the placer asks through its
+WorkerPlacement (``placement.py``); it also places the runs for target ``any``.
 """
 
 from __future__ import annotations

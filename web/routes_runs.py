@@ -15,9 +15,10 @@ from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
 from actors.submission import ANY, WorkerOffer, build_row, target_worker
+from actors.worker import Snapshot as WorkerSnapshot
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
-from protocol.errors import InvalidRequest, NotFound, StateConflict
+from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
 from web.requests import int_query, read_model, run_id_from
@@ -59,7 +60,9 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
     if name is None:
         return None
     if name == ANY:
-        return _eligible_workers(svc)
+        offer = _eligible_workers(svc)
+        await _check_wait(svc, options, [w for w, t in svc.worker_types.items() if not set(svc.catalog.types) - t])
+        return offer
     if name not in svc.seen_workers:
         raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                              pointer="/options/target/worker", code="unknown_target")
@@ -67,7 +70,26 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
     if lacking:
         raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
                              code="worker_lacks_node_types")
+    await _check_wait(svc, options, [name])
     return svc.seen_workers[name]
+
+
+async def _check_wait(svc: Services, options: RunOptions, candidates: list[str]) -> None:
+    """``target.wait`` (default true): false refuses the run at once when no candidate
+    worker is connected and taking runs, instead of letting it wait for one."""
+    wait = (options.target or {}).get("wait", True)
+    if not isinstance(wait, bool):
+        raise InvalidRequest("options.target.wait must be true or false", pointer="/options/target/wait")
+    if wait:
+        return
+    for name in candidates:
+        live = svc.registry.lookup(f"workers/{name}")
+        snapshot = await live.ask(WorkerSnapshot()) if live is not None else None
+        if snapshot is not None and snapshot["state"] == "connected" and not snapshot["draining"]:
+            return
+    raise CapacityRefused(
+        f"no worker of {', '.join(candidates)} is connected and taking runs, and options.target.wait is false; "
+        "submit with wait true to queue the run until one is", pointer="/options/target/wait", code="worker_offline")
 
 
 def _eligible_workers(svc: Services) -> WorkerOffer:

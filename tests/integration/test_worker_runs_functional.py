@@ -135,10 +135,16 @@ def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for
     # The worker is known but offline: a run for it waits, and starts when it is back.
     waiting = server.submit(hello(), target=target())["run_id"]
     assert server.get(f"/api/runs/{waiting}")["status"] == "queued"
+    # ... unless it says not to wait: then it is refused at once, and nothing is stored.
+    refused = server.submit(hello(), expect=503, target=target(wait=False))
+    assert refused["error"]["code"] == "worker_offline" and refused["error"]["pointer"] == "/options/target/wait"
+    assert len(server.get("/api/runs")["runs"]) == 2
     again = start_agent(server, tmp_path, f"troupe agent start --url {server.url}")
     try:
         read_until(again, "connected as gpu-a")
         assert server.events_until_finished(waiting)[-1]["payload"]["status"] == "succeeded"
+        now = server.submit(hello(), target=target(wait=False))["run_id"]  # connected: accepted
+        assert server.events_until_finished(now)[-1]["payload"]["status"] == "succeeded"
     finally:
         again.terminate()
         again.wait(30)
