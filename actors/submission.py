@@ -59,8 +59,8 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     if devices:
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise InvalidRequest("options.target.devices must be a list of devices", pointer="/options/target/devices")
-        if len(devices) > 1:
-            _check_devices(worker, devices)  # type: ignore[arg-type]
+        if len(devices) > 1 and worker is not None:
+            _check_devices(worker, devices)
         requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
     elif requested is None:
         requested, where = graph_doc.settings.device, f"{prefix}/settings/device"

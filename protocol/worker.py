@@ -170,7 +170,7 @@ class Numbering:
     def is_new(self, frame: BaseModel) -> bool:
         number = int(getattr(frame, "frame_no", 0))
         if number == 0:
-            return True  # unnumbered (an older sender): nothing to compare
+            return True  # unnumbered (frame_no left at its default): nothing to compare
         if number <= self.received:
             return False
         self.received = number

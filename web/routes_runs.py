@@ -61,7 +61,7 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
         return None
     if name == ANY:
         offer = _eligible_workers(svc)
-        await _check_wait(svc, options, [w for w, t in svc.worker_types.items() if not set(svc.catalog.types) - t])
+        await _check_wait(svc, options, _eligible_names(svc))
         return offer
     if name not in svc.seen_workers:
         raise InvalidRequest(f"no worker {name!r} has connected since this server started",
@@ -92,11 +92,15 @@ async def _check_wait(svc: Services, options: RunOptions, candidates: list[str])
         "submit with wait true to queue the run until one is", pointer="/options/target/wait", code="worker_offline")
 
 
+def _eligible_names(svc: Services) -> list[str]:
+    return [name for name, types in svc.worker_types.items() if not set(svc.catalog.types) - types]
+
+
 def _eligible_workers(svc: Services) -> WorkerOffer:
     """What the workers that target ``any`` may use offer together: those with every
     node type this server has (a degraded worker lacking some is skipped). 400 when
     there is none, with what was seen."""
-    eligible = [name for name, types in svc.worker_types.items() if not set(svc.catalog.types) - types]
+    eligible = _eligible_names(svc)
     if not eligible:
         seen = sorted(svc.seen_workers)
         raise InvalidRequest(

@@ -132,3 +132,31 @@ def test_a_run_on_two_cards_holds_both_and_an_ask_no_worker_can_grant_is_refused
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+async def test_any_never_places_a_run_on_a_connected_degraded_worker(make_server, tmp_path):
+    import aiohttp
+
+    from protocol import worker as wire
+
+    server = make_server()
+    old = hello_frame(name="aaa-old", catalog_digest="x", node_types=["core.Constant"],
+                      inventory=wire.Inventory(cpus=4, cards=[wire.Card(**{**CARD, "uuid": "GPU-old"})]))
+    url = server.url.replace("http://", "ws://") + "/ws/worker"
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            url, headers={"Authorization": f"Bearer {server.token}"}) as ws:
+        await ws.send_str(old)
+        assert wire.parse_frame((await ws.receive(timeout=10)).data).degraded is True  # it stays connected
+        agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+        try:
+            read_until(agent, "connected as gpu-a")
+            first = server.submit(sleeper(seconds=60), device="auto", target=ANYWHERE)["run_id"]
+            second = server.submit(hello(), device="auto", target=ANYWHERE)["run_id"]
+            server.wait_status(first, "running")
+            server.client.request("POST", f"/api/runs/{first}/cancel")
+            # The degraded worker sorts first by name and has a free card, yet both went to gpu-a.
+            assert server.events_until_finished(second)[-1]["payload"]["status"] == "succeeded"
+            assert [server.get(f"/api/runs/{r}")["worker"] for r in (first, second)] == ["gpu-a", "gpu-a"]
+        finally:
+            agent.terminate()
+            agent.wait(30)

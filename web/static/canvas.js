@@ -30,7 +30,7 @@ function edgePath(x1, y1, x2, y2) {
 export class Canvas {
   constructor(root, hooks) {
     this.root = root;
-    this.hooks = hooks; // graph(), spec(type), select(sel), connect(edge), move(), remove(sel), refuse(text)
+    this.hooks = hooks; // graph(), spec(type), select(sel), connect(edge), remove(sel), refuse(text), rendered()
     this.viewport = root.querySelector("#viewport");
     this.view = { x: 20, y: 20, k: 1 };
     this.selection = null; // {node: id} | {edge: index}
@@ -123,7 +123,7 @@ export class Canvas {
       const id = grip || nodeGroup.dataset.node;
       const node = this.hooks.graph().nodes.find((n) => n.id === id);
       const at = this.toGraph(event);
-      this._drag = { kind: "node", node, dx: at.x - node.position.x, dy: at.y - node.position.y, moved: false };
+      this._drag = { kind: "node", node, dx: at.x - node.position.x, dy: at.y - node.position.y };
       this.hooks.select({ node: id });
       event.preventDefault();
       return;
@@ -146,7 +146,6 @@ export class Canvas {
     } else if (drag.kind === "node") {
       const at = this.toGraph(event);
       drag.node.position = { x: Math.round(at.x - drag.dx), y: Math.round(at.y - drag.dy) };
-      drag.moved = true;
       this.render();
     } else if (drag.kind === "connect") {
       const node = this.hooks.graph().nodes.find((n) => n.id === drag.node);
@@ -160,7 +159,6 @@ export class Canvas {
     const drag = this._drag;
     this._drag = null;
     if (!drag) return;
-    if (drag.kind === "node" && drag.moved) this.hooks.move();
     if (drag.kind !== "connect") return;
     this.root.querySelector("#draft-edge").setAttribute("d", "");
     const hit = document.elementFromPoint(event.clientX, event.clientY);

@@ -21,10 +21,6 @@ export function catalogType(type) {
   return catalog.get(type);
 }
 
-export function editorSession() {
-  return session;
-}
-
 function status(text, failed = false) {
   const line = document.getElementById("editor-status");
   line.textContent = text;
@@ -96,7 +92,7 @@ function freeSpot(height) {
 function addNode(type) {
   const spec = catalog.get(type);
   const params = {};
-  for (const param of spec.params) if (param.required && param.default === undefined) params[param.name] = param.type === "bool" ? false : "";
+  for (const param of spec.params) if (param.required) params[param.name] = param.type === "bool" ? false : "";
   const node = { id: uniqueId(type), type, params, position: freeSpot(nodeHeight(spec)) };
   graph.nodes.push(node);
   canvas.selection = { node: node.id };
@@ -318,7 +314,7 @@ export async function initEditor(serverInfo, workers) {
   canvas = new Canvas(document.getElementById("canvas"), {
     graph: () => graph, spec: (type) => catalog.get(type),
     select: (selection) => { canvas.selection = selection; canvas.render(); inspect(); },
-    connect, remove, move: () => {}, refuse: (text) => status(`Refused: ${text}`, true),
+    connect, remove, refuse: (text) => status(`Refused: ${text}`, true),
     rendered: () => { document.getElementById("canvas-hint").hidden = graph.nodes.length > 1; },
   });
   renderPalette();

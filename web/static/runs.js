@@ -9,7 +9,7 @@ const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Su
 export const ACTIVE = new Set(["queued", "running", "disconnected"]);
 let filter = "";
 let openRun = null;
-let watch = null; // {runId, source, lines}: a Watch replays the whole log from seq 1
+let watch = null; // {source, lines}: a Watch replays the whole log from seq 1
 
 function duration(row) {
   if (!row.started_at) return "";
@@ -101,7 +101,7 @@ async function watchRun(runId) {
   document.getElementById("details-log-title").replaceChildren("Log ", el("span", { class: "muted" }, "(replayed from the start, live)"));
   log.textContent = "";
   const source = new EventSource(`/api/runs/${runId}/stream?after=0`);
-  watch = { runId, source, lines: [] };
+  watch = { source, lines: [] };
   source.addEventListener("run_event", (message) => {
     const event = JSON.parse(message.data);
     watch.lines.push(eventLine(event));
