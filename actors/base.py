@@ -39,6 +39,19 @@ class Exit:
         return self.error is not None
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """Ask: the actor's state as a JSON-ready dict (queues, ledgers, workers, cpus)."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """A graceful stop began. ``leave_worker_runs``: worker runs keep executing and are
+    adopted by the next start, queued runs stay queued for it."""
+
+    leave_worker_runs: bool = False
+
+
 @dataclass(slots=True)
 class _Envelope:
     # The reply future travels beside the message, never inside it.

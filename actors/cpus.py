@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, ActorRef
+from actors.base import Actor, ActorRef, Snapshot
 from subprocess_runner.errors import RunCancelled
 
 _POLL_S = 0.05  # how often a waiting node looks at its run's cancel token
@@ -39,10 +39,6 @@ class Release:
     run_id: str
     node_id: str
 
-
-@dataclass(frozen=True)
-class Snapshot:
-    pass
 
 
 class CpuLedger(Actor):

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor
+from actors.base import Actor, Snapshot
 
 log = logging.getLogger("troupe.ledger")
 
@@ -53,10 +53,6 @@ class Adopt:
 
     run_ids: tuple[str, ...]
 
-
-@dataclass(frozen=True)
-class Snapshot:
-    pass
 
 
 class LedgerActor(Actor):

@@ -1,14 +1,21 @@
 """Link (agent side): the agent's one outbound socket to ``/ws/worker``. It never
 listens. It says hello, sends heartbeats, and reconnects with backoff while the control
 plane is unreachable; a final refusal (wrong version, revoked credential) ends the agent
-with exit 1, since no retry can fix it."""
+with exit 1, since no retry can fix it.
+
+Every run frame stays in the link's outbox until the control plane acknowledges it as
+persisted, and is sent again after a reconnect (to the same control plane within its
+grace, or to a restarted one that adopts the run). The outbox is bounded
+(``TROUPE_AGENT_OUTBOX_MB``): past it, events are dropped and a ``gap`` frame says how
+many, never a silent loss; a run's end is always kept."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -28,12 +35,57 @@ class LinkConfig:
     hello: Callable[[], Any]  # an awaitable factory of the Hello frame (inventory is read each time)
     on_final: Callable[[int, str], None]  # exit code, reason
     on_frame: Callable[[Any], None] = lambda frame: None  # assign and cancel frames go here
+    outbox_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass
+class _Outbox:
+    """Run frames, serialised once, until acknowledged; per run in counter order."""
+
+    limit: int
+    runs: dict[str, deque[tuple[int, str]]] = field(default_factory=dict)
+    size: int = 0
+    dropped: dict[str, tuple[int, int]] = field(default_factory=dict)  # run -> (how many, last counter)
+
+    def add(self, frame: wire.RunEvent | wire.RunEnded | wire.Gap) -> list[str]:
+        """Keeps the frame (or counts it dropped); returns what to send now, in order."""
+        text = frame.model_dump_json()
+        run = frame.run_id
+        if not isinstance(frame, wire.RunEnded) and self.size + len(text) > self.limit:
+            count, _ = self.dropped.get(run, (0, 0))
+            self.dropped[run] = (count + 1, frame.counter)
+            return []
+        kept = []
+        if run in self.dropped:
+            count, last = self.dropped.pop(run)
+            log.warning("outbox full: %d events of run %s were dropped", count, run)
+            kept.append((last, wire.Gap(run_id=run, counter=last, dropped=count).model_dump_json()))
+        kept.append((frame.counter, text))
+        entries = self.runs.setdefault(run, deque())
+        for entry in kept:
+            entries.append(entry)
+            self.size += len(entry[1])
+        return [entry[1] for entry in kept]
+
+    def ack(self, run: str, counter: int) -> None:
+        entries = self.runs.get(run)
+        while entries and entries[0][0] <= counter:
+            self.size -= len(entries.popleft()[1])
+        if entries is not None and not entries:
+            del self.runs[run]
+
+    def forget(self, run: str) -> None:
+        self.ack(run, 2**63)
+        self.dropped.pop(run, None)
+
+    def pending(self) -> list[str]:
+        return [text for entries in self.runs.values() for _, text in entries]
 
 
 @dataclass(frozen=True)
 class Send:
-    """A frame for the control plane; frames sent while disconnected wait for the next
-    connection."""
+    """A run frame for the control plane; it is kept until acknowledged, and frames sent
+    while disconnected go with the next connection."""
 
     frame: Any
 
@@ -43,7 +95,8 @@ class Link(Actor):
         super().__init__("link")
         self._config = config
         self._task: asyncio.Task[None] | None = None
-        self._outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._outbox = _Outbox(config.outbox_bytes)
+        self._live: asyncio.Queue[str] | None = None  # what the connection up now sends
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
@@ -54,7 +107,9 @@ class Link(Actor):
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Send):
-            self._outbox.put_nowait(message.frame)
+            for text in self._outbox.add(message.frame):
+                if self._live is not None:
+                    self._live.put_nowait(text)
             return None
         raise TypeError(f"link got an unknown message {message!r}")
 
@@ -79,6 +134,8 @@ class Link(Actor):
         """One connection; True when the agent must stop."""
         numbers = wire.Numbering()
         hello = await self._config.hello()
+        # Runs whose frames are not all acknowledged are still this agent's to report.
+        hello = hello.model_copy(update={"runs": sorted(set(hello.runs) | set(self._outbox.runs))})
         await ws.send_str(wire.dump_frame(hello, numbers.next()))
         first = await ws.receive(timeout=30)
         if first.type != aiohttp.WSMsgType.TEXT:
@@ -91,9 +148,15 @@ class Link(Actor):
         if not isinstance(answer, wire.Welcome):
             return False
         log.info("connected as %s%s", answer.name, " (degraded)" if answer.degraded else "")
+        live: asyncio.Queue[str] = asyncio.Queue()
+        replay = self._outbox.pending()
+        if replay:
+            log.info("replaying %d unacknowledged run frames", len(replay))
+        for text in replay:
+            live.put_nowait(text)
+        self._live = live
         beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, numbers))
-        sending = asyncio.ensure_future(self._drain_outbox(ws, numbers))
-        acked = 0
+        sending = asyncio.ensure_future(self._drain(ws, live))
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
@@ -103,28 +166,35 @@ class Link(Actor):
                     log.warning("the control plane sent frame %s twice: dropped", frame.frame_no)
                     continue
                 if isinstance(frame, wire.Ack):
-                    acked = max(acked, frame.upto)
+                    for run, counter in frame.runs.items():
+                        self._outbox.ack(run, counter)
                 if isinstance(frame, wire.Refused):
                     self._config.on_final(1, f"refused by the control plane: {frame.reason}")
                     return True
                 if isinstance(frame, wire.Drain):
                     log.info("asked to drain: no new runs will come")
+                if isinstance(frame, wire.KillRun):
+                    self._outbox.forget(frame.run_id)  # the control plane no longer holds it
                 if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun):
                     self._config.on_frame(frame)
         finally:
+            self._live = None
             beats.cancel()
             sending.cancel()
-            if numbers.sent > acked:
-                log.warning("connection lost with frames after %s unacknowledged (%s sent)", acked, numbers.sent)
+            if self._outbox.runs:
+                log.warning("connection lost; %d run frames (%d bytes) wait for the next one",
+                            sum(len(e) for e in self._outbox.runs.values()), self._outbox.size)
         return False
 
-    async def _drain_outbox(self, ws: aiohttp.ClientWebSocketResponse, numbers: wire.Numbering) -> None:
+    async def _drain(self, ws: aiohttp.ClientWebSocketResponse, live: asyncio.Queue[str]) -> None:
+        """Sends run frames as they come; they stay in the outbox until acknowledged, so
+        one lost with the socket is sent again on the next connection. Run frames go
+        unnumbered: their run counter is what the control plane deduplicates on."""
         while not ws.closed:
-            frame = await self._outbox.get()
+            text = await live.get()
             try:
-                await ws.send_str(wire.dump_frame(frame, numbers.next()))
+                await ws.send_str(text)
             except (ConnectionResetError, aiohttp.ClientError):
-                self._outbox.put_nowait(frame)  # sent again on the next connection
                 return
 
     async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, numbers: wire.Numbering) -> None:

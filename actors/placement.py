@@ -10,13 +10,13 @@ placed on which device, which provider offers which device at which limit).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
 from actors.ledger import Adopt, Free, Offer, TryHold, Withdraw
 from actors.placer_messages import Admit, Released
-from actors.run import Start
+from actors.run_messages import Start
 from protocol.settings import ANY_PREFIX
 
 LOCAL = "local"  # the provider name of the server's own devices
@@ -24,10 +24,8 @@ LOCAL = "local"  # the provider name of the server's own devices
 
 class WorkerPlacement:
     def __init__(self, registry: Registry, ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
-                 placer: Callable[[], ActorRef | None], devices_of: Callable[[str], Awaitable[list[str]]],
-                 local_cpu: tuple[str, int] | None = None) -> None:
+                 placer: Callable[[], ActorRef | None], local_cpu: tuple[str, int] | None = None) -> None:
         self._registry = registry
-        self._devices_of = devices_of  # every device a named-worker run asks for, its key's first
         self._ensure_ledger = ensure_ledger
         self._placer = placer
         self._online: set[str] = set()
@@ -83,7 +81,7 @@ class WorkerPlacement:
             self._parked.setdefault(worker, []).append(admit)
             return
         offered = self._providers.get(worker, {})
-        asked = await self._devices_of(admit.run_id) or [device]
+        asked = admit.devices or (device,)
         # Every device of the ask, or none: a run on two cards never holds one of them waiting.
         for name in asked:
             physical, _ = offered.get(name, (f"{worker}/{name}", 1))
@@ -91,7 +89,7 @@ class WorkerPlacement:
                 self._free_all(admit.run_id)
                 self._device_waiting.setdefault(physical, deque()).append(admit)
                 return
-        self._start(admit.run_id, Start())
+        self._start(admit.run_id, Start(holds=tuple(self._held[admit.run_id])))
 
     async def hold_local(self, run_id: str, device: str) -> bool:
         """A local queued run on a device the server shares with a same-machine worker
@@ -114,6 +112,13 @@ class WorkerPlacement:
             self._held.setdefault(run_id, []).append((LOCAL, physical))
         if moved:
             self._ledger(physical).tell(Adopt(moved))
+
+    def adopt(self, run_id: str, holds: tuple[tuple[str, str], ...]) -> None:
+        """A run the last server left executing on a worker holds its slots again, before
+        anything is admitted (its providers come back online when its worker does)."""
+        self._held[run_id] = list(holds)
+        for _, physical in holds:
+            self._ledger(physical).tell(Adopt((run_id,)))
 
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
@@ -146,7 +151,7 @@ class WorkerPlacement:
                 self._any_waiting.append(admit)
                 continue
             worker, device = spot
-            self._start(admit.run_id, Start(worker=worker, device=device))
+            self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id])))
 
     async def _free_spot(self, run_id: str, asked: str) -> tuple[str, str] | None:
         workers = sorted((self._complete & self._online) - {LOCAL},

@@ -18,24 +18,38 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, ActorRef, Registry
+from actors.base import Actor, ActorRef, Registry, Shutdown
+from actors.eligibility import ResolveTarget, WorkerBook
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
 from actors.placement import WorkerPlacement
-from actors.placer_messages import Admit, Released
-from actors.queue import Enqueue
-from actors.run import Start
-from actors.store import CreateSweep, GetRun, InsertRun, MaxEnqueueSeq
+from actors.placer_messages import Admit, Released, WorkerOffline, WorkerOnline
+from actors.queue import Enqueue, Occupying
+from actors.run_messages import Start
+from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
 from actors.store_client import StoreClient
 from protocol import events as ev
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
 
-__all__ = ["Admit", "Placer", "Quarantine", "Quarantined", "Released", "RunSpec", "Shutdown", "Submit",
-           "SubmitSweep", "WorkerOffline", "WorkerOnline"]
+__all__ = [
+    "Admit",
+    "Placer",
+    "Quarantine",
+    "Quarantined",
+    "Released",
+    "ResolveTarget",
+    "Restore",
+    "RunSpec",
+    "Shutdown",
+    "Submit",
+    "SubmitSweep",
+    "WorkerOffline",
+    "WorkerOnline",
+]
 
 
 @dataclass(frozen=True)
@@ -71,21 +85,13 @@ class SubmitSweep:
 
 
 @dataclass(frozen=True)
-class WorkerOnline:
-    """A worker attached: its parked runs start, in the order they were admitted.
-    ``devices`` maps each device it offers to (physical id, slot limit): the same
-    physical device offered by several workers is one quota, the smallest limit."""
+class Restore:
+    """At start, before any submission: the worker runs the last server left executing
+    (``adopted``: their queue slots and ledger holds are rebuilt before anything is
+    admitted, so no card is double-booked) and the queued runs it kept, in FIFO order."""
 
-    name: str
-    devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-    draining: bool = False
-    # It has every node type of this server: target ``any`` may place runs on it.
-    complete: bool = True
-
-
-@dataclass(frozen=True)
-class WorkerOffline:
-    name: str
+    adopted: tuple[RunSpec, ...] = ()
+    queued: tuple[RunSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,11 +107,6 @@ class Quarantined:
     """Ask: the quarantined keys and why."""
 
 
-@dataclass(frozen=True)
-class Shutdown:
-    """A graceful stop began: refuse new submissions and stop admitting."""
-
-
 class Placer(Actor):
     def __init__(
         self,
@@ -117,6 +118,7 @@ class Placer(Actor):
         ensure_queue: Callable[[str], ActorRef],
         ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
         local_cpu: tuple[str, int] | None = None,
+        catalog_types: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__("placer")
         self._store = store
@@ -132,8 +134,9 @@ class Placer(Actor):
         self._quarantined: dict[str, str] = {}
         # Worker runs pass no seed gate (each has its own process) but need a slot of
         # their device's ledger, as do local runs on a device a same-machine worker shares.
-        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), self._run_devices,
-                                      local_cpu)
+        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), local_cpu)
+        self._types = catalog_types
+        self._workers = WorkerBook(catalog_types)
         self._closed = False
 
     async def on_start(self) -> None:
@@ -145,32 +148,40 @@ class Placer(Actor):
                 return self._submit(dict(row), graph, attempt)
             case SubmitSweep(sweep, variants, runs):
                 return self._submit_sweep(sweep, variants, runs)
+            case ResolveTarget(options, node_types):
+                return self._workers.resolve(options, node_types)
             case Admit(run_id, key):
                 if "/" in key:
                     await self._slots.admit(message)
                 else:
                     self._waiting.append(message)
                     await self._drain()
-            case WorkerOnline(name, devices, draining, complete):
-                await self._slots.online(name, devices, draining, complete)
+            case WorkerOnline(offer, devices, draining):
+                self._workers.online(offer, draining)
+                await self._slots.online(offer.name, devices, draining, complete=offer.node_types >= self._types)
             case WorkerOffline(name):
+                self._workers.offline(name)
                 self._slots.offline(name)
+            case Restore(adopted, queued):
+                self._restore(adopted, queued)
             case Released(run_id):
                 await self._release(run_id)
             case Quarantine(key, reason):
                 self._quarantined[key] = reason
             case Quarantined():
                 return dict(self._quarantined)
-            case Shutdown():
+            case Shutdown(_):
                 self._closed = True
                 self._waiting.clear()
         return None
 
-    async def _run_devices(self, run_id: str) -> list[str]:
-        """The devices a worker run asks for when it names several (``target.devices``)."""
-        row = await self._store.read(GetRun(run_id))
-        devices = ((row or {}).get("options") or {}).get("target", {}).get("devices") or []
-        return list(devices) if len(devices) > 1 else []
+    def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
+        for spec in adopted:
+            self._spawn_run(spec)
+            self._ensure_queue(spec.queue_key).tell(Occupying(spec.run_id))
+            self._slots.adopt(spec.run_id, tuple((p, d) for p, d in spec.row.get("holds") or ()))
+        for spec in sorted(queued, key=lambda q: q.row["enqueue_seq"]):
+            self._start_run(dict(spec.row), spec.graph)
 
     def _check_open(self, key: str) -> None:
         if self._closed:
@@ -210,7 +221,9 @@ class Placer(Actor):
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
-            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded))
+            devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
+            asked = tuple(devices) if len(devices) > 1 else ()
+            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked))
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:

@@ -1,18 +1,25 @@
-"""Messages the placer receives from its peers (queues and runs). They live apart from
-``placer.py`` so that a queue can send ``Admit`` without importing the placer."""
+"""Messages the placer receives from its peers (queues, runs, worker connections). They
+live apart from ``placer.py`` so that a peer can send them without importing the placer
+(and the placer's imports), which keeps the actor modules free of import circles."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from actors.eligibility import WorkerOffer
 
 
 @dataclass(frozen=True)
 class Admit:
-    """A queue's head has a slot; the placer starts it once the seed gate allows."""
+    """A queue's head has a slot; the placer starts it once the seed gate allows.
+    ``devices`` are every device a named-worker run asks for (``target.devices``), empty
+    when it asks for its key's device only: admission needs no lookup of its own."""
 
     run_id: str
     queue_key: str
     seeded: bool
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -20,3 +27,24 @@ class Released:
     """A run's graph ended (or it was withdrawn): its lane counters and gate hold go."""
 
     run_id: str
+
+
+@dataclass(frozen=True)
+class WorkerOnline:
+    """A worker attached (or changed): its parked runs start, in the order they were
+    admitted. ``devices`` maps each device it offers to (physical id, slot limit): the
+    same physical device offered by several workers is one quota, the smallest limit.
+    ``offer`` is what submissions that target it are checked against."""
+
+    offer: WorkerOffer
+    devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    draining: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.offer.name
+
+
+@dataclass(frozen=True)
+class WorkerOffline:
+    name: str

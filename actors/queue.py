@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, Registry
+from actors.base import Actor, Registry, Snapshot
 from actors.placer_messages import Admit
 from actors.store import QueuedRuns
 from actors.store_client import StoreClient
@@ -26,6 +26,8 @@ class Enqueue:
     run_id: str
     enqueue_seq: int
     seeded: bool
+    # Every device a named-worker run asks for when it names several; handed on in Admit.
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,6 @@ class Occupying:
     run_id: str
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    pass
-
 
 class QueueActor(Actor):
     def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry) -> None:
@@ -54,24 +52,24 @@ class QueueActor(Actor):
         self._limit = limit
         self._store = store
         self._registry = registry
-        self._fifo: deque[tuple[int, str, bool]] = deque()
+        self._fifo: deque[tuple[int, str, bool, tuple[str, ...]]] = deque()
         self._holding: set[str] = set()
         self._known: set[str] = set()
 
     async def on_start(self) -> None:
         # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
         # themselves with Occupying (the runs supervisor asks them after a restart).
-        for run_id, seq, seeded in await self._store.read(QueuedRuns(self.queue_key)):
+        for run_id, seq, seeded, devices in await self._store.read(QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
-                self._fifo.append((seq, run_id, seeded))
+                self._fifo.append((seq, run_id, seeded, devices))
                 self._known.add(run_id)
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Enqueue(run_id, seq, seeded):
+            case Enqueue(run_id, seq, seeded, devices):
                 if run_id not in self._known:
                     self._known.add(run_id)
-                    self._fifo.append((seq, run_id, seeded))
+                    self._fifo.append((seq, run_id, seeded, devices))
                 self._pump()
             case Release(run_id):
                 self._known.discard(run_id)
@@ -99,6 +97,6 @@ class QueueActor(Actor):
         if placer is None:
             return
         while self._fifo and len(self._holding) < self._limit:
-            _, run_id, seeded = self._fifo.popleft()
+            _, run_id, seeded, devices = self._fifo.popleft()
             self._holding.add(run_id)
-            placer.tell(Admit(run_id, self.queue_key, seeded))
+            placer.tell(Admit(run_id, self.queue_key, seeded, devices))

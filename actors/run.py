@@ -16,15 +16,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, Registry
+from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
 from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
+from actors.run_messages import Start, WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, UpdateRun
 from actors.store_client import StoreClient
 from actors.threaded import ThreadActorRef, start_thread_actor
+from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
 from protocol.settings import Settings
@@ -35,41 +37,11 @@ log = logging.getLogger("troupe.run")
 
 
 @dataclass(frozen=True)
-class Start:
-    """From the placer: the run holds a slot and passed the seed gate. For target
-    ``any`` the placer names the worker and device it chose."""
-
-    worker: str | None = None
-    device: str | None = None
-
-
-@dataclass(frozen=True)
 class Cancel:
     """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop.
     ``reason`` (``budget_run_seconds``) becomes the run's error."""
 
     reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """The server is stopping gracefully: queued runs end ``interrupted`` at once,
-    running ones are asked to stop and end ``interrupted`` too."""
-
-
-@dataclass(frozen=True)
-class WorkerGone:
-    """The run's worker disconnected; it may come back within the grace."""
-
-
-@dataclass(frozen=True)
-class WorkerBack:
-    pass
-
-
-@dataclass(frozen=True)
-class WorkerLost:
-    """The run's worker stayed away past the grace: the run ends interrupted."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +78,23 @@ class RunActor(Actor):
         self._released = False
         self._outbox: list[dict[str, Any]] = []
         self._worker: str | None = row.get("worker")
+        # A worker run: the highest frame counter applied (persisted with the events), the
+        # frames applied since the last write, and the newest write in flight.
+        self._applied: int = int(row.get("worker_counter") or 0)
+        self._frames = 0
+        self._last_write: asyncio.Future[Any] | None = None
 
     async def on_start(self) -> None:
+        if self._row.get("adopting"):
+            # The last server left this run executing on its worker: the log goes on
+            # from the last persisted seq once the worker reports the run again.
+            self._status = ev.DISCONNECTED
+            self._next_seq = int(self._row["next_seq"])
+            self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
+            self._emit(ev.WARNING, None, {"message": f"the control plane restarted; waiting for worker "
+                                                     f"{self._worker} to report this run", "code": "worker_adopting"})
+            self._flush_events()
+            return
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
         for warning in self._row.get("warnings", ()):
             self._emit(ev.WARNING, None, {"message": warning})
@@ -121,8 +108,10 @@ class RunActor(Actor):
 
     def _dispatch(self, message: Any) -> Any:
         match message:
-            case Start(worker, device):
-                self._start(worker, device)
+            case Start(worker, device, holds):
+                self._start(worker, device, holds)
+            case WorkerFrames(worker, frames):
+                self._on_worker_frames(worker, frames)
             case NodeEvents(events):
                 for event in events:
                     self._on_node_event(event.type, event.node_id, event.payload)
@@ -130,16 +119,19 @@ class RunActor(Actor):
                 self._finish(outcome.status, outcome.error, outcome.node_id)
             case Cancel(reason):
                 return self._request_stop(ev.CANCELLED, reason)
-            case Shutdown():
-                self._request_stop(ev.INTERRUPTED)
+            case Shutdown(leave_worker_runs):
+                if leave_worker_runs and (self._worker is not None or self._status == ev.QUEUED):
+                    self.stop_self("left for the next start")  # its row stays as it is
+                else:
+                    self._request_stop(ev.INTERRUPTED)
             case WorkerGone():
                 if self._status == ev.RUNNING:
                     self._status = ev.DISCONNECTED
                     self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
                     self._emit(ev.WARNING, None, {"message": f"worker {self._worker} disconnected",
                                                   "code": "worker_disconnected"})
-            case WorkerBack():
-                if self._status == ev.DISCONNECTED:
+            case WorkerBack(worker):
+                if self._status == ev.DISCONNECTED and worker == self._worker:
                     self._status = ev.RUNNING
                     self._write(UpdateRun(self.run_id, {"status": ev.RUNNING}))
             case WorkerLost():
@@ -147,7 +139,8 @@ class RunActor(Actor):
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
-                if self._status == ev.RUNNING and not self._released and self._row["lane"] == ev.LANE_QUEUED:
+                holding = self._status in (ev.RUNNING, ev.DISCONNECTED) and not self._released
+                if holding and self._row["lane"] == ev.LANE_QUEUED:
                     queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
                     if queue is not None:
                         queue.tell(Occupying(self.run_id))
@@ -156,11 +149,13 @@ class RunActor(Actor):
         return None
 
     # Lifecycle ---------------------------------------------------------------------
-    def _start(self, worker: str | None, device: str | None) -> None:
+    def _start(self, worker: str | None, device: str | None, holds: tuple[tuple[str, str], ...] = ()) -> None:
         if self._status != ev.QUEUED:
             return  # cancelled while the grant was on its way; the slot is already back
         self._status = ev.RUNNING
         fields: dict[str, Any] = {"status": ev.RUNNING, "started_at": ev.utc_now()}
+        if holds:
+            fields["holds"] = [list(hold) for hold in holds]
         started: dict[str, Any] = {"device": device or self._row["device"], "seed": self._row.get("seed")}
         if worker is not None:  # placed by target ``any``
             self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
@@ -197,8 +192,6 @@ class RunActor(Actor):
         return cache.session(session)
 
     def _send_to_worker(self, what: str) -> None:
-        from actors.worker import AssignRun, CancelOnWorker  # worker.py imports this module
-
         connection = self._registry.lookup(f"workers/{self._worker}")
         if connection is None:
             if what == "assign":
@@ -280,6 +273,50 @@ class RunActor(Actor):
             self._emit(ev.RUN_FINISHED, None, {"status": ev.FAILED, "error": message, "internal": True})
             self._flush_events()
 
+    # Worker frames -----------------------------------------------------------------
+    def _on_worker_frames(self, worker: str, frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]) -> None:
+        """Applies each frame once: a frame whose counter was applied already (replayed
+        after a reconnect, or sent twice) is dropped, and so is one from a worker this
+        run was not assigned to. Applied frames are acknowledged once persisted."""
+        if worker != self._worker:
+            log.warning("run %s: dropped frames from worker %s; it executes on %s", self.run_id, worker, self._worker)
+            return
+        for frame in frames:
+            if frame.counter <= self._applied or self._status in ev.TERMINAL_STATES:
+                continue
+            self._applied = frame.counter
+            self._frames += 1
+            if isinstance(frame, wire.RunEvent):
+                self._on_node_event(frame.kind, frame.node_id, frame.payload)
+            elif isinstance(frame, wire.Gap):
+                self._emit(ev.WARNING, None, {
+                    "message": f"the worker's outbox overflowed while the link was down: {frame.dropped} events "
+                               "of this run were dropped (TROUPE_AGENT_OUTBOX_MB)",
+                    "code": "events_dropped", "count": frame.dropped})
+            else:
+                self._finish(frame.status, frame.error, frame.node_id)
+        self._flush_events()
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        """Tells the worker connection, once the newest write committed, which counter
+        it may acknowledge (a write commits after every write before it)."""
+        connection, counter, frames = f"workers/{self._worker}", self._applied, self._frames
+        self._frames = 0
+        registry, run_id = self._registry, self.run_id
+
+        def persisted(future: asyncio.Future[Any] | None = None) -> None:
+            if future is not None and (future.cancelled() or future.exception() is not None):
+                return  # not persisted: the agent keeps the frames and replays them
+            ref = registry.lookup(connection)
+            if ref is not None:
+                ref.tell(Persisted(run_id, counter, max(frames, 1)))
+
+        if self._last_write is None or self._last_write.done():
+            persisted()
+        else:
+            self._last_write.add_done_callback(persisted)
+
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
@@ -298,12 +335,13 @@ class RunActor(Actor):
         """The events of one message go to the store as one write."""
         if self._outbox:
             events, self._outbox = tuple(self._outbox), []
-            self._store.write(AppendEvents(self.run_id, events))
+            counter = self._applied if self._worker is not None else None
+            self._last_write = self._store.write(AppendEvents(self.run_id, events, counter))
 
     def _write(self, op: Any) -> None:
         # Events emitted so far go first, so rows and events reach the disk in order.
         self._flush_events()
-        self._store.write(op)
+        self._last_write = self._store.write(op)
 
 
 
@@ -314,7 +352,4 @@ class Abandon:
     now, so the record is right even though its thread is left behind."""
 
 
-__all__ = [
-    "Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start", "WorkerBack", "WorkerGone",
-    "WorkerLost",
-]
+__all__ = ["Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start"]

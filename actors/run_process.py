@@ -49,6 +49,7 @@ class RunProcess(Actor):
         self._kill_grace_s = kill_grace_s
         self._ended = False
         self._cancelled = False
+        self._counter = 0  # the child's newest frame counter; an end written here takes the next
         self._process: Any = None
         self._conn: Any = None
 
@@ -89,19 +90,20 @@ class RunProcess(Actor):
     async def receive(self, message: Any) -> Any:
         run_id = self._assign.run_id
         match message:
-            case _FromChild(("event", kind, node_id, payload)):
-                self._send(wire.RunEvent(run_id=run_id, kind=kind, node_id=node_id, payload=payload))
-            case _FromChild(("ended", status, error, node_id)):
-                self._ended = True
-                self._send(wire.RunEnded(run_id=run_id, status=status, error=error, node_id=node_id))
+            case _FromChild(("event", counter, kind, node_id, payload)):
+                self._counter = counter
+                self._send(wire.RunEvent(run_id=run_id, counter=counter, kind=kind, node_id=node_id, payload=payload))
+            case _FromChild(("ended", counter, status, error, node_id)):
+                self._ended, self._counter = True, counter
+                self._send(wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id))
             case _Exited(code):
                 if not self._ended and self._cancelled:
-                    self._send(wire.RunEnded(run_id=run_id, status="cancelled", error=(
+                    self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
                         f"the run did not stop within {self._kill_grace_s:g} s of the cancel "
                         "(TROUPE_WORKER_KILL_GRACE_S); its process was killed")))
                 elif not self._ended:
                     how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
-                    self._send(wire.RunEnded(run_id=run_id, status="failed",
+                    self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="failed",
                                              error=f"the run's process died ({how}) before it finished"))
                 self.stop_self("exited")
             case Cancel(kill):

@@ -59,6 +59,8 @@ class AppendEvents:
 
     run_id: str
     events: tuple[Mapping[str, Any], ...]
+    # A worker run: the highest frame counter these events apply (replay dedup).
+    counter: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,18 @@ class DeleteRun:
 
 
 @dataclass(frozen=True)
-class RecoverInterrupted:
-    """At start: every run left queued or running by a crash becomes interrupted, with
-    a terminal event so a watcher of its stream ends. Returns the run ids."""
+class Recover:
+    """At start: what the last server left unfinished. Returns ``{"interrupted": [run
+    ids], "adopted": [rows of worker runs still executing], "queued": [rows kept]}``;
+    see ``store_queries.recover``."""
 
+    keep_queued: bool = False
     reason: str = "server_restart"
+
+
+@dataclass(frozen=True)
+class KeepQueuedForNextStart:
+    """A stop that leaves worker runs executing keeps the queued runs for the next start."""
 
 
 @dataclass(frozen=True)
@@ -395,8 +404,10 @@ class StoreActor(ThreadActor):
                 if fields.get("status") in ev.TERMINAL_STATES:
                     sw.harvest(conn, [run_id])
                     st.harvest(conn, [run_id])
-            case AppendEvents(run_id, events):
-                q.append_events(conn, run_id, events)
+            case AppendEvents(run_id, events, counter):
+                q.append_events(conn, run_id, events, counter)
+            case KeepQueuedForNextStart():
+                q.keep_queued_for_next_start(conn)
             case RecordOutputs(run_id, node_id, outputs, keep_runs):
                 q.record_outputs(conn, run_id, node_id, outputs, keep_runs)
             case RecordArtifact(run_id, node_id, kind, path):
@@ -407,11 +418,11 @@ class StoreActor(ThreadActor):
             case DeleteRun(run_id):
                 q.check_deletable(conn, run_id)
                 self._delete_runs([run_id])
-            case RecoverInterrupted(reason):
-                recovered = q.recover_interrupted(conn, reason, ev.utc_now())
-                sw.harvest(conn, sw.sweep_run_ids(conn, recovered))
-                st.harvest(conn, recovered)
-                return recovered
+            case Recover(keep_queued, reason):
+                found = q.recover(conn, reason, ev.utc_now(), keep_queued)
+                sw.harvest(conn, sw.sweep_run_ids(conn, found["interrupted"]))
+                st.harvest(conn, found["interrupted"])
+                return found
             case Prune(keep_last):
                 pruned = q.prunable(conn, keep_last)
                 self._delete_runs([run_id for run_id, _ in pruned])

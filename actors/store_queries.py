@@ -15,7 +15,9 @@ RUN_COLUMNS = (
     "id", "name", "status", "device", "queue_key", "lane", "editor_session", "seed", "deterministic",
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
+    "holds", "worker_counter",
 )
+_JSON_COLUMNS = ("graph", "options", "warnings", "holds")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
 
 _TERMINAL = "('succeeded', 'failed', 'cancelled', 'interrupted')"
@@ -42,13 +44,13 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
     row["queue_position"], row["final_loss"] = values[len(RUN_COLUMNS):]
     row["deterministic"] = bool(row["deterministic"])
     row["record_outputs"] = bool(row["record_outputs"])
-    for key in ("graph", "options", "warnings"):
-        row[key] = json.loads(row[key])
+    for key in _JSON_COLUMNS:
+        row[key] = json.loads(row[key]) if row[key] is not None else None
     return row
 
 
 def _encode(key: str, value: Any) -> Any:
-    if key in ("graph", "options", "warnings"):
+    if key in _JSON_COLUMNS:
         return json.dumps(value)
     if isinstance(value, bool):
         return int(value)
@@ -75,7 +77,12 @@ def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) ->
     )
 
 
-def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[str, Any]]) -> None:
+def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[str, Any]],
+                  counter: int | None = None) -> None:
+    """``counter``: the highest worker frame counter these events apply, persisted in
+    the same transaction, so a replayed frame is recognised after any restart."""
+    if counter is not None:
+        conn.execute("UPDATE runs SET worker_counter = MAX(worker_counter, ?) WHERE id = ?", (counter, run_id))
     rows, metrics = [], []
     for event in events:
         payload = event["payload"]
@@ -191,15 +198,18 @@ def get_outputs(conn: apsw.Connection, run_id: str, node_id: str | None) -> dict
     return {str(n): json.loads(str(o)) for n, o in conn.execute(query, args)}
 
 
-def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool]]:
-    return [
-        (run_id, seq, seed is not None)
-        for run_id, seq, seed in conn.execute(
-            "SELECT id, enqueue_seq, seed FROM runs WHERE queue_key = ? AND status = 'queued' AND lane = 'queued' "
-            "ORDER BY enqueue_seq",
-            (queue_key,),
-        )
-    ]
+def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool, tuple[str, ...]]]:
+    """The queued runs of a key in FIFO order, with the devices each asks for when it
+    names several (``target.devices``)."""
+    found = []
+    for run_id, seq, seed, options in conn.execute(
+        "SELECT id, enqueue_seq, seed, options FROM runs WHERE queue_key = ? AND status = 'queued' "
+        "AND lane = 'queued' ORDER BY enqueue_seq",
+        (queue_key,),
+    ):
+        devices = ((json.loads(str(options or "{}")) or {}).get("target") or {}).get("devices") or []
+        found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else ()))
+    return found
 
 
 def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
@@ -224,22 +234,40 @@ def check_deletable(conn: apsw.Connection, run_id: str) -> None:
         raise RunStillActive(f"run {run_id} is {found[0][0]}; cancel it before deleting it")
 
 
-def recover_interrupted(conn: apsw.Connection, reason: str, now: str) -> list[str]:
-    stale = conn.execute("SELECT id FROM runs WHERE status IN ('queued', 'running', 'disconnected')").fetchall()
-    recovered = []
-    for (stale_id,) in stale:
+def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> dict[str, list[Any]]:
+    """What the last server left unfinished. Worker runs still executing are adopted
+    (returned with the next seq of their log); queued runs are kept when asked (the
+    setting, or a stop that left them for this start); everything else becomes
+    interrupted, with a terminal event so a watcher of its stream ends."""
+    marker = conn.execute("SELECT value FROM server_state WHERE key = 'queued_kept'").fetchall()
+    keep_queued = keep_queued or bool(marker)
+    conn.execute("DELETE FROM server_state WHERE key = 'queued_kept'")
+    found: dict[str, list[Any]] = {"interrupted": [], "adopted": [], "queued": []}
+    stale = conn.execute("SELECT id, status, worker FROM runs WHERE status IN ('queued', 'running', 'disconnected') "
+                         "ORDER BY enqueue_seq").fetchall()
+    for stale_id, status, worker in stale:
         run_id = str(stale_id)
-        next_seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,))
-        seq = next_seq.fetchall()[0][0]
+        next_seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?",
+                                    (run_id,)).fetchall()[0][0])  # type: ignore[arg-type]
+        if status != ev.QUEUED and worker is not None:
+            found["adopted"].append({**(get_run(conn, run_id) or {}), "adopting": True, "next_seq": next_seq})
+            continue
+        if status == ev.QUEUED and keep_queued:
+            found["queued"].append(get_run(conn, run_id))
+            continue
         message = "the server stopped before this run finished; submit it again to rerun it"
         conn.execute(
             "UPDATE runs SET status = 'interrupted', finished_at = ?, error = ? WHERE id = ?",
             (now, message, run_id),
         )
         payload = {"status": ev.INTERRUPTED, "error": message, "reason": reason}
-        append_events(conn, run_id, [{"seq": seq, "type": ev.RUN_FINISHED, "ts": now, "payload": payload}])
-        recovered.append(run_id)
-    return recovered
+        append_events(conn, run_id, [{"seq": next_seq, "type": ev.RUN_FINISHED, "ts": now, "payload": payload}])
+        found["interrupted"].append(run_id)
+    return found
+
+
+def keep_queued_for_next_start(conn: apsw.Connection) -> None:
+    conn.execute("INSERT OR REPLACE INTO server_state(key, value) VALUES ('queued_kept', '1')")
 
 
 def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:

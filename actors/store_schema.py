@@ -157,6 +157,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN worker TEXT;
     """,
+    # 7: adoption after a restart: the (provider, physical device) slots a worker run
+    # holds, the highest frame counter of its worker applied (replay dedup), and facts
+    # about the server itself (a stop that kept queued runs for the next start).
+    """
+    ALTER TABLE runs ADD COLUMN holds TEXT;
+    ALTER TABLE runs ADD COLUMN worker_counter INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE server_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

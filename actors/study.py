@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.base import Actor, Registry
+from actors.eligibility import ResolveTarget
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import GetStudy, SetAttemptStatus, UpdateStudy
@@ -153,15 +154,17 @@ class StudyActor(Actor):
                              name: str | None) -> None:
         graph = Graph.model_validate(spec["variants"][variant]["graph"])
         options = RunOptions.model_validate(spec.get("options") or {})
+        placer = self._registry.lookup("placer")
+        if placer is None:
+            return
+        # A worker target applies to every attempt, checked as a single run's target is.
+        worker = await placer.ask(ResolveTarget(options, frozenset(n.type for n in graph.nodes)))
         row, executable = build_row(
-            self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph",
+            self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph", worker,
             seed=attempt_seed(spec.get("seed"), repeat), study_id=self.study_id,
         )
         record = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt,
                   "run_id": row["id"]}
-        placer = self._registry.lookup("placer")
-        if placer is None:
-            return
         _, committed = await placer.ask(Submit(row, executable, record))
         await committed
 

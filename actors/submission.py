@@ -1,48 +1,22 @@
 """A run's row and executable graph from a submission, validated completely (device,
 lane, graph, declared cpus) before anything is queued. Used by the HTTP routes and by
-the actors that queue runs of their own (studies)."""
+the actors that queue runs of their own (studies). Which worker a target may reach is
+decided before, by the placer's ``WorkerBook`` (``eligibility.py``)."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
+from actors.eligibility import ANY, WorkerOffer
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
-from protocol.settings import ANY_PREFIX, Settings
+from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
-
-ANY = ANY_PREFIX.rstrip("/")
-
-
-def target_worker(options: RunOptions) -> str | None:
-    """The worker ``options.target`` names; None for a local run. Raises for a bad shape."""
-    target = options.target
-    if target is None or target.get("worker") in (None, "local"):
-        return None
-    worker = target.get("worker")
-    if not isinstance(worker, str) or not worker:
-        raise InvalidRequest("options.target.worker must be a worker's name", pointer="/options/target/worker",
-                             code="unknown_target")
-    if options.lane == ev.LANE_INTERACTIVE:
-        raise InvalidRequest("interactive runs execute in the control plane; drop the target or the lane",
-                             pointer="/options/lane")
-    return worker
-
-
-@dataclass(frozen=True)
-class WorkerOffer:
-    """What a worker offered when it last connected; for target ``any``, the union of
-    every eligible worker's devices and the largest cpu count."""
-
-    name: str
-    devices: tuple[str, ...]
-    cpus: int
 
 
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
@@ -55,11 +29,13 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
     requested, where = options.device, "/options/device"
-    devices = (options.target or {}).get("devices") if worker is not None else None
-    if devices:
-        if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-            raise InvalidRequest("options.target.devices must be a list of devices", pointer="/options/target/devices")
-        if len(devices) > 1 and worker is not None:
+    devices = options.target.devices if options.target is not None else None
+    if devices and worker is None:
+        raise InvalidRequest("options.target.devices places a run on a worker's devices; name the worker (or any) "
+                             "in options.target.worker, or use options.device for this server",
+                             pointer="/options/target/devices", code="target_needs_worker")
+    if devices and worker is not None:
+        if len(devices) > 1:
             _check_devices(worker, devices)
         requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
     elif requested is None:

@@ -1,9 +1,20 @@
-"""WorkerConnection: one per enrolled worker that has connected, named ``workers/<name>``.
+"""WorkerConnection: one per enrolled worker, named ``workers/<name>``; the one owner of
+what the control plane knows of that worker (its hello, inventory, state, missing node
+types, the runs it executes).
 
-The websocket lives in its aiohttp handler task, which tells this actor ``Attached``
-(with an outbox queue the handler drains onto the socket), ``Beat`` and ``Detached``.
-Three missed heartbeats, or the socket closing, make the worker ``disconnected``; past
-``TROUPE_WORKER_RESUME_GRACE_S`` the actor stops normally (transient: not restarted).
+The websocket lives in its aiohttp handler task, which only authenticates the agent, then
+tells this actor ``Attached`` (with an outbox queue the handler drains onto the socket),
+``FromWorker`` for every frame, and ``Detached``. This actor answers the hello, routes
+run frames to their RunActors and acknowledges them once the RunActor reports them
+persisted (``Persisted``), batched: at every heartbeat, after 256 frames, or 100 ms after
+the first unacknowledged one.
+
+Lifecycle: three missed heartbeats, or the socket closing, make the worker
+``disconnected``; a reconnect within ``TROUPE_WORKER_RESUME_GRACE_S`` rebinds the runs
+the agent reports (it then replays what was not acknowledged); past the grace its runs
+end ``interrupted`` (``worker_lost``) and the actor stops normally (transient: not
+restarted). After a control-plane restart the root starts this actor without a socket,
+already ``disconnected``, with the runs it adopts (``Adopted``).
 """
 
 from __future__ import annotations
@@ -15,25 +26,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, Registry
+from actors.base import Actor, Registry, Snapshot
+from actors.eligibility import WorkerOffer
+from actors.placer_messages import WorkerOffline, WorkerOnline
+from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.worker")
 
+ACK_EVERY_FRAMES = 256
+ACK_AFTER_S = 0.1
+
 
 @dataclass(frozen=True)
 class Attached:
+    """The handler authenticated an agent whose first frame was ``hello``."""
+
     hello: wire.Hello
-    degraded: bool
-    missing_node_types: tuple[str, ...]
     outbox: asyncio.Queue[Any]
 
 
 @dataclass(frozen=True)
-class Beat:
-    """A frame arrived: the worker is alive."""
+class FromWorker:
+    """A frame that came after the hello, already parsed and deduplicated."""
 
-    inventory: wire.Inventory | None = None
+    frame: Any
 
 
 @dataclass(frozen=True)
@@ -65,26 +82,30 @@ class CancelOnWorker:
 
 
 @dataclass(frozen=True)
-class Rebind:
-    """After a reconnect: the runs the agent still executes and this server still holds."""
-
-    run_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RunDone:
-    """The worker reported the run's end."""
+class Persisted:
+    """From a RunActor: its frames up to ``counter`` are committed; ``frames`` of them
+    since the last report. The agent may now forget them."""
 
     run_id: str
+    counter: int
+    frames: int = 1
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    pass
+class Adopted:
+    """From the root at start: a run the last server left executing on this worker."""
+
+    run_id: str
+    device: str
 
 
 @dataclass(frozen=True)
 class _Check:
+    pass
+
+
+@dataclass(frozen=True)
+class _FlushAcks:
     pass
 
 
@@ -93,50 +114,60 @@ CLOSE = object()  # put in an outbox: the handler closes the socket
 
 class WorkerConnection(Actor):
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
-                 limit_for: Callable[[str], int] = lambda key: 1) -> None:
+                 limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
+                 catalog_digest: str = "") -> None:
         super().__init__(f"workers/{name}")
+        self.worker = name
         self._registry = registry
         self._limit_for = limit_for
-        self._runs: dict[str, str] = {}  # run id -> the device it executes on
-        self.worker = name
         self._heartbeat_s = heartbeat_s
         self._grace_s = grace_s
+        self._catalog_types = catalog_types
+        self._catalog_digest = catalog_digest
+        self._runs: dict[str, str] = {}  # run id -> the device it executes on
         self._hello: wire.Hello | None = None
-        self._degraded = False
         self._missing: tuple[str, ...] = ()
         self._outbox: asyncio.Queue[Any] | None = None
         self._last_beat = time.monotonic()
-        self._disconnected_at: float | None = None
+        # Not attached yet: a connection started for adoption waits out the grace.
+        self._disconnected_at: float | None = time.monotonic()
         self._draining = False
         self._timer: asyncio.TimerHandle | None = None
+        self._cancels: set[str] = set()  # cancels asked for while the link was down
+        self._acks: dict[str, int] = {}  # run -> highest persisted counter not yet acknowledged
+        self._unacked = 0
+        self._upto = 0  # the newest frame_no of this connection
+        self._ack_timer: asyncio.TimerHandle | None = None
 
     async def on_start(self) -> None:
         self._schedule()
 
     async def on_stop(self, reason: str) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
 
     def _schedule(self) -> None:
         self._timer = asyncio.get_running_loop().call_later(self._heartbeat_s / 2, self.ref.tell, _Check())
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Attached(hello, degraded, missing, outbox):
-                if self._outbox is not None and self._outbox is not outbox:
-                    self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
-                self._hello, self._degraded, self._missing, self._outbox = hello, degraded, missing, outbox
-                self._last_beat, self._disconnected_at = time.monotonic(), None
-                self._tell_placer(online=True)
-            case Beat(inventory):
-                self._last_beat = time.monotonic()
-                if inventory is not None and self._hello is not None:
-                    self._hello = self._hello.model_copy(update={"inventory": inventory})
+            case Attached(hello, outbox):
+                self._attach(hello, outbox)
+            case FromWorker(frame):
+                self._from_worker(frame)
             case Detached(outbox):
                 if outbox is self._outbox:
                     self._disconnect("the socket closed")
+            case Persisted(run_id, counter, frames):
+                self._acks[run_id] = max(counter, self._acks.get(run_id, 0))
+                self._unacked += frames
+                self._want_ack()
+            case _FlushAcks():
+                self._ack_timer = None
+                self._flush_acks()
             case Revoked():
-                self._tell_runs("lost")  # its agent stops: nothing of it will come back
+                self._tell_runs(WorkerLost())  # its agent stops: nothing of it will come back
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Refused(code="revoked", reason="this worker's credential was revoked"))
                     self._outbox.put_nowait(CLOSE)
@@ -146,26 +177,19 @@ class WorkerConnection(Actor):
                 if self._outbox is not None:
                     self._outbox.put_nowait(frame)
                 else:
-                    self._tell_runs("lost", only={run_id})
+                    self._tell_runs(WorkerLost(), only={run_id})
             case CancelOnWorker(run_id):
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.CancelRun(run_id=run_id))
-            case RunDone(run_id):
-                self._runs.pop(run_id, None)
-            case Rebind(run_ids):
-                # Runs the agent no longer executes (it restarted) are lost; the rest go on.
-                gone = set(self._runs) - set(run_ids)
-                if gone:
-                    self._tell_runs("lost", only=gone)
-                for run_id in run_ids:
-                    self._runs.setdefault(run_id, "cpu")
-                if run_ids:
-                    self._tell_runs("back", only=set(run_ids))
+                elif run_id in self._runs:
+                    self._cancels.add(run_id)  # sent when the agent is back
+            case Adopted(run_id, device):
+                self._runs[run_id] = device
             case Drain():
                 self._draining = True
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Drain())
-                    self._tell_placer(online=True)  # draining: no new runs start here
+                    self._tell_placer()  # draining: no new runs start here
             case _Check():
                 self._check()
             case Snapshot():
@@ -174,16 +198,86 @@ class WorkerConnection(Actor):
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def _tell_placer(self, online: bool) -> None:
-        from actors.placer import WorkerOffline, WorkerOnline  # the placer module imports the run module
+    # The link ----------------------------------------------------------------------
+    def _attach(self, hello: wire.Hello, outbox: asyncio.Queue[Any]) -> None:
+        if self._outbox is not None and self._outbox is not outbox:
+            self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
+        self._hello, self._outbox, self._upto = hello, outbox, 0
+        self._missing = tuple(sorted(self._catalog_types - set(hello.node_types)))
+        self._acks, self._unacked = {}, 0  # acks of the old socket are answered by the replay
+        self._last_beat, self._disconnected_at = time.monotonic(), None
+        outbox.put_nowait(wire.Welcome(name=self.worker, degraded=self._degraded,
+                                       missing_node_types=list(self._missing), heartbeat_s=self._heartbeat_s))
+        reported = set(hello.runs)
+        # Runs the agent no longer executes (it restarted) are lost; the rest go on and
+        # the agent replays what was not acknowledged.
+        self._tell_runs(WorkerLost(), only=set(self._runs) - reported)
+        for run_id in sorted(reported):
+            if run_id in self._runs:
+                self._tell_runs(WorkerBack(self.worker), only={run_id})
+            else:
+                log.warning("worker %s reports run %s, which this server does not hold for it: killing it",
+                            self.worker, run_id)
+                outbox.put_nowait(wire.KillRun(run_id=run_id))
+        for run_id in sorted(self._cancels & set(self._runs)):
+            outbox.put_nowait(wire.CancelRun(run_id=run_id))
+        self._cancels.clear()
+        self._tell_placer()
 
+    @property
+    def _degraded(self) -> bool:
+        return self._hello is not None and self._hello.catalog_digest != self._catalog_digest
+
+    def _from_worker(self, frame: Any) -> None:
+        self._last_beat = time.monotonic()
+        self._upto = max(self._upto, frame.frame_no)
+        if isinstance(frame, wire.Heartbeat):
+            self._flush_acks(always=True)
+        elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
+            self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
+        elif isinstance(frame, wire.RUN_FRAMES):
+            self._route(frame)
+
+    def _route(self, frame: wire.RunEvent | wire.RunEnded | wire.Gap) -> None:
+        """A worker run's frames take the in-process runs' path: the RunActor numbers
+        them. Frames of a run this server no longer holds (it ended; the ack was lost)
+        are acknowledged, so the agent forgets them."""
+        run = self._registry.lookup(f"runs/{frame.run_id}")
+        if frame.run_id in self._runs and run is not None:
+            if isinstance(frame, wire.RunEnded):
+                self._runs.pop(frame.run_id, None)
+            run.tell(WorkerFrames(self.worker, (frame,)))
+        elif run is None:
+            self._acks[frame.run_id] = max(frame.counter, self._acks.get(frame.run_id, 0))
+            self._unacked += 1
+            self._want_ack()
+        else:
+            log.warning("worker %s sent a frame of run %s, which is not assigned to it: dropped",
+                        self.worker, frame.run_id)
+
+    def _want_ack(self) -> None:
+        if self._unacked >= ACK_EVERY_FRAMES:
+            self._flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_AFTER_S, self.ref.tell, _FlushAcks())
+
+    def _flush_acks(self, always: bool = False) -> None:
+        if self._outbox is None or not (always or self._acks):
+            return
+        self._outbox.put_nowait(wire.Ack(upto=self._upto, runs=self._acks))
+        self._acks, self._unacked = {}, 0
+
+    def _tell_placer(self) -> None:
         placer = self._registry.lookup("placer")
         if placer is None:
             return
-        if not online or self._hello is None:
+        if self._outbox is None or self._hello is None:
             placer.tell(WorkerOffline(self.worker))
             return
-        placer.tell(WorkerOnline(self.worker, self._devices(), self._draining, complete=not self._missing))
+        inventory = self._hello.inventory
+        offer = WorkerOffer(self.worker, ("cpu", *(f"cuda:{card.index}" for card in inventory.cards)),
+                            inventory.cpus, frozenset(self._hello.node_types))
+        placer.tell(WorkerOnline(offer, self._devices(), self._draining))
 
     def _devices(self) -> dict[str, tuple[str, int]]:
         """Each offered device with its physical identity (NVML UUID; the machine for its
@@ -195,28 +289,25 @@ class WorkerConnection(Actor):
             devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{self.worker}/cuda:{card.index}"))
         return devices
 
-    def _tell_runs(self, what: str, only: set[str] | None = None) -> None:
-        from actors.run import WorkerBack, WorkerGone, WorkerLost  # run.py sends to this module
-
-        message = {"gone": WorkerGone, "back": WorkerBack, "lost": WorkerLost}[what]()
+    def _tell_runs(self, message: Any, only: set[str] | None = None) -> None:
         targets = set(self._runs) if only is None else only
         for run_id in targets:
             run = self._registry.lookup(f"runs/{run_id}")
             if run is not None:
                 run.tell(message)
-        if what == "lost":
+        if isinstance(message, WorkerLost):
             for run_id in targets:
                 self._runs.pop(run_id, None)
 
     def _disconnect(self, why: str) -> None:
-        if self._disconnected_at is None:
-            log.warning("worker %s disconnected: %s", self.worker, why)
-            self._disconnected_at = time.monotonic()
-            self._tell_placer(online=False)
-            self._tell_runs("gone")
         if self._outbox is not None:
             self._outbox.put_nowait(CLOSE)
         self._outbox = None
+        if self._disconnected_at is None:
+            log.warning("worker %s disconnected: %s", self.worker, why)
+            self._disconnected_at = time.monotonic()
+            self._tell_placer()
+            self._tell_runs(WorkerGone())
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -224,7 +315,7 @@ class WorkerConnection(Actor):
             self._disconnect("three heartbeats missed")
         if self._disconnected_at is not None and now - self._disconnected_at >= self._grace_s:
             log.warning("worker %s stayed away past the grace of %ss", self.worker, self._grace_s)
-            self._tell_runs("lost")
+            self._tell_runs(WorkerLost())
             self.stop_self("grace expired")
             return
         self._schedule()

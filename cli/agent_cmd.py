@@ -100,8 +100,10 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     pid_file.write_text(str(os.getpid()))
     print(f"troupe agent {name} dialing {url}", flush=True)
     try:
-        grace = load_settings().worker_kill_grace_s
-        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated, grace))))
+        settings = load_settings()
+        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated,
+                                                     settings.worker_kill_grace_s,
+                                                     int(settings.agent_outbox_mb * 1024 * 1024)))))
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -45,13 +45,18 @@ def start(
 
 
 @app.command()
-def stop(timeout: Annotated[float, typer.Option(help="seconds to wait for the graceful stop")] = 60.0) -> None:
+def stop(
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the graceful stop")] = 60.0,
+    leave_worker_runs: Annotated[bool, typer.Option(
+        "--leave-worker-runs", help="keep runs on workers executing and queued runs queued; the next "
+        "`troupe start` adopts them (for updating the server under a long training)")] = False,
+) -> None:
     """Stop the server of this TROUPE_HOME gracefully."""
     from cli.config import load_settings
     from cli.start_cmd import stop as run_stop
 
     try:
-        raise typer.Exit(run_stop(load_settings(), timeout))
+        raise typer.Exit(run_stop(load_settings(), timeout, leave_worker_runs))
     except CliError as exc:
         _fail(exc)
 

@@ -15,6 +15,25 @@ from protocol.graph import Graph
 SEED_MAX = 2**32 - 1
 
 
+class Target(BaseModel):
+    """Where a run executes: ``worker`` names an enrolled worker, ``any`` lets the placer
+    choose, ``local`` (or no target) is the control plane itself. Unknown keys are
+    refused (``unknown_target_option``): a run meant for elsewhere never runs here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker: str | None = Field(default=None, min_length=1, max_length=128)
+    devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
+                                      description="the run's devices on the worker; the first is its key")
+    wait: bool | None = Field(default=None, description="absent or true: wait for an offline worker; "
+                                                        "false: refuse at once (503 worker_offline)")
+
+    @property
+    def remote(self) -> str | None:
+        """The worker named, or None for the control plane itself."""
+        return None if self.worker in (None, "local") else self.worker
+
+
 class RunOptions(BaseModel):
     """How a run is to be executed; every field is optional."""
 
@@ -26,7 +45,7 @@ class RunOptions(BaseModel):
     record_outputs: bool = False
     lane: Literal["queued", "interactive"] = "queued"
     editor_session: str | None = Field(default=None, min_length=1, max_length=128)
-    target: dict[str, Any] | None = Field(default=None, description="a worker placement; needs an enrolled worker")
+    target: Target | None = Field(default=None, description="a worker placement; needs an enrolled worker")
     provenance: bool = False
 
 

@@ -39,6 +39,10 @@ class Settings:
     worker_resume_grace_s: float = 300.0
     # On an agent: how long a cancelled run's process has to stop before it is killed.
     worker_kill_grace_s: float = 10.0
+    # On an agent: MiB of run frames kept until the control plane acknowledges them.
+    agent_outbox_mb: float = 64.0
+    # Queued runs stay queued across a restart, in their order (default: interrupted).
+    run_queue_restore: bool = False
     max_sweep_runs: int = 32
     max_sweep_params: int = 4
     max_sweep_domain: int = 32
@@ -107,6 +111,8 @@ class Settings:
             worker_heartbeat_s=reader.number("TROUPE_WORKER_HEARTBEAT_S", 10.0) or 10.0,
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
+            agent_outbox_mb=reader.number("TROUPE_AGENT_OUTBOX_MB", 64.0),
+            run_queue_restore=reader.flag("TROUPE_RUN_QUEUE_RESTORE", False),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
             editor_cache_mb=reader.integer("TROUPE_EDITOR_CACHE_MB", 512, minimum=0),
@@ -155,6 +161,17 @@ class _Reader:
             self._warnings.append(f"{name}={raw!r} must be a non-negative number; using {default}")
             return default
         return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self._env.get(name, "").strip().lower()
+        if not raw:
+            return default
+        if raw in ("1", "true", "yes", "on"):
+            return True
+        if raw in ("0", "false", "no", "off"):
+            return False
+        self._warnings.append(f"{name}={raw!r} is not 1 or 0; using {int(default)}")
+        return default
 
     def limit(self, name: str, default: int) -> int:
         # A limit below 1 would leave a queue that can never drain, so it counts as 1.

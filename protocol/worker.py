@@ -1,6 +1,9 @@
 """The frames of ``/ws/worker``: JSON objects with a ``type``, validated on receipt by
-both ends. Every frame carries the sender's per-connection ``frame_no`` (for acks and
-dedup); a run's event ``seq`` is never the agent's to assign.
+both ends. Every frame carries the sender's per-connection ``frame_no`` (dedup within one
+connection). A run's frames (event, ended, gap) also carry the run's own ``counter``, set
+by the run's child and gap-free from 1: it survives reconnects and control-plane
+restarts, so the agent can resend what was not acknowledged and the control plane can
+drop what it already applied. A run's event ``seq`` is never the agent's to assign.
 """
 
 from __future__ import annotations
@@ -76,11 +79,13 @@ class Heartbeat(_Frame):
 
 
 class Ack(_Frame):
-    """Control plane -> agent, answering each heartbeat: every frame of this connection
-    up to ``upto`` arrived. Replay of what was not acked is for a later version."""
+    """Control plane -> agent: every frame of this connection up to ``upto`` arrived, and
+    for each run in ``runs`` every frame up to that counter is persisted (the agent may
+    forget them). Sent at every heartbeat and after 256 run frames or 100 ms of them."""
 
     type: Literal["ack"] = "ack"
-    upto: int = Field(ge=0)
+    upto: int = Field(default=0, ge=0)
+    runs: dict[str, int] = Field(default_factory=dict)
 
 
 class InventoryUpdate(_Frame):
@@ -116,28 +121,43 @@ class KillRun(_Frame):
     run_id: str
 
 
-class RunEvent(_Frame):
+class _RunFrame(_Frame):
+    run_id: str
+    # The run's own frame counter (from 1, gap-free), kept until acknowledged.
+    counter: int = Field(ge=1, le=2**62)
+
+
+class RunEvent(_RunFrame):
     """Agent -> control plane: one event of a run, not yet numbered (the RunActor
     assigns ``seq``)."""
 
     type: Literal["event"] = "event"
-    run_id: str
     kind: str
     node_id: str | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
-class RunEnded(_Frame):
+class RunEnded(_RunFrame):
     type: Literal["ended"] = "ended"
-    run_id: str
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
     node_id: str | None = None
 
 
+class Gap(_RunFrame):
+    """Agent -> control plane: the agent's outbox overflowed (``TROUPE_AGENT_OUTBOX_MB``)
+    while the link was down, and ``dropped`` events of the run up to ``counter`` were
+    dropped. Recorded as a ``warning`` with code ``events_dropped``: never a silent loss."""
+
+    type: Literal["gap"] = "gap"
+    dropped: int = Field(ge=1)
+
+
+RUN_FRAMES = (RunEvent, RunEnded, Gap)
+
 Frame = Annotated[
     Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
-    | RunEnded,
+    | RunEnded | Gap,
     Field(discriminator="type"),
 ]
 FRAME = TypeAdapter(Frame)

@@ -22,13 +22,16 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
 
     cap_threads()
     lock = threading.Lock()
+    counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
 
-    def send(message: tuple[Any, ...]) -> None:
+    def send(kind: str, *message: Any) -> None:
+        nonlocal counter
         with lock:
-            conn.send(message)
+            counter += 1
+            conn.send((kind, counter, *message))
 
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        send(("event", kind, node_id, payload))
+        send("event", kind, node_id, payload)
 
     cancel = threading.Event()
 
@@ -51,4 +54,4 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it
         outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
-    send(("ended", outcome.status, outcome.error, outcome.node_id))
+    send("ended", outcome.status, outcome.error, outcome.node_id)

@@ -26,9 +26,6 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
         raise SweepInvalid("a study manages seeds; use its seed field", pointer="/options/seed")
     if body.options.lane != "queued":
         raise SweepInvalid("a study always queues; lane interactive is refused", pointer="/options/lane")
-    if (body.options.target or {}).get("worker") not in (None, "local"):
-        raise SweepInvalid("studies run in the control plane for now; a worker target is refused",
-                           pointer="/options/target")
     if (body.variants is None) == (body.sweep_spec is None):
         raise SweepInvalid("give either variants or a sweep_spec", pointer="/variants")
     if body.sweep_spec is not None:

@@ -32,6 +32,7 @@ class AgentConfig:
     machine_id: str
     simulated_inventory: dict[str, Any] | None = None
     kill_grace_s: float = 10.0
+    outbox_bytes: int = 64 * 1024 * 1024
 
 
 class Agent:
@@ -76,8 +77,9 @@ class Agent:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
         runs = Supervisor("runs")
-        link = root.start_child(ChildSpec("link", lambda: Link(LinkConfig(
-            self.config.url, self.config.credential, hello, final, on_frame)).start(registry)))
+        link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
+                                 self.config.outbox_bytes)
+        link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(finished.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

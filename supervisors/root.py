@@ -24,22 +24,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from actors.base import ActorRef, Registry
+from actors.base import ActorRef, Registry, Shutdown
 from actors.cpus import CpuLedger
 from actors.events import Change, EventHub, Publish
 from actors.ledger import LedgerActor
-from actors.placer import Placer, Quarantine, RunSpec
-from actors.placer import Shutdown as PlacerShutdown
+from actors.placer import Placer, Quarantine, Restore, RunSpec
 from actors.queue import QueueActor
 from actors.run import Abandon, ReportOccupancy, RunActor
-from actors.run import Shutdown as RunShutdown
 from actors.store import (
     AppendEvents,
     DeleteRun,
     InsertRun,
+    KeepQueuedForNextStart,
     ListStudies,
     Prune,
-    RecoverInterrupted,
+    Recover,
     StoreActor,
     UpdateRun,
     UpdateStudy,
@@ -47,11 +46,13 @@ from actors.store import (
 from actors.store_client import StoreClient
 from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
-from actors.worker import WorkerConnection
+from actors.worker import Adopted, WorkerConnection
 from protocol import events as ev
+from protocol.graph import Graph
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import host_machine_id, probe_accelerators
+from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
@@ -71,6 +72,9 @@ class ControlPlane:
         self.token = secrets.token_urlsafe(32)
         self.port: int | None = None
         self.recovered: list[str] = []
+        # Set by ``troupe stop --leave-worker-runs`` before the stop: worker runs keep
+        # executing and queued runs stay queued, for the next start to adopt.
+        self.leave_worker_runs = False
 
     @property
     def db_path(self) -> Path:
@@ -99,7 +103,8 @@ class ControlPlane:
         self.node_cache = NodeCache(self.settings.editor_cache_mb * 1024 * 1024)
 
         store_ref = self.root.start_child(ChildSpec("store", self._make_store))
-        self.recovered = await self.store.write(RecoverInterrupted())
+        found = await self.store.write(Recover(keep_queued=self.settings.run_queue_restore))
+        self.recovered = found["interrupted"]
         if self.recovered:
             log.warning("%d runs left queued or running by the last server are now interrupted", len(self.recovered))
         if self.settings.run_retention_keep_last >= 0:
@@ -107,6 +112,7 @@ class ControlPlane:
         assert store_ref.is_alive
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
+        await self._restore(found["adopted"], found["queued"])
         self.root.start_child(ChildSpec("cpus", lambda: CpuLedger(self.settings.cpus).start(self.registry)))
         self.accelerators = probe_accelerators() + self.settings.simulated_accelerators
         # Studies left running by the last server go on (their budgets hold).
@@ -126,6 +132,29 @@ class ControlPlane:
         self.root.start_child(ChildSpec("web", lambda: self.web, Restart.TEMPORARY))
         return self.port
 
+    async def _restore(self, adopted: list[dict[str, Any]], queued: list[dict[str, Any]]) -> None:
+        """Worker runs the last server left executing get RunActors (``adopting``) and
+        their worker's connection (``disconnected`` until the agent reports them, for the
+        grace); queued runs that were kept go back in line. The placer rebuilds their
+        slots before it admits anything else."""
+        specs: dict[str, list[RunSpec]] = {"adopted": [], "queued": []}
+        for kind, rows in (("adopted", adopted), ("queued", queued)):
+            for row in rows:
+                try:
+                    graph = prepare_executable_graph(Graph.model_validate(row["graph"]), self.catalog)
+                except Exception as exc:  # the catalog changed under a kept run
+                    log.error("run %s cannot be restored: %s", row["id"], exc)
+                    await self.store.write(UpdateRun(row["id"], {"status": ev.INTERRUPTED, "finished_at": ev.utc_now(),
+                                                                 "error": f"cannot be restored: {exc}"}))
+                    continue
+                specs[kind].append(RunSpec(row["id"], row["queue_key"], row["lane"], row, graph))
+        for spec in specs["adopted"]:
+            self.start_worker(str(spec.row["worker"])).tell(Adopted(spec.run_id, spec.row["device"]))
+        if specs["adopted"] or specs["queued"]:
+            log.warning("adopting %d worker runs and restoring %d queued runs", len(specs["adopted"]),
+                        len(specs["queued"]))
+            self.registry.lookup("placer").tell(Restore(tuple(specs["adopted"]), tuple(specs["queued"])))  # type: ignore[union-attr]
+
     # Children ------------------------------------------------------------------
     def _make_store(self) -> ThreadActorRef:
         ref = start_thread_actor(StoreActor, "store", self.db_path, self.runs_dir)
@@ -138,7 +167,7 @@ class ControlPlane:
         placer = Placer(
             self.store, self.registry, interactive_limit=self.settings.run_interactive_max_concurrent,
             spawn_run=self._spawn_run, ensure_queue=self._ensure_queue, ensure_ledger=self._ensure_ledger,
-            local_cpu=local_cpu,
+            local_cpu=local_cpu, catalog_types=frozenset(self.catalog.types),
         )
         return placer.start(self.registry)
 
@@ -201,7 +230,8 @@ class ControlPlane:
         def factory() -> ActorRef:
             settings = self.settings
             return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s,
-                                    self.registry, settings.concurrency_for).start(self.registry)
+                                    self.registry, settings.concurrency_for, frozenset(self.catalog.types),
+                                    self.catalog.digest).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
 
@@ -252,12 +282,15 @@ class ControlPlane:
         grace = self.settings.stop_grace_s
         for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers, self.ledgers):
             supervisor.stop_restarting()
+        shutdown = Shutdown(leave_worker_runs=self.leave_worker_runs)
         placer = self.registry.lookup("placer")
         if placer is not None:
-            placer.tell(PlacerShutdown())
+            placer.tell(shutdown)
+        if self.leave_worker_runs:
+            await self.store.write(KeepQueuedForNextStart())
         runs = [r for r in (self.registry.lookup(n) for n in self.registry.names("runs/")) if r is not None]
         for run in runs:
-            run.tell(RunShutdown())
+            run.tell(shutdown)
         if runs:
             waits = [asyncio.ensure_future(r.wait()) for r in runs]
             _, pending = await asyncio.wait(waits, timeout=grace)

@@ -11,7 +11,6 @@ from aiohttp import web
 from actors.base import ActorRef, Registry
 from actors.errors import ActorDeadError
 from actors.store_client import StoreClient
-from actors.submission import WorkerOffer
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.node_cache import NodeCache
@@ -29,11 +28,6 @@ class Services:
     started_at: str = ""
     # The URL this server is reached at (TROUPE_PUBLIC_URL, else the address it bound).
     public_url: str = ""
-    # Workers that connected since this server started, with the devices they offered:
-    # a run may wait for one of them while it is offline.
-    seen_workers: dict[str, WorkerOffer] = field(default_factory=dict)
-    # ... and the catalog node types each of them has.
-    worker_types: dict[str, frozenset[str]] = field(default_factory=dict)
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
     # Finds or starts the WorkerConnection actor of an enrolled worker.

@@ -44,7 +44,10 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
             node_id = None
         if not isinstance(node_id, str):
             node_id = None
-    return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id)
+    code = "invalid_request"
+    if first["type"] == "extra_forbidden" and len(loc) == 3 and tuple(loc[:2]) == ("options", "target"):
+        code = "unknown_target_option"  # a run meant for elsewhere must never run here
+    return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id, code=code)
 
 
 def hex_id(request: web.Request, kind: str) -> str:

@@ -12,10 +12,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from actors.cpus import Snapshot as CpuSnapshot
+from actors.base import Snapshot
 from actors.events import SubscriberCount
 from actors.placer import Quarantined
-from actors.queue import Snapshot
 from actors.store import StatusCounts
 from protocol import events as ev
 from subprocess_runner.devices import host_machine_id
@@ -49,7 +48,7 @@ async def queues(request: web.Request) -> web.Response:
 
 @routes.get("/api/resources")
 async def resources(request: web.Request) -> web.Response:
-    return web.json_response({"cpus": await services(request).actor("cpus").ask(CpuSnapshot())})
+    return web.json_response({"cpus": await services(request).actor("cpus").ask(Snapshot())})
 
 
 @routes.get("/api/info")

@@ -47,7 +47,7 @@ async def _study_kind(svc: Services, spec: dict[str, Any], plugin_id: str) -> di
         first = exc.errors()[0]
         raise InvalidRequest(f"spec: {first['msg']}", pointer="/spec" + pointer_from_path(first["loc"])) from None
     try:
-        return create_study(svc, body, plugin_id)
+        return await create_study(svc, body, plugin_id)
     except TroupeError as exc:  # point into the job's body, where the spec sits
         if exc.pointer is not None:
             exc.pointer = "/spec" + exc.pointer

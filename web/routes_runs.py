@@ -10,15 +10,15 @@ from typing import Any
 
 from aiohttp import web
 
+from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
 from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
-from actors.submission import ANY, WorkerOffer, build_row, target_worker
-from actors.worker import Snapshot as WorkerSnapshot
+from actors.submission import build_row
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
-from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict
+from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
 from web.requests import int_query, read_model, run_id_from
@@ -51,65 +51,14 @@ def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptio
                      **extra)
 
 
-async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None
-                    ) -> WorkerOffer | None:
-    """What the worker a submission targets offers; 400 for a worker never seen
-    since this server started, or one that lacks node types the graph uses (a degraded
-    worker). A known worker that is offline is fine: the run waits for it."""
-    name = target_worker(options)
-    if name is None:
+async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
+    """What the worker a submission targets offers (None: this server); the placer's
+    ``WorkerBook`` decides, and refuses what cannot or may not go there."""
+    if options.target is None or options.target.remote is None:
         return None
-    if name == ANY:
-        offer = _eligible_workers(svc)
-        await _check_wait(svc, options, _eligible_names(svc))
-        return offer
-    if name not in svc.seen_workers:
-        raise InvalidRequest(f"no worker {name!r} has connected since this server started",
-                             pointer="/options/target/worker", code="unknown_target")
-    lacking = sorted({n.type for n in graph.nodes} - svc.worker_types.get(name, frozenset())) if graph else []
-    if lacking:
-        raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
-                             code="worker_lacks_node_types")
-    await _check_wait(svc, options, [name])
-    return svc.seen_workers[name]
-
-
-async def _check_wait(svc: Services, options: RunOptions, candidates: list[str]) -> None:
-    """``target.wait`` (default true): false refuses the run at once when no candidate
-    worker is connected and taking runs, instead of letting it wait for one."""
-    wait = (options.target or {}).get("wait", True)
-    if not isinstance(wait, bool):
-        raise InvalidRequest("options.target.wait must be true or false", pointer="/options/target/wait")
-    if wait:
-        return
-    for name in candidates:
-        live = svc.registry.lookup(f"workers/{name}")
-        snapshot = await live.ask(WorkerSnapshot()) if live is not None else None
-        if snapshot is not None and snapshot["state"] == "connected" and not snapshot["draining"]:
-            return
-    raise CapacityRefused(
-        f"no worker of {', '.join(candidates)} is connected and taking runs, and options.target.wait is false; "
-        "submit with wait true to queue the run until one is", pointer="/options/target/wait", code="worker_offline")
-
-
-def _eligible_names(svc: Services) -> list[str]:
-    return [name for name, types in svc.worker_types.items() if not set(svc.catalog.types) - types]
-
-
-def _eligible_workers(svc: Services) -> WorkerOffer:
-    """What the workers that target ``any`` may use offer together: those with every
-    node type this server has (a degraded worker lacking some is skipped). 400 when
-    there is none, with what was seen."""
-    eligible = _eligible_names(svc)
-    if not eligible:
-        seen = sorted(svc.seen_workers)
-        raise InvalidRequest(
-            f"target any needs a worker with every node type of this server; {len(seen)} seen since start"
-            + (f" ({', '.join(seen)}), none has them all" if seen else ""),
-            pointer="/options/target/worker", code="no_eligible_worker")
-    offers = [svc.seen_workers[name] for name in eligible]
-    return WorkerOffer(ANY, tuple(sorted({d for offer in offers for d in offer.devices})),
-                       max(offer.cpus for offer in offers))
+    node_types = frozenset(n.type for n in graph.nodes) if graph is not None else frozenset()
+    offer: WorkerOffer | None = await svc.actor("placer").ask(ResolveTarget(options, node_types))
+    return offer
 
 
 @routes.post("/api/runs")

@@ -21,6 +21,7 @@ from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.requests import hex_id, read_model
+from web.routes_runs import worker_of
 from web.routes_sweeps import sweep_limits
 
 routes = web.RouteTableDef()
@@ -42,14 +43,16 @@ def study_reply(study: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None) -> dict[str, Any]:
+async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None) -> dict[str, Any]:
     """Validates everything, stores the study and starts its actor; nothing is left
-    behind when a check fails."""
+    behind when a check fails. A target applies to every attempt, with the rules of a
+    single run's target."""
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
     variants = compile_variants(body, svc.catalog, sweep_limits(svc))
+    worker = await worker_of(svc, body.options, body.base_graph)
     for variant in variants:
         build_row(svc.settings, svc.catalog, svc.accelerators, Graph.model_validate(variant["graph"]), body.name,
-                  body.options, "/base_graph")
+                  body.options, "/base_graph", worker)
     return {
         "id": uuid.uuid4().hex, "name": body.name or body.base_graph.name or "study", "state": "running",
         "spec": {"variants": variants, "repeats": body.repeats, "seed": body.seed,
@@ -70,7 +73,7 @@ async def store_and_start(svc: Services, study: dict[str, Any]) -> dict[str, Any
 async def submit_study(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitStudy)
-    return web.json_response(await store_and_start(svc, create_study(svc, body)), status=201)
+    return web.json_response(await store_and_start(svc, await create_study(svc, body)), status=201)
 
 
 async def load(svc: Services, study_id: str) -> dict[str, Any]:

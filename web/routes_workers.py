@@ -14,8 +14,9 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from actors.base import Snapshot
 from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
-from actors.worker import Drain, Revoked, Snapshot
+from actors.worker import Drain, Revoked
 from protocol.errors import NotFound
 from web.context import services
 from web.requests import read_model

@@ -1,6 +1,7 @@
-"""``/ws/worker``: the socket an agent dials. It authenticates the agent, runs the
-handshake, then shuttles frames between the socket and the worker's WorkerConnection
-actor (found by name, so a restarted actor picks the socket up again)."""
+"""``/ws/worker``: the socket an agent dials. It authenticates the agent (hello, version,
+credential), then forwards every frame to the worker's WorkerConnection actor (found by
+name, so a restarted actor picks the socket up again) and writes what that actor hands
+it. What the frames mean is the actor's business, not this handler's."""
 
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from actors.executor import GraphEnded, NodeEvent, NodeEvents
 from actors.store import WorkerForCredential
-from actors.submission import WorkerOffer
-from actors.worker import CLOSE, Attached, Beat, Detached, Rebind, RunDone
+from actors.worker import CLOSE, Attached, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire
 from protocol.version import __version__
-from subprocess_runner.engine import Outcome
 from web.context import Services, services
 
 log = logging.getLogger("troupe.web")
@@ -73,22 +71,8 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     name, reason = await _who(svc, request, hello)
     if name is None:
         return await _refuse(ws, "unauthorized", reason)
-    missing = sorted(set(svc.catalog.types) - set(hello.node_types))
-    degraded = hello.catalog_digest != svc.catalog.digest
-    svc.seen_workers[name] = WorkerOffer(name, ("cpu", *(f"cuda:{card.index}" for card in hello.inventory.cards)),
-                                         hello.inventory.cpus)
-    svc.worker_types[name] = frozenset(hello.node_types)
-    actor = svc.start_worker(name)
     outbox: asyncio.Queue[Any] = asyncio.Queue()
-    actor.tell(Attached(hello, degraded, tuple(missing), outbox))
-    await ws.send_str(wire.dump_frame(wire.Welcome(
-        name=name, degraded=degraded, missing_node_types=missing, heartbeat_s=svc.settings.worker_heartbeat_s),
-        numbers.next()))
-    held = [run_id for run_id in hello.runs if svc.registry.lookup(f"runs/{run_id}") is not None]
-    actor.tell(Rebind(tuple(held)))
-    for run_id in set(hello.runs) - set(held):
-        log.warning("worker %s still executes run %s, which this server no longer holds: killing it", name, run_id)
-        await ws.send_str(wire.dump_frame(wire.KillRun(run_id=run_id), numbers.next()))
+    svc.start_worker(name).tell(Attached(hello, outbox))
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
         async for message in ws:
@@ -108,28 +92,13 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             live = svc.registry.lookup(f"workers/{name}")
             if live is None:
                 break
-            if isinstance(frame, wire.Heartbeat):
-                outbox.put_nowait(wire.Ack(upto=numbers.received))
-            live.tell(Beat(frame.inventory if isinstance(frame, wire.InventoryUpdate) else None))
-            if isinstance(frame, wire.RunEvent | wire.RunEnded):
-                _to_run(svc, frame, live)
+            live.tell(FromWorker(frame))
     finally:
         pump.cancel()
         live = svc.registry.lookup(f"workers/{name}")
         if live is not None:
             live.tell(Detached(outbox))
     return ws
-
-
-def _to_run(svc: Services, frame: wire.RunEvent | wire.RunEnded, connection: Any) -> None:
-    """A worker run's events take the in-process runs' path: the RunActor numbers them."""
-    run = svc.registry.lookup(f"runs/{frame.run_id}")
-    if isinstance(frame, wire.RunEnded):
-        connection.tell(RunDone(frame.run_id))
-        if run is not None:
-            run.tell(GraphEnded(Outcome(frame.status, frame.error, frame.node_id)))
-    elif run is not None:
-        run.tell(NodeEvents((NodeEvent(frame.kind, frame.node_id, frame.payload),)))
 
 
 async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: wire.Numbering) -> None:

@@ -220,7 +220,7 @@ async def test_a_worker_cannot_send_the_events_the_control_plane_owns(shared_ser
     async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
         await ws.send_str(hello(name="forger"))
         assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Welcome)
-        forged = wire.RunEvent(run_id="0" * 32, kind="run_finished", payload={"status": "succeeded"})
+        forged = wire.RunEvent(run_id="0" * 32, counter=1, kind="run_finished", payload={"status": "succeeded"})
         await ws.send_str(forged.model_dump_json())
         closing = await ws.receive(timeout=10)
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)

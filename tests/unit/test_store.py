@@ -16,7 +16,7 @@ from actors.store import (
     InsertRun,
     ListRuns,
     Prune,
-    RecoverInterrupted,
+    Recover,
     StoreActor,
     UpdateRun,
     open_database,
@@ -102,11 +102,25 @@ async def test_recovery_interrupts_leftover_runs_with_a_terminal_event(store):
     await store.write(InsertRun(row(2, "queued")))
     await store.write(InsertRun(row(3, "succeeded")))
     await store.write(AppendEvents(row(1)["id"], ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},)))
-    recovered = await store.write(RecoverInterrupted())
+    recovered = (await store.write(Recover()))["interrupted"]
     assert sorted(recovered) == [row(1)["id"], row(2)["id"]]
     assert (await store.read(GetRun(row(1)["id"])))["status"] == "interrupted"
     events, _ = await store.read(GetEvents(row(1)["id"]))
     assert [e["seq"] for e in events] == [1, 2] and events[1]["payload"]["status"] == "interrupted"
+
+
+async def test_recovery_adopts_worker_runs_and_keeps_queued_runs_when_asked(store):
+    on_worker = {**row(1, "running"), "worker": "gpu-a", "holds": [["gpu-a", "GPU-1"]]}
+    await store.write(InsertRun(on_worker))
+    await store.write(InsertRun(row(2, "queued")))
+    await store.write(InsertRun(row(3, "running")))
+    await store.write(AppendEvents(row(1)["id"], ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},), 7))
+    found = await store.write(Recover(keep_queued=True))
+    assert found["interrupted"] == [row(3)["id"]]
+    assert [r["id"] for r in found["queued"]] == [row(2)["id"]]
+    [adopted] = found["adopted"]
+    assert adopted["id"] == row(1)["id"] and adopted["next_seq"] == 2 and adopted["worker_counter"] == 7
+    assert adopted["holds"] == [["gpu-a", "GPU-1"]]
 
 
 async def test_a_removed_database_file_breaks_the_store(tmp_path):

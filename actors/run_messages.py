@@ -1,0 +1,50 @@
+"""Messages a RunActor receives from its peers (the placer, worker connections). They
+live apart from ``run.py`` so that peers send them without importing the RunActor, which
+itself sends to worker connections: no import circle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol import worker as wire
+
+
+@dataclass(frozen=True)
+class Start:
+    """From the placer: the run holds a slot and passed the seed gate. For target
+    ``any`` the placer names the worker and device it chose. ``holds`` are the
+    (provider, physical device) slots it holds, persisted so that a restarted control
+    plane rebuilds them before it admits anything."""
+
+    worker: str | None = None
+    device: str | None = None
+    holds: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkerGone:
+    """The run's worker disconnected; it may come back within the grace."""
+
+
+@dataclass(frozen=True)
+class WorkerBack:
+    """The run's worker reconnected and reports the run as its own: it goes on, and the
+    agent replays what the control plane had not acknowledged."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """The run's worker stayed away past the grace, or came back without the run: the
+    run ends interrupted (``worker_lost``)."""
+
+
+@dataclass(frozen=True)
+class WorkerFrames:
+    """Run frames (event, ended, gap) as they came from ``worker``, in order. The RunActor
+    drops those whose counter it already applied, and those from a worker the run was
+    not assigned to."""
+
+    worker: str
+    frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]
