@@ -25,7 +25,9 @@ from protocol import worker as wire
 
 log = logging.getLogger("troupe.agent")
 
-BACKOFF_S = (0.5, 1, 2, 4, 8, 15, 30)
+# Capped low: a laptop back from sleep should see its workers within seconds, and a
+# retry is one small HTTP upgrade.
+BACKOFF_S = (0.5, 1, 2, 3, 5)
 
 
 @dataclass(frozen=True)

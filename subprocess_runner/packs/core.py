@@ -48,6 +48,18 @@ def _log_metric(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     return {"value": value}
 
 
+def _ticker(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    # A steady stream of events (a training loop's shape without the training), for
+    # link faults and relay throughput: point i of series `name` has the value i.
+    for i in range(1, params["count"] + 1):
+        ctx.metric(params["name"], float(i))
+        if params["interval"]:
+            ctx.sleep(params["interval"])
+        else:
+            ctx.check_cancelled()
+    return {"value": float(params["count"])}
+
+
 def _print(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     ctx.log(f"{params['prefix']}{inputs.get('value')!r}")
     return {}
@@ -107,6 +119,15 @@ PACK = Pack(
             outputs=(Port("value", "float"),),
             params=(Param("name", "string", default="value"),),
             description="Records its input as the next point of series `name`.",
+        ),
+        NodeType(
+            "core.Ticker",
+            _ticker,
+            outputs=(Port("value", "float"),),
+            params=(Param("count", "int", default=10, min=1, max=10_000_000),
+                    Param("interval", "float", default=0.1, min=0, max=3600),
+                    Param("name", "string", default="tick")),
+            description="Records the points 1..count of series `name`, one every `interval` seconds.",
         ),
         NodeType(
             "core.Print",
