@@ -42,9 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import _replay
 from bench._http import HOST, Conn
 from bench._measure import BenchError, environ, fmt_ms, machine, run_main, steal_s, summary, time_limit
 from bench._troupe import REPO, start_server, stop_server_proc, ts_seconds
+from tests.faultproxy import FaultProxy
 
 WORKER = "bench"
 INVENTORY = {"machine_id": "bench-machine", "cpus": 2, "cards": []}
@@ -59,31 +61,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--floor-samples", type=int, default=10, help="interpreter start-ups timed (default 10)")
     parser.add_argument("--timeout", type=float, default=60.0, help="limit of one run, agent start (default 60)")
     parser.add_argument("--max-seconds", type=int, default=600, help="hard limit of the whole run (default 600)")
+    parser.add_argument("--cuts", type=int, default=10, help="link cuts timed, 0 to skip (default 10)")
+    parser.add_argument("--cut-seconds", type=float, default=2.0, help="length of each cut (default 2)")
+    parser.add_argument("--relay-events", type=int, default=20_000,
+                        help="events of the relay-rate run, 0 to skip (default 20000)")
+    parser.add_argument("--relay-runs", type=int, default=3, help="relay-rate runs each way (default 3)")
     args = parser.parse_args(argv)
     if not (1 <= args.runs <= 10_000 and 0 <= args.warmup <= 100 and 1 <= args.floor_samples <= 100):
         parser.error("--runs must be 1..10000, --warmup 0..100, --floor-samples 1..100")
+    if not (0 <= args.cuts <= 100 and 0.1 <= args.cut_seconds <= 60 and 0 <= args.relay_events <= 1_000_000
+            and 1 <= args.relay_runs <= 20):
+        parser.error("--cuts must be 0..100, --cut-seconds 0.1..60, --relay-events 0..1000000, --relay-runs 1..20")
     return args
 
 
-def start_agent(url: str, token: str, tmp: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path, float]:
-    """Starts ``troupe agent start`` and waits for its "connected as bench" line."""
+def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WORKER
+                ) -> tuple[subprocess.Popen[bytes], Path, float]:
+    """Starts ``troupe agent start`` and waits for its "connected as NAME" line."""
     env = environ()
     env.update(
-        XDG_CONFIG_HOME=str(tmp / "xdg-config"),
-        XDG_STATE_HOME=str(tmp / "xdg-state"),
-        TROUPE_HOME=str(tmp / "agent-home"),
+        XDG_CONFIG_HOME=str(tmp / f"xdg-config-{name}"),
+        XDG_STATE_HOME=str(tmp / f"xdg-state-{name}"),
+        TROUPE_HOME=str(tmp / f"agent-home-{name}"),
         TROUPE_SIMULATED_INVENTORY=json.dumps(INVENTORY),
     )
-    log_path = tmp / "agent.log"
+    log_path = tmp / f"agent-{name}.log"
     log = log_path.open("wb")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", WORKER],
+        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", name],
         cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
     log.close()
     deadline = time.monotonic() + timeout
-    while f"connected as {WORKER}" not in (text := log_path.read_text(errors="replace")):
+    while f"connected as {name}" not in (text := log_path.read_text(errors="replace")):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_server_proc(proc, 10)
             raise BenchError(f"the agent did not connect within {timeout}s (exit {proc.returncode}):\n{text[-2000:]}")
@@ -91,25 +102,27 @@ def start_agent(url: str, token: str, tmp: Path, timeout: float) -> tuple[subpro
     return proc, log_path, time.perf_counter() - t0
 
 
-def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float) -> tuple[subprocess.Popen[bytes], Path]:
-    status, reply = conn.request("POST", "/api/workers/enrollments", json.dumps({"name": WORKER}).encode())
+def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float, name: str = WORKER,
+                      via: int | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    """Enrolls ``name`` and starts its agent, dialing the server's port (or ``via``, a proxy's)."""
+    status, reply = conn.request("POST", "/api/workers/enrollments", json.dumps({"name": name}).encode())
     if status != 201:
         raise BenchError(f"POST /api/workers/enrollments answered {status}: {reply}")
     url = f"http://{HOST}:{port}"
     if f"--url {url} " not in reply["command"]:
         raise BenchError(f"the join command is not for {url}: {reply['command']}")
-    proc, log_path, start_s = start_agent(url, reply["token"], tmp, timeout)
+    proc, log_path, start_s = start_agent(f"http://{HOST}:{via or port}", reply["token"], tmp, timeout, name)
     deadline = time.monotonic() + timeout
     while True:
         _, body = conn.request("GET", "/api/workers")
         states = {w["name"]: w["state"] for w in body["workers"]}
-        if states.get(WORKER) == "connected":
+        if states.get(name) == "connected":
             break
         if time.monotonic() > deadline:
             stop_server_proc(proc, 30)
-            raise BenchError(f"GET /api/workers does not show {WORKER} connected: {states}")
+            raise BenchError(f"GET /api/workers does not show {name} connected: {states}")
         time.sleep(0.05)
-    print(f"agent pid {proc.pid} connected as {WORKER} {start_s:.2f} s after its start; /api/workers: connected")
+    print(f"agent pid {proc.pid} connected as {name} {start_s:.2f} s after its start; /api/workers: connected")
     return proc, log_path
 
 
@@ -172,14 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         "in-process": (json.dumps({"graph": graph}).encode(), "cpu"),
     }
     info = machine()
-    command = f".venv/bin/python bench/worker.py --runs {args.runs} --warmup {args.warmup}" + (
-        f" --floor-samples {args.floor_samples}" if args.floor_samples != 10 else "")
+    command = (f".venv/bin/python bench/worker.py --runs {args.runs} --warmup {args.warmup} --cuts {args.cuts} "
+               f"--cut-seconds {args.cut_seconds:g} --relay-events {args.relay_events} --relay-runs {args.relay_runs}"
+               + (f" --floor-samples {args.floor_samples}" if args.floor_samples != 10 else ""))
     print(f"troupe worker benchmark  {info['date']}")
     print(f"machine: {info['nproc']} cores ({info['cpu']}), python {info['python']}, linux {info['kernel']}")
     print(info["free"])
     print(f"settings: --runs {args.runs} --warmup {args.warmup} (alternating worker / in-process runs)")
     print()
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    relay: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    resumed: list[float] = []
     with tempfile.TemporaryDirectory(prefix="troupe-worker-", ignore_cleanup_errors=True) as name:
         tmp = Path(name)
         home = tmp / "home"
@@ -198,6 +214,19 @@ def main(argv: list[str] | None = None) -> int:
                         rows[mode].append(row)
             print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
                   f"CPU steal {steal_s() - steal0:.2f} s")
+            for _ in range(args.relay_runs if args.relay_events else 0):
+                for mode in MODES:
+                    relay[mode].append(_replay.relay_rate(conn, args.relay_events,
+                                                          WORKER if mode == "worker" else None, args.timeout))
+            if args.cuts:
+                proxy = FaultProxy(server.port).start()
+                cut_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, "cut", via=proxy.port)
+                try:
+                    resumed = _replay.resume_after_cuts(server.port, server.token, proxy, "cut", args.cuts,
+                                                        args.cut_seconds, args.timeout)
+                finally:
+                    stop_server_proc(cut_agent, 30.0)
+                    proxy.close()
         finally:
             conn.close()
             if agent is not None:
@@ -232,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         for stat in ("median", "p99"):
             w, p = (summary([r[key] for r in rows[mode]])[stat] for mode in MODES)
             print(f"  {label + ' ' + stat:<30}{w:10.2f}{p:12.2f}{w / p:8.2f}")
+    if relay["worker"]:
+        w, p = (sorted(r["rate"] for r in relay[mode])[len(relay[mode]) // 2] for mode in MODES)
+        print(f"  {'events/s relayed, median':<30}{w:10.0f}{p:12.0f}{w / p:8.2f}"
+              f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted)")
+    if resumed:
+        print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(resumed))}"
+              f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.5, 1, 2, 3, then 5 s)")
     failures = {mode: sum(not r["ok"] for r in rows[mode]) for mode in MODES}
     print(f"  runs not succeeded: worker {failures['worker']}, in-process {failures['in-process']}")
     print()

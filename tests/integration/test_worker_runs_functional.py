@@ -256,3 +256,17 @@ def test_a_restarted_agent_that_lost_its_runs_ends_them_at_once(make_server, tmp
     finally:
         again.terminate()
         again.wait(30)
+
+
+@pytest.mark.parametrize("target, pointer, code", [
+    ({"pool": "one-shot"}, "/options/target/pool", "unknown_target_option"),
+    ({"worker": "local", "memory_gib": 4}, "/options/target/memory_gib", "unknown_target_option"),
+    ({"devices": ["cuda:0"]}, "/options/target/devices", "target_needs_worker"),
+    ({"worker": "local", "devices": ["cuda:0"]}, "/options/target/devices", "target_needs_worker"),
+    ({"worker": "gpu-a", "wait": "soon"}, "/options/target/wait", "invalid_request"),
+])
+def test_a_target_meant_for_elsewhere_never_runs_here(shared_server, target, pointer, code):
+    before = shared_server.get("/api/runs?limit=500")["runs"]
+    reply = shared_server.submit(hello(), expect=400, target=target)
+    assert reply["error"]["code"] == code and reply["error"]["pointer"] == pointer
+    assert shared_server.get("/api/runs?limit=500")["runs"] == before  # nothing was stored

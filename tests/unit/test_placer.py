@@ -1,0 +1,147 @@
+"""The Placer by messages, with a real store, real ledgers and stand-ins for runs and
+queues: target rules (the WorkerBook), admission of named-worker runs on several devices
+from what the Admit carries, and adopted runs holding their slots before anything else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.base import Actor, Registry
+from actors.eligibility import ResolveTarget, WorkerOffer
+from actors.ledger import LedgerActor
+from actors.placer import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
+from actors.queue import Occupying
+from actors.run_messages import Start
+from actors.store import StoreActor
+from actors.store_client import StoreClient
+from actors.threaded import start_thread_actor
+from protocol.api import RunOptions
+from protocol.errors import CapacityRefused, InvalidRequest
+
+TYPES = frozenset({"core.Add", "core.Sleep"})
+DEVICES = {"cpu": ("cpu@m1", 2), "cuda:0": ("GPU-0", 1), "cuda:1": ("GPU-1", 1)}
+
+
+class Inbox(Actor):
+    def __init__(self, name):
+        super().__init__(name)
+        self.got = []
+
+    async def receive(self, message):
+        if message != "ping":
+            self.got.append(message)
+
+
+class Plane:
+    """A placer and the actors it reaches, found by name as in the real tree."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.registry = Registry()
+        self.store = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
+        self.ledgers: dict[str, object] = {}
+        self.inboxes: dict[str, Inbox] = {}
+        self.placer = Placer(self.store, self.registry, interactive_limit=2, spawn_run=self.spawn,
+                             ensure_queue=self.queue, ensure_ledger=self.ledger, catalog_types=TYPES
+                             ).start(self.registry)
+
+    def spawn(self, spec: RunSpec):
+        return self.run(spec.run_id)
+
+    def run(self, run_id: str):
+        return self._inbox(f"runs/{run_id}")
+
+    def queue(self, key: str):
+        return self._inbox(f"queues/{key}")
+
+    def _inbox(self, name: str):
+        if name not in self.inboxes:
+            self.inboxes[name] = Inbox(name)
+            self.inboxes[name].start(self.registry)
+        return self.inboxes[name].ref
+
+    def ledger(self, physical: str):
+        fresh = physical not in self.ledgers
+        if fresh:
+            self.ledgers[physical] = LedgerActor(physical).start(self.registry)
+        return self.ledgers[physical], fresh
+
+    async def got(self, name: str) -> list:
+        await self.placer.ask(ResolveTarget(RunOptions()))  # everything told before is handled
+        inbox = self.inboxes[name]
+        await inbox.ref.ask("ping")
+        return inbox.got
+
+    async def close(self) -> None:
+        await self.store.ref.stop()
+
+
+@pytest.fixture
+async def plane(tmp_path):
+    made = Plane(tmp_path)
+    yield made
+    await made.close()
+
+
+def options(**target) -> RunOptions:
+    return RunOptions.model_validate({"target": target})
+
+
+def online(name="gpu-a", types=TYPES, draining=False) -> WorkerOnline:
+    return WorkerOnline(WorkerOffer(name, tuple(DEVICES), 8, types), DEVICES, draining)
+
+
+async def test_targets_are_checked_against_the_workers_seen_since_start(plane):
+    with pytest.raises(InvalidRequest) as unknown:
+        await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))
+    assert unknown.value.code == "unknown_target"
+    with pytest.raises(InvalidRequest) as none:
+        await plane.placer.ask(ResolveTarget(options(worker="any")))
+    assert none.value.code == "no_eligible_worker"
+    plane.placer.tell(online())
+    offer = await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))
+    assert offer.devices == ("cpu", "cuda:0", "cuda:1") and offer.cpus == 8
+    with pytest.raises(InvalidRequest) as lacking:
+        await plane.placer.ask(ResolveTarget(options(worker="gpu-a"), frozenset({"torch.MLP"})))
+    assert lacking.value.code == "worker_lacks_node_types"
+    plane.placer.tell(WorkerOffline("gpu-a"))
+    assert await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))  # waits for it by default
+    with pytest.raises(CapacityRefused) as offline:
+        await plane.placer.ask(ResolveTarget(options(worker="gpu-a", wait=False)))
+    assert offline.value.code == "worker_offline"
+    assert await plane.placer.ask(ResolveTarget(options(worker="local"))) is None
+
+
+async def test_any_skips_a_worker_without_every_node_type(plane):
+    plane.placer.tell(online("partial", types=frozenset({"core.Add"})))
+    with pytest.raises(InvalidRequest) as refused:
+        await plane.placer.ask(ResolveTarget(options(worker="any")))
+    assert refused.value.code == "no_eligible_worker" and "partial" in refused.value.message
+    plane.placer.tell(online("full"))
+    assert (await plane.placer.ask(ResolveTarget(options(worker="any")))).name == "any"
+
+
+async def test_a_run_on_two_cards_holds_both_or_waits_without_a_lookup(plane):
+    plane.placer.tell(online())
+    plane.run("one")
+    plane.run("two")
+    plane.placer.tell(Admit("one", "gpu-a/cuda:0", False, ("cuda:0", "cuda:1")))
+    assert await plane.got("runs/one") == [Start(holds=(("gpu-a", "GPU-0"), ("gpu-a", "GPU-1")))]
+    plane.placer.tell(Admit("two", "gpu-a/cuda:1", False))
+    assert await plane.got("runs/two") == []  # its card is held by the first
+    plane.placer.tell(Released("one"))
+    assert await plane.got("runs/two") == [Start(holds=(("gpu-a", "GPU-1"),))]
+
+
+async def test_adopted_runs_hold_their_slots_before_anything_is_admitted(plane):
+    adopted = RunSpec("old", "gpu-a/cuda:0", "queued",
+                      {"id": "old", "worker": "gpu-a", "holds": [["gpu-a", "GPU-0"]]}, graph=None)  # type: ignore[arg-type]
+    plane.placer.tell(Restore(adopted=(adopted,)))
+    assert await plane.got("queues/gpu-a/cuda:0") == [Occupying("old")]
+    plane.placer.tell(online())  # the worker comes back and offers the card again
+    plane.run("new")
+    plane.placer.tell(Admit("new", "gpu-a/cuda:0", False))
+    assert await plane.got("runs/new") == []  # no double booking of the card
+    plane.placer.tell(Released("old"))
+    assert [type(m) for m in await plane.got("runs/new")] == [Start]

@@ -1,0 +1,158 @@
+"""WorkerConnection by messages: it answers the hello, routes run frames only for runs
+assigned to its worker, batches acknowledgements of persisted frames, and owns the
+disconnect grace, rebind and adoption. Its peers are stand-ins that record what they get."""
+
+from __future__ import annotations
+
+import asyncio
+
+from actors.base import Actor, Registry, Snapshot
+from actors.placer_messages import WorkerOffline, WorkerOnline
+from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
+from actors.worker import (
+    CLOSE,
+    Adopted,
+    AssignRun,
+    Attached,
+    CancelOnWorker,
+    Detached,
+    FromWorker,
+    Persisted,
+    WorkerConnection,
+)
+from protocol import worker as wire
+
+CARD = wire.Card(uuid="GPU-1", name="Fake", index=0, memory_total_mib=16000, memory_free_mib=15000)
+
+
+class Inbox(Actor):
+    def __init__(self, name):
+        super().__init__(name)
+        self.got = []
+        self.changed = asyncio.Event()
+
+    async def receive(self, message):
+        if message == "ping":
+            return  # settle(): everything told before has been received
+        self.got.append(message)
+        self.changed.set()
+
+
+async def settle(connection, *inboxes) -> None:
+    await connection.ask(Snapshot())
+    for inbox in inboxes:
+        await inbox.ref.ask("ping")
+
+
+def hello(*runs: str, node_types=("core.Add", "core.Sleep"), digest="d1") -> wire.Hello:
+    return wire.Hello(version="v", name="gpu-a", machine_id="m1", catalog_digest=digest, node_types=list(node_types),
+                      inventory=wire.Inventory(cpus=4, cards=[CARD]), runs=list(runs))
+
+
+def event(run_id: str, counter: int) -> wire.RunEvent:
+    return wire.RunEvent(run_id=run_id, counter=counter, kind="log", payload={"message": str(counter)})
+
+
+async def frames(outbox: asyncio.Queue, count: int, timeout: float = 5.0) -> list:
+    return [await asyncio.wait_for(outbox.get(), timeout) for _ in range(count)]
+
+
+async def setup(grace_s: float = 30.0, runs: tuple[str, ...] = ("r1", "r2")):
+    registry = Registry()
+    placer = Inbox("placer")
+    placer.start(registry)
+    inboxes = {}
+    for run_id in runs:
+        inboxes[run_id] = Inbox(f"runs/{run_id}")
+        inboxes[run_id].start(registry)
+    connection = WorkerConnection("gpu-a", heartbeat_s=1.0, grace_s=grace_s, registry=registry,
+                                  catalog_types=frozenset({"core.Add", "core.Sleep", "core.Fail"}),
+                                  catalog_digest="d1").start(registry)
+    return connection, placer, inboxes
+
+
+async def test_the_hello_is_answered_and_the_placer_learns_what_the_worker_offers():
+    connection, placer, _ = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(digest="d2"), outbox))
+    (welcome,) = await frames(outbox, 1)
+    assert isinstance(welcome, wire.Welcome) and welcome.degraded and welcome.missing_node_types == ["core.Fail"]
+    await settle(connection, placer)
+    (online,) = placer.got
+    assert isinstance(online, WorkerOnline) and online.offer.devices == ("cpu", "cuda:0")
+    assert online.offer.node_types == frozenset({"core.Add", "core.Sleep"}) and online.devices["cuda:0"][0] == "GPU-1"
+    snapshot = await connection.ask(Snapshot())
+    assert snapshot["state"] == "connected" and snapshot["missing_node_types"] == ["core.Fail"]
+
+
+async def test_run_frames_reach_only_the_runs_assigned_to_this_worker():
+    connection, _, runs = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), outbox))
+    await frames(outbox, 1)
+    connection.tell(AssignRun("r1", wire.Assign(run_id="r1", graph={}, devices=["cuda:0"])))
+    connection.tell(FromWorker(event("r1", 1)))
+    connection.tell(FromWorker(event("r2", 1)))  # a live run, not this worker's
+    await settle(connection, runs["r1"], runs["r2"])
+    assert runs["r1"].got == [WorkerFrames("gpu-a", (event("r1", 1),))]
+    assert runs["r2"].got == []
+
+
+async def test_persisted_frames_are_acknowledged_in_batches_and_unheld_runs_at_once():
+    connection, _, _ = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), outbox))
+    await frames(outbox, 1)
+    connection.tell(Persisted("r1", 3, frames=3))
+    connection.tell(Persisted("r1", 5, frames=2))
+    (ack,) = await frames(outbox, 1)  # one ack, 100 ms after the first
+    assert ack == wire.Ack(upto=0, runs={"r1": 5})
+    connection.tell(Persisted("r2", 300, frames=300))  # past 256 frames: at once
+    (ack,) = await frames(outbox, 1, timeout=0.09)
+    assert ack.runs == {"r2": 300}
+    connection.tell(FromWorker(event("gone", 7)))  # no RunActor holds it: the agent may forget it
+    connection.tell(FromWorker(wire.Heartbeat(frame_no=9)))  # a heartbeat flushes
+    (ack,) = await frames(outbox, 1)
+    assert ack == wire.Ack(upto=9, runs={"gone": 7})
+
+
+async def test_a_reconnect_within_the_grace_rebinds_reported_runs_and_loses_the_rest():
+    connection, placer, runs = await setup(runs=("r1", "r2", "r3"))
+    first: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), first))
+    await frames(first, 1)
+    for run_id in ("r1", "r2"):
+        connection.tell(AssignRun(run_id, wire.Assign(run_id=run_id, graph={})))
+    connection.tell(Detached(first))
+    connection.tell(CancelOnWorker("r1"))  # asked while the link is down: sent on the return
+    assert (await connection.ask(Snapshot()))["state"] == "disconnected"
+    await settle(connection, placer, runs["r1"])
+    assert [type(m) for m in runs["r1"].got] == [WorkerGone]
+    assert isinstance(placer.got[-1], WorkerOffline)
+    second: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello("r1", "r3"), second))  # r2 is gone from the agent; r3 was never its
+    got = await frames(second, 3)
+    assert isinstance(got[0], wire.Welcome)
+    assert got[1:] == [wire.KillRun(run_id="r3"), wire.CancelRun(run_id="r1")]
+    await settle(connection, *runs.values())
+    assert runs["r1"].got[-1] == WorkerBack("gpu-a") and runs["r2"].got[-1] == WorkerLost()
+    assert runs["r3"].got == []
+    assert (await connection.ask(Snapshot()))["running_runs"] == ["r1"]
+
+
+async def test_an_adopted_run_waits_for_its_worker_and_is_lost_past_the_grace():
+    connection, _, runs = await setup(grace_s=0.2, runs=("r1",))
+    connection.tell(Adopted("r1", "cuda:0"))  # started by the root, with no socket yet
+    assert (await connection.ask(Snapshot()))["state"] == "disconnected"
+    exit_ = await asyncio.wait_for(connection.wait(), 5)
+    await runs["r1"].ref.ask("ping")
+    assert exit_.reason == "grace expired" and runs["r1"].got == [WorkerLost()]
+
+
+async def test_a_newer_socket_of_the_same_worker_closes_the_older_one():
+    connection, _, _ = await setup()
+    old: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), old))
+    await frames(old, 1)
+    connection.tell(Attached(hello(), asyncio.Queue()))
+    assert await frames(old, 1) == [CLOSE]
