@@ -25,9 +25,9 @@ from protocol import worker as wire
 
 log = logging.getLogger("troupe.agent")
 
-# Capped low: a laptop back from sleep should see its workers within seconds, and a
-# retry is one small HTTP upgrade.
-BACKOFF_S = (0.5, 1, 2, 3, 5)
+# Capped low: a laptop back from sleep, or a restarted control plane, sees its workers
+# within a second; a retry is one TCP connect and one small HTTP upgrade.
+BACKOFF_S = (0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,10 @@ class _Outbox:
 
 @dataclass(frozen=True)
 class Send:
-    """A run frame for the control plane; it is kept until acknowledged, and frames sent
+    """Run frames for the control plane; each is kept until acknowledged, and frames sent
     while disconnected go with the next connection."""
 
-    frame: Any
+    frames: tuple[Any, ...]
 
 
 class Link(Actor):
@@ -109,9 +109,10 @@ class Link(Actor):
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Send):
-            for text in self._outbox.add(message.frame):
-                if self._live is not None:
-                    self._live.put_nowait(text)
+            for frame in message.frames:
+                for text in self._outbox.add(frame):
+                    if self._live is not None:
+                        self._live.put_nowait(text)
             return None
         raise TypeError(f"link got an unknown message {message!r}")
 
@@ -193,9 +194,13 @@ class Link(Actor):
         one lost with the socket is sent again on the next connection. Run frames go
         unnumbered: their run counter is what the control plane deduplicates on."""
         while not ws.closed:
-            text = await live.get()
+            texts = [await live.get()]
+            size = len(texts[0])
+            while not live.empty() and size < wire.BATCH_BYTES:  # what waits goes together
+                texts.append(live.get_nowait())
+                size += len(texts[-1])
             try:
-                await ws.send_str(text)
+                await ws.send_str(wire.join_frames(texts))
             except (ConnectionResetError, aiohttp.ClientError):
                 return
 

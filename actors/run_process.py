@@ -33,7 +33,9 @@ class Cancel:
 
 @dataclass(frozen=True)
 class _FromChild:
-    message: tuple[Any, ...]
+    """The child's messages that were waiting in the pipe together (one hop for all)."""
+
+    messages: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class _Exited:
 
 
 class RunProcess(Actor):
-    def __init__(self, assign: wire.Assign, send: Callable[[Any], None], kill_grace_s: float = 10.0) -> None:
+    def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._send = send
@@ -80,8 +82,10 @@ class RunProcess(Actor):
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
-                message = self._conn.recv()
-                loop.call_soon_threadsafe(self.ref.tell, _FromChild(message))
+                batch = [self._conn.recv()]
+                while len(batch) < 512 and self._conn.poll():
+                    batch.append(self._conn.recv())
+                loop.call_soon_threadsafe(self.ref.tell, _FromChild(tuple(batch)))
         except (EOFError, OSError):
             pass
         self._process.join()
@@ -90,12 +94,8 @@ class RunProcess(Actor):
     async def receive(self, message: Any) -> Any:
         run_id = self._assign.run_id
         match message:
-            case _FromChild(("event", counter, kind, node_id, payload)):
-                self._counter = counter
-                self._send(wire.RunEvent(run_id=run_id, counter=counter, kind=kind, node_id=node_id, payload=payload))
-            case _FromChild(("ended", counter, status, error, node_id)):
-                self._ended, self._counter = True, counter
-                self._send(wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id))
+            case _FromChild(messages):
+                self._send(*(self._frame(message) for message in messages))
             case _Exited(code):
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
@@ -118,6 +118,20 @@ class RunProcess(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _frame(self, message: tuple[Any, ...]) -> wire.RunEvent | wire.RunEnded:
+        run_id = self._assign.run_id
+        match message:
+            case ("event", counter, kind, node_id, payload):
+                self._counter = counter
+                # Built without validation: the child is this agent's own code, and the
+                # control plane validates every frame on arrival anyway.
+                return wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,
+                                                     payload=payload)
+            case ("ended", counter, status, error, node_id):
+                self._ended, self._counter = True, counter
+                return wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id)
+        raise TypeError(f"run child {run_id} sent an unknown message {message!r}")
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():

@@ -48,9 +48,9 @@ class Attached:
 
 @dataclass(frozen=True)
 class FromWorker:
-    """A frame that came after the hello, already parsed and deduplicated."""
+    """The frames of one websocket message after the hello, parsed and deduplicated."""
 
-    frame: Any
+    frames: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ class WorkerConnection(Actor):
         match message:
             case Attached(hello, outbox):
                 self._attach(hello, outbox)
-            case FromWorker(frame):
-                self._from_worker(frame)
+            case FromWorker(frames):
+                self._from_worker(frames)
             case Detached(outbox):
                 if outbox is self._outbox:
                     self._disconnect("the socket closed")
@@ -228,32 +228,36 @@ class WorkerConnection(Actor):
     def _degraded(self) -> bool:
         return self._hello is not None and self._hello.catalog_digest != self._catalog_digest
 
-    def _from_worker(self, frame: Any) -> None:
+    def _from_worker(self, frames: tuple[Any, ...]) -> None:
         self._last_beat = time.monotonic()
-        self._upto = max(self._upto, frame.frame_no)
-        if isinstance(frame, wire.Heartbeat):
-            self._flush_acks(always=True)
-        elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
-            self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
-        elif isinstance(frame, wire.RUN_FRAMES):
-            self._route(frame)
+        by_run: dict[str, list[Any]] = {}
+        for frame in frames:
+            self._upto = max(self._upto, frame.frame_no)
+            if isinstance(frame, wire.Heartbeat):
+                self._flush_acks(always=True)
+            elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
+                self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
+            elif isinstance(frame, wire.RUN_FRAMES):
+                by_run.setdefault(frame.run_id, []).append(frame)
+        for run_id, run_frames in by_run.items():
+            self._route(run_id, tuple(run_frames))
 
-    def _route(self, frame: wire.RunEvent | wire.RunEnded | wire.Gap) -> None:
+    def _route(self, run_id: str, frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]) -> None:
         """A worker run's frames take the in-process runs' path: the RunActor numbers
-        them. Frames of a run this server no longer holds (it ended; the ack was lost)
-        are acknowledged, so the agent forgets them."""
-        run = self._registry.lookup(f"runs/{frame.run_id}")
-        if frame.run_id in self._runs and run is not None:
-            if isinstance(frame, wire.RunEnded):
-                self._runs.pop(frame.run_id, None)
-            run.tell(WorkerFrames(self.worker, (frame,)))
+        them, one message and one write for the frames of one batch. Frames of a run this
+        server no longer holds (it ended; the ack was lost) are acknowledged, so the agent
+        forgets them."""
+        run = self._registry.lookup(f"runs/{run_id}")
+        if run_id in self._runs and run is not None:
+            if any(isinstance(frame, wire.RunEnded) for frame in frames):
+                self._runs.pop(run_id, None)
+            run.tell(WorkerFrames(self.worker, frames))
         elif run is None:
-            self._acks[frame.run_id] = max(frame.counter, self._acks.get(frame.run_id, 0))
-            self._unacked += 1
+            self._acks[run_id] = max(max(f.counter for f in frames), self._acks.get(run_id, 0))
+            self._unacked += len(frames)
             self._want_ack()
         else:
-            log.warning("worker %s sent a frame of run %s, which is not assigned to it: dropped",
-                        self.worker, frame.run_id)
+            log.warning("worker %s sent frames of run %s, which is not assigned to it: dropped", self.worker, run_id)
 
     def _want_ack(self) -> None:
         if self._unacked >= ACK_EVERY_FRAMES:

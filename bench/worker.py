@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted)")
     if resumed:
         print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(resumed))}"
-              f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.5, 1, 2, 3, then 5 s)")
+              f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.25, 0.5, then every 1 s)")
     failures = {mode: sum(not r["ok"] for r in rows[mode]) for mode in MODES}
     print(f"  runs not succeeded: worker {failures['worker']}, in-process {failures['in-process']}")
     print()

@@ -161,11 +161,28 @@ Frame = Annotated[
     Field(discriminator="type"),
 ]
 FRAME = TypeAdapter(Frame)
+BATCH = TypeAdapter(list[Frame])
+# Run frames waiting together go in one websocket message (a JSON array), up to this many
+# bytes: one parse, one hop per actor and one write per run for the lot.
+BATCH_BYTES = 256 * 1024
 
 
 def parse_frame(raw: str | bytes) -> Any:
     """The frame, or ``pydantic.ValidationError`` / ``ValueError`` for a malformed one."""
     return FRAME.validate_json(raw)
+
+
+def parse_frames(raw: str | bytes) -> list[Any]:
+    """The frames of one websocket message: one frame, or a JSON array of them."""
+    head = raw.lstrip()[:1]
+    if head in ("[", b"["):
+        return BATCH.validate_json(raw)
+    return [FRAME.validate_json(raw)]
+
+
+def join_frames(texts: list[str]) -> str:
+    """Frames already serialised, as one message (``parse_frames`` reads it back)."""
+    return texts[0] if len(texts) == 1 else "[" + ",".join(texts) + "]"
 
 
 def dump_frame(frame: BaseModel, frame_no: int | None = None) -> str:

@@ -63,9 +63,9 @@ class Agent:
 
         link_holder: list[Any] = []
 
-        def send(frame: Any) -> None:
+        def send(*frames: Any) -> None:
             if link_holder:
-                link_holder[0].tell(Send(frame))
+                link_holder[0].tell(Send(frames))
 
         def on_frame(frame: Any) -> None:
             if isinstance(frame, wire.Assign):

@@ -79,20 +79,25 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             if message.type != WSMsgType.TEXT:
                 continue
             try:
-                frame = wire.parse_frame(message.data)
-                if isinstance(frame, wire.RunEvent) and frame.kind not in ev.NODE_LEVEL:
-                    raise ValueError(f"event kind {frame.kind!r} is not the worker's to send")
+                frames = wire.parse_frames(message.data)
+                for frame in frames:
+                    if isinstance(frame, wire.RunEvent) and frame.kind not in ev.NODE_LEVEL:
+                        raise ValueError(f"event kind {frame.kind!r} is not the worker's to send")
             except (ValidationError, ValueError) as exc:
                 log.warning("worker %s sent a malformed frame: %s", name, exc)
                 await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
                 break
-            if not numbers.is_new(frame):
-                log.warning("worker %s sent frame %s twice: dropped", name, frame.frame_no)
-                continue
+            fresh = []
+            for frame in frames:
+                if numbers.is_new(frame):
+                    fresh.append(frame)
+                else:
+                    log.warning("worker %s sent frame %s twice: dropped", name, frame.frame_no)
             live = svc.registry.lookup(f"workers/{name}")
             if live is None:
                 break
-            live.tell(FromWorker(frame))
+            if fresh:
+                live.tell(FromWorker(tuple(fresh)))
     finally:
         pump.cancel()
         live = svc.registry.lookup(f"workers/{name}")

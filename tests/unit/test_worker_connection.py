@@ -91,8 +91,8 @@ async def test_run_frames_reach_only_the_runs_assigned_to_this_worker():
     connection.tell(Attached(hello(), outbox))
     await frames(outbox, 1)
     connection.tell(AssignRun("r1", wire.Assign(run_id="r1", graph={}, devices=["cuda:0"])))
-    connection.tell(FromWorker(event("r1", 1)))
-    connection.tell(FromWorker(event("r2", 1)))  # a live run, not this worker's
+    connection.tell(FromWorker((event("r1", 1),)))
+    connection.tell(FromWorker((event("r2", 1),)))  # a live run, not this worker's
     await settle(connection, runs["r1"], runs["r2"])
     assert runs["r1"].got == [WorkerFrames("gpu-a", (event("r1", 1),))]
     assert runs["r2"].got == []
@@ -110,8 +110,8 @@ async def test_persisted_frames_are_acknowledged_in_batches_and_unheld_runs_at_o
     connection.tell(Persisted("r2", 300, frames=300))  # past 256 frames: at once
     (ack,) = await frames(outbox, 1, timeout=0.09)
     assert ack.runs == {"r2": 300}
-    connection.tell(FromWorker(event("gone", 7)))  # no RunActor holds it: the agent may forget it
-    connection.tell(FromWorker(wire.Heartbeat(frame_no=9)))  # a heartbeat flushes
+    connection.tell(FromWorker((event("gone", 7),)))  # no RunActor holds it: the agent may forget it
+    connection.tell(FromWorker((wire.Heartbeat(frame_no=9),)))  # a heartbeat flushes
     (ack,) = await frames(outbox, 1)
     assert ack == wire.Ack(upto=9, runs={"gone": 7})
 
