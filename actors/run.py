@@ -14,6 +14,7 @@ import logging
 import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from actors.base import Actor, Registry, Shutdown
@@ -287,7 +288,7 @@ class RunActor(Actor):
             self._applied = frame.counter
             self._frames += 1
             if isinstance(frame, wire.RunEvent):
-                self._on_node_event(frame.kind, frame.node_id, frame.payload)
+                self._on_node_event(frame.kind, frame.node_id, frame.payload, remote=True)
             elif isinstance(frame, wire.Gap):
                 self._emit(ev.WARNING, None, {
                     "message": f"the worker's outbox overflowed while the link was down: {frame.dropped} events "
@@ -318,7 +319,15 @@ class RunActor(Actor):
             self._last_write.add_done_callback(persisted)
 
     # Events ------------------------------------------------------------------------
-    def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+    def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False) -> None:
+        payload, refused = ev.admit_event(kind, payload)
+        if refused is None and remote and kind == ev.ARTIFACT:
+            refused = _outside_run_dir(payload["path"])
+        if refused is not None:
+            log.warning("run %s: refused a %s event of node %s: %s", self.run_id, kind, node_id, refused)
+            self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {refused}",
+                                             "code": "event_rejected", "kind": kind})
+            return
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
@@ -344,6 +353,15 @@ class RunActor(Actor):
         self._last_write = self._store.write(op)
 
 
+
+
+def _outside_run_dir(path: str) -> str | None:
+    """Why a worker's artifact path is refused: it must name a file inside the run's own
+    directory, relative to it (a worker never points the control plane elsewhere)."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or "\\" in path or ".." in pure.parts:
+        return f"a worker's artifact path must be relative to the run's directory and stay in it, got {path[:200]!r}"
+    return None
 
 
 @dataclass(frozen=True)

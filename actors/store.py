@@ -380,9 +380,11 @@ class StoreActor(ThreadActor):
                 try:
                     with conn:  # a savepoint: one bad op rolls back alone
                         results.append(self._apply(op))
-                except (apsw.Error, TroupeError, ValueError, TypeError) as exc:
-                    if isinstance(exc, Exception) and self.is_broken(exc):
+                except Exception as exc:  # whatever one op raises, the others commit
+                    if self.is_broken(exc):
                         raise
+                    if not isinstance(exc, TroupeError):
+                        log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
                     results.append(exc)
             conn.execute("COMMIT")
         except BaseException:

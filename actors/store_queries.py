@@ -31,17 +31,22 @@ _POSITION = """
     END
 """
 # final_loss: the last val_loss, else the last train_loss.
+# The last val_loss point, else the last train_loss point, as [value, non_finite].
 _FINAL_LOSS = """
     COALESCE(
-        (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.series = 'val_loss' ORDER BY m.seq DESC LIMIT 1),
-        (SELECT value FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss' ORDER BY m.seq DESC LIMIT 1))
+        (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'val_loss'
+         ORDER BY m.seq DESC LIMIT 1),
+        (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss'
+         ORDER BY m.seq DESC LIMIT 1))
 """
 _SELECT = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
 
 
 def _row(values: tuple[Any, ...]) -> dict[str, Any]:
     row = dict(zip(RUN_COLUMNS, values[: len(RUN_COLUMNS)], strict=True))
-    row["queue_position"], row["final_loss"] = values[len(RUN_COLUMNS):]
+    row["queue_position"], final = values[len(RUN_COLUMNS):]
+    # A diverged loss is null with what it was: "nan", "inf" or "-inf".
+    row["final_loss"], row["final_loss_non_finite"] = json.loads(str(final)) if final is not None else (None, None)
     row["deterministic"] = bool(row["deterministic"])
     row["record_outputs"] = bool(row["record_outputs"])
     for key in _JSON_COLUMNS:
@@ -87,15 +92,19 @@ def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[s
     for event in events:
         payload = event["payload"]
         rows.append((run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)))
-        if event["type"] == ev.METRIC and isinstance(payload.get("value"), int | float):
-            metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0), float(payload["value"]),
-                            event["ts"], event["seq"]))
+        if event["type"] == ev.METRIC and (isinstance(payload.get("value"), int | float) or payload.get("non_finite")):
+            value = payload.get("value")
+            metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0),
+                            None if value is None else float(value), payload.get("non_finite"), event["ts"],
+                            event["seq"]))
     conn.executemany(
         "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)", rows
     )
     if metrics:
         conn.executemany(
-            "INSERT OR IGNORE INTO metrics(run_id, series, step, value, ts, seq) VALUES (?, ?, ?, ?, ?, ?)", metrics
+            "INSERT OR IGNORE INTO metrics(run_id, series, step, value, non_finite, ts, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            metrics,
         )
 
 
@@ -168,10 +177,13 @@ def get_events(
 
 def get_metrics(conn: apsw.Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
     series: dict[str, list[dict[str, Any]]] = {}
-    for name, step, value, ts in conn.execute(
-        "SELECT series, step, value, ts FROM metrics WHERE run_id = ? ORDER BY seq", (run_id,)
+    for name, step, value, non_finite, ts in conn.execute(
+        "SELECT series, step, value, non_finite, ts FROM metrics WHERE run_id = ? ORDER BY seq", (run_id,)
     ):
-        series.setdefault(name, []).append({"step": step, "value": value, "ts": ts})
+        point = {"step": step, "value": value, "ts": ts}
+        if non_finite is not None:
+            point["non_finite"] = non_finite
+        series.setdefault(str(name), []).append(point)
     return series
 
 

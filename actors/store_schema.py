@@ -165,6 +165,25 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN worker_counter INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE server_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 8: non-finite metric points are data: value NULL and what it was ("nan", "inf",
+    # "-inf") in non_finite.
+    """
+    CREATE TABLE metrics_new (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        series TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        value REAL,
+        non_finite TEXT,
+        ts TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    INSERT INTO metrics_new(run_id, series, step, value, ts, seq) SELECT run_id, series, step, value, ts, seq
+        FROM metrics;
+    DROP TABLE metrics;
+    ALTER TABLE metrics_new RENAME TO metrics;
+    CREATE INDEX metrics_series ON metrics(run_id, series, seq);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -110,6 +110,17 @@ class _FlushAcks:
 
 
 CLOSE = object()  # put in an outbox: the handler closes the socket
+# Frames of runs assigned to another worker (or to none: in-process runs) that one
+# connection may send before it is closed as misbehaving.
+FOREIGN_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class Close:
+    """Put in an outbox: the handler closes the socket with this code and reason."""
+
+    code: int
+    reason: str
 
 
 class WorkerConnection(Actor):
@@ -138,6 +149,7 @@ class WorkerConnection(Actor):
         self._unacked = 0
         self._upto = 0  # the newest frame_no of this connection
         self._ack_timer: asyncio.TimerHandle | None = None
+        self._foreign = 0  # frames of this connection for runs that are not this worker's
 
     async def on_start(self) -> None:
         self._schedule()
@@ -202,7 +214,7 @@ class WorkerConnection(Actor):
     def _attach(self, hello: wire.Hello, outbox: asyncio.Queue[Any]) -> None:
         if self._outbox is not None and self._outbox is not outbox:
             self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
-        self._hello, self._outbox, self._upto = hello, outbox, 0
+        self._hello, self._outbox, self._upto, self._foreign = hello, outbox, 0, 0
         self._missing = tuple(sorted(self._catalog_types - set(hello.node_types)))
         self._acks, self._unacked = {}, 0  # acks of the old socket are answered by the replay
         self._last_beat, self._disconnected_at = time.monotonic(), None
@@ -258,6 +270,11 @@ class WorkerConnection(Actor):
             self._want_ack()
         else:
             log.warning("worker %s sent frames of run %s, which is not assigned to it: dropped", self.worker, run_id)
+            self._foreign += len(frames)
+            if self._foreign > FOREIGN_LIMIT and self._outbox is not None:
+                log.error("worker %s keeps sending frames of runs that are not its own: disconnected", self.worker)
+                self._outbox.put_nowait(Close(wire.CLOSE_PROTOCOL, "frames of runs not assigned to this worker"))
+                self._disconnect("it sent frames of runs that are not its own")
 
     def _want_ack(self) -> None:
         if self._unacked >= ACK_EVERY_FRAMES:
@@ -305,7 +322,7 @@ class WorkerConnection(Actor):
 
     def _disconnect(self, why: str) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(CLOSE)
+            self._outbox.put_nowait(CLOSE)  # after a Close with a code, if one was put
         self._outbox = None
         if self._disconnected_at is None:
             log.warning("worker %s disconnected: %s", self.worker, why)

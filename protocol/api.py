@@ -96,6 +96,8 @@ class RunRow(BaseModel):
     started_at: str | None
     finished_at: str | None
     final_loss: float | None
+    final_loss_non_finite: Literal["nan", "inf", "-inf"] | None = Field(
+        default=None, description="the final loss diverged: final_loss is null and this says to what")
     sweep_id: str | None
     sweep_variant: int | None
     error: str | None

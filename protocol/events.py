@@ -11,6 +11,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from protocol import jsonsafe
+
 RUN_QUEUED = "run_queued"
 RUN_STARTED = "run_started"
 NODE_QUEUED = "node_queued"  # a node waits for the cpus it declared: {"cpus", "reason"}
@@ -52,6 +54,35 @@ LANE_INTERACTIVE = "interactive"
 def utc_now() -> str:
     """An ISO 8601 UTC timestamp with microseconds, the one format troupe writes."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# Metric steps stay exact in a float and in any JSON reader (and in SQLite's INTEGER).
+STEP_MAX = 2**53
+NAME_MAX = 200
+
+
+def admit_event(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Where an event enters (node code in-process, a worker's frame): the payload to
+    record, with non-finite numbers made JSON (``null`` and a ``non_finite`` marker), or
+    why the event is refused; a refused event never reaches the store."""
+    payload = jsonsafe.finite(payload)
+    if kind == METRIC:
+        name, step, value = payload.get("name"), payload.get("step"), payload.get("value")
+        if not isinstance(name, str) or not 0 < len(name) <= NAME_MAX:
+            return payload, f"a metric needs a name of 1 to {NAME_MAX} characters"
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
+            return payload, f"metric {name}: step must be an integer from 0 to 2**53, got {str(step)[:40]}"
+        if (value is None and "non_finite" not in payload) or (value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float))):
+            return payload, f"metric {name}: value must be a number, got {str(value)[:40]!r}"
+        if isinstance(value, int) and not -STEP_MAX <= value <= STEP_MAX:
+            try:
+                payload = {**payload, "value": float(value)}
+            except OverflowError:
+                return payload, f"metric {name}: value is too large for a float"
+    elif kind == ARTIFACT and not isinstance(payload.get("path"), str):
+        return payload, "an artifact needs a path"
+    return payload, None
 
 
 def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any]) -> dict[str, Any]:

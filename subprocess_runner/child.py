@@ -6,8 +6,10 @@ It never learns where the database is."""
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 
@@ -30,7 +32,13 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
             counter += 1
             conn.send((kind, counter, *message))
 
+    # The run's files live in a directory of its own; artifacts are reported relative
+    # to it (the control plane refuses a worker's path that points anywhere else).
+    run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
+
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        if kind == "artifact" and Path(str(payload.get("path", ""))).is_relative_to(run_dir):
+            payload = {**payload, "path": str(Path(payload["path"]).relative_to(run_dir))}
         send("event", kind, node_id, payload)
 
     cancel = threading.Event()
@@ -49,7 +57,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     try:
         graph = prepare_executable_graph(assign["graph"])
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
-                               deterministic=bool(assign.get("deterministic")))
+                               deterministic=bool(assign.get("deterministic")), run_dir=run_dir)
         outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it

@@ -19,6 +19,10 @@ def _types_fit(source: str, target: str) -> bool:
     return source == target or "any" in (source, target)
 
 
+# Integers a JSON reader anywhere holds exactly.
+INT_PARAM_MAX = 2**53
+
+
 def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
     """Returns the value as the node will receive it, or raises with a reason."""
 
@@ -32,10 +36,17 @@ def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
         if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
             raise bad(f"must be an integral number, got {value}")
         value = int(value)
+        if abs(value) > INT_PARAM_MAX:
+            raise bad(f"must be within +-2**53, got a number of {len(str(abs(value)))} digits")
     elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad(f"must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise bad(f"is too large for a float ({len(str(abs(value)))} digits)") from None
+        if not math.isfinite(value):
+            raise bad(f"must be a finite number, got {value!r}")
     elif kind == "bool":
         if not isinstance(value, bool):
             raise bad(f"must be true or false, got {value!r}")

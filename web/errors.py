@@ -10,9 +10,11 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
+from protocol import jsonsafe
 from protocol.errors import HostNotAllowed, PayloadTooLarge, TroupeError, Unauthorized
 from web.context import services
 
@@ -24,8 +26,13 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _SELF_AUTHENTICATED = frozenset({"/api/workers/credentials"})
 
 
+def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """Every JSON reply: no ``NaN``/``Infinity`` tokens, which a browser cannot parse."""
+    return web.json_response(data, status=status, headers=headers, dumps=jsonsafe.dumps)
+
+
 def error_response(error: TroupeError) -> web.Response:
-    return web.json_response(error.to_json(), status=error.http_status)
+    return json_reply(error.to_json(), status=error.http_status)
 
 
 def _host_name(host: str) -> str:
@@ -51,7 +58,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in _SAFE_METHODS and request.path not in _SELF_AUTHENTICATED:
             header = request.headers.get("Authorization", "")
             scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), svc.token.encode()):
+            # A header of non-UTF-8 bytes compares unequal; it never raises.
+            given = token.strip().encode("utf-8", "surrogateescape")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given, svc.token.encode()):
                 raise Unauthorized(
                     "this request changes state and needs 'Authorization: Bearer <token>' "
                     "(the token is in $TROUPE_HOME/session.json)"
@@ -68,9 +77,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
             code = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else "http_error"
-            return web.json_response(
-                {"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc)
-            )
+            return json_reply({"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc))
         raise
 
 

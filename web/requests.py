@@ -13,6 +13,10 @@ from protocol.errors import InvalidRequest, NotFound, pointer_from_path
 
 Model = TypeVar("Model", bound=BaseModel)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+# Deeper than any graph needs; deeper still would only reach recursion limits further in.
+MAX_DEPTH = 64
+# The largest seq, step or cursor a query may name (SQLite's INTEGER is 64-bit).
+MAX_INT_QUERY = 2**62
 
 
 async def read_model(request: web.Request, model: type[Model]) -> Model:
@@ -21,14 +25,32 @@ async def read_model(request: web.Request, model: type[Model]) -> Model:
         raise InvalidRequest("the request needs a JSON body", pointer="")
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}", pointer="") from None
+    except RecursionError:
+        raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer="",
+                             code="too_deep") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, an integer of thousands of digits
+        raise InvalidRequest(f"the body is not valid JSON: {str(exc)[:200]}", pointer="") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"the body must be a JSON object, not {type(body).__name__}", pointer="")
+    _check_depth(body)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc, body) from None
+
+
+def _check_depth(body: Any) -> None:
+    """400 ``too_deep`` for a body nested past ``MAX_DEPTH``, with a pointer to where."""
+    stack: list[tuple[Any, int, str]] = [(body, 1, "")]
+    while stack:
+        value, depth, pointer = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer=pointer,
+                                 code="too_deep")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1, f"{pointer}/{k}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, f"{pointer}/{i}") for i, v in enumerate(value))
 
 
 def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
@@ -63,15 +85,15 @@ def run_id_from(request: web.Request) -> str:
 
 
 def int_query(request: web.Request, name: str, *, default: int | None = None, minimum: int = 0,
-              maximum: int | None = None) -> int | None:
+              maximum: int = MAX_INT_QUERY) -> int | None:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 40 else int("x")  # no integer of thousands of digits
     except ValueError:
         raise InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", pointer=f"?{name}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+    if value < minimum or value > maximum:
+        bound = f"between {minimum} and {maximum}"
         raise InvalidRequest(f"query parameter {name} must be {bound}, got {value}", pointer=f"?{name}")
     return value

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from protocol.errors import InvalidRequest
 from web.context import services
+from web.errors import json_reply
 
 routes = web.RouteTableDef()
 
@@ -31,7 +32,7 @@ async def session_cache(request: web.Request) -> web.Response:
     svc = services(request)
     session = _session(request)
     stats = svc.node_cache.session_stats(session)
-    return web.json_response({"editor_session": session, "entries": stats["entries"], "bytes": stats["bytes"],
+    return json_reply({"editor_session": session, "entries": stats["entries"], "bytes": stats["bytes"],
                               "budget_bytes": svc.node_cache.budget_bytes})
 
 
@@ -39,4 +40,4 @@ async def session_cache(request: web.Request) -> web.Response:
 async def close_session(request: web.Request) -> web.Response:
     session = _session(request)
     dropped = services(request).node_cache.close(session)
-    return web.json_response({"editor_session": session, "dropped_entries": dropped})
+    return json_reply({"editor_session": session, "dropped_entries": dropped})

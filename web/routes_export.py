@@ -8,6 +8,7 @@ from protocol.api import ExportGraph
 from subprocess_runner.codegen import generate_script, script_name
 from subprocess_runner.engine import prepare_executable_graph
 from web.context import services
+from web.errors import json_reply
 from web.requests import read_model
 
 routes = web.RouteTableDef()
@@ -19,6 +20,6 @@ async def export_graph(request: web.Request) -> web.Response:
     body = await read_model(request, ExportGraph)
     prepare_executable_graph(body.graph, svc.catalog)  # the same 400s as a submission
     graph = body.graph.model_dump(mode="json", exclude_none=True)
-    return web.json_response(
+    return json_reply(
         {"filename": script_name(graph), "script": generate_script(graph, body.seed, body.deterministic)}
     )

@@ -19,6 +19,7 @@ from actors.store import StatusCounts
 from protocol import events as ev
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
+from web.errors import json_reply
 from web.openapi import openapi_document
 
 log = logging.getLogger("troupe.web")
@@ -43,19 +44,19 @@ async def queue_rows(svc: Services) -> list[dict[str, Any]]:
 
 @routes.get("/api/queues")
 async def queues(request: web.Request) -> web.Response:
-    return web.json_response({"queues": await queue_rows(services(request))})
+    return json_reply({"queues": await queue_rows(services(request))})
 
 
 @routes.get("/api/resources")
 async def resources(request: web.Request) -> web.Response:
-    return web.json_response({"cpus": await services(request).actor("cpus").ask(Snapshot())})
+    return json_reply({"cpus": await services(request).actor("cpus").ask(Snapshot())})
 
 
 @routes.get("/api/info")
 async def info(request: web.Request) -> web.Response:
     svc = services(request)
     settings = svc.settings
-    return web.json_response(
+    return json_reply(
         {
             "name": "troupe",
             "version": svc.version,
@@ -110,17 +111,17 @@ def load_examples(svc: Services) -> list[dict[str, Any]]:
 
 @routes.get("/api/examples")
 async def examples(request: web.Request) -> web.Response:
-    return web.json_response({"examples": load_examples(services(request))})
+    return json_reply({"examples": load_examples(services(request))})
 
 
 @routes.get("/api/nodes")
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response(services(request).catalog.to_json())
+    return json_reply(services(request).catalog.to_json())
 
 
 @routes.get("/api/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document(services(request).version))
+    return json_reply(openapi_document(services(request).version))
 
 
 @routes.get("/metrics")

@@ -23,6 +23,7 @@ from protocol import events as ev
 from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError, pointer_from_path
 from protocol.studies import SubmitStudy
 from web.context import Services, services
+from web.errors import json_reply
 from web.requests import read_model
 from web.routes_studies import create_study
 
@@ -92,15 +93,15 @@ async def submit_job(request: web.Request) -> web.Response:
         if found["spec_digest"] != digest:
             raise StateConflict(f"plugin {plugin_id} already has a job under key {body.idempotency_key!r} with "
                                 "another spec", pointer="/idempotency_key", code="idempotency_conflict")
-        return web.json_response(_public(found))
+        return json_reply(_public(found))
     svc.start_study(study["id"])
-    return web.json_response(_public(found), status=201)
+    return json_reply(_public(found), status=201)
 
 
 @routes.get("/api/plugins/{plugin_id}/jobs")
 async def list_jobs(request: web.Request) -> web.Response:
     jobs = await services(request).store.read(GetPluginJobs(_plugin_id(request)))
-    return web.json_response({"jobs": [_public(j) for j in jobs]})
+    return json_reply({"jobs": [_public(j) for j in jobs]})
 
 
 @routes.get("/api/plugins/{plugin_id}/jobs/{job_id}")
@@ -108,4 +109,4 @@ async def get_job(request: web.Request) -> web.Response:
     jobs = await services(request).store.read(GetPluginJobs(_plugin_id(request), request.match_info["job_id"]))
     if not jobs:
         raise NotFound("no such job of this plugin", code="job_not_found")
-    return web.json_response(_public(jobs[0]))
+    return json_reply(_public(jobs[0]))

@@ -21,13 +21,14 @@ from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
+from web.errors import json_reply
 from web.requests import int_query, read_model, run_id_from
 
 routes = web.RouteTableDef()
 
 ROW_FIELDS = (
     "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
-    "finished_at", "final_loss", "sweep_id", "sweep_variant", "error",
+    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "error",
 )
 
 
@@ -73,7 +74,7 @@ async def submit_run(request: web.Request) -> web.Response:
         "run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
         "lane": row["lane"], "queue_position": position, "warnings": row["warnings"],
     }
-    return web.json_response(reply, status=201)
+    return json_reply(reply, status=201)
 
 
 def _decode_cursor(raw: str | None) -> int | None:
@@ -82,8 +83,8 @@ def _decode_cursor(raw: str | None) -> int | None:
     try:
         text = base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)).decode()
         kind, _, value = text.partition(":")
-        if kind != "runs" or not value.isdigit():
-            raise ValueError(text)
+        if kind != "runs" or not value.isdigit() or len(value) > 18:
+            raise ValueError(text)  # 18 digits: below SQLite's 64-bit INTEGER
         return int(value)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise InvalidRequest("cursor is not one this server handed out", pointer="?cursor") from None
@@ -107,7 +108,7 @@ async def list_runs(request: web.Request) -> web.Response:
         before_seq=_decode_cursor(request.query.get("cursor")),
     )
     rows, next_seq = await svc.store.read(query)
-    return web.json_response({"runs": [public_row(r) for r in rows], "next_cursor": _encode_cursor(next_seq)})
+    return json_reply({"runs": [public_row(r) for r in rows], "next_cursor": _encode_cursor(next_seq)})
 
 
 async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
@@ -120,7 +121,7 @@ async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
 @routes.get("/api/runs/{run_id}")
 async def get_run(request: web.Request) -> web.Response:
     svc = services(request)
-    return web.json_response(detail_row(await _get_row(svc, run_id_from(request))))
+    return json_reply(detail_row(await _get_row(svc, run_id_from(request))))
 
 
 @routes.post("/api/runs/{run_id}/cancel")
@@ -129,7 +130,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     run_id = run_id_from(request)
     run = svc.registry.lookup(f"runs/{run_id}")
     if run is not None:
-        return web.json_response(await run.ask(Cancel()))
+        return json_reply(await run.ask(Cancel()))
     row = await _get_row(svc, run_id)
     raise StateConflict(f"run {run_id} already ended as {row['status']}", code="run_finished")
 
@@ -139,7 +140,7 @@ async def delete_run(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     await svc.store.write(DeleteRun(run_id))
-    return web.json_response({"run_id": run_id, "deleted": True})
+    return json_reply({"run_id": run_id, "deleted": True})
 
 
 @routes.get("/api/runs/{run_id}/events")
@@ -154,7 +155,7 @@ async def run_events(request: web.Request) -> web.Response:
     events, next_cursor = await svc.store.read(
         GetEvents(run_id, after=after, tail=tail, cap_bytes=svc.settings.run_events_response_cap_bytes)
     )
-    return web.json_response({"events": events, "next_cursor": next_cursor})
+    return json_reply({"events": events, "next_cursor": next_cursor})
 
 
 @routes.get("/api/runs/{run_id}/outputs")
@@ -163,7 +164,7 @@ async def run_outputs(request: web.Request) -> web.Response:
     run_id = run_id_from(request)
     row = await _get_row(svc, run_id)
     outputs = await svc.store.read(GetOutputs(run_id))
-    return web.json_response({"run_id": run_id, "record_outputs": row["record_outputs"], "outputs": outputs})
+    return json_reply({"run_id": run_id, "record_outputs": row["record_outputs"], "outputs": outputs})
 
 
 @routes.get("/api/runs/{run_id}/outputs/{node_id}")
@@ -177,7 +178,7 @@ async def run_node_outputs(request: web.Request) -> web.Response:
         raise NotFound(f"run {run_id} has no recorded outputs of node {node_id!r} (was it run with "
                        "record_outputs, and is it among the newest TROUPE_RECORDED_OUTPUTS_KEEP runs?)",
                        code="outputs_not_found")
-    return web.json_response({"run_id": run_id, "node_id": node_id, "outputs": outputs[node_id]})
+    return json_reply({"run_id": run_id, "node_id": node_id, "outputs": outputs[node_id]})
 
 
 @routes.get("/api/runs/{run_id}/metrics")
@@ -188,7 +189,7 @@ async def run_metrics(request: web.Request) -> web.Response:
     series = await svc.store.read(GetMetrics(run_id))
     fmt = request.query.get("format", "json")
     if fmt == "json":
-        return web.json_response({"series": series})
+        return json_reply({"series": series})
     if fmt != "csv":
         raise InvalidRequest(f"format must be json or csv, got {fmt!r}", pointer="?format")
     out = io.StringIO()
@@ -196,7 +197,8 @@ async def run_metrics(request: web.Request) -> web.Response:
     writer.writerow(["series", "step", "value", "ts"])
     for name, points in series.items():
         for point in points:
-            writer.writerow([name, point["step"], point["value"], point["ts"]])
+            value = point["value"] if point["value"] is not None else point.get("non_finite", "")
+            writer.writerow([name, point["step"], value, point["ts"]])
     return web.Response(
         text=out.getvalue(), content_type="text/csv",
         headers={"Content-Disposition": f'attachment; filename="{run_id}-metrics.csv"'},

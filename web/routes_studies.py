@@ -20,6 +20,7 @@ from protocol.studies import ResumeStudy, SubmitStudy
 from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
+from web.errors import json_reply
 from web.requests import hex_id, read_model
 from web.routes_runs import worker_of
 from web.routes_sweeps import sweep_limits
@@ -73,7 +74,7 @@ async def store_and_start(svc: Services, study: dict[str, Any]) -> dict[str, Any
 async def submit_study(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitStudy)
-    return web.json_response(await store_and_start(svc, await create_study(svc, body)), status=201)
+    return json_reply(await store_and_start(svc, await create_study(svc, body)), status=201)
 
 
 async def load(svc: Services, study_id: str) -> dict[str, Any]:
@@ -86,7 +87,7 @@ async def load(svc: Services, study_id: str) -> dict[str, Any]:
 @routes.get("/api/studies")
 async def list_studies(request: web.Request) -> web.Response:
     rows = await services(request).store.read(ListStudies())
-    return web.json_response({"studies": [
+    return json_reply({"studies": [
         {k: r[k] for k in ("id", "name", "state", "halt_reason", "budget", "created_at")} for r in rows]})
 
 
@@ -94,7 +95,7 @@ async def list_studies(request: web.Request) -> web.Response:
 async def get_study(request: web.Request) -> web.Response:
     reply = study_reply(await load(services(request), hex_id(request, "study")))
     if request.query.get("format") != "csv":
-        return web.json_response(reply)
+        return json_reply(reply)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["variant", "rank", "objective_value", "repeats", "unranked_reason"])
@@ -115,7 +116,7 @@ async def cancel_study(request: web.Request) -> web.Response:
             run = svc.registry.lookup(f"runs/{attempt['run_id']}")
             if attempt["status"] in ev.ACTIVE_STATES and run is not None:
                 await run.ask(Cancel("study_cancelled"))
-    return web.json_response(study_reply(await load(svc, study["id"])))
+    return json_reply(study_reply(await load(svc, study["id"])))
 
 
 @routes.post("/api/studies/{study_id}/resume")
@@ -129,4 +130,4 @@ async def resume_study(request: web.Request) -> web.Response:
     budget = {**study["budget"], **body.budget.model_dump(mode="json", exclude_unset=True)}
     await svc.store.write(UpdateStudy(study["id"], {"state": "running", "halt_reason": None, "budget": budget}))
     svc.start_study(study["id"])
-    return web.json_response(study_reply(await load(svc, study["id"])))
+    return json_reply(study_reply(await load(svc, study["id"])))

@@ -19,6 +19,7 @@ from protocol.sweeps import SubmitSweep
 from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
+from web.errors import json_reply
 from web.requests import hex_id, read_model
 from web.routes_runs import run_row, worker_of
 
@@ -50,7 +51,7 @@ async def submit_sweep(request: web.Request) -> web.Response:
              "total": compiled.total_combinations, "created_at": ev.utc_now()}
     committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, tuple(variants), tuple(runs)))
     await committed
-    return web.json_response(
+    return json_reply(
         {"sweep_id": sweep_id, "total_combinations": compiled.total_combinations, "params": compiled.domains,
          "variants": [{**v, "status": ev.QUEUED} for v in variants]},
         status=201,
@@ -96,7 +97,7 @@ def _ranked(sweep: dict[str, Any]) -> dict[str, Any]:
 
 @routes.get("/api/sweeps")
 async def list_sweeps(request: web.Request) -> web.Response:
-    return web.json_response({"sweeps": await services(request).store.read(ListSweeps())})
+    return json_reply({"sweeps": await services(request).store.read(ListSweeps())})
 
 
 @routes.get("/api/sweeps/{sweep_id}")
@@ -104,7 +105,7 @@ async def get_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     reply = _ranked(await _load(svc, hex_id(request, "sweep")))
     if request.query.get("format") != "csv":
-        return web.json_response(reply)
+        return json_reply(reply)
     keys = [d["key"] for d in reply["params"]]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -133,7 +134,7 @@ async def cancel_sweep(request: web.Request) -> web.Response:
     if cancelled:
         await svc.store.write(SetSweepState(sweep_id, "cancelling"))
     sweep = await _load(svc, sweep_id)
-    return web.json_response({
+    return json_reply({
         "sweep_id": sweep_id, "state": sweep["state"], "cancelled": cancelled, "already_finished": already,
         "variants": [{"index": v["index"], "run_id": v["run_id"], "status": v["status"]} for v in sweep["variants"]],
     })

@@ -19,6 +19,7 @@ from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, Revoke
 from actors.worker import Drain, Revoked
 from protocol.errors import NotFound
 from web.context import services
+from web.errors import json_reply
 from web.requests import read_model
 
 routes = web.RouteTableDef()
@@ -62,7 +63,7 @@ async def enroll(request: web.Request) -> web.Response:
     command = f"troupe agent start --url {url} --token {token}"
     if body.name:
         command += f" --name {body.name}"
-    return web.json_response({
+    return json_reply({
         "token": token, "command": command, "uses": body.uses, "name": body.name,
         "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat().replace("+00:00", "Z"),
     }, status=201)
@@ -74,7 +75,7 @@ async def redeem(request: web.Request) -> web.Response:
     body = await read_model(request, Redeem)
     credential = secrets.token_urlsafe(32)
     name = await svc.store.write(RedeemEnrollment(body.token, body.name, body.machine_id, credential))
-    return web.json_response({"name": name, "credential": credential}, status=201)
+    return json_reply({"name": name, "credential": credential}, status=201)
 
 
 @routes.get("/api/workers")
@@ -90,7 +91,7 @@ async def list_workers(request: web.Request) -> web.Response:
             "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
             "inventory": None, "slots": [], "running_runs": []}
         rows.append({**snapshot, "enrolled_at": row["enrolled_at"]})
-    return web.json_response({"workers": rows})
+    return json_reply({"workers": rows})
 
 
 @routes.delete("/api/workers/{name}")
@@ -102,7 +103,7 @@ async def revoke(request: web.Request) -> web.Response:
     live = svc.registry.lookup(f"workers/{name}")
     if live is not None:
         live.tell(Revoked())
-    return web.json_response({"name": name, "revoked": True})
+    return json_reply({"name": name, "revoked": True})
 
 
 @routes.post("/api/workers/{name}/drain")
@@ -113,4 +114,4 @@ async def drain(request: web.Request) -> web.Response:
     if live is None:
         raise NotFound(f"worker {name!r} is not connected", code="worker_not_found")
     live.tell(Drain())
-    return web.json_response(await live.ask(Snapshot()))
+    return json_reply(await live.ask(Snapshot()))

@@ -8,7 +8,6 @@ fell behind) is answered by subscribing and replaying again from the last seq se
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from aiohttp import web
@@ -16,6 +15,7 @@ from aiohttp import web
 from actors.events import RESET, Subscribe, Unsubscribe
 from actors.store import GetEvents, GetRun, QueuePosition
 from protocol import events as ev
+from protocol import jsonsafe
 from protocol.errors import NotFound
 from web.context import Services, services
 from web.requests import int_query, run_id_from
@@ -35,7 +35,7 @@ async def _open_sse(request: web.Request) -> web.StreamResponse:
 
 async def _send(response: web.StreamResponse, kind: str, data: Any, event_id: int | None = None) -> None:
     head = f"id: {event_id}\n" if event_id is not None else ""
-    await response.write(f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+    await response.write(f"{head}event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode())
 
 
 class _RunStream:

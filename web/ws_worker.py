@@ -14,7 +14,7 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from actors.store import WorkerForCredential
-from actors.worker import CLOSE, Attached, Detached, FromWorker
+from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire
 from protocol.version import __version__
@@ -40,8 +40,12 @@ async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[
     if scheme.lower() != "bearer" or not secret:
         return None, "the agent sent no credential"
     peer = request.remote or ""
-    if peer in _LOOPBACK and hmac.compare_digest(secret.encode(), svc.token.encode()):
+    if peer in _LOOPBACK and hmac.compare_digest(secret.encode("utf-8", "surrogateescape"), svc.token.encode()):
         return hello.name, ""  # a same-machine agent may use the session token
+    try:
+        secret.encode()
+    except UnicodeEncodeError:
+        return None, "the credential is not valid text"
     worker = await svc.store.read(WorkerForCredential(secret))
     if worker is None:
         return None, "the credential is unknown; enroll this agent again with a new join command"
@@ -111,5 +115,8 @@ async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: 
         item = await outbox.get()
         if item is CLOSE:
             await ws.close()
+            return
+        if isinstance(item, Close):
+            await ws.close(code=item.code, message=item.reason.encode()[:120])
             return
         await ws.send_str(wire.dump_frame(item, numbers.next()))

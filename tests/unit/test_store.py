@@ -123,6 +123,20 @@ async def test_recovery_adopts_worker_runs_and_keeps_queued_runs_when_asked(stor
     assert adopted["holds"] == [["gpu-a", "GPU-1"]]
 
 
+async def test_one_op_that_raises_anything_fails_alone_in_its_batch(store):
+    await store.write(InsertRun(row(1, "running")))
+    await store.write(InsertRun(row(2, "running")))
+    huge = {"seq": 1, "type": "metric", "ts": "t", "payload": {"name": "loss", "step": 2**63, "value": 1.0}}
+    fine = {"seq": 1, "type": "log", "ts": "t", "payload": {"message": "kept"}}
+    # Written together: one batch, one transaction.
+    bad, good = store.write(AppendEvents(row(1)["id"], (huge,))), store.write(AppendEvents(row(2)["id"], (fine,)))
+    with pytest.raises(OverflowError):
+        await bad
+    await good
+    events, _ = await store.read(GetEvents(row(2)["id"]))
+    assert [e["payload"] for e in events] == [{"message": "kept"}]
+
+
 async def test_a_removed_database_file_breaks_the_store(tmp_path):
     client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
     await client.write(InsertRun(row(1)))

@@ -1,0 +1,53 @@
+"""JSON that every client can parse: no ``NaN`` or ``Infinity`` tokens.
+
+A loss that diverges is data, not a broken reply. A non-finite number becomes ``null``,
+and the object that held it says what it was: ``{"value": null, "non_finite": "nan"}``
+when the field is ``value`` (a metric point), else ``"non_finite": {"field": "inf"}``
+(nested fields by their dotted path). ``dumps`` tries the fast path first and walks the
+object only when a non-finite number is really there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def kind_of(number: float) -> str:
+    """``nan``, ``inf`` or ``-inf``: the word the API and the CSV use."""
+    if math.isnan(number):
+        return "nan"
+    return "inf" if number > 0 else "-inf"
+
+
+def finite(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload with every non-finite float replaced by null and marked; the payload
+    itself when it has none."""
+    found: dict[str, str] = {}
+    cleaned = _clean(payload, "", found)
+    if not found:
+        return payload
+    assert isinstance(cleaned, dict)
+    cleaned["non_finite"] = found["value"] if set(found) == {"value"} else found
+    return cleaned
+
+
+def _clean(value: Any, path: str, found: dict[str, str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        found[path] = kind_of(value)
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, f"{path}.{i}" if path else str(i), found) for i, v in enumerate(value)]
+    return value
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that never writes ``NaN``/``Infinity``."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:
+        found: dict[str, str] = {}
+        return json.dumps(_clean(obj, "", found), allow_nan=False, **kwargs)

@@ -1,0 +1,186 @@
+"""Adversarial inputs through the public interfaces: a worker's frames for runs that are
+not its own, events refused at the boundary, non-finite numbers, request shapes that once
+answered 500."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+
+import aiohttp
+import pytest
+
+from protocol import worker as wire
+from tests.helpers import edge, graph, hello, node, sleeper
+from tests.integration.test_workers_functional import hello as agent_hello
+
+
+def strict(text: str) -> object:
+    """JSON as a browser's JSON.parse reads it: NaN and Infinity are not JSON."""
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def raw(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    sent = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json", **(headers or {})}
+    conn.putrequest(method, path)
+    for key, value in sent.items():
+        conn.putheader(key, value)
+    conn.putheader("Content-Length", str(len(body or b"")))
+    conn.endheaders(body)
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    return response.status, text
+
+
+async def forger(server, name="forger"):
+    """A same-machine agent socket (the session token from loopback), after its welcome."""
+    session = aiohttp.ClientSession()
+    ws = await session.ws_connect(server.url.replace("http://", "ws://") + "/ws/worker",
+                                  headers={"Authorization": f"Bearer {server.token}"})
+    await ws.send_str(agent_hello(name=name))
+    assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Welcome)
+    return session, ws
+
+
+async def test_a_worker_cannot_end_or_touch_runs_that_are_not_its_own(shared_server):
+    running = shared_server.submit(sleeper(30))["run_id"]
+    shared_server.wait_status(running, "running")
+    session, ws = await forger(shared_server)
+    try:
+        for counter in range(1, 4):
+            await ws.send_str(wire.RunEnded(run_id=running, counter=counter, status="succeeded").model_dump_json())
+            await ws.send_str(wire.RunEvent(run_id=running, counter=10 + counter, kind="artifact",
+                                            payload={"kind": "x", "path": "/etc/shadow"}).model_dump_json())
+        row = shared_server.get(f"/api/runs/{running}")
+        assert row["status"] == "running" and row["artifacts"] == []
+        for counter in range(100):  # an agent that keeps at it is disconnected
+            await ws.send_str(wire.RunEvent(run_id=running, counter=20 + counter, kind="log",
+                                            payload={"message": "x"}).model_dump_json())
+        closed = await ws.receive(timeout=10)
+        while closed.type == aiohttp.WSMsgType.TEXT:
+            closed = await ws.receive(timeout=10)
+        assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+        assert ws.close_code == wire.CLOSE_PROTOCOL
+    finally:
+        await session.close()
+        shared_server.client.request("POST", f"/api/runs/{running}/cancel")
+    events = shared_server.get(f"/api/runs/{running}/events")["events"]
+    assert not [e for e in events if e["type"] == "log" and e["payload"].get("message") == "x"]
+
+
+async def test_events_refused_at_the_boundary_become_warnings_on_their_run(shared_server):
+    session, ws = await forger(shared_server, "bounds")
+    try:
+        run_id = shared_server.submit(hello(), target={"worker": "bounds"})["run_id"]
+        assign = wire.parse_frame((await ws.receive(timeout=10)).data)
+        while not isinstance(assign, wire.Assign):
+            assign = wire.parse_frame((await ws.receive(timeout=10)).data)
+        bad = [("artifact", {"kind": "checkpoint", "path": "/etc/shadow"}),
+               ("artifact", {"kind": "checkpoint", "path": "checkpoints/../../escape.pt"}),
+               ("metric", {"name": "loss", "step": 2**63, "value": 1.0}),
+               ("metric", {"name": "loss", "step": 1, "value": "high"}),
+               ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt"})]
+        for counter, (kind, payload) in enumerate(bad, start=1):
+            await ws.send_str(wire.RunEvent(run_id=run_id, counter=counter, kind=kind, payload=payload)
+                              .model_dump_json())
+        await ws.send_str(wire.RunEnded(run_id=run_id, counter=len(bad) + 1, status="succeeded").model_dump_json())
+        shared_server.wait_status(run_id, "succeeded")
+    finally:
+        await session.close()
+    events = shared_server.get(f"/api/runs/{run_id}/events")["events"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    rejected = [e["payload"] for e in events if e["payload"].get("code") == "event_rejected"]
+    assert len(rejected) == 4
+    artifacts = shared_server.get(f"/api/runs/{run_id}")["artifacts"]
+    assert [a["path"] for a in artifacts] == ["checkpoints/last.pt"]
+
+
+def diverging() -> dict:
+    """inf from 1e308 * 1e308 as val_loss, then nan from inf * 0 as train_loss."""
+    return graph(node("a", "core.Constant", value=1e308), node("b", "core.Constant", value=1e308),
+                 node("z", "core.Constant", value=0), node("p", "core.Multiply"), node("q", "core.Multiply"),
+                 node("v", "core.LogMetric", name="val_loss"), node("t", "core.LogMetric", name="train_loss"),
+                 edges=(edge("a", "value", "p", "a"), edge("b", "value", "p", "b"), edge("p", "product", "v", "value"),
+                        edge("p", "product", "q", "a"), edge("z", "value", "q", "b"),
+                        edge("q", "product", "t", "value")), name="diverging")
+
+
+def test_non_finite_numbers_are_data_and_every_reply_is_valid_json(shared_server):
+    run_id = shared_server.submit(diverging())["run_id"]
+    shared_server.wait_status(run_id, "succeeded")
+    status, text = raw(shared_server, "GET", f"/api/runs/{run_id}/metrics")
+    series = strict(text)["series"]  # type: ignore[index]
+    assert series["val_loss"][0]["value"] is None and series["val_loss"][0]["non_finite"] == "inf"
+    assert series["train_loss"][0]["value"] is None and series["train_loss"][0]["non_finite"] == "nan"
+    _, csv_text = raw(shared_server, "GET", f"/api/runs/{run_id}/metrics?format=csv")
+    assert ",inf," in csv_text and ",nan," in csv_text
+    for path in (f"/api/runs/{run_id}/events", f"/api/runs/{run_id}", "/api/runs?limit=5"):
+        status, text = raw(shared_server, "GET", path)
+        assert status == 200
+        strict(text)
+    row = shared_server.get(f"/api/runs/{run_id}")
+    assert row["final_loss"] is None and row["final_loss_non_finite"] == "inf"
+    for kind, data in shared_server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=30):
+        if kind == "run_event":
+            strict(json.dumps(data))
+            if data["type"] == "run_finished":
+                break
+
+
+DEEP = b'{"graph": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+HUGE_INT = b'{"graph": {"version": ' + b"9" * 5000 + b', "nodes": [], "edges": []}}'
+
+
+def nested_params(depth: int) -> bytes:
+    value = "1"
+    for _ in range(depth):
+        value = '{"a": ' + value + "}"
+    return ('{"graph": {"version": 1, "nodes": [{"id": "a", "type": "core.Constant", "params": {"value": '
+            + value + '}}], "edges": []}}').encode()
+
+
+def cursor(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/api/runs", DEEP),
+    ("POST", "/api/export", DEEP),
+    ("POST", "/api/sweeps", DEEP),
+    ("POST", "/api/workers/credentials", DEEP),
+    ("POST", "/api/runs", nested_params(900)),
+    ("POST", "/api/runs", HUGE_INT),
+    ("POST", "/api/runs", b'{"graph": {"version": 1, "nodes": [{"id": "a", "type": "core.Constant", "params": '
+                          b'{"value": 1' + b"0" * 400 + b'}}], "edges": []}}'),
+    ("GET", f"/api/runs/{'a' * 32}/events?after={2**63}", None),
+    ("GET", f"/api/runs/{'a' * 32}/events?tail={2**63}", None),
+    ("GET", f"/api/runs?cursor={cursor('runs:' + str(2**64))}", None),
+])
+def test_no_request_shape_gives_a_500(shared_server, method, path, body):
+    status, text = raw(shared_server, method, path, body)
+    assert 400 <= status < 500, (status, text[:300])
+    assert strict(text)["error"]["code"]  # type: ignore[index]
+
+
+def test_a_non_utf8_authorization_header_is_a_401(shared_server):
+    host, port = shared_server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", "/api/runs")
+    conn.putheader("Authorization", b"Bearer \xff\xfe\xfa")
+    conn.putheader("Content-Length", "2")
+    conn.endheaders(b"{}")
+    response = conn.getresponse()
+    assert response.status == 401 and strict(response.read().decode())["error"]["code"] == "unauthorized"
+
+
+def test_a_stream_after_a_huge_seq_is_refused_cleanly(shared_server):
+    run_id = shared_server.submit(hello())["run_id"]
+    shared_server.wait_status(run_id, "succeeded")
+    status, text = raw(shared_server, "GET", f"/api/runs/{run_id}/stream?after={2**63}")
+    assert status == 400 and strict(text)["error"]["pointer"] == "?after"
