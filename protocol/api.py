@@ -6,9 +6,9 @@ the document cannot drift from what the server accepts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from protocol.graph import Graph
 
@@ -20,12 +20,12 @@ class Target(BaseModel):
     choose, ``local`` (or no target) is the control plane itself. Unknown keys are
     refused (``unknown_target_option``): a run meant for elsewhere never runs here."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     worker: str | None = Field(default=None, min_length=1, max_length=128)
     devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
                                       description="the run's devices on the worker; the first is its key")
-    wait: bool | None = Field(default=None, description="absent or true: wait for an offline worker; "
+    wait: StrictBool | None = Field(default=None, description="absent or true: wait for an offline worker; "
                                                         "false: refuse at once (503 worker_offline)")
 
     @property
@@ -37,22 +37,22 @@ class Target(BaseModel):
 class RunOptions(BaseModel):
     """How a run is to be executed; every field is optional."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     device: str | None = Field(default=None, max_length=64, description="cpu | auto | cuda | cuda:N | mps")
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
-    deterministic: bool = False
-    record_outputs: bool = False
+    deterministic: StrictBool = False
+    record_outputs: StrictBool = False
     lane: Literal["queued", "interactive"] = "queued"
     editor_session: str | None = Field(default=None, min_length=1, max_length=128)
     target: Target | None = Field(default=None, description="a worker placement; needs an enrolled worker")
-    provenance: bool = False
+    provenance: StrictBool = False
 
 
 class SubmitRun(BaseModel):
     """Body of ``POST /api/runs``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     graph: Graph
     name: str | None = Field(default=None, max_length=200)
@@ -62,11 +62,11 @@ class SubmitRun(BaseModel):
 class ExportGraph(BaseModel):
     """Body of ``POST /api/export``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     graph: Graph
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
-    deterministic: bool = False
+    deterministic: StrictBool = False
 
 
 class ExportedScript(BaseModel):
@@ -175,3 +175,37 @@ class ErrorBody(BaseModel):
 
 class ErrorReply(BaseModel):
     error: ErrorBody
+
+
+_NAME = r"[a-z0-9][a-z0-9_.-]{0,63}"
+
+
+def _not_reserved(name: str | None) -> str | None:
+    if name in _RESERVED:
+        raise ValueError(f"{name!r} is reserved (a target word or a route name), not a worker name")
+    return name
+
+
+# Target words, and the names of the routes beside /api/workers/{name}.
+_RESERVED = ("any", "local", "credentials", "enrollments")
+WorkerName = Annotated[str | None, Field(default=None, pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
+
+
+class NewEnrollment(BaseModel):
+    """Body of ``POST /api/workers/enrollments``: a one-time join token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: WorkerName = None
+    ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
+    uses: int = Field(default=1, ge=1, le=1000)
+
+
+class Redeem(BaseModel):
+    """Body of ``POST /api/workers/credentials``: an agent trades its join token for a credential."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    token: str = Field(min_length=1, max_length=200)
+    name: WorkerName = None
+    machine_id: str = Field(min_length=1, max_length=200)

@@ -6,18 +6,18 @@ and the ports fit is the catalog's business (``subprocess_runner.validation``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-GRAPH_VERSION = 1
+GRAPH_VERSION: Literal[1] = 1
 
 
 class NodeResources(BaseModel):
     """What a node holds while it executes. ``cpus`` come out of the server's
     ``TROUPE_CPUS``; a node that does not fit waits its turn."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     cpus: int | None = Field(default=None, ge=1, le=4096)
 
@@ -25,7 +25,7 @@ class NodeResources(BaseModel):
 class Node(BaseModel):
     """One node: an id unique in its graph, a catalog type and its params."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     id: str = Field(min_length=1, max_length=200)
     type: str = Field(min_length=1, max_length=200)
@@ -38,7 +38,7 @@ class Node(BaseModel):
 class Edge(BaseModel):
     """Carries one output port of ``source`` into one input port of ``target``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     source: str
     source_port: str
@@ -49,7 +49,7 @@ class Edge(BaseModel):
 class GraphSettings(BaseModel):
     """Graph-wide settings; ``device`` is the graph's preferred device."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
 
     device: str | None = None
 
@@ -57,9 +57,9 @@ class GraphSettings(BaseModel):
 class Graph(BaseModel):
     """A whole graph document."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    version: int = GRAPH_VERSION
+    version: Literal[1] = GRAPH_VERSION
     name: str | None = None
     settings: GraphSettings = Field(default_factory=GraphSettings)
     nodes: list[Node] = Field(default_factory=list, max_length=5000)

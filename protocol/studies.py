@@ -12,7 +12,7 @@ from protocol.sweeps import SweepSpec
 
 
 class ParamValue(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     node_id: str
     param: str
@@ -20,14 +20,14 @@ class ParamValue(BaseModel):
 
 
 class StudyVariant(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Field(min_length=1, max_length=200)
     params: list[ParamValue] = Field(default_factory=list)
 
 
 class StudyObjective(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     metric: str = Field(min_length=1, max_length=200)
     direction: Literal["minimize", "maximize"]
@@ -37,7 +37,7 @@ class StudyObjective(BaseModel):
 class Budget(BaseModel):
     """Every field is optional; an absent one is no limit."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_runs: int | None = Field(default=None, ge=0)
     max_parallel_runs: int | None = Field(default=None, ge=1)
@@ -48,7 +48,7 @@ class Budget(BaseModel):
 class SubmitStudy(BaseModel):
     """Body of ``POST /api/studies``: ``variants`` or a ``sweep_spec`` that makes them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str | None = Field(default=None, max_length=200)
     base_graph: Graph
@@ -62,6 +62,6 @@ class SubmitStudy(BaseModel):
 
 
 class ResumeStudy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     budget: Budget = Field(default_factory=Budget)

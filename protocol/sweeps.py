@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from protocol.api import SEED_MAX, RunOptions
 from protocol.graph import Graph
@@ -14,7 +14,7 @@ class SweepRange(BaseModel):
     """``count`` points from ``min`` to ``max``, evenly spaced on a linear or base-10 log
     scale; ``type: int`` rounds them and keeps the distinct ones."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     min: float
     max: float
@@ -26,7 +26,7 @@ class SweepRange(BaseModel):
 class SweepParam(BaseModel):
     """One swept param of one node: explicit distinct ``values``, or a ``range``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     node_id: str
     param: str
@@ -35,7 +35,7 @@ class SweepParam(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     method: Literal["grid", "random"]
     params: list[SweepParam] = Field(min_length=1)
@@ -44,7 +44,7 @@ class SweepSpec(BaseModel):
 
 
 class Objective(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     metric: str = Field(min_length=1, max_length=200)
     direction: Literal["minimize", "maximize"]
@@ -53,11 +53,11 @@ class Objective(BaseModel):
 class SubmitSweep(BaseModel):
     """Body of ``POST /api/sweeps``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     base_graph: Graph
     name: str | None = Field(default=None, max_length=200)
     sweep_spec: SweepSpec
-    seed_variants: bool = False
+    seed_variants: StrictBool = False
     objective: Objective
     options: RunOptions = Field(default_factory=RunOptions)

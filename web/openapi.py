@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol import api
+from protocol.events import ALL_STATES
 from protocol.studies import ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 
@@ -17,9 +18,12 @@ _REF = "#/components/schemas/{model}"
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
-    api.EditorSessionCache, api.EditorSessionClosed,
+    api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem,
     SubmitSweep, SubmitStudy, ResumeStudy,
 )
+_SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
+_FORMAT = {"type": "string", "enum": ["json", "csv"]}
+_STATUS = {"type": "string", "enum": sorted(ALL_STATES)}
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -31,7 +35,8 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: type[BaseModel] | None = None,
-        params: tuple[tuple[str, str, str], ...] = (), mutation: bool = False) -> dict[str, Any]:
+        params: tuple[tuple[str, str, str | dict[str, Any]], ...] = (), mutation: bool = False) -> dict[str, Any]:
+    """One operation; a param's schema is a JSON type name or a whole schema (bounds, enums)."""
     responses: dict[str, Any] = {status: {"description": "ok", **(_json(ok) if ok else {})}}
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
     op: dict[str, Any] = {"summary": summary, "responses": responses}
@@ -39,7 +44,8 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
         op["requestBody"] = {"required": True, **_json(body)}
     if params:
         op["parameters"] = [
-            {"name": name, "in": where, "required": where == "path", "schema": {"type": kind}}
+            {"name": name, "in": where, "required": where == "path",
+             "schema": {"type": kind} if isinstance(kind, str) else kind}
             for name, where, kind in params
         ]
     if mutation:
@@ -58,8 +64,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/runs": {
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
             "get": _op("List runs, newest first", api.RunList, params=(
-                ("status", "query", "string"), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
-                ("limit", "query", "integer"), ("cursor", "query", "string"))),
+                ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
+                ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}), ("cursor", "query", "string"))),
         },
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
@@ -67,11 +73,11 @@ def openapi_document(version: str) -> dict[str, Any]:
         },
         "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},
         "/api/runs/{run_id}/events": {"get": _op("A page of a run's events", api.EventPage, params=(
-            _RUN_ID, ("after", "query", "integer"), ("tail", "query", "integer")))},
+            _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {**_SEQ, "minimum": 1})))},
         "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, params=(
-            _RUN_ID, ("after", "query", "integer")))},
+            _RUN_ID, ("after", "query", _SEQ)))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
-            _RUN_ID, ("format", "query", "string")))},
+            _RUN_ID, ("format", "query", _FORMAT)))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
                                     body=api.ExportGraph, mutation=True)},
         "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
@@ -82,7 +88,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "get": _op("Every sweep, newest first", None),
         },
         "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants (json or csv)", None, params=(
-            ("sweep_id", "path", "string"), ("format", "query", "string")))},
+            ("sweep_id", "path", "string"), ("format", "query", _FORMAT)))},
         "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", None, params=(
             ("sweep_id", "path", "string"),), mutation=True)},
         "/api/editor-sessions/{session}": {
@@ -96,7 +102,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "get": _op("Every study, newest first", None),
         },
         "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking (json or csv)", None, params=(
-            ("study_id", "path", "string"), ("format", "query", "string")))},
+            ("study_id", "path", "string"), ("format", "query", _FORMAT)))},
         "/api/studies/{study_id}/cancel": {"post": _op("Cancel a study", None, params=(
             ("study_id", "path", "string"),), mutation=True)},
         "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", None, params=(
@@ -114,6 +120,16 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/examples": {"get": _op("Bundled example graphs", None)},
         "/api/nodes": {"get": _op("The node catalog", None)},
         "/metrics": {"get": _op("Prometheus metrics", None)},
+        "/api/workers": {"get": _op("Every enrolled or connected worker with its state, devices and slots", None)},
+        "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", None,
+                                                 status="201", body=api.NewEnrollment, mutation=True)},
+        "/api/workers/credentials": {"post": _op("An agent trades its join token for its credential (the token is "
+                                                 "the proof; no session token)", None, status="201",
+                                                 body=api.Redeem)},
+        "/api/workers/{name}": {"delete": _op("Revoke a worker: its agent is refused and its runs end", None,
+                                              params=(("name", "path", "string"),), mutation=True)},
+        "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
+                                                  params=(("name", "path", "string"),), mutation=True)},
     }
     return {
         "openapi": "3.1.0",

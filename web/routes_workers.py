@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from typing import Annotated
 
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from actors.base import Snapshot
 from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked
+from protocol.api import NewEnrollment, Redeem
 from protocol.errors import NotFound
 from web.context import services
 from web.errors import json_reply
@@ -24,33 +23,9 @@ from web.requests import read_model
 
 routes = web.RouteTableDef()
 CREDENTIALS_PATH = "/api/workers/credentials"
-_NAME = r"[a-z0-9][a-z0-9_.-]{0,63}"
-
-
-def _not_reserved(name: str | None) -> str | None:
-    if name in _RESERVED:
-        raise ValueError(f"{name!r} is a target word (options.target.worker), not a worker name")
-    return name
-
-
-_RESERVED = ("any", "local")
-WorkerName = Annotated[str | None, Field(default=None, pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
-
-
-class NewEnrollment(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: WorkerName = None
-    ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
-    uses: int = Field(default=1, ge=1, le=1000)
-
-
-class Redeem(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    token: str = Field(min_length=1, max_length=200)
-    name: WorkerName = None
-    machine_id: str = Field(min_length=1, max_length=200)
+# A worker's own routes; the names of the routes beside it never match (they are
+# reserved worker names), so ``Allow`` on those routes lists only their own methods.
+WORKER_PATH = r"/api/workers/{name:(?!(?:credentials|enrollments)(?![a-z0-9_.-]))[^/]+}"
 
 
 @routes.post("/api/workers/enrollments")
@@ -94,7 +69,7 @@ async def list_workers(request: web.Request) -> web.Response:
     return json_reply({"workers": rows})
 
 
-@routes.delete("/api/workers/{name}")
+@routes.delete(WORKER_PATH)
 async def revoke(request: web.Request) -> web.Response:
     svc = services(request)
     name = request.match_info["name"]
@@ -106,7 +81,7 @@ async def revoke(request: web.Request) -> web.Response:
     return json_reply({"name": name, "revoked": True})
 
 
-@routes.post("/api/workers/{name}/drain")
+@routes.post(WORKER_PATH + "/drain")
 async def drain(request: web.Request) -> web.Response:
     svc = services(request)
     name = request.match_info["name"]
