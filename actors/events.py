@@ -9,7 +9,7 @@ falls too far behind, the subscriber gets ``RESET`` and replays from the store a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,9 @@ class Subscribe:
 
     queue: asyncio.Queue[Any]
     run_id: str | None = None
+    # Whether the subscriber's client is still connected: the count of subscribers is
+    # exact when read, even before a handler notices that its client left.
+    alive: Callable[[], bool] = lambda: True
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class EventHub(Actor):
         self._global: set[asyncio.Queue[Any]] = set()
         # What each subscriber follows: run ids, and None for every run's changes.
         self._where: dict[asyncio.Queue[Any], set[str | None]] = {}
+        self._liveness: dict[asyncio.Queue[Any], Callable[[], bool]] = {}
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -71,8 +75,9 @@ class EventHub(Actor):
             case Change(change):
                 for queue in list(self._global):
                     self._offer(queue, change)
-            case Subscribe(queue, run_id):
+            case Subscribe(queue, run_id, alive):
                 self._where.setdefault(queue, set()).add(run_id)
+                self._liveness[queue] = alive
                 if run_id is None:
                     self._global.add(queue)
                 else:
@@ -80,7 +85,7 @@ class EventHub(Actor):
             case Unsubscribe(queue):
                 self._drop(queue)
             case SubscriberCount():
-                return len(self._where)
+                return sum(1 for queue in self._where if self._liveness.get(queue, lambda: True)())
         return None
 
     def _offer(self, queue: asyncio.Queue[Any], item: Any) -> None:
@@ -91,6 +96,7 @@ class EventHub(Actor):
         queue.put_nowait(item)
 
     def _drop(self, queue: asyncio.Queue[Any]) -> None:
+        self._liveness.pop(queue, None)
         for run_id in self._where.pop(queue, set()):
             if run_id is None:
                 self._global.discard(queue)
@@ -104,6 +110,7 @@ class EventHub(Actor):
         for queue in list(self._where):
             queue.put_nowait(RESET)
         self._where.clear()
+        self._liveness.clear()
         self._by_run.clear()
         self._global.clear()
 

@@ -84,6 +84,7 @@ class RunActor(Actor):
         self._applied: int = int(row.get("worker_counter") or 0)
         self._frames = 0
         self._last_write: asyncio.Future[Any] | None = None
+        self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
 
     async def on_start(self) -> None:
         if self._row.get("adopting"):
@@ -250,6 +251,11 @@ class RunActor(Actor):
             elif self._stop_reason:
                 error = self._stop_reason
         self._release()
+        # A worker's child that died (or a worker lost) leaves nodes started and never
+        # ended: each ends failed, with the run's error, before the run does.
+        for open_node in self._open_nodes:
+            self._emit(ev.NODE_FAILED, open_node, {"error": error or f"the run ended {status}"})
+        self._open_nodes.clear()
         self._status = status
         fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}
         self._write(UpdateRun(self.run_id, fields))
@@ -328,6 +334,11 @@ class RunActor(Actor):
             self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {refused}",
                                              "code": "event_rejected", "kind": kind})
             return
+        if remote and node_id is not None:
+            if kind == ev.NODE_STARTED:
+                self._open_nodes[node_id] = None
+            elif kind in (ev.NODE_FINISHED, ev.NODE_FAILED):
+                self._open_nodes.pop(node_id, None)
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))

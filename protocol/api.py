@@ -6,6 +6,7 @@ the document cannot drift from what the server accepts.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
@@ -188,6 +189,15 @@ def _not_reserved(name: str | None) -> str | None:
 
 # Target words, and the names of the routes beside /api/workers/{name}.
 _RESERVED = ("any", "local", "credentials", "enrollments")
+
+
+def worker_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a worker's name, or None."""
+    if not re.fullmatch(_NAME, name):
+        return f"{name[:80]!r} is not a worker name (lowercase letters, digits, '_', '.', '-'; up to 64)"
+    if name in _RESERVED:
+        return f"{name!r} is reserved (a target word or a route name), not a worker name"
+    return None
 WorkerName = Annotated[str | None, Field(default=None, pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
 
 

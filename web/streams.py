@@ -8,6 +8,7 @@ fell behind) is answered by subscribing and replaying again from the last seq se
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -33,14 +34,25 @@ async def _open_sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _connected(request: web.Request) -> Callable[[], bool]:
+    """Whether the client of this request is still there (read by the subscriber gauge)."""
+
+    def alive() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    return alive
+
+
 async def _send(response: web.StreamResponse, kind: str, data: Any, event_id: int | None = None) -> None:
     head = f"id: {event_id}\n" if event_id is not None else ""
     await response.write(f"{head}event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode())
 
 
 class _RunStream:
-    def __init__(self, svc: Services, run_id: str, response: web.StreamResponse, after: int) -> None:
-        self.svc, self.run_id, self.response = svc, run_id, response
+    def __init__(self, svc: Services, request: web.Request, run_id: str, response: web.StreamResponse,
+                 after: int) -> None:
+        self.svc, self.request, self.run_id, self.response = svc, request, run_id, response
         self.last = after
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
@@ -48,9 +60,10 @@ class _RunStream:
 
     async def subscribe(self) -> None:
         hub = self.svc.actor("events")
-        await hub.ask(Subscribe(self.queue, self.run_id))
+        alive = _connected(self.request)
+        await hub.ask(Subscribe(self.queue, self.run_id, alive))
         # Row changes of every run move this run's queue position.
-        await hub.ask(Subscribe(self.queue, None))
+        await hub.ask(Subscribe(self.queue, None, alive))
 
     async def replay(self) -> None:
         while not self.finished:
@@ -105,7 +118,7 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
     if await svc.store.read(GetRun(run_id)) is None:
         raise NotFound(f"no run {run_id}", code="run_not_found")
     response = await _open_sse(request)
-    stream = _RunStream(svc, run_id, response, after)
+    stream = _RunStream(svc, request, run_id, response, after)
     try:
         await stream.subscribe()
         await stream.replay()
@@ -113,8 +126,8 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
             await stream.send_position()
         await stream.live()
         await response.write_eof()
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+    except (ConnectionError, asyncio.CancelledError):
+        pass  # the client left: nothing to say about it
     finally:
         await stream.close()
     return response
@@ -127,7 +140,7 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     response = await _open_sse(request)
     hub = svc.actor("events")
     try:
-        await hub.ask(Subscribe(queue, None))
+        await hub.ask(Subscribe(queue, None, _connected(request)))
         await _send(response, "hello", {"server_started_at": svc.started_at})
         while True:
             try:
@@ -138,11 +151,11 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
             if item is RESET:
                 # The hub restarted: the client refetches the list, then follows again.
                 await _send(response, "reset", {})
-                await svc.actor("events").ask(Subscribe(queue, None))
+                await svc.actor("events").ask(Subscribe(queue, None, _connected(request)))
                 continue
             await _send(response, "run", item)
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
+    except (ConnectionError, asyncio.CancelledError):
+        pass  # the client left
     finally:
         live_hub = svc.registry.lookup("events")
         if live_hub is not None:

@@ -17,6 +17,7 @@ from actors.store import WorkerForCredential
 from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire
+from protocol.api import worker_name_problem
 from protocol.version import __version__
 from web.context import Services, services
 
@@ -40,8 +41,12 @@ async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[
     if scheme.lower() != "bearer" or not secret:
         return None, "the agent sent no credential"
     peer = request.remote or ""
-    if peer in _LOOPBACK and hmac.compare_digest(secret.encode("utf-8", "surrogateescape"), svc.token.encode()):
-        return hello.name, ""  # a same-machine agent may use the session token
+    if hmac.compare_digest(secret.encode("utf-8", "surrogateescape"), svc.token.encode()):
+        if peer not in _LOOPBACK:
+            return None, ("the session token is accepted only from this machine (a loopback peer); enroll this "
+                          "agent with a join command (POST /api/workers/enrollments)")
+        problem = worker_name_problem(hello.name)  # a same-machine agent may use the session token
+        return (None, problem) if problem else (hello.name, "")
     try:
         secret.encode()
     except UnicodeEncodeError:

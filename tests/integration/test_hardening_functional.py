@@ -184,3 +184,40 @@ def test_a_stream_after_a_huge_seq_is_refused_cleanly(shared_server):
     shared_server.wait_status(run_id, "succeeded")
     status, text = raw(shared_server, "GET", f"/api/runs/{run_id}/stream?after={2**63}")
     assert status == 400 and strict(text)["error"]["pointer"] == "?after"
+
+
+@pytest.mark.parametrize("name", ["any", "local", "../evil/x", "a/cuda:0", "credentials"])
+async def test_an_agent_with_the_session_token_needs_a_valid_worker_name(shared_server, name):
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            shared_server.url.replace("http://", "ws://") + "/ws/worker",
+            headers={"Authorization": f"Bearer {shared_server.token}"}) as ws:
+        await ws.send_str(agent_hello(name=name))
+        refused = wire.parse_frame((await ws.receive(timeout=10)).data)
+    assert isinstance(refused, wire.Refused) and refused.code == "unauthorized"
+    assert "worker name" in refused.reason
+
+
+async def test_the_session_token_from_a_peer_that_is_not_loopback_is_refused_saying_why(shared_server):
+    # 127.0.0.2 reaches the server but is not one of the loopback peers it trusts.
+    connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=connector) as session, session.ws_connect(
+            shared_server.url.replace("http://", "ws://") + "/ws/worker",
+            headers={"Authorization": f"Bearer {shared_server.token}"}) as ws:
+        await ws.send_str(agent_hello(name="remote"))
+        refused = wire.parse_frame((await ws.receive(timeout=10)).data)
+    assert isinstance(refused, wire.Refused) and "only from this machine" in refused.reason
+
+
+async def test_the_subscriber_gauge_counts_only_connected_clients(shared_server):
+    def gauge() -> float:
+        _, text = raw(shared_server, "GET", "/metrics")
+        return float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("troupe_stream_subscribers")))
+
+    before = gauge()
+    async with aiohttp.ClientSession() as session:
+        response = await session.get(shared_server.url + "/api/stream")
+        await response.content.readline()  # the stream is open
+        assert gauge() == before + 1
+        response.close()  # the client leaves without a word
+    assert gauge() == before  # exact at once, not after the next keepalive

@@ -91,6 +91,10 @@ def test_a_child_killed_by_a_signal_fails_only_its_run(worker):
         os.kill(pid, signal.SIGKILL)
     events = server.events_until_finished(doomed)
     assert events[-1]["payload"]["status"] == "failed" and "SIGKILL" in events[-1]["payload"]["error"]
+    # The node that was executing ends failed too, not started with nothing after it.
+    (started,) = [e["node_id"] for e in events if e["type"] == "node_started"]
+    failed = [e for e in events if e["type"] == "node_failed" and e["node_id"] == started]
+    assert len(failed) == 1 and "SIGKILL" in failed[0]["payload"]["error"]
     assert worker_state(server, "gpu-a")["state"] == "connected"
     after = server.submit(hello(), target=target())["run_id"]
     assert server.events_until_finished(after)[-1]["payload"]["status"] == "succeeded"
