@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from cli.errors import EXIT_FAILED, CliError
+from cli.errors import EXIT_FAILED, CliError, NoServer
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -137,6 +137,32 @@ def export(
     except CliError as exc:
         _fail(exc)
     print(f"wrote {target}")
+
+
+@app.command(name="open")
+def open_(
+    browser: Annotated[bool, typer.Option("--browser/--no-browser", help="open it in a browser (default)")] = True,
+) -> None:
+    """Log a browser in: a fresh one-time login link to the server of this TROUPE_HOME."""
+    from cli.client import Client
+    from cli.config import load_settings
+    from cli.session import read_session
+
+    settings = load_settings()
+    session = read_session(settings.home)
+    try:
+        if not session:
+            raise NoServer(f"no troupe server runs on {settings.home}; start one with `troupe start`")
+        status, reply = Client(session["url"], session.get("token")).request("POST", "/api/login-links")
+        if status != 201:
+            raise CliError(f"the server refused a login link ({status}): {reply}")
+    except CliError as exc:
+        _fail(exc)
+    print(reply["login_url"])
+    if browser:
+        import webbrowser
+
+        webbrowser.open(reply["login_url"])
 
 
 agent_app = typer.Typer(no_args_is_help=True, help="The worker agent: dials out to a control plane, never listens.")

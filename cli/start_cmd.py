@@ -51,8 +51,10 @@ async def _serve(settings: Settings) -> int:
     plane = ControlPlane(settings, load_catalog(), __version__)
     port = await plane.start()
     url = settings.public_url or f"http://{_display_host(settings.host)}:{port}"
-    write_session(settings.home, f"http://{_display_host(settings.host)}:{port}", plane.token)
+    login_url = plane.login.new_link(url)
+    write_session(settings.home, f"http://{_display_host(settings.host)}:{port}", plane.token, login_url)
     print(f"troupe {__version__} serving on {url}  (home {settings.home})", flush=True)
+    print(f"Open {login_url} to log this browser in (one use; `troupe open` makes another).", flush=True)
     print("Ctrl+C or `troupe stop` stops it gracefully.", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -57,6 +57,7 @@ from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
 from web.context import Services
+from web.login import LoginBook
 
 log = logging.getLogger("troupe.root")
 
@@ -75,6 +76,7 @@ class ControlPlane:
         # Set by ``troupe stop --leave-worker-runs`` before the stop: worker runs keep
         # executing and queued runs stay queued, for the next start to adopt.
         self.leave_worker_runs = False
+        self.login = LoginBook()  # browsers log in with one-time links (web/login.py)
 
     @property
     def db_path(self) -> Path:
@@ -123,7 +125,7 @@ class ControlPlane:
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
-                node_cache=self.node_cache,
+                node_cache=self.node_cache, login=self.login,
             )
         )
         self.port = await self.web.start()

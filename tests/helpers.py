@@ -40,6 +40,7 @@ class Server:
         self.output: list[str] = []
         self.url = ""
         self.token = ""
+        self.login_url = ""  # the one-time link that logs a browser in
 
     def start(self, timeout: float = 30.0) -> Server:
         self.proc = subprocess.Popen(
@@ -60,7 +61,7 @@ class Server:
         if not ready.wait(timeout) or self.proc.poll() is not None:
             raise RuntimeError("server did not start:\n" + "".join(self.output))
         session = json.loads((self.home / "session.json").read_text())
-        self.url, self.token = session["url"], session["token"]
+        self.url, self.token, self.login_url = session["url"], session["token"], session["login_url"]
         return self
 
     @property

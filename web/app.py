@@ -23,22 +23,33 @@ from web import (
     ws_worker,
 )
 from web.context import SERVICES, Services
-from web.errors import guard
+from web.errors import LOGIN_LINKS_PATH, guard, json_reply
 
 STATIC = Path(__file__).parent / "static"
 
 
-_LOOPBACK_PEERS = ("127.0.0.1", "::1")
-
-
 async def _index(request: web.Request) -> web.StreamResponse:
-    """The page. The session token goes into it only for a loopback client (the Host
-    check has already passed), so the browser on this machine can act, and no one else."""
-    html = (STATIC / "index.html").read_text()
-    if request.remote in _LOOPBACK_PEERS:
-        token = html_escape(request.app[SERVICES].token, quote=True)
-        html = html.replace('<meta name="troupe-token" content="">', f'<meta name="troupe-token" content="{token}">')
+    """The page. ``?token=`` (a login link) logs the browser in with a cookie and drops
+    the token from the address bar; without the cookie the page is read-only and says
+    how to log in. The session token never goes into the page."""
+    login = request.app[SERVICES].login
+    token = request.query.get("token")
+    if token is not None:
+        cookie = login.redeem(token)
+        if cookie is not None:
+            response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
+            login.set_cookie(response, cookie)
+            return response
+    state = "in" if login.logged_in(request) else ("used" if token is not None else "out")
+    html = (STATIC / "index.html").read_text().replace(
+        '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">')
     return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def _login_link(request: web.Request) -> web.Response:
+    """A fresh one-time login link (session token only: the guard refuses a cookie here)."""
+    svc = request.app[SERVICES]
+    return json_reply({"login_url": svc.login.new_link(f"{request.scheme}://{request.host}")}, status=201)
 
 
 def build_app(svc: Services) -> web.Application:
@@ -54,6 +65,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_plugins.routes)
     app.add_routes(routes_workers.routes)
     app.add_routes(ws_worker.routes)
+    app.router.add_post(LOGIN_LINKS_PATH, _login_link)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", _index)
         app.router.add_static("/static/", STATIC)
@@ -85,6 +97,7 @@ class WebService:
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._svc.settings.port
+        self._svc.login.port = self.port
         settings = self._svc.settings
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
         host = f"[{host}]" if ":" in host else host

@@ -14,6 +14,7 @@ from actors.store_client import StoreClient
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.node_cache import NodeCache
+from web.login import LoginBook
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Services:
     start_worker: Callable[[str], ActorRef] = lambda name: None  # type: ignore[assignment,return-value]
     # Node outputs of editor sessions, kept between their interactive runs.
     node_cache: NodeCache = field(default_factory=lambda: NodeCache(0))
+    # Login links and the cookies of logged-in browsers.
+    login: LoginBook = field(default_factory=LoginBook)
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

@@ -24,6 +24,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _SELF_AUTHENTICATED = frozenset({"/api/workers/credentials"})
+LOGIN_LINKS_PATH = "/api/login-links"  # the session token only, never a page's cookie
 
 
 def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -60,10 +61,13 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             scheme, _, token = header.partition(" ")
             # A header of non-UTF-8 bytes compares unequal; it never raises.
             given = token.strip().encode("utf-8", "surrogateescape")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given, svc.token.encode()):
+            bearer = scheme.lower() == "bearer" and hmac.compare_digest(given, svc.token.encode())
+            page = request.path != LOGIN_LINKS_PATH and svc.login.may_mutate(request)
+            if not (bearer or page):
                 raise Unauthorized(
-                    "this request changes state and needs 'Authorization: Bearer <token>' "
-                    "(the token is in $TROUPE_HOME/session.json)"
+                    "this request changes state and needs 'Authorization: Bearer <token>' (the token is in "
+                    "$TROUPE_HOME/session.json), or a browser logged in with the link `troupe start` printed "
+                    "(`troupe open` makes a new one)"
                 )
         return await handler(request)
     except TroupeError as exc:

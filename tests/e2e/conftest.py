@@ -38,7 +38,7 @@ def open_page(make_server) -> Iterator[Callable[..., tuple[Any, Any, list[str]]]
             errors: list[str] = []
             tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
             tab.on("pageerror", lambda error: errors.append(str(error)))
-            tab.goto(server.url + "/")
+            tab.goto(server.login_url)  # logs in the way a user does: the link `troupe start` printed
             tab.locator("#editor-status").get_by_text("nodes").wait_for()  # the editor has its catalog
             return server, tab, errors
 

@@ -55,15 +55,19 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     assert errors == []
 
 
-def test_the_page_served_to_a_loopback_client_carries_the_session_token(make_server):
-    import http.client
-
-    server = make_server()
-    host, port = server.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("GET", "/")
-    html = conn.getresponse().read().decode()
-    assert f'content="{server.token}"' in html
+def test_a_browser_without_the_login_cookie_is_read_only_and_told_how_to_log_in(page):
+    server, tab, errors = page
+    assert tab.locator(".login-banner").count() == 0  # logged in with the printed link
+    stranger = tab.context.browser.new_page()  # a fresh context: no cookie
+    try:
+        stranger.goto(server.url + "/")
+        banner = stranger.locator(".login-banner")
+        banner.wait_for()
+        assert "Read-only" in banner.inner_text() and "troupe open" in banner.inner_text()
+        assert server.token not in stranger.content()
+    finally:
+        stranger.close()
+    assert errors == []
 
 
 def test_the_sweeps_panel_ranks_variants_best_first(page):

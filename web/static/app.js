@@ -5,7 +5,7 @@ import { initEditor } from "./editor.js";
 import { refreshRuns, renderChips } from "./runs.js";
 import { refreshStudies } from "./studies.js";
 import { newSweepDialog, refreshSweeps } from "./sweeps.js";
-import { api, showMessage } from "./util.js";
+import { api, el, login, showMessage } from "./util.js";
 import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 
 const PANELS = { sweeps: refreshSweeps, studies: refreshStudies, workers: refreshWorkers };
@@ -37,7 +37,17 @@ function showTab(name) {
   if (PANELS[name]) PANELS[name]().catch(report);
 }
 
+// A page that is not logged in can look but not change anything, and says how to log in.
+function loginBanner() {
+  if (login === "in") return;
+  const why = login === "used" ? "That login link was already used, or is not one this server made. " : "";
+  document.body.prepend(el("div", { class: "login-banner", role: "status" }, `Read-only. ${why}To run, queue `
+    + "or change anything, open the login link that ", el("code", {}, "troupe start"), " printed, or run ",
+    el("code", {}, "troupe open"), " on the server's machine."));
+}
+
 async function start() {
+  loginBanner();
   const info = await api("GET", "/api/info");
   document.getElementById("server").textContent = `v${info.version} · ${info.devices.join(", ")}`;
   // Only the panels whose API this server has: no request goes to a route that is not there.

@@ -3,7 +3,7 @@
 // page's editor session, and the "Queue on..." dialog. The canvas draws; this module decides.
 
 import { Canvas, NODE_WIDTH, nodeHeight } from "./canvas.js";
-import { api, el, openDialog, showMessage } from "./util.js";
+import { MUTATION_HEADERS, api, el, openDialog, showMessage } from "./util.js";
 
 const catalog = new Map();
 const session = crypto.randomUUID().replace(/-/g, "");
@@ -349,8 +349,7 @@ export async function initEditor(serverInfo, workers) {
   document.getElementById("queue-graph").addEventListener("click", () => queueDialog().catch((e) => status(e.message, true)));
   // The editor session's cached outputs are dropped on the server when the page goes.
   window.addEventListener("pagehide", () => {
-    fetch(`/api/editor-sessions/${session}`, { method: "DELETE", keepalive: true,
-      headers: { Authorization: `Bearer ${document.querySelector('meta[name="troupe-token"]').content}` } });
+    fetch(`/api/editor-sessions/${session}`, { method: "DELETE", keepalive: true, headers: MUTATION_HEADERS });
   });
   const first = examples.examples.find((ex) => ex.name === "hello") || examples.examples[0];
   if (first) loadGraph(first.graph, `example ${first.name}`);

@@ -1,6 +1,10 @@
 // What every panel shares: the HTTP API, element builders, the message line and the dialog.
 
-const token = document.querySelector('meta[name="troupe-token"]').content;
+// "in": this browser is logged in (an HttpOnly cookie the page cannot read); "out": the
+// page is read-only; "used": it was opened with a login link that is used up or unknown.
+export const login = document.querySelector('meta[name="troupe-login"]').content;
+// Sent with every mutation beside the cookie: a cross-site form cannot send a header.
+export const MUTATION_HEADERS = { "X-Troupe-Request": "1" };
 
 export class ApiError extends Error {
   constructor(status, error) {
@@ -12,7 +16,7 @@ export class ApiError extends Error {
 
 export async function api(method, path, body, extra = {}) {
   const headers = { "Accept": "application/json" };
-  if (method !== "GET") headers["Authorization"] = `Bearer ${token}`;
+  if (method !== "GET") Object.assign(headers, MUTATION_HEADERS);
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body), ...extra,
