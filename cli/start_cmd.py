@@ -15,6 +15,7 @@ from cli.session import acquire_lock, lock_is_held, read_session, remove_session
 from protocol.settings import Settings
 from protocol.version import __version__
 from subprocess_runner.seeding import cap_threads
+from web.limits import raise_open_files
 
 log = logging.getLogger("troupe.cli")
 
@@ -29,6 +30,8 @@ def start(settings: Settings) -> int:
     for warning in settings.warnings:
         log.warning("setting ignored: %s", warning)
     lock = acquire_lock(settings.home)
+    soft, _ = raise_open_files()  # a flood of idle connections must not starve the server
+    log.info("open-file limit %s", soft)
     # In-process runs get TROUPE_CPUS threads, leaving the event loop its cores.
     cap_threads(settings.cpus)
     sys.setswitchinterval(SWITCH_INTERVAL_S)

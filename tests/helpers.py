@@ -33,8 +33,9 @@ class Server:
     """``troupe start --port 0`` in its own process; ``url`` and ``token`` come from the
     session file it writes once it serves."""
 
-    def __init__(self, home: Path, **settings: str) -> None:
+    def __init__(self, home: Path, preexec: Any = None, **settings: str) -> None:
         self.home = home
+        self.preexec = preexec  # run in the server's process before it starts (resource limits)
         self.env = base_env(home, **settings)
         self.proc: subprocess.Popen[str] | None = None
         self.output: list[str] = []
@@ -46,6 +47,7 @@ class Server:
         self.proc = subprocess.Popen(
             troupe_cmd("start", "--port", "0", "--examples", str(EXAMPLES)),
             cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=self.preexec,
         )
         ready = threading.Event()
 

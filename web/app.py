@@ -24,6 +24,7 @@ from web import (
 )
 from web.context import SERVICES, Services
 from web.errors import LOGIN_LINKS_PATH, guard, json_reply
+from web.limits import HEADER_TIMEOUT_S, AcceptGuard
 
 STATIC = Path(__file__).parent / "static"
 
@@ -80,6 +81,7 @@ class WebService:
         self.name = "web"
         self._svc = svc
         self._runner: web.AppRunner | None = None
+        self._accept_guard: AcceptGuard | None = None
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
         self.port: int | None = None
 
@@ -90,7 +92,11 @@ class WebService:
     async def start(self) -> int:
         app = build_app(self._svc)
         # Short shutdown timeout: SSE handlers end when the hub resets them.
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None)
+        # keepalive_timeout runs from the connection's start: one that sends no complete
+        # request header within it is closed (web/limits.py).
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None,
+                                     keepalive_timeout=HEADER_TIMEOUT_S)
+        self._accept_guard = AcceptGuard(asyncio.get_running_loop())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._svc.settings.host, self._svc.settings.port, reuse_address=True)
         await site.start()
@@ -107,6 +113,8 @@ class WebService:
     async def stop(self, *args: Any) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._accept_guard is not None:
+            self._accept_guard.close()
         if not self._exited.done():
             self._exited.set_result(Exit(self.name, "normal"))
 

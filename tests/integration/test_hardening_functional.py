@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import sys
 
 import aiohttp
 import pytest
@@ -221,3 +222,43 @@ async def test_the_subscriber_gauge_counts_only_connected_clients(shared_server)
         assert gauge() == before + 1
         response.close()  # the client leaves without a word
     assert gauge() == before  # exact at once, not after the next keepalive
+
+
+def _few_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))  # soft = hard: start cannot raise it
+
+
+def test_a_flood_of_half_sent_headers_is_closed_and_logged_once(tmp_path):
+    import socket
+    import time
+
+    from tests.helpers import Server
+
+    server = Server(tmp_path / "flood", preexec=_few_files).start()
+    host, port = server.url.removeprefix("http://").split(":")
+    sockets = []
+    try:
+        for _ in range(250):  # more than the server has descriptors for
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            sock.sendall(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+            sockets.append(sock)
+        closed = 0
+        deadline = time.monotonic() + 40
+        for sock in sockets:  # each is closed by the server once its header time is up
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                closed += sock.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                closed += isinstance(sys.exc_info()[1], ConnectionResetError)
+        assert closed == len(sockets)
+        status, _ = raw(server, "GET", "/api/info")
+        assert status == 200  # and the API answers again
+        assert server.proc.poll() is None
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.kill()
+    flood = [line for line in server.output if "out of file descriptors" in line or "Too many open files" in line]
+    assert len(flood) <= 3, flood  # once per interval, never once per connection
