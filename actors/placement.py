@@ -120,6 +120,10 @@ class WorkerPlacement:
         for _, physical in holds:
             self._ledger(physical).tell(Adopt((run_id,)))
 
+    def holds(self, run_id: str) -> bool:
+        """Whether the run holds slots of some ledger (placed, or adopted)."""
+        return run_id in self._held or run_id in self._unshared
+
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
         self._any_waiting = deque(a for a in self._any_waiting if a.run_id != run_id)

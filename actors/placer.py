@@ -25,9 +25,9 @@ from actors.base import Actor, ActorRef, Registry, Shutdown
 from actors.eligibility import ResolveTarget, WorkerBook
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
 from actors.placement import WorkerPlacement
-from actors.placer_messages import Admit, Released, WorkerOffline, WorkerOnline
-from actors.queue import Enqueue, Occupying
-from actors.run_messages import Start
+from actors.placer_messages import Admit, Reannounce, Released, WorkerOffline, WorkerOnline
+from actors.queue import Enqueue, Occupying, Readmit
+from actors.run_messages import Placement, Start
 from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
 from actors.store_client import StoreClient
 from protocol import events as ev
@@ -141,6 +141,34 @@ class Placer(Actor):
 
     async def on_start(self) -> None:
         self._next_seq = await self._store.read(MaxEnqueueSeq())
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        """A restarted placer learns, before it admits anything, what the live runs hold
+        (lane counters, the seed gate, slots on ledgers); the worker connections announce
+        their workers again and the queues hand on again the runs they admitted, which a
+        crash may have lost (a run already started ignores a second start)."""
+        runs = [ref for ref in map(self._registry.lookup, self._registry.names("runs/")) if ref is not None]
+        facts = await asyncio.gather(*(run.ask(Placement(), timeout=2.0) for run in runs), return_exceptions=True)
+        for fact in facts:
+            if not isinstance(fact, dict) or fact["released"] or fact["status"] not in (ev.RUNNING, ev.DISCONNECTED):
+                continue
+            run_id = fact["run_id"]
+            if fact["worker"] is None:
+                self._executing.add(run_id)
+                if fact["seeded"]:
+                    self._seeded = run_id
+            if fact["lane"] == ev.LANE_INTERACTIVE:
+                self._interactive[run_id] = fact["editor_session"]
+            if fact["holds"]:
+                self._slots.adopt(run_id, tuple(fact["holds"]))
+        if runs:
+            log.warning("placer started with %d live runs: rebuilt from what they hold", len(runs))
+        for prefix, message in (("workers/", Reannounce()), ("queues/", Readmit())):
+            for name in self._registry.names(prefix):
+                ref = self._registry.lookup(name)
+                if ref is not None:
+                    ref.tell(message)
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -150,6 +178,8 @@ class Placer(Actor):
                 return self._submit_sweep(sweep, variants, runs)
             case ResolveTarget(options, node_types):
                 return self._workers.resolve(options, node_types)
+            case Admit(run_id, key) if run_id in self._executing or self._slots.holds(run_id):
+                pass  # handed on again after a restart, and already started
             case Admit(run_id, key):
                 if "/" in key:
                     await self._slots.admit(message)
@@ -173,6 +203,8 @@ class Placer(Actor):
             case Shutdown(_):
                 self._closed = True
                 self._waiting.clear()
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:

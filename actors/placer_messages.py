@@ -48,3 +48,8 @@ class WorkerOnline:
 @dataclass(frozen=True)
 class WorkerOffline:
     name: str
+
+
+@dataclass(frozen=True)
+class Reannounce:
+    """To a worker connection, from a restarted placer: tell me your worker again."""

@@ -38,6 +38,12 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Readmit:
+    """From a restarted placer: hand on again every run counted as holding a slot; the
+    placer skips those it knows already started."""
+
+
+@dataclass(frozen=True)
 class Occupying:
     """A live run tells a restarted queue it holds one of its slots."""
 
@@ -54,6 +60,7 @@ class QueueActor(Actor):
         self._registry = registry
         self._fifo: deque[tuple[int, str, bool, tuple[str, ...]]] = deque()
         self._holding: set[str] = set()
+        self._admitted: dict[str, tuple[int, str, bool, tuple[str, ...]]] = {}  # handed on, by enqueue order
         self._known: set[str] = set()
 
     async def on_start(self) -> None:
@@ -74,12 +81,18 @@ class QueueActor(Actor):
             case Release(run_id):
                 self._known.discard(run_id)
                 self._holding.discard(run_id)
+                self._admitted.pop(run_id, None)
                 self._fifo = deque(item for item in self._fifo if item[1] != run_id)
                 self._pump()
             case Occupying(run_id):
                 self._known.add(run_id)
                 self._fifo = deque(item for item in self._fifo if item[1] != run_id)
                 self._holding.add(run_id)
+            case Readmit():
+                placer = self._registry.lookup("placer")
+                for _, run_id, seeded, devices in sorted(self._admitted.values()):
+                    if placer is not None and run_id in self._holding:
+                        placer.tell(Admit(run_id, self.queue_key, seeded, devices))
             case Snapshot():
                 return {
                     "queue_key": self.queue_key,
@@ -97,6 +110,7 @@ class QueueActor(Actor):
         if placer is None:
             return
         while self._fifo and len(self._holding) < self._limit:
-            _, run_id, seeded, devices = self._fifo.popleft()
+            seq, run_id, seeded, devices = self._fifo.popleft()
             self._holding.add(run_id)
+            self._admitted[run_id] = (seq, run_id, seeded, devices)
             placer.tell(Admit(run_id, self.queue_key, seeded, devices))

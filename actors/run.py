@@ -23,7 +23,7 @@ from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
-from actors.run_messages import Start, WorkerBack, WorkerFrames, WorkerGone, WorkerLost
+from actors.run_messages import Placement, Start, WorkerBack, WorkerFailed, WorkerFrames, WorkerGone, WorkerLost
 from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, UpdateRun
 from actors.store_client import StoreClient
 from actors.threaded import ThreadActorRef, start_thread_actor
@@ -138,6 +138,14 @@ class RunActor(Actor):
                     self._write(UpdateRun(self.run_id, {"status": ev.RUNNING}))
             case WorkerLost():
                 self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
+            case WorkerFailed(worker):
+                if worker == self._worker:
+                    self._finish(ev.INTERRUPTED, "worker_failed", None, reason="worker_failed")
+            case Placement():
+                return {"run_id": self.run_id, "status": self._status, "lane": self._row["lane"],
+                        "editor_session": self._row.get("editor_session"), "worker": self._worker,
+                        "seeded": self._row.get("seed") is not None and self._worker is None,
+                        "holds": [tuple(h) for h in self._row.get("holds") or ()], "released": self._released}
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
@@ -157,7 +165,7 @@ class RunActor(Actor):
         self._status = ev.RUNNING
         fields: dict[str, Any] = {"status": ev.RUNNING, "started_at": ev.utc_now()}
         if holds:
-            fields["holds"] = [list(hold) for hold in holds]
+            fields["holds"] = self._row["holds"] = [list(hold) for hold in holds]
         started: dict[str, Any] = {"device": device or self._row["device"], "seed": self._row.get("seed")}
         if worker is not None:  # placed by target ``any``
             self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker

@@ -41,6 +41,20 @@ class WorkerLost:
 
 
 @dataclass(frozen=True)
+class WorkerFailed:
+    """The connection actor of ``worker`` kept crashing and was given up on: a run on that
+    worker ends interrupted (``worker_failed``); nothing of it could be routed any more."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Ask, from a restarted placer: what this run holds (lane, gate, slots), so the
+    placer rebuilds its counters before it admits anything."""
+
+
+@dataclass(frozen=True)
 class WorkerFrames:
     """Run frames (event, ended, gap) as they came from ``worker``, in order. The RunActor
     drops those whose counter it already applied, and those from a worker the run was

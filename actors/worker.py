@@ -28,7 +28,7 @@ from typing import Any
 
 from actors.base import Actor, Registry, Snapshot
 from actors.eligibility import WorkerOffer
-from actors.placer_messages import WorkerOffline, WorkerOnline
+from actors.placer_messages import Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from protocol import worker as wire
 
@@ -202,6 +202,8 @@ class WorkerConnection(Actor):
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Drain())
                     self._tell_placer()  # draining: no new runs start here
+            case Reannounce():
+                self._tell_placer()
             case _Check():
                 self._check()
             case Snapshot():

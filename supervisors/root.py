@@ -31,6 +31,7 @@ from actors.ledger import LedgerActor
 from actors.placer import Placer, Quarantine, Restore, RunSpec
 from actors.queue import QueueActor
 from actors.run import Abandon, ReportOccupancy, RunActor
+from actors.run_messages import WorkerFailed
 from actors.store import (
     AppendEvents,
     DeleteRun,
@@ -77,6 +78,8 @@ class ControlPlane:
         # executing and queued runs stay queued, for the next start to adopt.
         self.leave_worker_runs = False
         self.login = LoginBook()  # browsers log in with one-time links (web/login.py)
+        # Workers whose connection actor kept crashing, with the reason (GET /api/workers).
+        self.failed_workers: dict[str, str] = {}
 
     @property
     def db_path(self) -> Path:
@@ -91,8 +94,8 @@ class ControlPlane:
         self.root = Supervisor("root")
         self.queues = Supervisor("queues", on_give_up=self._quarantine)
         self.runs = Supervisor("runs")
-        self.studies = Supervisor("studies")
-        self.workers = Supervisor("workers")
+        self.studies = Supervisor("studies", on_give_up=self._study_failed)
+        self.workers = Supervisor("workers", on_give_up=self._worker_failed)
         self.ledgers = Supervisor("ledgers")
         self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
         self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +128,7 @@ class ControlPlane:
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
-                node_cache=self.node_cache, login=self.login,
+                node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers,
             )
         )
         self.port = await self.web.start()
@@ -228,6 +231,7 @@ class ControlPlane:
         existing = self.workers.child(f"workers/{name}")
         if existing is not None:
             return existing  # type: ignore[return-value]
+        self.failed_workers.pop(name, None)  # a fresh connection gets a fresh chance
 
         def factory() -> ActorRef:
             settings = self.settings
@@ -236,6 +240,23 @@ class ControlPlane:
                                     self.catalog.digest).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
+
+    def _worker_failed(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+        """Past the restart limit a worker shows ``failed`` with the reason; its runs are
+        lost (nothing can route their frames) and its agent's next connection retries."""
+        name = spec.name.removeprefix("workers/")
+        log.error("worker %s failed: its connection actor kept crashing (%s)", name, exit_info.reason)
+        self.failed_workers[name] = f"crashed repeatedly: {exit_info.reason}"
+        for run_name in self.registry.names("runs/"):
+            run = self.registry.lookup(run_name)
+            if run is not None:
+                run.tell(WorkerFailed(name))
+
+    def _study_failed(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+        study_id = spec.name.removeprefix("studies/")
+        log.error("study %s failed: its actor kept crashing (%s)", study_id, exit_info.reason)
+        self.store.write(UpdateStudy(study_id, {"state": "failed",
+                                                "halt_reason": f"crashed repeatedly: {exit_info.reason}"}))
 
     def _quarantine(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
         key = spec.name.removeprefix("queues/")

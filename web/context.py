@@ -37,6 +37,8 @@ class Services:
     node_cache: NodeCache = field(default_factory=lambda: NodeCache(0))
     # Login links and the cookies of logged-in browsers.
     login: LoginBook = field(default_factory=LoginBook)
+    # Workers whose connection actor kept crashing, with the reason (the root's record).
+    failed_workers: dict[str, str] = field(default_factory=dict)
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

@@ -65,6 +65,9 @@ async def list_workers(request: web.Request) -> web.Response:
             "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
             "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
             "inventory": None, "slots": [], "running_runs": []}
+        failed = svc.failed_workers.get(row["name"])
+        if failed is not None and live is None:
+            snapshot = {**snapshot, "state": "failed", "failed_reason": failed}
         rows.append({**snapshot, "enrolled_at": row["enrolled_at"]})
     return json_reply({"workers": rows})
 

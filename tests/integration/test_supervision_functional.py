@@ -97,3 +97,87 @@ async def _is(session, run_id, status):
 async def _alive(plane, name, old):
     ref = plane.registry.lookup(name)
     return ref is not None and ref is not old
+
+
+async def crash_until_gone(plane, name: str) -> None:
+    """Sends garbage to the actor ``name`` (and to each restart of it) until its
+    supervisor gives up and no actor of that name is left."""
+    for _ in range(50):
+        ref = plane.registry.lookup(name)
+        if ref is None:
+            return
+        ref.tell(Garbage())
+        await ref.wait()
+        await asyncio.sleep(0.01)  # the supervisor restarts it, or gives up
+    raise AssertionError(f"{name} was restarted forever")
+
+
+async def test_a_worker_connection_that_keeps_crashing_shows_failed_with_its_reason(tmp_path):
+    plane, session = await start_plane(tmp_path)
+    try:
+        async with session.post("/api/workers/enrollments", json={"name": "gpu-x"}) as response:
+            token = (await response.json())["token"]
+        async with session.post("/api/workers/credentials", json={"token": token, "machine_id": "m"}) as response:
+            assert response.status == 201
+        plane.start_worker("gpu-x")
+        await crash_until_gone(plane, "workers/gpu-x")
+        async with session.get("/api/workers") as response:
+            (row,) = (await response.json())["workers"]
+        assert row["state"] == "failed" and "crashed repeatedly" in row["failed_reason"]
+    finally:
+        await session.close()
+        await plane.stop()
+
+
+async def test_a_study_that_keeps_crashing_is_failed_with_its_reason(tmp_path):
+    plane, session = await start_plane(tmp_path)
+    body = {"name": "s", "base_graph": sleeper(30), "repeats": 1, "budget": {},
+            "variants": [{"name": "v", "params": [{"node_id": "z", "param": "seconds", "value": 30}]}],
+            "objective": {"metric": "val_loss", "direction": "minimize"}}
+    try:
+        async with session.post("/api/studies", json=body) as response:
+            study = await response.json()
+            assert response.status == 201, study
+        await crash_until_gone(plane, f"studies/{study['id']}")
+        await plane.store.drain()
+        async with session.get(f"/api/studies/{study['id']}") as response:
+            row = await response.json()
+        assert row["state"] == "failed" and "crashed repeatedly" in row["halt_reason"]
+    finally:
+        await session.close()
+        await plane.stop()
+
+
+async def test_a_restarted_placer_rebuilds_lanes_and_the_seed_gate_before_admitting(tmp_path):
+    plane, session = await start_plane(tmp_path, run_interactive_max_concurrent=1,
+                                       run_queue_max_concurrent_cpu=4)
+    try:
+        interactive = {"graph": sleeper(30), "options": {"lane": "interactive", "editor_session": "e1"}}
+        async with session.post("/api/runs", json=interactive) as response:
+            first = await response.json()
+        seeded = {"graph": sleeper(30), "options": {"seed": 7}}
+        async with session.post("/api/runs", json=seeded) as response:
+            gated = await response.json()
+        while await status_of(session, first["run_id"]) != "running":
+            await asyncio.sleep(0.05)
+        placer = plane.registry.lookup("placer")
+        placer.tell(Garbage())  # it crashes; the root restarts it
+        await placer.wait()
+        while plane.registry.lookup("placer") is None:
+            await asyncio.sleep(0.01)
+        async with session.post("/api/runs", json={**interactive, "options": {**interactive["options"],
+                                                                              "editor_session": "e2"}}) as response:
+            refused = await response.json()
+        assert response.status == 503 and refused["error"]["code"] == "interactive_lane_full"
+        # The seeded run still waits for the gate; nothing was started twice.
+        assert await status_of(session, gated["run_id"]) == "queued"
+        async with session.post(f"/api/runs/{first['run_id']}/cancel") as response:
+            assert response.status == 200
+        for _ in range(200):
+            if await status_of(session, gated["run_id"]) == "running":
+                break
+            await asyncio.sleep(0.05)
+        assert await status_of(session, gated["run_id"]) == "running"
+    finally:
+        await session.close()
+        await plane.stop()
