@@ -90,3 +90,16 @@ def test_the_sweeps_panel_ranks_variants_best_first(page):
     assert tab.locator("#sweep-csv").get_attribute("href") == f"/api/sweeps/{reply['sweep_id']}?format=csv"
     screenshot(tab, "sweeps-panel.png")
     assert errors == []
+
+
+def test_the_chart_of_a_diverged_loss_shows_where_it_diverged(page):
+    from tests.integration.test_hardening_functional import diverging
+
+    server, tab, errors = page
+    run_id = server.submit(diverging())["run_id"]
+    server.wait_status(run_id, "succeeded")
+    tab.locator(f'tr[data-run="{run_id}"]').click()
+    chart = tab.locator('#details-charts figure.chart[data-series="val_loss"]')
+    expect(chart).to_contain_text("inf at step 1")
+    expect(chart.locator("line.diverged")).to_have_count(1)
+    assert errors == []

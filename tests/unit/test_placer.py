@@ -80,6 +80,7 @@ class Plane:
 @pytest.fixture
 async def plane(tmp_path):
     made = Plane(tmp_path)
+    await made.placer.ask(ResolveTarget(RunOptions()))  # started (and found no live run to rebuild from)
     yield made
     await made.close()
 
