@@ -19,6 +19,8 @@ DEFAULT_PORT = 8765
 # Target ``any``: its runs wait on the key ``any/<device>`` until the placer finds them a slot.
 ANY_PREFIX = "any/"
 ANY_QUEUE_LIMIT = 1_000_000
+# A queue key a per-key limit may name: a device, or a worker's (or any's) device.
+_QUEUE_KEY = re.compile(r"(?:[a-z0-9][a-z0-9_.-]{0,63}/)?(?:cpu|cuda(?::\d{1,3})?|mps(?::\d{1,3})?|auto)")
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,11 @@ class _Reader:
             if not sep or not key or number is None:
                 self._warnings.append(f"{name}: ignoring malformed entry {entry!r} (want KEY=N)")
                 continue
-            result[normalise_key(key)] = max(1, number)
+            if not _QUEUE_KEY.fullmatch(key.lower()):
+                self._warnings.append(f"{name}: ignoring {entry!r}: {key!r} is not a queue key (a device such as "
+                                      "cpu, cuda:0 or mps, or worker/device)")
+                continue
+            result[normalise_key(key.lower())] = max(1, number)
         return result
 
 

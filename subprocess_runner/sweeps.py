@@ -70,8 +70,15 @@ def _expand_range(spec: SweepRange, param_type: str, where: str) -> list[Any]:
     else:
         points = [spec.min + i * (spec.max - spec.min) / (spec.count - 1) for i in range(spec.count)]
     if kind == "int":
-        return list(dict.fromkeys(round(p) for p in points))  # distinct, in order
+        return list(dict.fromkeys(round_half_away(p) for p in points))  # distinct, in order
     return points
+
+
+def round_half_away(value: float) -> int:
+    """Integer ranges round half up (002), and a negative half away from zero alike:
+    0.5 -> 1, 2.5 -> 3, -0.5 -> -1 (Python's ``round`` would give 0, 2 and 0)."""
+    magnitude = math.floor(abs(value) + 0.5)
+    return int(magnitude if value >= 0 else -magnitude)
 
 
 def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits: SweepLimits) -> dict[str, Any]:

@@ -193,7 +193,9 @@ def test_a_second_server_on_the_same_home_is_refused(make_server, tmp_path):
 
 @pytest.mark.parametrize(
     "cpu, per_key, want_cpu, want_per_key, warned",
-    [("abc", "", 2, {}, True), ("-3", "", 1, {}, False), ("4", "cuda:0=x,cpu=0,junk", 4, {"cpu": 1}, True)],
+    [("abc", "", 2, {}, True), ("-3", "", 1, {}, False), ("4", "cuda:0=x,cpu=0,junk", 4, {"cpu": 1}, True),
+     # A key that is not a device (002) is ignored with a warning, like any malformed entry.
+     ("2", "gpu=3,gpu-a/cuda:1=2,gpu-a/tpu=4", 2, {"gpu-a/cuda:1": 2}, True)],
 )
 def test_settings_edge_values_never_fail_a_start(make_server, cpu, per_key, want_cpu, want_per_key, warned):
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU=cpu, TROUPE_RUN_QUEUE_MAX_CONCURRENT=per_key)

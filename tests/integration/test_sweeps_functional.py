@@ -191,3 +191,12 @@ def test_a_run_that_failed_after_recording_the_objective_is_still_ranked(shared_
     result = wait_finished(shared_server, reply["sweep_id"])
     assert result["counts"] == {"failed": 2}
     assert [(v["rank"], v["objective_value"]) for v in result["variants"]] == [(1, 1.0), (2, 2.0)]
+
+
+def test_int_ranges_round_half_up_and_negative_halves_away_from_zero(shared_server):
+    base = graph(node("t", "core.Ticker", count=1, interval=0, name="val_loss"))
+    reply = post(shared_server, sweep_body(
+        [{"node_id": "t", "param": "count", "range": {"min": 0.5, "max": 2.5, "count": 3, "type": "int"}}],
+        base=base))
+    assert reply["params"][0]["values"] == [1, 2, 3]  # Python's round() would give [0, 2]
+    assert wait_finished(shared_server, reply["sweep_id"])["state"] == "finished"
