@@ -19,6 +19,7 @@ from protocol import events as ev
 from protocol import worker as wire
 from protocol.api import worker_name_problem
 from protocol.version import __version__
+from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 
 log = logging.getLogger("troupe.web")
@@ -45,6 +46,9 @@ async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[
         if peer not in _LOOPBACK:
             return None, ("the session token is accepted only from this machine (a loopback peer); enroll this "
                           "agent with a join command (POST /api/workers/enrollments)")
+        if hello.machine_id != host_machine_id():  # same machine: a loopback peer *and* its machine id
+            return None, (f"the session token is accepted only from an agent on this machine; this agent's machine "
+                          f"id {hello.machine_id[:80]!r} is not the server's; enroll it with a join command")
         problem = worker_name_problem(hello.name)  # a same-machine agent may use the session token
         return (None, problem) if problem else (hello.name, "")
     try:

@@ -262,3 +262,12 @@ def test_a_flood_of_half_sent_headers_is_closed_and_logged_once(tmp_path):
         server.kill()
     flood = [line for line in server.output if "out of file descriptors" in line or "Too many open files" in line]
     assert len(flood) <= 3, flood  # once per interval, never once per connection
+
+
+async def test_the_session_token_from_loopback_needs_this_machines_id(shared_server):
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            shared_server.url.replace("http://", "ws://") + "/ws/worker",
+            headers={"Authorization": f"Bearer {shared_server.token}"}) as ws:
+        await ws.send_str(agent_hello(name="tunnelled", machine_id="another-machine"))
+        refused = wire.parse_frame((await ws.receive(timeout=10)).data)
+    assert isinstance(refused, wire.Refused) and "machine id" in refused.reason

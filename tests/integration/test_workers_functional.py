@@ -154,9 +154,11 @@ def test_revoking_a_worker_stops_its_agent(make_server, tmp_path):
 
 def hello(**overrides) -> str:
     from subprocess_runner.catalog import load_catalog
+    from subprocess_runner.devices import host_machine_id
 
     catalog = load_catalog()
-    frame = wire.Hello(version=__version__, name="probe", machine_id="m-probe", catalog_digest=catalog.digest,
+    # The server's own machine id: the session token is accepted only from this machine.
+    frame = wire.Hello(version=__version__, name="probe", machine_id=host_machine_id(), catalog_digest=catalog.digest,
                        node_types=sorted(catalog.types), inventory=wire.Inventory(cpus=1))
     return frame.model_copy(update=overrides).model_dump_json()
 
