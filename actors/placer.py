@@ -279,15 +279,29 @@ class Placer(Actor):
         return not (seeded and self._executing)
 
     async def _drain(self) -> None:
+        """Grants waiting local runs in arrival order. The seed gate is one line for the
+        whole process (a waiting seeded run holds back everything behind it), but a run
+        waiting for its device's ledger holds back only its own key: independent keys
+        never wait on each other (a cpu run waiting for a shared cpu never delays cuda:0)."""
+        kept: deque[Admit] = deque()
+        blocked: set[str] = set()  # keys whose head waits for its ledger
         while self._waiting and not self._closed:
-            head = self._waiting[0]
+            head = self._waiting.popleft()
             if self._registry.lookup(f"runs/{head.run_id}") is None:
-                self._waiting.popleft()  # withdrawn while it waited
+                continue  # withdrawn while it waited
+            if head.queue_key in blocked:
+                kept.append(head)
                 continue
-            if not self._gate_allows(head.seeded) or not await self._slots.hold_local(head.run_id, head.queue_key):
-                return  # retried when a run releases
-            self._waiting.popleft()
+            if not self._gate_allows(head.seeded):
+                kept.append(head)
+                break  # retried when a run releases
+            if not await self._slots.hold_local(head.run_id, head.queue_key):
+                blocked.add(head.queue_key)
+                kept.append(head)
+                continue
             self._grant(head.run_id, head.seeded)
+        kept.extend(self._waiting)
+        self._waiting = kept
 
     def _grant(self, run_id: str, seeded: bool) -> None:
         self._executing.add(run_id)

@@ -106,6 +106,28 @@ def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_pat
         agent.wait(30)
 
 
+def test_a_local_cpu_run_waiting_for_a_shared_cpu_never_holds_back_a_card(make_server, tmp_path):
+    # 002: two keys never wait for each other. The cpu is shared with a same-machine
+    # worker whose run holds it; a local cpu run waits for it, and a local cuda:0 run
+    # submitted behind it starts at once on its free card.
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1", TROUPE_SIMULATED_ACCELERATORS="cuda:0")
+    here = server.get("/api/info")["machine_id"]
+    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"], machine=here)
+    try:
+        read_until(agent, "connected as beside")
+        remote = server.submit(sleeper(seconds=60), target={"worker": "beside"})["run_id"]
+        server.wait_status(remote, "running")
+        on_cpu = server.submit(sleeper(seconds=1), device="cpu")["run_id"]
+        on_card = server.submit(hello(), device="cuda:0")["run_id"]
+        assert server.events_until_finished(on_card)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{on_cpu}")["status"] == "queued"  # still waiting for the cpu
+        server.client.request("POST", f"/api/runs/{remote}/cancel")
+        assert server.events_until_finished(on_cpu)[-1]["payload"]["status"] == "succeeded"
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
 def test_a_run_on_two_cards_holds_both_and_an_ask_no_worker_can_grant_is_refused(make_server, tmp_path):
     server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
     cards = ({**CARD, "uuid": "GPU-a0"}, {**CARD, "uuid": "GPU-a1", "index": 1})
