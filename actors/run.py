@@ -224,18 +224,21 @@ class RunActor(Actor):
         ledger = self._registry.lookup("cpus")
         return LedgerGate(asyncio.get_running_loop(), ledger) if ledger is not None else None
 
-    def _request_stop(self, final_status: str, reason: str | None = None) -> dict[str, str]:
+    def _request_stop(self, final_status: str, reason: str | None = None) -> dict[str, Any]:
+        """Replies the run's status and ``repeat``: a stop was already asked for (a second
+        cancel has no effect, and a sweep does not count it again)."""
         if self._status == ev.QUEUED:
             message = "cancelled before it started" if final_status == ev.CANCELLED else "the server stopped"
             self._finish(final_status, reason or message, None)
-            return {"run_id": self.run_id, "status": final_status}
-        if self._stop_as is None:
+            return {"run_id": self.run_id, "status": final_status, "repeat": False}
+        repeat = self._stop_as is not None
+        if not repeat:
             self._stop_as = final_status
             self._stop_reason = reason
         self._cancel.set()
         if self._worker is not None:
             self._send_to_worker("cancel")
-        return {"run_id": self.run_id, "status": self._status}
+        return {"run_id": self.run_id, "status": self._status, "repeat": repeat}
 
     def _release(self) -> None:
         if self._released:

@@ -130,7 +130,8 @@ async def cancel_run(request: web.Request) -> web.Response:
     run_id = run_id_from(request)
     run = svc.registry.lookup(f"runs/{run_id}")
     if run is not None:
-        return json_reply(await run.ask(Cancel()))
+        reply = await run.ask(Cancel())
+        return json_reply({"run_id": reply["run_id"], "status": reply["status"]})
     row = await _get_row(svc, run_id)
     raise StateConflict(f"run {run_id} already ended as {row['status']}", code="run_finished")
 

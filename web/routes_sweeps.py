@@ -123,18 +123,22 @@ async def cancel_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     sweep_id = hex_id(request, "sweep")
     sweep = await _load(svc, sweep_id)
-    cancelled = already = 0
+    cancelled = already = active = 0
     for variant in sweep["variants"]:
         run = svc.registry.lookup(f"runs/{variant['run_id']}")
         if variant["status"] in ev.ACTIVE_STATES and run is not None:
-            await run.ask(Cancel())
-            cancelled += 1
+            active += 1
+            reply = await run.ask(Cancel())
+            cancelled += not reply["repeat"]  # a child still stopping from an earlier cancel is not counted again
         else:
             already += 1
-    if cancelled:
+    if active:
         await svc.store.write(SetSweepState(sweep_id, "cancelling"))
     sweep = await _load(svc, sweep_id)
+    # 002: "cancelling" while any child was still active when asked; "finished" only when
+    # every child had already ended. The next read settles it.
+    state = "cancelling" if active else sweep["state"]
     return json_reply({
-        "sweep_id": sweep_id, "state": sweep["state"], "cancelled": cancelled, "already_finished": already,
+        "sweep_id": sweep_id, "state": state, "cancelled": cancelled, "already_finished": already,
         "variants": [{"index": v["index"], "run_id": v["run_id"], "status": v["status"]} for v in sweep["variants"]],
     })
