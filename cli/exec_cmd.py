@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
-from cli.render import render_event
+from cli.render import Renderer
 from cli.run_cmd import _load_graph
 from protocol import events as ev
 from protocol.graph import Graph
@@ -49,14 +49,13 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
     run_id = uuid.uuid4().hex
     lock = threading.Lock()
 
+    renderer = Renderer()
+
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        line: str | None
-        if events_json:
-            line = json.dumps({"type": kind, "node_id": node_id, "payload": payload}, default=str)
-        else:
-            line = render_event({"type": kind, "node_id": node_id, "payload": payload})
-        if line:
-            with lock:
+        event = {"type": kind, "node_id": node_id, "payload": payload}
+        lines = [json.dumps(event, default=str)] if events_json else None
+        with lock:
+            for line in lines if lines is not None else renderer.feed(event):
                 print(line, flush=True)
 
     cancel = threading.Event()

@@ -11,6 +11,43 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _value(payload: dict[str, Any]) -> str:
+    return str(payload["non_finite"]) if payload.get("value") is None and "non_finite" in payload \
+        else _number(payload.get("value"))
+
+
+class Renderer:
+    """Lines for a person to follow, with one line per epoch that carries every metric of
+    that epoch (``trainer  epoch 3/10  loss=0.1235  val_loss=0.1302``): the metrics of an
+    epoch are held until an event that is not one of them arrives."""
+
+    def __init__(self) -> None:
+        self._epoch: tuple[Any, Any] | None = None  # (node, epoch) being gathered
+        self._head = ""
+        self._parts: list[str] = []
+
+    def feed(self, event: dict[str, Any]) -> list[str]:
+        node, payload = event.get("node_id"), event.get("payload") or {}
+        if event["type"] == ev.METRIC and "epoch" in payload:
+            lines = [] if self._epoch in (None, (node, payload["epoch"])) else self.flush()
+            if self._epoch is None:
+                self._epoch = (node, payload["epoch"])
+                total = f"/{payload['epochs']}" if "epochs" in payload else ""
+                self._head = f"    {node}  epoch {payload['epoch']}{total}"
+            name = "loss" if payload.get("name") == "train_loss" else payload.get("name")
+            self._parts.append(f"{name}={_value(payload)}")
+            return lines
+        line = render_event(event)
+        return [*self.flush(), *([line] if line else [])]
+
+    def flush(self) -> list[str]:
+        if self._epoch is None:
+            return []
+        line = "  ".join([self._head, *self._parts])
+        self._epoch, self._parts = None, []
+        return [line]
+
+
 def render_event(event: dict[str, Any]) -> str | None:
     """One line for the events a person follows, None for the rest."""
     kind, node, payload = event["type"], event.get("node_id"), event.get("payload") or {}
@@ -21,11 +58,7 @@ def render_event(event: dict[str, Any]) -> str | None:
     if kind == ev.NODE_FAILED:
         return f"  ✗ {node}  {payload.get('error', '')}"
     if kind == ev.METRIC:
-        if "epoch" in payload:
-            total = f"/{payload['epochs']}" if "epochs" in payload else ""
-            name = "loss" if payload.get("name") == "train_loss" else payload.get("name")
-            return f"    {node}  epoch {payload['epoch']}{total}  {name}={_number(payload.get('value'))}"
-        return f"    {node}  {payload.get('name')}={_number(payload.get('value'))}  step {payload.get('step')}"
+        return f"    {node}  {payload.get('name')}={_value(payload)}  step {payload.get('step')}"
     if kind == ev.LOG:
         return f"    {node}  {payload.get('message', '')}"
     if kind == ev.WARNING:

@@ -9,7 +9,7 @@ from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, SubmitRejected
-from cli.render import render_event
+from cli.render import Renderer
 from protocol import events as ev
 
 # The server sends a keepalive every 15 s; a stream silent for longer is gone.
@@ -64,6 +64,7 @@ def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) 
     deadline = None if timeout is None else time.monotonic() + timeout
     last_position: int | None = None
     after = 0
+    renderer = Renderer()  # one line per epoch, whichever connection its metrics came on
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -80,8 +81,7 @@ def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) 
                 if kind != "run_event":
                     continue
                 after = data["seq"]
-                line = render_event(data)
-                if line:
+                for line in renderer.feed(data):
                     print(line, flush=True)
                 if data["type"] == ev.RUN_FINISHED:
                     final = data["payload"].get("status")

@@ -29,7 +29,9 @@ def test_digits_trains_to_ninety_percent_through_troupe_run(make_server):
     result = subprocess.run(troupe_cmd("run", str(EXAMPLES / "digits_mlp.json"), "--name", "digits"), cwd=REPO,
                             env=base_env(server.home), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "    trainer  epoch 3/10  loss=" in result.stdout
+    # One line per epoch with every metric of that epoch (002's sample output).
+    epoch_three = [line for line in result.stdout.splitlines() if line.startswith("    trainer  epoch 3/10  ")]
+    assert len(epoch_three) == 1 and "  loss=" in epoch_three[0] and "  val_loss=" in epoch_three[0]
     run_id = result.stdout.splitlines()[1].split()[-1]
     assert series(server, run_id, "eval_accuracy")[-1] >= 0.9
     assert len(series(server, run_id, "train_loss")) == 10
