@@ -62,7 +62,7 @@ async def test_a_started_run_executes_and_releases_its_slot_before_its_final_sta
 
 async def test_cancel_of_a_queued_run_withdraws_it_and_a_late_start_is_ignored(tmp_path):
     store, run, queue, _ = await setup(tmp_path)
-    assert await run.ask(Cancel()) == {"run_id": RUN_ID, "status": "cancelled"}
+    assert await run.ask(Cancel()) == {"run_id": RUN_ID, "status": "cancelled", "repeat": False}
     run.tell(Start())  # the grant was already on its way
     await asyncio.wait_for(run.wait(), 10)
     await store.drain()
