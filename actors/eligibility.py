@@ -17,6 +17,8 @@ from protocol.errors import CapacityRefused, InvalidRequest
 from protocol.settings import ANY_PREFIX
 
 ANY = ANY_PREFIX.rstrip("/")
+# The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
+UNKNOWN_CPUS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,9 @@ class WorkerBook:
             raise InvalidRequest("interactive runs execute in the control plane; drop the target or the lane",
                                  pointer="/options/lane")
         if name == ANY:
-            eligible = self._eligible()
-            self._check_wait(target.wait, eligible)
-            return self._union(eligible)
+            able = self._able(node_types)
+            self._check_wait(target.wait, able)
+            return self._union(able, node_types)
         offer = self._seen.get(name)
         if offer is None:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",
@@ -77,22 +79,28 @@ class WorkerBook:
         self._check_wait(target.wait, [name])
         return offer
 
-    def _eligible(self) -> list[str]:
-        """The workers target ``any`` may use: those with every node type of this server
-        (a degraded worker lacking some is skipped). 400 when there is none."""
-        eligible = sorted(name for name, offer in self._seen.items() if not self._catalog_types - offer.node_types)
-        if not eligible:
-            seen = sorted(self._seen)
+    def _able(self, node_types: frozenset[str]) -> list[str]:
+        """The workers seen since start that have every node type the graph uses (#777).
+        None seen yet: the run waits for one. Some seen and none of them able: it could
+        never run, a 400 with the numbers."""
+        able = sorted(name for name, offer in self._seen.items() if node_types <= offer.node_types)
+        if self._seen and not able:
+            lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(self._seen.items())}
             raise InvalidRequest(
-                f"target any needs a worker with every node type of this server; {len(seen)} seen since start"
-                + (f" ({', '.join(seen)}), none has them all" if seen else ""),
+                f"target any needs a worker with the node types this graph uses; {len(self._seen)} seen since "
+                "start, none has them all: " + "; ".join(f"{name} lacks {', '.join(missing)}"
+                                                         for name, missing in lacking.items()),
                 pointer="/options/target/worker", code="no_eligible_worker")
-        return eligible
+        return able
 
-    def _union(self, names: list[str]) -> WorkerOffer:
+    def _union(self, names: list[str], node_types: frozenset[str]) -> WorkerOffer:
+        """What the able workers offer together; with none seen yet, nothing is known:
+        no devices (the run keeps the device it asked for) and no cpu bound."""
         offers = [self._seen[name] for name in names]
+        if not offers:
+            return WorkerOffer(ANY, (), UNKNOWN_CPUS, node_types)
         return WorkerOffer(ANY, tuple(sorted({d for offer in offers for d in offer.devices})),
-                           max(offer.cpus for offer in offers), frozenset(self._catalog_types))
+                           max(offer.cpus for offer in offers), node_types)
 
     def _check_wait(self, wait: bool | None, candidates: list[str]) -> None:
         """``wait: false`` refuses the run at once when no candidate worker is connected

@@ -29,7 +29,7 @@ class WorkerPlacement:
         self._ensure_ledger = ensure_ledger
         self._placer = placer
         self._online: set[str] = set()
-        self._complete: set[str] = set()  # online workers with every node type (target ``any`` may use them)
+        self._types: dict[str, frozenset[str]] = {}  # node types of each worker (``any`` needs the graph's)
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
         if local_cpu is not None:
@@ -37,13 +37,15 @@ class WorkerPlacement:
             self._online.add(LOCAL)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
         self._device_waiting: dict[str, deque[Admit]] = {}  # physical -> named-worker runs
-        self._any_waiting: deque[Admit] = deque()  # target ``any``, in admission order
+        # Target ``any``, in admission order, with the node types each run's graph needs.
+        self._any_waiting: deque[tuple[Admit, frozenset[str]]] = deque()
         # Local runs on a device no worker shares: the queue's limit is the whole quota,
         # so they skip the ledger (no ask on the core path) until a worker shares it.
         self._unshared: dict[str, str] = {}  # run -> physical
 
     # Providers ---------------------------------------------------------------------
-    async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool, complete: bool) -> None:
+    async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
+                     node_types: frozenset[str] = frozenset()) -> None:
         before = self._providers.get(name, {})
         self._providers[name] = dict(devices)
         gone = {physical for physical, _ in before.values()} - {physical for physical, _ in devices.values()}
@@ -53,7 +55,7 @@ class WorkerPlacement:
             self.offline(name)
             return
         self._online.add(name)
-        (self._complete.add if complete else self._complete.discard)(name)
+        self._types[name] = node_types
         for physical, limit in devices.values():
             self._share(physical)
             self._ledger(physical).tell(Offer(name, limit))
@@ -63,14 +65,14 @@ class WorkerPlacement:
 
     def offline(self, name: str) -> None:
         self._online.discard(name)
-        self._complete.discard(name)
         for physical, _ in self._providers.get(name, {}).values():
             self._ledger(physical).tell(Withdraw(name))
 
     # Admission ---------------------------------------------------------------------
-    async def admit(self, admit: Admit) -> None:
+    async def admit(self, admit: Admit, needs: frozenset[str] = frozenset()) -> None:
+        """``needs``: for target ``any``, the node types a worker must have to take it."""
         if admit.queue_key.startswith(ANY_PREFIX):
-            self._any_waiting.append(admit)
+            self._any_waiting.append((admit, needs))
             await self._place_anywhere()
         else:
             await self.admit_named(admit)
@@ -126,7 +128,7 @@ class WorkerPlacement:
 
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
-        self._any_waiting = deque(a for a in self._any_waiting if a.run_id != run_id)
+        self._any_waiting = deque(a for a in self._any_waiting if a[0].run_id != run_id)
         self._unshared.pop(run_id, None)
         for physical in self._free_all(run_id):
             waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
@@ -144,21 +146,23 @@ class WorkerPlacement:
     # Target ``any`` ----------------------------------------------------------------
     async def _place_anywhere(self) -> None:
         """Places the runs for target ``any`` that fit somewhere now, in admission order:
-        of every online worker with every node type, workers with cards first, then the
-        least busy, then by name, the first that has the asked device free."""
+        of every online worker with the node types the run's graph uses, workers with
+        cards first, then the least busy, then by name, the first that has the asked
+        device free."""
         waiting, self._any_waiting = self._any_waiting, deque()
-        for admit in waiting:
+        for admit, needs in waiting:
             if self._registry.lookup(f"runs/{admit.run_id}") is None:
                 continue  # withdrawn while it waited
-            spot = await self._free_spot(admit.run_id, admit.queue_key.removeprefix(ANY_PREFIX))
+            spot = await self._free_spot(admit.run_id, admit.queue_key.removeprefix(ANY_PREFIX), needs)
             if spot is None:
-                self._any_waiting.append(admit)
+                self._any_waiting.append((admit, needs))
                 continue
             worker, device = spot
             self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id])))
 
-    async def _free_spot(self, run_id: str, asked: str) -> tuple[str, str] | None:
-        workers = sorted((self._complete & self._online) - {LOCAL},
+    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str]) -> tuple[str, str] | None:
+        able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())}
+        workers = sorted(able - {LOCAL},
                          key=lambda w: (-self._has_cards(w), self._load(w), w))
         for worker in workers:
             devices = self._providers.get(worker, {})

@@ -31,6 +31,7 @@ from actors.run_messages import Placement, Start
 from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
 from actors.store_client import StoreClient
 from protocol import events as ev
+from protocol.settings import ANY_PREFIX
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
@@ -136,6 +137,7 @@ class Placer(Actor):
         # their device's ledger, as do local runs on a device a same-machine worker shares.
         self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), local_cpu)
         self._types = catalog_types
+        self._needs: dict[str, frozenset[str]] = {}  # runs for ``any``: the node types of their graph
         self._workers = WorkerBook(catalog_types)
         self._closed = False
 
@@ -182,13 +184,15 @@ class Placer(Actor):
                 pass  # handed on again after a restart, and already started
             case Admit(run_id, key):
                 if "/" in key:
-                    await self._slots.admit(message)
+                    # A run for ``any`` needs a worker with its graph's node types (after a
+                    # restart of this placer, unknown: one with every type of this server).
+                    await self._slots.admit(message, self._needs.get(run_id, self._types))
                 else:
                     self._waiting.append(message)
                     await self._drain()
             case WorkerOnline(offer, devices, draining):
                 self._workers.online(offer, draining)
-                await self._slots.online(offer.name, devices, draining, complete=offer.node_types >= self._types)
+                await self._slots.online(offer.name, devices, draining, offer.node_types)
             case WorkerOffline(name):
                 self._workers.offline(name)
                 self._slots.offline(name)
@@ -253,6 +257,8 @@ class Placer(Actor):
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
+            if key.startswith(ANY_PREFIX):
+                self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ()))
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked))
@@ -314,6 +320,7 @@ class Placer(Actor):
         run.tell(Start())
 
     async def _release(self, run_id: str) -> None:
+        self._needs.pop(run_id, None)
         await self._slots.release(run_id)
         self._executing.discard(run_id)
         self._interactive.pop(run_id, None)

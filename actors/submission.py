@@ -40,12 +40,17 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
     elif requested is None:
         requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
+    anywhere = worker is not None and worker.name == ANY
     available = tuple(d for d in worker.devices if d != "cpu") if worker is not None else accelerators
+    if anywhere and worker is not None and not worker.devices:
+        # No worker seen yet: nothing to resolve against; the run keeps the device it asked
+        # for and waits for a worker that has it.
+        parsed = parse_device(requested or "")
+        available = (str(requested),) if parsed is not None and parsed[1] is not None else ("cuda:0",)
     try:
         device, warning = resolve_device(requested, available)
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
-    anywhere = worker is not None and worker.name == ANY
     if anywhere and device != "cpu" and parse_device(requested or "") in (("auto", None), ("cuda", None)):
         device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:

@@ -55,17 +55,28 @@ def test_any_spreads_runs_over_free_cards_and_the_next_waits_for_a_release(two_w
     server.client.request("POST", f"/api/runs/{second}/cancel")
 
 
-def test_any_refuses_at_once_when_no_worker_has_every_node_type(make_server):
+def test_any_waits_for_a_worker_when_none_was_seen_yet(make_server, tmp_path):
+    # #777: a run for any with no eligible worker connected waits (wait false refuses it).
     server = make_server()
-    nobody = server.submit(hello(), expect=400, target=ANYWHERE)
-    assert nobody["error"]["code"] == "no_eligible_worker" and "0 seen" in nobody["error"]["message"]
+    refused = server.submit(hello(), expect=503, target={**ANYWHERE, "wait": False})
+    assert refused["error"]["code"] == "worker_offline"
+    waiting = server.submit(hello(), target=ANYWHERE)
+    assert waiting["queue_key"] == "any/cpu" and server.get(f"/api/runs/{waiting['run_id']}")["status"] == "queued"
+    agent = start_agent(server, tmp_path, enroll(server, name="late")["command"])
+    try:
+        assert server.events_until_finished(waiting["run_id"])[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{waiting['run_id']}")["worker"] == "late"
+    finally:
+        agent.terminate()
+        agent.wait(30)
 
 
-async def test_any_skips_a_degraded_worker(make_server):
+async def test_any_refuses_a_graph_no_seen_worker_could_run_with_the_numbers(make_server):
     server = make_server()
     await handshake(server, hello_frame(name="old-agent", catalog_digest="x", node_types=["core.Constant"]))
     refused = server.submit(hello(), expect=400, target=ANYWHERE)
-    assert refused["error"]["code"] == "no_eligible_worker" and "old-agent" in refused["error"]["message"]
+    assert refused["error"]["code"] == "no_eligible_worker"
+    assert "1 seen" in refused["error"]["message"] and "old-agent lacks core.Add" in refused["error"]["message"]
 
 
 def test_any_and_local_are_not_worker_names(make_server):

@@ -97,9 +97,10 @@ async def test_targets_are_checked_against_the_workers_seen_since_start(plane):
     with pytest.raises(InvalidRequest) as unknown:
         await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))
     assert unknown.value.code == "unknown_target"
-    with pytest.raises(InvalidRequest) as none:
-        await plane.placer.ask(ResolveTarget(options(worker="any")))
-    assert none.value.code == "no_eligible_worker"
+    waiting = await plane.placer.ask(ResolveTarget(options(worker="any")))  # none seen yet: it waits
+    assert waiting.name == "any" and waiting.devices == ()
+    with pytest.raises(CapacityRefused):
+        await plane.placer.ask(ResolveTarget(options(worker="any", wait=False)))
     plane.placer.tell(online())
     offer = await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))
     assert offer.devices == ("cpu", "cuda:0", "cuda:1") and offer.cpus == 8
@@ -114,13 +115,16 @@ async def test_targets_are_checked_against_the_workers_seen_since_start(plane):
     assert await plane.placer.ask(ResolveTarget(options(worker="local"))) is None
 
 
-async def test_any_skips_a_worker_without_every_node_type(plane):
+async def test_any_needs_a_worker_with_the_graphs_node_types(plane):
     plane.placer.tell(online("partial", types=frozenset({"core.Add"})))
-    with pytest.raises(InvalidRequest) as refused:
-        await plane.placer.ask(ResolveTarget(options(worker="any")))
-    assert refused.value.code == "no_eligible_worker" and "partial" in refused.value.message
+    graph_types = frozenset({"core.Add", "core.Sleep"})
+    with pytest.raises(InvalidRequest) as refused:  # seen workers, none able: it could never run
+        await plane.placer.ask(ResolveTarget(options(worker="any"), graph_types))
+    assert refused.value.code == "no_eligible_worker" and "partial lacks core.Sleep" in refused.value.message
+    offer = await plane.placer.ask(ResolveTarget(options(worker="any"), frozenset({"core.Add"})))
+    assert offer.devices == ("cpu", "cuda:0", "cuda:1")  # a partial worker serves graphs it can run
     plane.placer.tell(online("full"))
-    assert (await plane.placer.ask(ResolveTarget(options(worker="any")))).name == "any"
+    assert (await plane.placer.ask(ResolveTarget(options(worker="any"), graph_types))).name == "any"
 
 
 async def test_a_run_on_two_cards_holds_both_or_waits_without_a_lookup(plane):
