@@ -85,12 +85,9 @@ def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
             "objective_value": live_value if run_exists else value, "run_exists": run_exists,
             "final_metrics": json.loads(str(finals)) if finals else None,
         })
-    series = sorted({str(s) for (s,) in conn.execute(
-        "SELECT DISTINCT m.series FROM metrics m JOIN sweep_variants v ON v.run_id = m.run_id WHERE v.sweep_id = ?",
-        (sweep_id,))})
     return {"id": sid, "name": name, "state": state, "spec": json.loads(str(spec)),
             "objective": json.loads(str(objective)), "domains": json.loads(str(domains)), "total": total,
-            "created_at": created_at, "variants": variants, "recorded_series": series}
+            "created_at": created_at, "variants": variants}
 
 
 def set_state(conn: apsw.Connection, sweep_id: str, state: str) -> None:

@@ -87,11 +87,13 @@ def _ranked(sweep: dict[str, Any]) -> dict[str, Any]:
     reply = {"sweep_id": sweep["id"], "name": sweep["name"], "state": sweep["state"], "objective": sweep["objective"],
              "total_combinations": sweep["total"], "counts": counts, "params": sweep["domains"], "variants": rows,
              "best": rows[0] if rows and rows[0]["rank"] == 1 else None, "created_at": sweep["created_at"]}
-    finished = [v for v in sweep["variants"] if v["status"] not in ev.ACTIVE_STATES]
-    if finished and not done:
+    if sweep["state"] == "finished" and not done:
+        # 002: only once the sweep finished, per run, from what the variant rows kept (the
+        # final value of each series), so it outlives the pruning of the runs.
+        per_run = "; ".join(f"{v['run_id']}: {', '.join(sorted(v['final_metrics'] or {})) or 'nothing'}"
+                            for v in sweep["variants"])
         reply["objective_warning"] = (
-            f"no variant recorded {sweep['objective']['metric']!r}; the runs recorded: "
-            f"{', '.join(sweep['recorded_series']) or 'nothing'}")
+            f"no variant recorded {sweep['objective']['metric']!r}; what each run recorded: {per_run}")
     return reply
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import graph, hello, node
+from tests.helpers import edge, graph, hello, node
 
 OBJECTIVE = {"metric": "val_loss", "direction": "minimize"}
 
@@ -138,12 +138,21 @@ def test_int_ranges_round_to_distinct_values_and_seed_variants_wrap(shared_serve
         assert done["state"] == "finished"
 
 
-def test_no_variant_recording_the_objective_gives_a_warning(shared_server):
-    reply = post(shared_server, sweep_body([{"node_id": "a", "param": "value", "values": [1]}],
+def test_no_variant_recording_the_objective_gives_a_warning_once_finished(shared_server):
+    base = graph(node("c", "core.Constant", value=1), node("z", "core.Sleep", seconds=0),
+                 node("m", "core.LogMetric", name="val_loss"),
+                 edges=(edge("c", "value", "z", "x"), edge("z", "x", "m", "value")))
+    reply = post(shared_server, sweep_body([{"node_id": "z", "param": "seconds", "values": [0, 3]}], base=base,
                                            objective={"metric": "accuracy", "direction": "maximize"}))
+    quick, slow = (v["run_id"] for v in reply["variants"])
+    shared_server.wait_status(quick, "succeeded")
+    assert "objective_warning" not in shared_server.get(f"/api/sweeps/{reply['sweep_id']}")  # not finished yet
     result = wait_finished(shared_server, reply["sweep_id"])
     assert result["best"] is None and result["variants"][0]["rank"] is None
-    assert "val_loss" in result["objective_warning"]
+    warning = result["objective_warning"]
+    assert f"{quick}: val_loss" in warning and f"{slow}: val_loss" in warning  # per run
+    shared_server.client.request("DELETE", f"/api/runs/{quick}")  # what the sweep kept outlives its runs
+    assert f"{quick}: val_loss" in shared_server.get(f"/api/sweeps/{reply['sweep_id']}")["objective_warning"]
 
 
 def test_cancel_stops_active_children_and_settles_to_finished(make_server):
