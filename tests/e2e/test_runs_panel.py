@@ -103,3 +103,20 @@ def test_the_chart_of_a_diverged_loss_shows_where_it_diverged(page):
     expect(chart).to_contain_text("inf at step 1")
     expect(chart.locator("line.diverged")).to_have_count(1)
     assert errors == []
+
+
+def test_seed_and_determinism_appear_in_the_details_only_when_set(page):
+    server, tab, errors = page
+    plain = server.submit(hello())["run_id"]
+    seeded = server.submit(hello(), seed=7, deterministic=True)["run_id"]
+    for run_id in (plain, seeded):
+        server.wait_status(run_id, "succeeded")
+    tab.locator(f'tr[data-run="{seeded}"]').click()
+    facts = tab.locator("#details-facts")
+    expect(facts).to_contain_text("Seed7")
+    expect(facts).to_contain_text("Deterministicyes")
+    tab.locator(f'tr[data-run="{plain}"]').click()
+    expect(facts).to_contain_text(plain)
+    expect(facts).not_to_contain_text("Seed")
+    expect(facts).not_to_contain_text("Deterministic")
+    assert errors == []

@@ -119,8 +119,11 @@ async function renderDetails() {
   document.getElementById("details").hidden = false;
   document.getElementById("details-title").textContent = `${run.name || run.id} — ${run.status}`;
   const facts = [["Run ID", run.id], ["Queue", run.queue_key], ["Device", run.device],
-    ["Worker", run.worker || "this server"], ["Lane", run.lane], ["Seed", run.seed ?? "none"],
-    ["Deterministic", String(run.deterministic)], ["Error", run.error || ""]];
+    ["Worker", run.worker || "this server"], ["Lane", run.lane]];
+  // 002: the seed and determinism appear only when the run was given them.
+  if (run.seed !== null && run.seed !== undefined) facts.push(["Seed", run.seed]);
+  if (run.deterministic) facts.push(["Deterministic", "yes"]);
+  facts.push(["Error", run.error || ""]);
   if (run.error_detail) facts.push(["Error detail", run.error_detail]);
   document.getElementById("details-facts").replaceChildren(
     ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
