@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 REQUEST_HEADER = "X-Troupe-Request"
-LINK_TTL_S = 600.0
 
 
 @dataclass

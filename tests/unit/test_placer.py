@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.base import Actor, Registry
+from actors.base import Registry
 from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.ledger import LedgerActor
 from actors.placer import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
@@ -19,19 +19,11 @@ from actors.store_client import StoreClient
 from actors.threaded import start_thread_actor
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
+from tests.unit.stand_ins import Inbox
 
 TYPES = frozenset({"core.Add", "core.Sleep"})
 DEVICES = {"cpu": ("cpu@m1", 2), "cuda:0": ("GPU-0", 1), "cuda:1": ("GPU-1", 1)}
 
-
-class Inbox(Actor):
-    def __init__(self, name):
-        super().__init__(name)
-        self.got = []
-
-    async def receive(self, message):
-        if message != "ping":
-            self.got.append(message)
 
 
 class Plane:
@@ -69,9 +61,7 @@ class Plane:
 
     async def got(self, name: str) -> list:
         await self.placer.ask(ResolveTarget(RunOptions()))  # everything told before is handled
-        inbox = self.inboxes[name]
-        await inbox.ref.ask("ping")
-        return inbox.got
+        return await self.inboxes[name].settled()
 
     async def close(self) -> None:
         await self.store.ref.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from actors.base import Actor, Registry
+from actors.base import Registry
 from actors.executor import GraphEnded
 from actors.placer_messages import Released
 from actors.queue import Release
@@ -18,17 +18,10 @@ from protocol.settings import Settings
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.engine import prepare_executable_graph
 from tests.helpers import hello
+from tests.unit.stand_ins import Inbox
 
 RUN_ID = "ab" * 16
 
-
-class Inbox(Actor):
-    def __init__(self, name):
-        super().__init__(name)
-        self.got = []
-
-    async def receive(self, message):
-        self.got.append(message)
 
 
 async def setup(tmp_path: Path):

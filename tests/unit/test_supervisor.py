@@ -14,6 +14,7 @@ from actors.store import InsertRun, StoreActor, UpdateRun
 from actors.store_client import StoreClient
 from actors.threaded import start_thread_actor
 from supervisors.supervisor import ChildSpec, MaxRestartsExceeded, Restart, Supervisor
+from tests.unit.stand_ins import Inbox
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,6 @@ class Echo(Actor):
             raise RuntimeError("poisoned")
         return message
 
-
-class Inbox(Actor):
-    """Stands in for a peer, keeping what it was told."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self.got = []
-        self.arrived = asyncio.Event()
-
-    async def receive(self, message):
-        self.got.append(message)
-        self.arrived.set()
 
 
 async def restarted(supervisor, name, old):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.base import Actor, Registry, Snapshot
+from actors.base import Registry, Snapshot
 from actors.placer_messages import WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.worker import (
@@ -21,27 +21,16 @@ from actors.worker import (
     WorkerConnection,
 )
 from protocol import worker as wire
+from tests.unit.stand_ins import Inbox
 
 CARD = wire.Card(uuid="GPU-1", name="Fake", index=0, memory_total_mib=16000, memory_free_mib=15000)
 
-
-class Inbox(Actor):
-    def __init__(self, name):
-        super().__init__(name)
-        self.got = []
-        self.changed = asyncio.Event()
-
-    async def receive(self, message):
-        if message == "ping":
-            return  # settle(): everything told before has been received
-        self.got.append(message)
-        self.changed.set()
 
 
 async def settle(connection, *inboxes) -> None:
     await connection.ask(Snapshot())
     for inbox in inboxes:
-        await inbox.ref.ask("ping")
+        await inbox.settled()
 
 
 def hello(*runs: str, node_types=("core.Add", "core.Sleep"), digest="d1") -> wire.Hello:
@@ -145,7 +134,7 @@ async def test_an_adopted_run_waits_for_its_worker_and_is_lost_past_the_grace():
     connection.tell(Adopted("r1", "cuda:0"))  # started by the root, with no socket yet
     assert (await connection.ask(Snapshot()))["state"] == "disconnected"
     exit_ = await asyncio.wait_for(connection.wait(), 5)
-    await runs["r1"].ref.ask("ping")
+    await runs["r1"].settled()
     assert exit_.reason == "grace expired" and runs["r1"].got == [WorkerLost()]
 
 
