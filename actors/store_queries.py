@@ -265,7 +265,7 @@ def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> 
             found["adopted"].append({**(get_run(conn, run_id) or {}), "adopting": True, "next_seq": next_seq})
             continue
         if status == ev.QUEUED and keep_queued:
-            found["queued"].append(get_run(conn, run_id))
+            found["queued"].append({**(get_run(conn, run_id) or {}), "next_seq": next_seq})
             continue
         message = "the server stopped before this run finished; submit it again to rerun it"
         conn.execute(

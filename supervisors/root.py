@@ -149,8 +149,13 @@ class ControlPlane:
                     graph = prepare_executable_graph(Graph.model_validate(row["graph"]), self.catalog)
                 except Exception as exc:  # the catalog changed under a kept run
                     log.error("run %s cannot be restored: %s", row["id"], exc)
+                    error = f"cannot be restored: {exc}"
                     await self.store.write(UpdateRun(row["id"], {"status": ev.INTERRUPTED, "finished_at": ev.utc_now(),
-                                                                 "error": f"cannot be restored: {exc}"}))
+                                                                 "error": error}))
+                    # A terminal event, so a watcher of the run's stream ends too.
+                    finished = ev.make_event(int(row["next_seq"]), ev.RUN_FINISHED, None,
+                                             {"status": ev.INTERRUPTED, "error": error, "reason": "server_restart"})
+                    await self.store.write(AppendEvents(row["id"], (finished,)))
                     continue
                 specs[kind].append(RunSpec(row["id"], row["queue_key"], row["lane"], row, graph))
         for spec in specs["adopted"]:
