@@ -1,6 +1,8 @@
 """The event hub: fans committed events out to stream subscribers.
 
-A subscriber is an ``asyncio.Queue`` owned by an SSE handler. The handler subscribes
+The store's client tells the hub what each batch committed (``Committed``); the hub turns
+those writes into a run's events and the global stream's changes. A subscriber is an
+``asyncio.Queue`` owned by an SSE handler. The handler subscribes
 first, then replays from the store, then takes live items, dropping seqs it already
 sent: no gap and no duplicate at the hand-over. When the hub stops, or a subscriber
 falls too far behind, the subscriber gets ``RESET`` and replays from the store again.
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor
+from actors.store.events import AppendEvents
+from actors.store.runs import DeleteRun, InsertRun, Prune, UpdateRun
+from actors.store.studies import UpdateStudy
 
 RESET = object()
 # A subscriber more than this many items behind is cut loose (it replays from the
@@ -38,18 +43,10 @@ class Unsubscribe:
 
 
 @dataclass(frozen=True)
-class Publish:
-    """Committed events of one run, in seq order."""
+class Committed:
+    """The writes of one store batch that committed, each with its result, in order."""
 
-    run_id: str
-    events: tuple[Mapping[str, Any], ...]
-
-
-@dataclass(frozen=True)
-class Change:
-    """A committed change of a run row (created, status), for the global stream."""
-
-    change: Mapping[str, Any]
+    writes: tuple[tuple[Any, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -68,13 +65,9 @@ class EventHub(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Publish(run_id, events):
-                for queue in list(self._by_run.get(run_id, ())):
-                    for event in events:
-                        self._offer(queue, event)
-            case Change(change):
-                for queue in list(self._global):
-                    self._offer(queue, change)
+            case Committed(writes):
+                for op, result in writes:
+                    self._publish(op, result)
             case Subscribe(queue, run_id, alive):
                 self._where.setdefault(queue, set()).add(run_id)
                 self._liveness[queue] = alive
@@ -87,6 +80,31 @@ class EventHub(Actor):
             case SubscriberCount():
                 return sum(1 for queue in self._where if self._liveness.get(queue, lambda: True)())
         return None
+
+    def _publish(self, op: Any, result: Any) -> None:
+        match op:
+            case AppendEvents(run_id, events):
+                for queue in list(self._by_run.get(run_id, ())):
+                    for event in events:
+                        self._offer(queue, event)
+            case InsertRun(row):
+                self._change({"kind": "created", "run_id": row["id"], "status": row["status"],
+                              "queue_key": row["queue_key"], "lane": row["lane"], "name": row.get("name")})
+            case UpdateRun(run_id, fields) if "status" in fields:
+                self._change({"kind": "status", "run_id": run_id, "status": fields["status"]})
+            case DeleteRun(run_id):
+                self._change({"kind": "deleted", "run_id": run_id})
+            case UpdateStudy(study_id, fields) if "state" in fields:
+                self._change({"kind": "study", "study_id": study_id, "state": fields["state"],
+                              "halt_reason": fields.get("halt_reason")})
+            case Prune():
+                for run_id in result:
+                    self._change({"kind": "deleted", "run_id": run_id, "reason": "retention"})
+
+    def _change(self, change: Mapping[str, Any]) -> None:
+        """A committed change of a run row (created, status), for the global stream."""
+        for queue in list(self._global):
+            self._offer(queue, change)
 
     def _offer(self, queue: asyncio.Queue[Any], item: Any) -> None:
         if queue.qsize() >= MAX_BACKLOG:

@@ -28,8 +28,9 @@ from actors.placement import WorkerPlacement
 from actors.placer_messages import Admit, Reannounce, Released, WorkerOffline, WorkerOnline
 from actors.queue import Enqueue, Occupying, Readmit
 from actors.run_messages import Placement, Start
-from actors.store import CreateSweep, InsertRun, MaxEnqueueSeq
-from actors.store_client import StoreClient
+from actors.store import StoreClient
+from actors.store.runs import InsertRun, MaxEnqueueSeq
+from actors.store.sweeps import CreateSweep
 from protocol import events as ev
 from protocol.settings import ANY_PREFIX
 from subprocess_runner.engine import ExecutableGraph

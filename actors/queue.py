@@ -15,8 +15,8 @@ from typing import Any
 
 from actors.base import Actor, Registry, Snapshot
 from actors.placer_messages import Admit
-from actors.store import QueuedRuns
-from actors.store_client import StoreClient
+from actors.store import StoreClient
+from actors.store.runs import QueuedRuns
 
 log = logging.getLogger("troupe.queue")
 

@@ -24,8 +24,9 @@ from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
 from actors.run_messages import Placement, Start, WorkerBack, WorkerFailed, WorkerFrames, WorkerGone, WorkerLost
-from actors.store import AppendEvents, Prune, RecordArtifact, RecordOutputs, UpdateRun
-from actors.store_client import StoreClient
+from actors.store import StoreClient
+from actors.store.events import AppendEvents, RecordArtifact, RecordOutputs
+from actors.store.runs import Prune, UpdateRun
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev

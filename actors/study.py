@@ -21,8 +21,8 @@ from actors.base import Actor, Registry
 from actors.eligibility import ResolveTarget
 from actors.placer import Submit
 from actors.run import Cancel
-from actors.store import GetStudy, SetAttemptStatus, UpdateStudy
-from actors.store_client import StoreClient
+from actors.store import StoreClient
+from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
 from actors.submission import build_row
 from protocol import events as ev
 from protocol.api import RunOptions

@@ -10,12 +10,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Registry
+from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
 from actors.link import Link, LinkConfig, Send
 from actors.run_process import Cancel as RunCancel
 from actors.run_process import RunProcess
-from actors.threaded import start_thread_actor
+from actors.threaded import ThreadActorRef, start_thread_actor
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
@@ -42,7 +42,7 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> int:
         catalog = load_catalog()
-        root = Supervisor("agent")
+        root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
         registry = Registry()
         inventory = root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
             InventoryActor, "inventory", self.config.simulated_inventory)))
@@ -55,7 +55,7 @@ class Agent:
             finished.set()
 
         async def hello() -> wire.Hello:
-            found = await inventory.ask(Probe())  # type: ignore[attr-defined]  # a ThreadActorRef
+            found = await inventory.ask(Probe())
             running = [name.removeprefix("run/") for name in registry.names("run/")]
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
@@ -76,7 +76,7 @@ class Agent:
                 if running is not None:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
-        runs = Supervisor("runs")
+        runs: Supervisor[ActorRef] = Supervisor("runs")
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
                                  self.config.outbox_bytes)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))

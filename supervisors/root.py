@@ -26,25 +26,16 @@ from typing import Any
 
 from actors.base import ActorRef, Registry, Shutdown
 from actors.cpus import CpuLedger
-from actors.events import Change, EventHub, Publish
+from actors.events import Committed, EventHub
 from actors.ledger import LedgerActor
 from actors.placer import Placer, Quarantine, Restore, RunSpec
 from actors.queue import QueueActor
 from actors.run import Abandon, ReportOccupancy, RunActor
 from actors.run_messages import WorkerFailed
-from actors.store import (
-    AppendEvents,
-    DeleteRun,
-    InsertRun,
-    KeepQueuedForNextStart,
-    ListStudies,
-    Prune,
-    Recover,
-    StoreActor,
-    UpdateRun,
-    UpdateStudy,
-)
-from actors.store_client import StoreClient
+from actors.store import StoreActor, StoreClient
+from actors.store.events import AppendEvents
+from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
+from actors.store.studies import ListStudies, UpdateStudy
 from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
@@ -55,7 +46,7 @@ from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import host_machine_id, probe_accelerators
 from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.node_cache import NodeCache
-from supervisors.supervisor import ChildSpec, ExitInfo, Restart, Supervisor
+from supervisors.supervisor import Child, ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
 from web.context import Services
 from web.login import LoginBook
@@ -80,6 +71,7 @@ class ControlPlane:
         self.login = LoginBook()  # browsers log in with one-time links (web/login.py)
         # Workers whose connection actor kept crashing, with the reason (GET /api/workers).
         self.failed_workers: dict[str, str] = {}
+        self.placer: ActorRef | None = None  # the live placer's ref, set by its factory
 
     @property
     def db_path(self) -> Path:
@@ -91,13 +83,13 @@ class ControlPlane:
 
     async def start(self) -> int:
         self.registry = Registry()
-        self.root = Supervisor("root")
-        self.queues = Supervisor("queues", on_give_up=self._quarantine)
-        self.runs = Supervisor("runs")
-        self.studies = Supervisor("studies", on_give_up=self._study_failed)
-        self.workers = Supervisor("workers", on_give_up=self._worker_failed)
-        self.ledgers = Supervisor("ledgers")
-        self.store = StoreClient(ref=None, on_committed=self._on_committed)  # type: ignore[arg-type]
+        self.root: Supervisor[Child] = Supervisor("root")
+        self.queues: Supervisor[ActorRef] = Supervisor("queues", on_give_up=self._quarantine)
+        self.runs: Supervisor[ActorRef] = Supervisor("runs")
+        self.studies: Supervisor[ActorRef] = Supervisor("studies", on_give_up=self._study_failed)
+        self.workers: Supervisor[ActorRef] = Supervisor("workers", on_give_up=self._worker_failed)
+        self.ledgers: Supervisor[ActorRef] = Supervisor("ledgers")
+        self.store = StoreClient(on_committed=self._publish)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
         # of its own. More nodes than threads wait their turn (they never wait on each
@@ -163,12 +155,13 @@ class ControlPlane:
         if specs["adopted"] or specs["queued"]:
             log.warning("adopting %d worker runs and restoring %d queued runs", len(specs["adopted"]),
                         len(specs["queued"]))
-            self.registry.lookup("placer").tell(Restore(tuple(specs["adopted"]), tuple(specs["queued"])))  # type: ignore[union-attr]
+            assert self.placer is not None  # started just before
+            self.placer.tell(Restore(tuple(specs["adopted"]), tuple(specs["queued"])))
 
     # Children ------------------------------------------------------------------
     def _make_store(self) -> ThreadActorRef:
         ref = start_thread_actor(StoreActor, "store", self.db_path, self.runs_dir)
-        self.store.ref = ref
+        self.store.bind(ref)
         return ref
 
     def _make_placer(self) -> ActorRef:
@@ -179,7 +172,8 @@ class ControlPlane:
             spawn_run=self._spawn_run, ensure_queue=self._ensure_queue, ensure_ledger=self._ensure_ledger,
             local_cpu=local_cpu, catalog_types=frozenset(self.catalog.types),
         )
-        return placer.start(self.registry)
+        self.placer = placer.start(self.registry)
+        return self.placer
 
     def _spawn_run(self, spec: RunSpec) -> ActorRef:
         def factory() -> ActorRef:
@@ -187,13 +181,13 @@ class ControlPlane:
                              self.node_cache)
             return actor.start(self.registry)
 
-        return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))  # type: ignore[return-value]
+        return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))
 
     def _ensure_queue(self, key: str) -> ActorRef:
         name = f"queues/{key}"
         existing = self.queues.child(name)
         if existing is not None:
-            return existing  # type: ignore[return-value]
+            return existing
 
         def factory() -> ActorRef:
             ref = QueueActor(key, self.settings.concurrency_for(key), self.store, self.registry).start(self.registry)
@@ -204,7 +198,7 @@ class ControlPlane:
                     run.tell(ReportOccupancy())
             return ref
 
-        return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))  # type: ignore[return-value]
+        return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))
 
     def _ensure_ledger(self, physical: str) -> tuple[ActorRef, bool]:
         """The ledger of a physical device, and whether it is new (then the placer tells
@@ -213,17 +207,17 @@ class ControlPlane:
         name = f"ledgers/{physical}"
         existing = self.ledgers.child(name)
         if existing is not None:
-            return existing, False  # type: ignore[return-value]
+            return existing, False
         ref = self.ledgers.start_child(ChildSpec(name, lambda: LedgerActor(physical).start(self.registry),
                                                  Restart.TEMPORARY))
-        return ref, True  # type: ignore[return-value]
+        return ref, True
 
     def start_study(self, study_id: str) -> None:
         """Starts the actor of a running study, unless one is already driving it."""
         name = f"studies/{study_id}"
         running = self.studies.child(name)
         if running is not None:
-            running.tell(Wake())  # type: ignore[attr-defined]  # the child is a StudyActor's ref
+            running.tell(Wake())
             return
 
         def factory() -> ActorRef:
@@ -235,7 +229,7 @@ class ControlPlane:
     def start_worker(self, name: str) -> ActorRef:
         existing = self.workers.child(f"workers/{name}")
         if existing is not None:
-            return existing  # type: ignore[return-value]
+            return existing
         self.failed_workers.pop(name, None)  # a fresh connection gets a fresh chance
 
         def factory() -> ActorRef:
@@ -244,9 +238,9 @@ class ControlPlane:
                                     self.registry, settings.concurrency_for, frozenset(self.catalog.types),
                                     self.catalog.digest).start(self.registry)
 
-        return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))  # type: ignore[return-value]
+        return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))
 
-    def _worker_failed(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+    def _worker_failed(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         """Past the restart limit a worker shows ``failed`` with the reason; its runs are
         lost (nothing can route their frames) and its agent's next connection retries."""
         name = spec.name.removeprefix("workers/")
@@ -257,38 +251,22 @@ class ControlPlane:
             if run is not None:
                 run.tell(WorkerFailed(name))
 
-    def _study_failed(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+    def _study_failed(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         study_id = spec.name.removeprefix("studies/")
         log.error("study %s failed: its actor kept crashing (%s)", study_id, exit_info.reason)
         self.store.write(UpdateStudy(study_id, {"state": "failed",
                                                 "halt_reason": f"crashed repeatedly: {exit_info.reason}"}))
 
-    def _quarantine(self, spec: ChildSpec, exit_info: ExitInfo) -> None:
+    def _quarantine(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         key = spec.name.removeprefix("queues/")
         placer = self.registry.lookup("placer")
         if placer is not None:
             placer.tell(Quarantine(key, f"crashed repeatedly: {exit_info.reason}"))
 
-    def _on_committed(self, op: Any, result: Any) -> None:
+    def _publish(self, writes: tuple[tuple[Any, Any], ...]) -> None:
         hub = self.registry.lookup("events")
-        if hub is None:
-            return
-        match op:
-            case AppendEvents(run_id, events):
-                hub.tell(Publish(run_id, events))
-            case InsertRun(row):
-                hub.tell(Change({"kind": "created", "run_id": row["id"], "status": row["status"],
-                                 "queue_key": row["queue_key"], "lane": row["lane"], "name": row.get("name")}))
-            case UpdateRun(run_id, fields) if "status" in fields:
-                hub.tell(Change({"kind": "status", "run_id": run_id, "status": fields["status"]}))
-            case DeleteRun(run_id):
-                hub.tell(Change({"kind": "deleted", "run_id": run_id}))
-            case UpdateStudy(study_id, fields) if "state" in fields:
-                hub.tell(Change({"kind": "study", "study_id": study_id, "state": fields["state"],
-                                 "halt_reason": fields.get("halt_reason")}))
-            case Prune():
-                for run_id in result:
-                    hub.tell(Change({"kind": "deleted", "run_id": run_id, "reason": "retention"}))
+        if hub is not None:
+            hub.tell(Committed(writes))
 
     # Running and stopping ------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> int:

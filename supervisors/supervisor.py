@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("troupe.supervisor")
 
@@ -49,10 +49,13 @@ class Child(Protocol):
     def stop(self, *args: Any) -> Any: ...
 
 
+C = TypeVar("C", bound=Child)
+
+
 @dataclass(frozen=True)
-class ChildSpec:
+class ChildSpec(Generic[C]):
     name: str
-    factory: Callable[[], Child]
+    factory: Callable[[], C]
     restart: Restart = Restart.PERMANENT
 
 
@@ -66,28 +69,30 @@ class MaxRestartsExceeded(Exception):
         self.last = last
 
 
-class Supervisor:
+class Supervisor(Generic[C]):
+    """Children of one kind ``C`` (the root's children are of several: ``Child``)."""
+
     def __init__(
         self,
         name: str,
         *,
         intensity: int = 5,
         period: float = 10.0,
-        on_give_up: Callable[[ChildSpec, ExitInfo], None] | None = None,
-        on_exit: Callable[[ChildSpec, ExitInfo], None] | None = None,
+        on_give_up: Callable[[ChildSpec[C], ExitInfo], None] | None = None,
+        on_exit: Callable[[ChildSpec[C], ExitInfo], None] | None = None,
     ) -> None:
         self.name = name
         self.intensity = intensity
         self.period = period
         self._on_give_up = on_give_up
         self._on_exit = on_exit
-        self._children: dict[str, Child] = {}
+        self._children: dict[str, C] = {}
         self._restarts: dict[str, deque[float]] = {}
         self._watchers: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
-    def start_child(self, spec: ChildSpec) -> Child:
+    def start_child(self, spec: ChildSpec[C]) -> C:
         """Starts ``spec``'s child, replacing the spec of a same-named child that ended."""
         if self._stopping:
             raise RuntimeError(f"supervisor {self.name} is stopping")
@@ -98,14 +103,14 @@ class Supervisor:
         task.add_done_callback(self._watchers.discard)
         return child
 
-    def child(self, name: str) -> Child | None:
+    def child(self, name: str) -> C | None:
         child = self._children.get(name)
         return child if child is not None and child.is_alive else None
 
-    def children(self) -> list[Child]:
+    def children(self) -> list[C]:
         return [c for c in self._children.values() if c.is_alive]
 
-    async def _watch(self, spec: ChildSpec, child: Child) -> None:
+    async def _watch(self, spec: ChildSpec[C], child: C) -> None:
         exit_info: ExitInfo = await child.wait()
         if self._children.get(spec.name) is child:
             del self._children[spec.name]

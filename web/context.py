@@ -10,7 +10,7 @@ from aiohttp import web
 
 from actors.base import ActorRef, Registry
 from actors.errors import ActorDeadError
-from actors.store_client import StoreClient
+from actors.store import StoreClient
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.node_cache import NodeCache

@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from actors.base import Snapshot
 from actors.events import SubscriberCount
 from actors.placer import Quarantined
-from actors.store import StatusCounts
+from actors.store.runs import StatusCounts
 from protocol import events as ev
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.store import CreatePluginJob, GetPluginJobs
+from actors.store.studies import CreatePluginJob, GetPluginJobs
 from protocol import events as ev
 from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError, pointer_from_path
 from protocol.studies import SubmitStudy

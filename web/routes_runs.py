@@ -14,7 +14,8 @@ from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.run import Cancel
-from actors.store import DeleteRun, GetEvents, GetMetrics, GetOutputs, GetRun, ListRuns
+from actors.store.events import GetEvents, GetMetrics, GetOutputs
+from actors.store.runs import DeleteRun, GetRun, ListRuns
 from actors.submission import build_row
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.run import Cancel
-from actors.store import CreateStudy, GetStudy, ListStudies, UpdateStudy
+from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
 from actors.submission import build_row
 from protocol import events as ev
 from protocol.errors import NotFound, StateConflict

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from actors.placer import SubmitSweep as PlacerSubmitSweep
 from actors.run import Cancel
-from actors.store import GetSweep, ListSweeps, SetSweepState
+from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
 from protocol import events as ev
 from protocol.errors import NotFound
 from protocol.graph import Graph

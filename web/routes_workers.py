@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from aiohttp import web
 
 from actors.base import Snapshot
-from actors.store import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
+from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked
 from protocol.api import NewEnrollment, Redeem
 from protocol.errors import NotFound

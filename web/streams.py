@@ -14,7 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from actors.events import RESET, Subscribe, Unsubscribe
-from actors.store import GetEvents, GetRun, QueuePosition
+from actors.store.events import GetEvents
+from actors.store.runs import GetRun, QueuePosition
 from protocol import events as ev
 from protocol import jsonsafe
 from protocol.errors import NotFound

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from actors.store import WorkerForCredential
+from actors.store.workers import WorkerForCredential
 from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire

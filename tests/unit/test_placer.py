@@ -14,8 +14,7 @@ from actors.ledger import LedgerActor
 from actors.placer import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
 from actors.queue import Occupying
 from actors.run_messages import Start
-from actors.store import StoreActor
-from actors.store_client import StoreClient
+from actors.store import StoreActor, StoreClient
 from actors.threaded import start_thread_actor
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest

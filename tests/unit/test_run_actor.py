@@ -10,8 +10,9 @@ from actors.executor import GraphEnded
 from actors.placer_messages import Released
 from actors.queue import Release
 from actors.run import Cancel, RunActor, Start
-from actors.store import GetEvents, GetRun, InsertRun, StoreActor
-from actors.store_client import StoreClient
+from actors.store import StoreActor, StoreClient
+from actors.store.events import GetEvents
+from actors.store.runs import GetRun, InsertRun
 from actors.threaded import start_thread_actor
 from protocol.graph import Graph
 from protocol.settings import Settings

@@ -8,21 +8,10 @@ import apsw
 import pytest
 
 from actors.errors import RunNotFound, RunStillActive
-from actors.store import (
-    AppendEvents,
-    DeleteRun,
-    GetEvents,
-    GetRun,
-    InsertRun,
-    ListRuns,
-    Prune,
-    Recover,
-    StoreActor,
-    UpdateRun,
-    open_database,
-)
-from actors.store_client import StoreClient
-from actors.store_schema import SCHEMA_VERSION
+from actors.store import StoreActor, StoreClient
+from actors.store.events import AppendEvents, GetEvents
+from actors.store.runs import DeleteRun, GetRun, InsertRun, ListRuns, Prune, Recover, UpdateRun
+from actors.store.schema import SCHEMA_VERSION, open_database
 from actors.threaded import start_thread_actor
 
 
@@ -35,7 +24,7 @@ def row(seq, status="succeeded"):
 async def store(tmp_path):
     committed = []
     client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"),
-                         on_committed=lambda op, result: committed.append(op))
+                         on_committed=lambda writes: committed.extend(op for op, _ in writes))
     client.committed = committed
     yield client
     await client.ref.stop()

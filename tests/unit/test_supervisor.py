@@ -10,8 +10,8 @@ import pytest
 from actors.base import Actor, Registry
 from actors.placer_messages import Admit
 from actors.queue import Occupying, QueueActor, Release, Snapshot
-from actors.store import InsertRun, StoreActor, UpdateRun
-from actors.store_client import StoreClient
+from actors.store import StoreActor, StoreClient
+from actors.store.runs import InsertRun, UpdateRun
 from actors.threaded import start_thread_actor
 from supervisors.supervisor import ChildSpec, MaxRestartsExceeded, Restart, Supervisor
 from tests.unit.stand_ins import Inbox

@@ -1,4 +1,5 @@
-"""The SQL of sweeps. Called only from the store's thread.
+"""Sweeps: the sweep row, its variants, and their results. Called only from the store's
+thread.
 
 Harvest: whenever a sweep's run ends, and before one is deleted or pruned, its last
 objective value and final metrics are copied onto its variant row, in the same
@@ -9,11 +10,43 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
-from actors import store_queries as q
+from actors.store.runs import insert_run
+from actors.store.table import Table
+
+# Messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateSweep:
+    """A sweep, its variants and all its runs, in one transaction: no partial sweep."""
+
+    sweep: Mapping[str, Any]
+    variants: tuple[Mapping[str, Any], ...]
+    runs: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class SetSweepState:
+    sweep_id: str
+    state: str
+
+
+@dataclass(frozen=True)
+class GetSweep:
+    sweep_id: str
+
+
+@dataclass(frozen=True)
+class ListSweeps:
+    pass
+
+
+# SQL ---------------------------------------------------------------------------
 
 
 def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequence[Mapping[str, Any]],
@@ -24,7 +57,7 @@ def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequ
          json.dumps(sweep["domains"]), sweep["total"], sweep["created_at"]),
     )
     for row in runs:
-        q.insert_run(conn, row)
+        insert_run(conn, row)
     conn.executemany(
         "INSERT INTO sweep_variants(sweep_id, idx, run_id, params, seed) VALUES (?, ?, ?, ?, ?)",
         [(sweep["id"], v["index"], v["run_id"], json.dumps(v["params"]), v["seed"]) for v in variants],
@@ -33,7 +66,7 @@ def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequ
 
 def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
     """Copies what the runs of sweeps recorded onto their variant rows."""
-    for run_id in run_ids:
+    for run_id in _sweep_run_ids(conn, run_ids):
         found = conn.execute(
             "SELECT v.sweep_id, v.idx, s.objective, r.status FROM sweep_variants v JOIN sweeps s ON s.id = v.sweep_id "
             "JOIN runs r ON r.id = v.run_id WHERE v.run_id = ?", (run_id,)).fetchall()
@@ -51,7 +84,7 @@ def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
         )
 
 
-def sweep_run_ids(conn: apsw.Connection, run_ids: Sequence[str]) -> list[str]:
+def _sweep_run_ids(conn: apsw.Connection, run_ids: Sequence[str]) -> list[str]:
     marks = ",".join("?" for _ in run_ids)
     if not run_ids:
         return []
@@ -101,3 +134,13 @@ def list_sweeps(conn: apsw.Connection) -> list[dict[str, Any]]:
         "  SELECT 1 FROM sweep_variants v JOIN runs r ON r.id = v.run_id WHERE v.sweep_id = sweeps.id"
         "  AND r.status IN ('queued', 'running', 'disconnected')) THEN 'finished' ELSE state END, total, created_at "
         "FROM sweeps ORDER BY created_at DESC, rowid DESC")]
+
+
+WRITES: Table = {
+    CreateSweep: lambda s, op: create_sweep(s.conn, op.sweep, op.variants, op.runs),
+    SetSweepState: lambda s, op: set_state(s.conn, op.sweep_id, op.state),
+}
+READS: Table = {
+    GetSweep: lambda s, m: get_sweep(s.conn, m.sweep_id),
+    ListSweeps: lambda s, m: list_sweeps(s.conn),
+}

@@ -1,12 +1,71 @@
-"""The SQL of studies. Called only from the store's thread."""
+"""Studies: the study row, its attempts, and the plugin jobs that created studies.
+Called only from the store's thread."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
+
+from actors.store.table import Table
+
+# Messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateStudy:
+    study: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CreatePluginJob:
+    """Creates the job and its study in one transaction, unless the plugin already has a
+    job under this key: then answers that job (the caller compares the digest)."""
+
+    job: Mapping[str, Any]
+    study: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateStudy:
+    """Fields of the study row: state, halt_reason, budget, active_seconds."""
+
+    study_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SetAttemptStatus:
+    """A study's own verdict on an attempt (``over_budget``), kept over the run's."""
+
+    study_id: str
+    attempt: int
+    status: str
+
+
+@dataclass(frozen=True)
+class GetStudy:
+    """The study row and its attempts, each with its run's live status."""
+
+    study_id: str
+
+
+@dataclass(frozen=True)
+class ListStudies:
+    state: str | None = None
+    plugin_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GetPluginJobs:
+    plugin_id: str
+    job_id: str | None = None
+
+
+# SQL ---------------------------------------------------------------------------
 
 _JSON = ("spec", "budget")
 
@@ -138,3 +197,16 @@ def plugin_jobs(conn: apsw.Connection, plugin_id: str, job_id: str | None) -> li
         query += " AND j.id = ?"
         args = (plugin_id, job_id)
     return [_job(v) for v in conn.execute(query + " ORDER BY j.created_at DESC, j.rowid DESC", args)]
+
+
+WRITES: Table = {
+    CreateStudy: lambda s, op: create_study(s.conn, op.study),
+    CreatePluginJob: lambda s, op: create_plugin_job(s.conn, op.job, op.study),
+    UpdateStudy: lambda s, op: update_study(s.conn, op.study_id, op.fields),
+    SetAttemptStatus: lambda s, op: set_attempt_status(s.conn, op.study_id, op.attempt, op.status),
+}
+READS: Table = {
+    GetStudy: lambda s, m: get_study(s.conn, m.study_id),
+    ListStudies: lambda s, m: list_studies(s.conn, m.state, m.plugin_id),
+    GetPluginJobs: lambda s, m: plugin_jobs(s.conn, m.plugin_id, m.job_id),
+}

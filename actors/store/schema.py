@@ -6,6 +6,13 @@ troupe (a higher version than we know) is refused rather than guessed at.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import apsw
+
+log = logging.getLogger("troupe.store")
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: runs, their events, metrics, artifacts and recorded outputs.
     """
@@ -187,3 +194,24 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def open_database(path: Path) -> apsw.Connection:
+    """Opens (creating if needed) and migrates the database."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA synchronous=NORMAL")
+    version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"{path} has schema version {version}; this troupe knows up to {SCHEMA_VERSION}")
+    for number in range(version, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(MIGRATIONS[number])
+            conn.execute(f"PRAGMA user_version={number + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        log.info("migrated %s to schema version %d", path, number + 1)
+    return conn

@@ -2,8 +2,8 @@
 
 Writes from many actors queue here and go to the store thread as one ``Commit`` batch;
 ops keep their order within and across batches (one batch in flight at a time), and
-``on_committed`` sees them only after the commit, so the event hub never publishes an
-event the database could still lose.
+``on_committed`` sees a batch's writes (with their results) only after the commit, once
+per batch, so the event hub never publishes an event the database could still lose.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.errors import StoreUnavailable
-from actors.store import Commit
+from actors.store.actor import Commit
 from actors.threaded import ThreadActorRef
 from protocol.errors import TroupeError
 
@@ -45,8 +45,9 @@ class _Pending:
 class StoreClient:
     """Queues writes and sends them to the store thread in batches (group commit)."""
 
-    ref: ThreadActorRef
-    on_committed: Callable[[Any, Any], None] = lambda op, result: None
+    # None until the store's actor started (``bind``): the root makes the client first.
+    ref: ThreadActorRef | None = None
+    on_committed: Callable[[tuple[tuple[Any, Any], ...]], None] = lambda writes: None
     _pending: list[_Pending] = field(default_factory=list)
     _flushing: asyncio.Task[None] | None = None
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -54,8 +55,17 @@ class StoreClient:
     def __post_init__(self) -> None:
         self._idle.set()
 
+    def bind(self, ref: ThreadActorRef) -> None:
+        """The store's actor (again, after a restart)."""
+        self.ref = ref
+
+    def _store(self) -> ThreadActorRef:
+        if self.ref is None:
+            raise StoreUnavailable("the store has not started")
+        return self.ref
+
     async def read(self, message: Any, timeout: float = 10.0) -> Any:
-        return await self.ref.ask(message, timeout)
+        return await self._store().ask(message, timeout)
 
     def write(self, op: Any) -> asyncio.Future[Any]:
         """Returns a future that resolves once ``op`` is committed (or failed)."""
@@ -76,7 +86,7 @@ class StoreClient:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    reply = self.ref.submit(Commit(tuple(p.op for p in batch)))
+                    reply = self._store().submit(Commit(tuple(p.op for p in batch)))
                     outcomes = await asyncio.wait_for(asyncio.wrap_future(reply), WRITE_TIMEOUT_S)
                 except Exception as exc:
                     log.error("store write of %d ops failed: %s", len(batch), exc)
@@ -85,15 +95,19 @@ class StoreClient:
                         if not pending.future.done():
                             pending.future.set_exception(failure)
                     continue
+                committed = tuple((p.op, outcome) for p, outcome in zip(batch, outcomes, strict=True)
+                                  if not isinstance(outcome, Exception))
+                if committed:
+                    try:
+                        self.on_committed(committed)
+                    except Exception:
+                        log.exception("on_committed failed for a batch of %d writes", len(committed))
                 for pending, outcome in zip(batch, outcomes, strict=True):
+                    if pending.future.done():
+                        continue
                     if isinstance(outcome, Exception):
                         pending.future.set_exception(outcome)
-                        continue
-                    try:
-                        self.on_committed(pending.op, outcome)
-                    except Exception:
-                        log.exception("on_committed failed for %s", type(pending.op).__name__)
-                    if not pending.future.done():
+                    else:
                         pending.future.set_result(outcome)
         finally:
             self._flushing = None

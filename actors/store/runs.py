@@ -1,15 +1,109 @@
-"""The SQL behind the store's messages. Called only from the store's own thread."""
+"""Runs: their rows, their place in line, and what a restart or retention does to them.
+
+Called only from the store's thread. A run's log (events, metrics, outputs, artifacts)
+is ``events.py``.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from actors.errors import RunNotFound, RunStillActive
+from actors.store import studies
+from actors.store.events import append_events, artifacts
+from actors.store.table import Session, Table
 from protocol import events as ev
+
+# Messages: writes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InsertRun:
+    """Answers the new run's queue position, read in the same transaction. A study's
+    run comes with its ``attempt`` row, written in the same transaction."""
+
+    row: Mapping[str, Any]
+    attempt: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class UpdateRun:
+    run_id: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Recover:
+    """At start: what the last server left unfinished. Returns ``{"interrupted": [run
+    ids], "adopted": [rows of worker runs still executing], "queued": [rows kept]}``;
+    see ``recover``."""
+
+    keep_queued: bool = False
+    reason: str = "server_restart"
+
+
+@dataclass(frozen=True)
+class KeepQueuedForNextStart:
+    """A stop that leaves worker runs executing keeps the queued runs for the next start."""
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Retention: keeps the newest ``keep_last`` runs (active ones count but are never
+    removed). Returns the pruned run ids."""
+
+    keep_last: int
+
+
+# Messages: reads ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GetRun:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ListRuns:
+    status: str | None = None
+    sweep_id: str | None = None
+    study_id: str | None = None
+    limit: int = 50
+    before_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class QueuedRuns:
+    queue_key: str
+
+
+@dataclass(frozen=True)
+class QueuePosition:
+    run_id: str
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    pass
+
+
+@dataclass(frozen=True)
+class MaxEnqueueSeq:
+    pass
+
+
+# SQL ---------------------------------------------------------------------------
 
 RUN_COLUMNS = (
     "id", "name", "status", "device", "queue_key", "lane", "editor_session", "seed", "deterministic",
@@ -82,30 +176,6 @@ def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) ->
     )
 
 
-def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[str, Any]],
-                  counter: int | None = None) -> None:
-    """``counter``: the highest worker frame counter these events apply, persisted in
-    the same transaction, so a replayed frame is recognised after any restart."""
-    if counter is not None:
-        conn.execute("UPDATE runs SET worker_counter = MAX(worker_counter, ?) WHERE id = ?", (counter, run_id))
-    rows, metrics = [], []
-    for event in events:
-        payload = event["payload"]
-        rows.append((run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)))
-        if event["type"] == ev.METRIC and (isinstance(payload.get("value"), int | float) or payload.get("non_finite")):
-            value = payload.get("value")
-            metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0),
-                            None if value is None else float(value), payload.get("non_finite"), event["ts"],
-                            event["seq"]))
-    conn.executemany(
-        "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)", rows
-    )
-    if metrics:
-        conn.executemany(
-            "INSERT OR IGNORE INTO metrics(run_id, series, step, value, non_finite, ts, seq) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            metrics,
-        )
 
 
 def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
@@ -113,16 +183,11 @@ def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
     if not found:
         return None
     row = _row(found[0])
-    row["artifacts"] = [
-        {"node_id": n, "kind": k, "path": p, "created_at": c}
-        for n, k, p, c in conn.execute(
-            "SELECT node_id, kind, path, created_at FROM artifacts WHERE run_id = ? ORDER BY rowid", (run_id,)
-        )
-    ]
+    row["artifacts"] = artifacts(conn, run_id)
     return row
 
 
-def list_runs(conn: apsw.Connection, query: Any) -> tuple[list[dict[str, Any]], int | None]:
+def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
     """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
     where, args = [], []
     for column in ("status", "sweep_id", "study_id"):
@@ -144,70 +209,12 @@ def list_runs(conn: apsw.Connection, query: Any) -> tuple[list[dict[str, Any]], 
     return rows, None
 
 
-def get_events(
-    conn: apsw.Connection, run_id: str, after: int, tail: int | None, cap_bytes: int
-) -> tuple[list[dict[str, Any]], int | None]:
-    """A page of events and the ``after`` to ask for next when the byte cap cut it."""
-    if tail is not None:
-        found = list(
-            conn.execute(
-                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
-                (run_id, tail),
-            )
-        )
-        found.reverse()
-    else:
-        found = list(
-            conn.execute(
-                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
-                (run_id, after),
-            )
-        )
-    events: list[dict[str, Any]] = []
-    used = 0
-    for seq, kind, ts, node_id, payload in found:
-        size = len(payload) + 96
-        # A page always holds at least one event, or a huge one would block the cursor.
-        if cap_bytes > 0 and events and used + size > cap_bytes:
-            return events, events[-1]["seq"]
-        used += size
-        events.append({"seq": seq, "type": kind, "ts": ts, "node_id": node_id, "payload": json.loads(payload)})
-    return events, None
 
 
-def get_metrics(conn: apsw.Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
-    series: dict[str, list[dict[str, Any]]] = {}
-    for name, step, value, non_finite, ts in conn.execute(
-        "SELECT series, step, value, non_finite, ts FROM metrics WHERE run_id = ? ORDER BY seq", (run_id,)
-    ):
-        point = {"step": step, "value": value, "ts": ts}
-        if non_finite is not None:
-            point["non_finite"] = non_finite
-        series.setdefault(str(name), []).append(point)
-    return series
 
 
-def record_outputs(
-    conn: apsw.Connection, run_id: str, node_id: str, outputs: Mapping[str, Any], keep_runs: int
-) -> None:
-    conn.execute(
-        "INSERT OR REPLACE INTO recorded_outputs(run_id, node_id, outputs) VALUES (?, ?, ?)",
-        (run_id, node_id, json.dumps(outputs)),
-    )
-    conn.execute(
-        "DELETE FROM recorded_outputs WHERE run_id NOT IN (SELECT DISTINCT o.run_id FROM recorded_outputs o "
-        "JOIN runs r ON r.id = o.run_id ORDER BY r.enqueue_seq DESC LIMIT ?)",
-        (max(0, keep_runs),),
-    )
 
 
-def get_outputs(conn: apsw.Connection, run_id: str, node_id: str | None) -> dict[str, Any]:
-    query = "SELECT node_id, outputs FROM recorded_outputs WHERE run_id = ?"
-    args: tuple[Any, ...] = (run_id,)
-    if node_id is not None:
-        query += " AND node_id = ?"
-        args = (run_id, node_id)
-    return {str(n): json.loads(str(o)) for n, o in conn.execute(query, args)}
 
 
 def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool, tuple[str, ...]]]:
@@ -292,3 +299,79 @@ def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
         (keep_last,),
     ).fetchall()
     return [(str(run_id), str(status)) for run_id, status in doomed]
+
+
+# Handlers ----------------------------------------------------------------------
+
+
+def _insert(s: Session, op: InsertRun) -> int | None:
+    insert_run(s.conn, op.row)
+    if op.attempt is not None:
+        studies.insert_attempt(s.conn, op.attempt)
+    return queue_position(s.conn, op.row["id"])
+
+
+def _update(s: Session, op: UpdateRun) -> None:
+    update_run(s.conn, op.run_id, op.fields)
+    if op.fields.get("status") in ev.TERMINAL_STATES:
+        s.runs_ended([op.run_id])
+
+
+def _recover(s: Session, op: Recover) -> dict[str, list[Any]]:
+    found = recover(s.conn, op.reason, ev.utc_now(), op.keep_queued)
+    s.runs_ended(found["interrupted"])
+    return found
+
+
+def _delete(s: Session, op: DeleteRun) -> None:
+    check_deletable(s.conn, op.run_id)
+    _delete_runs(s, [op.run_id])
+
+
+def _prune(s: Session, op: Prune) -> list[str]:
+    pruned = prunable(s.conn, op.keep_last)
+    _delete_runs(s, [run_id for run_id, _ in pruned])
+    for run_id, status in pruned:
+        _remove_run_dir(s, run_id, keep_checkpoints=status == ev.INTERRUPTED)
+    return [run_id for run_id, _ in pruned]
+
+
+def _delete_runs(s: Session, run_ids: list[str]) -> None:
+    # Sweep and study results are harvested first: their tables outlive their runs.
+    s.runs_ended(run_ids)
+    s.conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
+
+
+def _remove_run_dir(s: Session, run_id: str, keep_checkpoints: bool) -> None:
+    # Retention, unlike a user's delete, also removes what a run wrote on its own;
+    # an interrupted run keeps its checkpoints, its resume point after a crash.
+    run_dir = s.runs_dir / run_id
+    if not run_dir.is_dir():
+        return
+    for child in run_dir.iterdir():
+        if keep_checkpoints and child.name == "checkpoints":
+            continue
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if not any(run_dir.iterdir()):
+        run_dir.rmdir()
+
+
+WRITES: Table = {
+    InsertRun: _insert,
+    UpdateRun: _update,
+    DeleteRun: _delete,
+    Recover: _recover,
+    KeepQueuedForNextStart: lambda s, op: keep_queued_for_next_start(s.conn),
+    Prune: _prune,
+}
+READS: Table = {
+    GetRun: lambda s, m: get_run(s.conn, m.run_id),
+    ListRuns: lambda s, m: list_runs(s.conn, m),
+    QueuedRuns: lambda s, m: queued_runs(s.conn, m.queue_key),
+    QueuePosition: lambda s, m: queue_position(s.conn, m.run_id),
+    StatusCounts: lambda s, m: status_counts(s.conn),
+    MaxEnqueueSeq: lambda s, m: max_enqueue_seq(s.conn),
+}

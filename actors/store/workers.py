@@ -1,4 +1,4 @@
-"""The SQL of worker enrollment. Called only from the store's thread. Tokens and
+"""Workers: enrollment tokens and credentials. Called only from the store's thread. Tokens and
 credentials are stored as SHA-256 hashes; the secrets themselves never touch the disk
 of the control plane."""
 
@@ -7,11 +7,54 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from actors.errors import EnrollmentRefused, NameTaken
+from actors.store.table import Table
+from protocol import events as ev
+
+# Messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateEnrollment:
+    """Answers the token's expiry (epoch seconds)."""
+
+    token: str
+    name: str | None
+    ttl_s: float
+    uses: int
+
+
+@dataclass(frozen=True)
+class RedeemEnrollment:
+    """Spends a use of the token on the worker's credential; answers the worker's name."""
+
+    token: str
+    name: str | None
+    machine_id: str
+    credential: str
+
+
+@dataclass(frozen=True)
+class RevokeWorker:
+    name: str
+
+
+@dataclass(frozen=True)
+class WorkerForCredential:
+    credential: str
+
+
+@dataclass(frozen=True)
+class ListWorkers:
+    pass
+
+
+# SQL ---------------------------------------------------------------------------
 
 
 def digest(secret: str) -> str:
@@ -75,3 +118,14 @@ def list_workers(conn: apsw.Connection) -> list[Mapping[str, Any]]:
 def revoke(conn: apsw.Connection, name: str) -> bool:
     conn.execute("UPDATE workers SET revoked = 1 WHERE name = ? AND revoked = 0", (name,))
     return bool(conn.changes())
+
+
+WRITES: Table = {
+    CreateEnrollment: lambda s, op: create_enrollment(s.conn, op.token, op.name, op.ttl_s, op.uses, ev.utc_now()),
+    RedeemEnrollment: lambda s, op: redeem(s.conn, op.token, op.name, op.machine_id, op.credential, ev.utc_now()),
+    RevokeWorker: lambda s, op: revoke(s.conn, op.name),
+}
+READS: Table = {
+    WorkerForCredential: lambda s, m: worker_for(s.conn, m.credential),
+    ListWorkers: lambda s, m: list_workers(s.conn),
+}

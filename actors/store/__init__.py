@@ -1,0 +1,12 @@
+"""The store: the only writer of the SQLite database (DESIGN section 3).
+
+``actor`` owns the connection and dispatches; ``client`` is its asyncio face (group
+commit); ``schema`` opens and migrates the file; one module per concern holds its
+messages next to their SQL: ``runs`` (rows, queue order, recovery, retention), ``events``
+(a run's log), ``sweeps``, ``studies``, ``workers``. Import messages from their module.
+"""
+
+from actors.store.actor import Commit, StoreActor
+from actors.store.client import StoreClient
+
+__all__ = ["Commit", "StoreActor", "StoreClient"]

@@ -1,0 +1,155 @@
+"""The Store: one pykka thread actor owning the one apsw connection, the only writer of
+the database. Its asyncio face, which batches writes, is ``actors.store.client``.
+
+A ``Commit`` batch is one ``BEGIN IMMEDIATE`` transaction in which a bad op fails alone.
+The messages and their SQL live in one module per concern; this module only dispatches
+them from the merged tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+import apsw.bestpractice
+
+from actors.errors import ActorDeadError
+from actors.store import events, runs, studies, sweeps, workers
+from actors.store.schema import open_database
+from actors.store.table import Session, Table
+from actors.threaded import ThreadActor
+from protocol.errors import TroupeError
+
+log = logging.getLogger("troupe.store")
+
+# Applied once per process, before the first connection (apsw's own advice).
+apsw.bestpractice.apply(apsw.bestpractice.recommended)
+
+_CONCERNS = (runs, events, sweeps, studies, workers)
+_WRITES: Table = {kind: handler for module in _CONCERNS for kind, handler in module.WRITES.items()}
+_READS: Table = {kind: handler for module in _CONCERNS for kind, handler in module.READS.items()}
+# What outlives a run copies its result from it when it ends or before it is deleted.
+_HARVESTS = (sweeps.harvest, studies.harvest)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Writes in one transaction; answers one outcome per op (a result or the
+    exception that op raised alone)."""
+
+    ops: tuple[Any, ...]
+
+
+class StoreActor(ThreadActor):
+    def __init__(self, name: str, loop: Any, on_exit: Any, db_path: Path, runs_dir: Path) -> None:
+        super().__init__(name, loop, on_exit)
+        self._db_path = db_path
+        self._db_file = str(db_path)
+        self._runs_dir = runs_dir
+        self._conn: apsw.Connection | None = None
+        self._session: Session | None = None
+        self._inode: int | None = None
+
+    def on_start(self) -> None:
+        try:
+            self._conn = open_database(self._db_path)
+            self._inode = os.stat(self._db_file).st_ino
+            self._session = Session(self._conn, self._runs_dir, self._runs_ended)
+        except Exception as exc:  # pykka would only log it and keep the actor running
+            log.error("cannot open the database %s: %s", self._db_path, exc)
+            self.mark_broken(exc)
+
+    def on_stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._session = None
+        super().on_stop()
+
+    def is_broken(self, error: Exception) -> bool:
+        return isinstance(error, apsw.CantOpenError | apsw.IOError | apsw.CorruptError | apsw.NotADBError)
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            raise ActorDeadError("the store is closed")
+        return self._session
+
+    def handle(self, message: Any) -> Any:
+        if isinstance(message, Commit):
+            return self._commit(message.ops)
+        read = _READS.get(type(message))
+        if read is not None:
+            return read(self.session, message)
+        # A lone write is a batch of one.
+        outcome = self._commit((message,))[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _runs_ended(self, run_ids: Sequence[str]) -> None:
+        for harvest in _HARVESTS:
+            harvest(self.session.conn, run_ids)
+
+    def _check_file(self) -> None:
+        # SQLite keeps writing to an unlinked file without a word; every write would be
+        # lost at the next start. Treat a removed or replaced file as a broken store.
+        try:
+            inode: int | None = os.stat(self._db_file).st_ino
+        except OSError:
+            inode = None
+        if inode != self._inode:
+            raise apsw.CantOpenError(f"the database file {self._db_path} was removed or replaced")
+
+    def _commit(self, ops: tuple[Any, ...]) -> list[Any]:
+        """Applies the batch straight through; only when an op fails is the batch rolled
+        back and applied again with a savepoint per op, so that op fails alone. Ops are
+        deterministic on the database, so the second pass does what the first would
+        have done, minus the failing op."""
+        self._check_file()
+        session = self.session
+        handlers = [self._write_handler(op) for op in ops]
+        conn = session.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            try:
+                results = [handler(session, op) for handler, op in zip(handlers, ops, strict=True)]
+            except Exception as exc:
+                if self.is_broken(exc):
+                    raise
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+                results = [self._apply_alone(session, handler, op) for handler, op in zip(handlers, ops, strict=True)]
+            conn.execute("COMMIT")
+        except BaseException:
+            if not conn.getautocommit():
+                conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def _apply_alone(self, session: Session, handler: Any, op: Any) -> Any:
+        try:
+            with session.conn:  # a savepoint: one bad op rolls back alone
+                return handler(session, op)
+        except Exception as exc:  # whatever one op raises, the others commit
+            if self.is_broken(exc):
+                raise
+            if not isinstance(exc, TroupeError):
+                log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
+            return exc
+
+    @staticmethod
+    def _write_handler(op: Any) -> Any:
+        handler = _WRITES.get(type(op))
+        if handler is not None:
+            return handler
+
+        def unknown(session: Session, op: Any) -> Any:
+            raise TypeError(f"the store has no write {type(op).__name__}")
+
+        return unknown
