@@ -1,10 +1,16 @@
-"""The in-process executor: one pykka thread actor per executing run.
+"""The in-process executor: the thread that walks one run's graph.
 
-Its one message, ``Execute``, runs the whole graph in the actor's thread (nodes on a
-small pool of their own) and hands every event to the RunActor, in order, through a
-``_Courier``: events that pile up while the loop is busy travel together, so a burst
-of events costs one wake-up of the loop rather than one each. The cancel token is a
-``threading.Event`` the RunActor sets; node code polls it.
+The RunActor hands an ``Execute`` to ``start``, which runs the whole graph on a thread of
+the control plane's executor pool (nodes that can run side by side go to the node pool)
+and hands every event to the RunActor, in order, through a ``_Courier``: events that pile
+up while the loop is busy travel together, so a burst of events costs one wake-up of the
+loop rather than one each. The cancel token is a ``threading.Event`` the RunActor sets;
+node code polls it.
+
+Why a pool and not a thread (or a thread actor) per run: starting a thread blocks the
+event loop until the thread runs, and a trivial run paid more for its thread than for
+its nodes. A pool thread is reused by the next run; an executor owns no state beyond
+its one graph walk, so it needs no mailbox of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef
-from actors.threaded import ThreadActor
 from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
 from subprocess_runner.node_cache import SessionCache
@@ -100,27 +105,22 @@ class _Courier:
         self._loop.call_soon_threadsafe(self._run.tell, GraphEnded(outcome))
 
 
-class InProcessExecutor(ThreadActor):
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, on_exit: Any, run: ActorRef) -> None:
-        super().__init__(name, loop, on_exit)
-        self._run = run
+def start(pool: Executor, message: Execute, loop: asyncio.AbstractEventLoop, run: ActorRef) -> None:
+    """Executes ``message`` on a thread of ``pool``; its events and its end reach ``run``."""
+    pool.submit(_execute, message, _Courier(loop, run))
 
-    def handle(self, message: Any) -> Any:
-        if not isinstance(message, Execute):
-            raise TypeError(f"executor cannot handle {type(message).__name__}")
-        courier = _Courier(self._loop, self._run)
-        ctx = ExecutionContext(
-            message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel,
-            deterministic=message.deterministic, run_dir=message.run_dir,
+
+def _execute(message: Execute, courier: _Courier) -> None:
+    ctx = ExecutionContext(
+        message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel,
+        deterministic=message.deterministic, run_dir=message.run_dir,
+    )
+    try:
+        outcome = execute_graph(
+            message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,
+            pool=message.pool, cpu_gate=message.cpu_gate, cache=message.cache,
         )
-        try:
-            outcome = execute_graph(
-                message.graph, ctx, max_parallel=message.max_parallel, deterministic=message.deterministic,
-                pool=message.pool, cpu_gate=message.cpu_gate, cache=message.cache,
-            )
-        except BaseException as exc:  # never let node trouble reach pykka (it would stop every actor)
-            log.exception("run %s: the engine failed", message.run_id)
-            outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
-        courier.finish(outcome)
-        self.stop()
-        return None
+    except BaseException as exc:  # node trouble (even sys.exit) fails its run, never the pool's thread
+        log.exception("run %s: the engine failed", message.run_id)
+        outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
+    courier.finish(outcome)

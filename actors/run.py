@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from actors import executor
 from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
 from actors.errors import RunNotFound
-from actors.executor import Execute, GraphEnded, InProcessExecutor, NodeEvents
+from actors.executor import Execute, GraphEnded, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
 from actors.run_messages import Placement, Start, WorkerBack, WorkerFailed, WorkerFrames, WorkerGone, WorkerLost
 from actors.store import StoreClient
 from actors.store.events import AppendEvents, RecordArtifact, RecordOutputs
 from actors.store.runs import Prune, UpdateRun
-from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
@@ -59,10 +59,12 @@ class RunActor(Actor):
         store: StoreClient,
         registry: Registry,
         settings: Settings,
+        executor_pool: Executor,
         node_pool: Executor | None = None,
         node_cache: NodeCache | None = None,
     ) -> None:
         super().__init__(f"runs/{row['id']}")
+        self._executor_pool = executor_pool
         self._node_pool = node_pool
         self._node_cache = node_cache
         self.run_id: str = row["id"]
@@ -76,7 +78,6 @@ class RunActor(Actor):
         self._cancel = threading.Event()
         self._stop_as: str | None = None  # the status a requested stop ends in
         self._stop_reason: str | None = None
-        self._executor: ThreadActorRef | None = None
         self._released = False
         self._outbox: list[dict[str, Any]] = []
         self._worker: str | None = row.get("worker")
@@ -176,8 +177,8 @@ class RunActor(Actor):
         if self._worker is not None:
             self._send_to_worker("assign")
             return
-        self._executor = start_thread_actor(InProcessExecutor, f"executor/{self.run_id}", self.ref)
-        self._executor.tell(
+        executor.start(
+            self._executor_pool,
             Execute(
                 graph=self._graph,
                 run_id=self.run_id,
@@ -190,7 +191,9 @@ class RunActor(Actor):
                 run_dir=self._settings.home / "runs" / self.run_id,
                 cpu_gate=self._cpu_gate(),
                 cache=self._editor_cache(),
-            )
+            ),
+            asyncio.get_running_loop(),
+            self.ref,
         )
 
     def _editor_cache(self) -> SessionCache | None:

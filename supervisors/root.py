@@ -55,6 +55,10 @@ log = logging.getLogger("troupe.root")
 
 # Node threads per parallel-node slot: room for 16 runs executing max_parallel nodes.
 NODE_POOL_PER_SLOT = 16
+# Executor threads: one per in-process run executing at once, made when first needed
+# and reused. Independent queue keys must never wait for each other's executors, so the
+# cap is far above what the slots of one machine admit at once.
+EXECUTOR_POOL_MAX = 512
 
 
 class ControlPlane:
@@ -96,6 +100,7 @@ class ControlPlane:
         # other: the engine submits a node only once its inputs exist).
         self.node_pool = ThreadPoolExecutor(max_workers=NODE_POOL_PER_SLOT * self.settings.max_parallel_nodes,
                                             thread_name_prefix="nodes")
+        self.executor_pool = ThreadPoolExecutor(max_workers=EXECUTOR_POOL_MAX, thread_name_prefix="executor")
         # Node outputs kept between two Runs of one editor session (interactive runs).
         self.node_cache = NodeCache(self.settings.editor_cache_mb * 1024 * 1024)
 
@@ -177,8 +182,8 @@ class ControlPlane:
 
     def _spawn_run(self, spec: RunSpec) -> ActorRef:
         def factory() -> ActorRef:
-            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings, self.node_pool,
-                             self.node_cache)
+            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings,
+                             executor_pool=self.executor_pool, node_pool=self.node_pool, node_cache=self.node_cache)
             return actor.start(self.registry)
 
         return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))
@@ -315,4 +320,5 @@ class ControlPlane:
         await self.store.drain()
         await self.root.stop(timeout=grace)
         self.node_pool.shutdown(wait=False, cancel_futures=True)
+        self.executor_pool.shutdown(wait=False, cancel_futures=True)
         self.node_cache.clear()

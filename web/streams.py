@@ -45,9 +45,22 @@ def _connected(request: web.Request) -> Callable[[], bool]:
     return alive
 
 
-async def _send(response: web.StreamResponse, kind: str, data: Any, event_id: int | None = None) -> None:
+def _frame(kind: str, data: Any, event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
-    await response.write(f"{head}event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode())
+    return f"{head}event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode()
+
+
+async def _burst(queue: asyncio.Queue[Any]) -> list[Any]:
+    """The next item and every item already behind it: a burst is written as one chunk,
+    one socket write, however many events it holds. Waits up to ``KEEPALIVE_S`` for the
+    first; an empty list means none came."""
+    try:
+        items = [await asyncio.wait_for(queue.get(), KEEPALIVE_S)]
+    except TimeoutError:
+        return []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 class _RunStream:
@@ -71,39 +84,52 @@ class _RunStream:
             events, next_cursor = await self.svc.store.read(
                 GetEvents(self.run_id, after=self.last, cap_bytes=self.svc.settings.run_events_response_cap_bytes)
             )
-            for event in events:
-                await self.send_event(event)
+            await self._write([chunk for event in events if (chunk := self.event_frame(event))])
             if next_cursor is None:
                 return
 
-    async def send_event(self, event: dict[str, Any]) -> None:
-        if event["seq"] <= self.last:
-            return
+    def event_frame(self, event: dict[str, Any]) -> bytes:
+        """The event's SSE frame, or nothing for a seq already sent."""
+        if event["seq"] <= self.last or self.finished:
+            return b""
         self.last = event["seq"]
-        await _send(self.response, "run_event", event, event["seq"])
         if event["type"] == ev.RUN_FINISHED:
             self.finished = True
+        return _frame("run_event", event, event["seq"])
 
-    async def send_position(self) -> None:
+    async def position_frame(self) -> bytes:
         position = await self.svc.store.read(QueuePosition(self.run_id))
-        if position != self.position:
-            self.position = position
-            await _send(self.response, "queue_position", {"run_id": self.run_id, "queue_position": position})
+        if position == self.position:
+            return b""
+        self.position = position
+        return _frame("queue_position", {"run_id": self.run_id, "queue_position": position})
+
+    async def _write(self, chunks: list[bytes]) -> None:
+        data = b"".join(chunks)
+        if data:
+            await self.response.write(data)
 
     async def live(self) -> None:
         while not self.finished:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), KEEPALIVE_S)
-            except TimeoutError:
+            items = await _burst(self.queue)
+            if not items:
                 await self.response.write(b": keepalive\n\n")
                 continue
-            if item is RESET:
-                await self.subscribe()
-                await self.replay()
-            elif "seq" in item:
-                await self.send_event(item)
-            elif self.position is not None:
-                await self.send_position()
+            chunks: list[bytes] = []
+            moved = False  # a row changed: this run's queue position may have moved
+            for item in items:
+                if item is RESET:
+                    await self._write(chunks)
+                    chunks, moved = [], False
+                    await self.subscribe()
+                    await self.replay()
+                elif "seq" in item:
+                    chunks.append(self.event_frame(item))
+                else:
+                    moved = True
+            if moved and self.position is not None and not self.finished:
+                chunks.append(await self.position_frame())
+            await self._write(chunks)
 
     async def close(self) -> None:
         hub = self.svc.registry.lookup("events")
@@ -124,7 +150,7 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
         await stream.subscribe()
         await stream.replay()
         if not stream.finished:
-            await stream.send_position()
+            await stream.response.write(await stream.position_frame())
         await stream.live()
         await response.write_eof()
     except (ConnectionError, asyncio.CancelledError):
@@ -142,19 +168,21 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     hub = svc.actor("events")
     try:
         await hub.ask(Subscribe(queue, None, _connected(request)))
-        await _send(response, "hello", {"server_started_at": svc.started_at})
+        await response.write(_frame("hello", {"server_started_at": svc.started_at}))
         while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-            except TimeoutError:
+            items = await _burst(queue)
+            if not items:
                 await response.write(b": keepalive\n\n")
                 continue
-            if item is RESET:
-                # The hub restarted: the client refetches the list, then follows again.
-                await _send(response, "reset", {})
-                await svc.actor("events").ask(Subscribe(queue, None, _connected(request)))
-                continue
-            await _send(response, "run", item)
+            chunks: list[bytes] = []
+            for item in items:
+                if item is RESET:
+                    # The hub restarted: the client refetches the list, then follows again.
+                    chunks.append(_frame("reset", {}))
+                    await svc.actor("events").ask(Subscribe(queue, None, _connected(request)))
+                    continue
+                chunks.append(_frame("run", item))
+            await response.write(b"".join(chunks))
     except (ConnectionError, asyncio.CancelledError):
         pass  # the client left
     finally:

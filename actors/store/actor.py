@@ -33,8 +33,9 @@ apsw.bestpractice.apply(apsw.bestpractice.recommended)
 _CONCERNS = (runs, events, sweeps, studies, workers)
 _WRITES: Table = {kind: handler for module in _CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in _CONCERNS for kind, handler in module.READS.items()}
-# What outlives a run copies its result from it when it ends or before it is deleted.
-_HARVESTS = (sweeps.harvest, studies.harvest)
+# What outlives a run copies its result from it when it ends or before it is deleted:
+# each harvest, with the run column that says a run is one of its own.
+_HARVESTS = ((sweeps.harvest, "sweep_id"), (studies.harvest, "study_id"))
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,20 @@ class StoreActor(ThreadActor):
         return outcome
 
     def _runs_ended(self, run_ids: Sequence[str]) -> None:
-        for harvest in _HARVESTS:
-            harvest(self.session.conn, run_ids)
+        # One look at the rows picks the runs each harvest has to read (most runs belong
+        # to neither a sweep nor a study).
+        conn = self.session.conn
+        columns = ", ".join(f"{column} IS NOT NULL" for _, column in _HARVESTS)
+        owned: list[tuple[str, list[Any]]] = []
+        for start in range(0, len(run_ids), 500):  # far below SQLite's limit of bound values
+            chunk = tuple(run_ids[start:start + 500])
+            marks = ",".join("?" for _ in chunk)
+            owned += [(str(run_id), flags) for run_id, *flags in conn.execute(
+                f"SELECT id, {columns} FROM runs WHERE id IN ({marks})", chunk)]
+        for index, (harvest, _) in enumerate(_HARVESTS):
+            mine = [run_id for run_id, flags in owned if flags[index]]
+            if mine:
+                harvest(conn, mine)
 
     def _check_file(self) -> None:
         # SQLite keeps writing to an unlinked file without a word; every write would be

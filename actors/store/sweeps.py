@@ -66,7 +66,7 @@ def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequ
 
 def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
     """Copies what the runs of sweeps recorded onto their variant rows."""
-    for run_id in _sweep_run_ids(conn, run_ids):
+    for run_id in run_ids:
         found = conn.execute(
             "SELECT v.sweep_id, v.idx, s.objective, r.status FROM sweep_variants v JOIN sweeps s ON s.id = v.sweep_id "
             "JOIN runs r ON r.id = v.run_id WHERE v.run_id = ?", (run_id,)).fetchall()
@@ -82,14 +82,6 @@ def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
             "WHERE sweep_id = ? AND idx = ?",
             (status, finals.get(metric), json.dumps(finals), sweep_id, idx),
         )
-
-
-def _sweep_run_ids(conn: apsw.Connection, run_ids: Sequence[str]) -> list[str]:
-    marks = ",".join("?" for _ in run_ids)
-    if not run_ids:
-        return []
-    return [str(r) for (r,) in conn.execute(
-        f"SELECT id FROM runs WHERE sweep_id IS NOT NULL AND id IN ({marks})", tuple(run_ids))]
 
 
 def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from actors.base import Registry
@@ -36,7 +37,7 @@ async def setup(tmp_path: Path):
     await store.write(InsertRun(row))
     graph = prepare_executable_graph(Graph.model_validate(hello()), load_catalog())
     settings = Settings(home=tmp_path)
-    run = RunActor(row, graph, store, registry, settings).start(registry)
+    run = RunActor(row, graph, store, registry, settings, executor_pool=ThreadPoolExecutor(2)).start(registry)
     return store, run, queue, placer
 
 
