@@ -28,10 +28,11 @@ MAX_BACKLOG = 10_000
 
 @dataclass(frozen=True)
 class Subscribe:
-    """``run_id`` None: every run's changes (the Runs panel's stream)."""
+    """``follows``: run ids whose events the queue gets, and None for every run's changes
+    (the Runs panel's stream; a run's stream follows both, as changes move its place)."""
 
     queue: asyncio.Queue[Any]
-    run_id: str | None = None
+    follows: tuple[str | None, ...] = (None,)
     # Whether the subscriber's client is still connected: the count of subscribers is
     # exact when read, even before a handler notices that its client left.
     alive: Callable[[], bool] = lambda: True
@@ -68,13 +69,14 @@ class EventHub(Actor):
             case Committed(writes):
                 for op, result in writes:
                     self._publish(op, result)
-            case Subscribe(queue, run_id, alive):
-                self._where.setdefault(queue, set()).add(run_id)
+            case Subscribe(queue, follows, alive):
+                self._where.setdefault(queue, set()).update(follows)
                 self._liveness[queue] = alive
-                if run_id is None:
-                    self._global.add(queue)
-                else:
-                    self._by_run.setdefault(run_id, set()).add(queue)
+                for run_id in follows:
+                    if run_id is None:
+                        self._global.add(queue)
+                    else:
+                        self._by_run.setdefault(run_id, set()).add(queue)
             case Unsubscribe(queue):
                 self._drop(queue)
             case SubscriberCount():

@@ -14,8 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.events import RESET, Subscribe, Unsubscribe
-from actors.store.events import GetEvents
-from actors.store.runs import GetRun, QueuePosition
+from actors.store.runs import QueuePosition, ReadStream
 from protocol import events as ev
 from protocol import jsonsafe
 from protocol.errors import NotFound
@@ -64,9 +63,9 @@ async def _burst(queue: asyncio.Queue[Any]) -> list[Any]:
 
 
 class _RunStream:
-    def __init__(self, svc: Services, request: web.Request, run_id: str, response: web.StreamResponse,
-                 after: int) -> None:
-        self.svc, self.request, self.run_id, self.response = svc, request, run_id, response
+    def __init__(self, svc: Services, request: web.Request, run_id: str, after: int) -> None:
+        self.svc, self.request, self.run_id = svc, request, run_id
+        self.response: web.StreamResponse | None = None  # opened once the run is known
         self.last = after
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
@@ -74,19 +73,28 @@ class _RunStream:
 
     async def subscribe(self) -> None:
         hub = self.svc.actor("events")
-        alive = _connected(self.request)
-        await hub.ask(Subscribe(self.queue, self.run_id, alive))
         # Row changes of every run move this run's queue position.
-        await hub.ask(Subscribe(self.queue, None, alive))
+        await hub.ask(Subscribe(self.queue, (self.run_id, None), _connected(self.request)))
 
     async def replay(self) -> None:
-        while not self.finished:
-            events, next_cursor = await self.svc.store.read(
-                GetEvents(self.run_id, after=self.last, cap_bytes=self.svc.settings.run_events_response_cap_bytes)
-            )
-            await self._write([chunk for event in events if (chunk := self.event_frame(event))])
-            if next_cursor is None:
+        """Sends the stored events after the last one sent, then the queue position; a
+        run that is not there (any more) is a 404 before the stream opens."""
+        cap = self.svc.settings.run_events_response_cap_bytes
+        while True:
+            found = await self.svc.store.read(ReadStream(self.run_id, after=self.last, cap_bytes=cap))
+            if found is None and self.response is None:
+                raise NotFound(f"no run {self.run_id}", code="run_not_found")
+            if found is None:  # deleted while followed: nothing more will come
+                self.finished = True
                 return
+            events, next_after, position = found
+            chunks = [self.event_frame(event) for event in events]
+            if next_after is None:
+                if not self.finished:
+                    chunks.append(self.position_frame(position))
+                await self._write(chunks)
+                return
+            await self._write(chunks)
 
     def event_frame(self, event: dict[str, Any]) -> bytes:
         """The event's SSE frame, or nothing for a seq already sent."""
@@ -97,23 +105,27 @@ class _RunStream:
             self.finished = True
         return _frame("run_event", event, event["seq"])
 
-    async def position_frame(self) -> bytes:
-        position = await self.svc.store.read(QueuePosition(self.run_id))
+    def position_frame(self, position: int | None) -> bytes:
         if position == self.position:
             return b""
         self.position = position
         return _frame("queue_position", {"run_id": self.run_id, "queue_position": position})
 
+    async def open(self) -> web.StreamResponse:
+        if self.response is None:
+            self.response = await _open_sse(self.request)
+        return self.response
+
     async def _write(self, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
         if data:
-            await self.response.write(data)
+            await (await self.open()).write(data)
 
     async def live(self) -> None:
         while not self.finished:
             items = await _burst(self.queue)
             if not items:
-                await self.response.write(b": keepalive\n\n")
+                await self._write([b": keepalive\n\n"])
                 continue
             chunks: list[bytes] = []
             moved = False  # a row changed: this run's queue position may have moved
@@ -128,7 +140,7 @@ class _RunStream:
                 else:
                     moved = True
             if moved and self.position is not None and not self.finished:
-                chunks.append(await self.position_frame())
+                chunks.append(self.position_frame(await self.svc.store.read(QueuePosition(self.run_id))))
             await self._write(chunks)
 
     async def close(self) -> None:
@@ -140,24 +152,19 @@ class _RunStream:
 @routes.get("/api/runs/{run_id}/stream")
 async def run_stream(request: web.Request) -> web.StreamResponse:
     svc = services(request)
-    run_id = run_id_from(request)
-    after = int_query(request, "after", default=0) or 0
-    if await svc.store.read(GetRun(run_id)) is None:
-        raise NotFound(f"no run {run_id}", code="run_not_found")
-    response = await _open_sse(request)
-    stream = _RunStream(svc, request, run_id, response, after)
+    stream = _RunStream(svc, request, run_id_from(request), int_query(request, "after", default=0) or 0)
     try:
         await stream.subscribe()
-        await stream.replay()
-        if not stream.finished:
-            await stream.response.write(await stream.position_frame())
+        await stream.replay()  # a 404 when there is no such run
+        response = await stream.open()
         await stream.live()
         await response.write_eof()
     except (ConnectionError, asyncio.CancelledError):
         pass  # the client left: nothing to say about it
     finally:
         await stream.close()
-    return response
+    # A client that left before the stream opened gets nothing (aiohttp drops it).
+    return stream.response if stream.response is not None else web.Response(status=204)
 
 
 @routes.get("/api/stream")
@@ -167,7 +174,7 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     response = await _open_sse(request)
     hub = svc.actor("events")
     try:
-        await hub.ask(Subscribe(queue, None, _connected(request)))
+        await hub.ask(Subscribe(queue, (None,), _connected(request)))
         await response.write(_frame("hello", {"server_started_at": svc.started_at}))
         while True:
             items = await _burst(queue)
@@ -179,7 +186,7 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
                 if item is RESET:
                     # The hub restarted: the client refetches the list, then follows again.
                     chunks.append(_frame("reset", {}))
-                    await svc.actor("events").ask(Subscribe(queue, None, _connected(request)))
+                    await svc.actor("events").ask(Subscribe(queue, (None,), _connected(request)))
                     continue
                 chunks.append(_frame("run", item))
             await response.write(b"".join(chunks))

@@ -16,7 +16,7 @@ import apsw
 
 from actors.errors import RunNotFound, RunStillActive
 from actors.store import studies
-from actors.store.events import append_events, artifacts
+from actors.store.events import append_events, artifacts, get_events
 from actors.store.table import Session, Table
 from protocol import events as ev
 
@@ -81,6 +81,17 @@ class ListRuns:
     study_id: str | None = None
     limit: int = 50
     before_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class ReadStream:
+    """What a run's stream sends first, read together: None when there is no such run,
+    else a page of its events after ``after`` (capped), the ``after`` to read on from when
+    the cap cut the page, and the run's queue position."""
+
+    run_id: str
+    after: int = 0
+    cap_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,14 @@ def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
     return int(found[0][0]) if found and found[0][0] is not None else None
 
 
+def read_stream(conn: apsw.Connection, query: ReadStream) -> tuple[list[dict[str, Any]], int | None, int | None] | None:
+    found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (query.run_id,)).fetchall()
+    if not found:
+        return None
+    events, next_after = get_events(conn, query.run_id, query.after, None, query.cap_bytes)
+    return events, next_after, int(found[0][0]) if found[0][0] is not None else None
+
+
 def status_counts(conn: apsw.Connection) -> dict[str, int]:
     rows = conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
     return {str(status): int(count) for status, count in rows}
@@ -372,6 +391,7 @@ READS: Table = {
     ListRuns: lambda s, m: list_runs(s.conn, m),
     QueuedRuns: lambda s, m: queued_runs(s.conn, m.queue_key),
     QueuePosition: lambda s, m: queue_position(s.conn, m.run_id),
+    ReadStream: lambda s, m: read_stream(s.conn, m),
     StatusCounts: lambda s, m: status_counts(s.conn),
     MaxEnqueueSeq: lambda s, m: max_enqueue_seq(s.conn),
 }

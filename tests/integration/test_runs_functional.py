@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
+from urllib.parse import urlsplit
+
 from tests.helpers import edge, graph, hello, node
 
 
@@ -96,6 +99,26 @@ def test_stream_replays_from_after_without_gaps_or_duplicates(shared_server):
         if kind == "run_event":
             later.append(data)
     assert later == everything[3:]
+
+
+def test_stream_of_an_unknown_run_is_a_404_and_a_finished_run_streams_its_whole_log(shared_server):
+    status, reply = shared_server.client.request("GET", "/api/runs/" + "0" * 32 + "/stream")
+    assert status == 404 and reply["error"]["code"] == "run_not_found"
+    run_id = shared_server.submit(hello())["run_id"]
+    everything = shared_server.events_until_finished(run_id)
+    # Everything is already stored: one replay, the stream ends after run_finished.
+    again = [data for kind, data in shared_server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=10)
+             if kind == "run_event"]
+    assert again == everything and again[-1]["type"] == "run_finished"
+    # After the last seq there is nothing left to send, yet the stream opens (and waits).
+    conn = http.client.HTTPConnection(urlsplit(shared_server.url).netloc, timeout=10)
+    try:
+        conn.request("GET", f"/api/runs/{run_id}/stream?after={len(everything)}",
+                     headers={"Authorization": f"Bearer {shared_server.token}"})
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
+    finally:
+        conn.close()
 
 
 def test_global_stream_announces_created_and_status_changes(shared_server):
