@@ -362,8 +362,8 @@ class RunActor(Actor):
         self._emit(kind, node_id, payload)
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        capped = ev.cap_payload(payload, self._settings.run_event_payload_cap_bytes)
-        self._outbox.append(ev.make_event(self._next_seq, kind, node_id, capped))
+        self._outbox.append(ev.make_event(self._next_seq, kind, node_id, payload,
+                                          self._settings.run_event_payload_cap_bytes))
         self._next_seq += 1
 
     def _flush_events(self) -> None:

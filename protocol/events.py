@@ -8,6 +8,7 @@ emit ``(type, node_id, payload)`` and never a seq.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,8 +86,44 @@ def admit_event(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str
     return payload, None
 
 
-def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any]) -> dict[str, Any]:
-    return {"seq": seq, "type": kind, "ts": utc_now(), "node_id": node_id, "payload": payload}
+class Event(dict[str, Any]):
+    """An event (a plain dict to every reader) that also carries its payload as JSON,
+    encoded once where the event is made (its size is what the cap measures) and reused
+    by the store and the streams instead of being encoded again by each."""
+
+    __slots__ = ("payload_json",)
+
+    payload_json: str
+
+
+def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any], cap_bytes: int = 0) -> Event:
+    """A numbered event; a payload over ``cap_bytes`` is capped (``cap_payload``)."""
+    payload_json = jsonsafe.dumps(payload, default=str)
+    if 0 < cap_bytes < len(payload_json):
+        payload = cap_payload(payload, cap_bytes)
+        payload_json = jsonsafe.dumps(payload, default=str)
+    event = Event(seq=seq, type=kind, ts=utc_now(), node_id=node_id, payload=payload)
+    event.payload_json = payload_json
+    return event
+
+
+def stored_event(seq: int, kind: str, ts: str, node_id: str | None, payload_json: str) -> Event:
+    """An event read back from the store, which keeps its payload as JSON text."""
+    event = Event(seq=seq, type=kind, ts=ts, node_id=node_id, payload=json.loads(payload_json))
+    event.payload_json = payload_json
+    return event
+
+
+def payload_json(event: Mapping[str, Any]) -> str:
+    """The event's payload as JSON: the encoding it carries, else a fresh one."""
+    encoded: str | None = getattr(event, "payload_json", None)
+    return encoded if encoded is not None else jsonsafe.dumps(event["payload"], default=str)
+
+
+def event_json(event: Mapping[str, Any]) -> str:
+    """The whole event as JSON, around the payload's encoding."""
+    return (f'{{"seq": {int(event["seq"])}, "type": {json.dumps(event["type"])}, "ts": {json.dumps(event["ts"])}, '
+            f'"node_id": {json.dumps(event["node_id"])}, "payload": {payload_json(event)}}}')
 
 
 def cap_payload(payload: dict[str, Any], cap_bytes: int) -> dict[str, Any]:

@@ -44,9 +44,12 @@ def _connected(request: web.Request) -> Callable[[], bool]:
     return alive
 
 
-def _frame(kind: str, data: Any, event_id: int | None = None) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode()
+def _frame(kind: str, data: Any) -> bytes:
+    return f"event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode()
+
+
+def _event_frame(event: dict[str, Any]) -> bytes:
+    return f"id: {event['seq']}\nevent: run_event\ndata: {ev.event_json(event)}\n\n".encode()
 
 
 async def _burst(queue: asyncio.Queue[Any]) -> list[Any]:
@@ -103,7 +106,7 @@ class _RunStream:
         self.last = event["seq"]
         if event["type"] == ev.RUN_FINISHED:
             self.finished = True
-        return _frame("run_event", event, event["seq"])
+        return _event_frame(event)
 
     def position_frame(self, position: int | None) -> bytes:
         if position == self.position:

@@ -84,7 +84,7 @@ def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[s
     rows, metrics = [], []
     for event in events:
         payload = event["payload"]
-        rows.append((run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), json.dumps(payload)))
+        rows.append((run_id, event["seq"], event["type"], event["ts"], event.get("node_id"), ev.payload_json(event)))
         if event["type"] == ev.METRIC and (isinstance(payload.get("value"), int | float) or payload.get("non_finite")):
             value = payload.get("value")
             metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0),
@@ -128,7 +128,7 @@ def get_events(
         if cap_bytes > 0 and events and used + size > cap_bytes:
             return events, events[-1]["seq"]
         used += size
-        events.append({"seq": seq, "type": kind, "ts": ts, "node_id": node_id, "payload": json.loads(payload)})
+        events.append(ev.stored_event(seq, kind, ts, node_id, payload))
     return events, None
 
 
