@@ -9,7 +9,7 @@ On a restart the FIFO is rebuilt from the queued rows in the store.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +58,8 @@ class QueueActor(Actor):
         self._limit = limit
         self._store = store
         self._registry = registry
-        self._fifo: deque[tuple[int, str, bool, tuple[str, ...]]] = deque()
+        # The waiting runs by id, in enqueue order: a withdrawn run leaves in O(1).
+        self._fifo: OrderedDict[str, tuple[int, str, bool, tuple[str, ...]]] = OrderedDict()
         self._holding: set[str] = set()
         self._admitted: dict[str, tuple[int, str, bool, tuple[str, ...]]] = {}  # handed on, by enqueue order
         self._known: set[str] = set()
@@ -68,7 +69,7 @@ class QueueActor(Actor):
         # themselves with Occupying (the runs supervisor asks them after a restart).
         for run_id, seq, seeded, devices in await self._store.read(QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
-                self._fifo.append((seq, run_id, seeded, devices))
+                self._fifo[run_id] = (seq, run_id, seeded, devices)
                 self._known.add(run_id)
 
     async def receive(self, message: Any) -> Any:
@@ -76,17 +77,17 @@ class QueueActor(Actor):
             case Enqueue(run_id, seq, seeded, devices):
                 if run_id not in self._known:
                     self._known.add(run_id)
-                    self._fifo.append((seq, run_id, seeded, devices))
+                    self._fifo[run_id] = (seq, run_id, seeded, devices)
                 self._pump()
             case Release(run_id):
                 self._known.discard(run_id)
                 self._holding.discard(run_id)
                 self._admitted.pop(run_id, None)
-                self._fifo = deque(item for item in self._fifo if item[1] != run_id)
+                self._fifo.pop(run_id, None)
                 self._pump()
             case Occupying(run_id):
                 self._known.add(run_id)
-                self._fifo = deque(item for item in self._fifo if item[1] != run_id)
+                self._fifo.pop(run_id, None)
                 self._holding.add(run_id)
             case Readmit():
                 placer = self._registry.lookup("placer")
@@ -110,7 +111,7 @@ class QueueActor(Actor):
         if placer is None:
             return
         while self._fifo and len(self._holding) < self._limit:
-            seq, run_id, seeded, devices = self._fifo.popleft()
+            _, (seq, run_id, seeded, devices) = self._fifo.popitem(last=False)
             self._holding.add(run_id)
             self._admitted[run_id] = (seq, run_id, seeded, devices)
             placer.tell(Admit(run_id, self.queue_key, seeded, devices))
