@@ -12,15 +12,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, ActorRef, Snapshot
-from subprocess_runner.errors import RunCancelled
-
-_POLL_S = 0.05  # how often a waiting node looks at its run's cancel token
 
 
 @dataclass(frozen=True)
@@ -87,25 +83,17 @@ class CpuLedger(Actor):
 
 
 class LedgerGate:
-    """What the engine calls from a node thread to hold cpus (``CpuGate``)."""
+    """What the engine calls from its executor thread to claim cpus for a node, and from
+    the node's thread to give them back (``CpuGate``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ledger: ActorRef) -> None:
         self._loop = loop
         self._ledger = ledger
 
-    @contextmanager
-    def hold(self, ctx: Any, cpus: int, on_wait: Callable[[str], None]) -> Iterator[None]:
+    def claim(self, ctx: Any, cpus: int, on_wait: Callable[[str], None]) -> concurrent.futures.Future[bool]:
         granted: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        release = Release(ctx.run_id, ctx.node_id)
         self._loop.call_soon_threadsafe(self._ledger.tell, Acquire(ctx.run_id, ctx.node_id, cpus, granted, on_wait))
-        try:
-            while True:
-                done, _ = concurrent.futures.wait([granted], timeout=_POLL_S)
-                if done:
-                    granted.result()  # raises when the request can never be met
-                    break
-                if ctx.cancelled:
-                    raise RunCancelled("the run was cancelled while its node waited for cpus")
-            yield
-        finally:
-            self._loop.call_soon_threadsafe(self._ledger.tell, release)
+        return granted
+
+    def release(self, ctx: Any) -> None:
+        self._loop.call_soon_threadsafe(self._ledger.tell, Release(ctx.run_id, ctx.node_id))

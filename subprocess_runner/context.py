@@ -72,6 +72,7 @@ class ExecutionContext:
         *,
         deterministic: bool = False,
         run_dir: Path | None = None,
+        threads: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -82,6 +83,9 @@ class ExecutionContext:
         self.deterministic = deterministic
         # Where a node writes files of its own (checkpoints); None: a temp dir on demand.
         self.run_dir = run_dir
+        # The node's thread cap (its declared cpus, else its share of the process cap);
+        # numeric libraries size their pools to it. None: the process cap.
+        self.threads = threads
 
     @property
     def node_seed(self) -> int | None:
@@ -89,10 +93,10 @@ class ExecutionContext:
             return None
         return derive_seed(self.seed, self.node_id)
 
-    def for_node(self, node_id: str) -> ExecutionContext:
+    def for_node(self, node_id: str, threads: int | None = None) -> ExecutionContext:
         return ExecutionContext(
             self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
-            deterministic=self.deterministic, run_dir=self.run_dir,
+            deterministic=self.deterministic, run_dir=self.run_dir, threads=threads,
         )
 
     def files(self, kind: str) -> Path:

@@ -16,7 +16,6 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,7 +25,7 @@ from subprocess_runner.catalog import Catalog, NodeType
 from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.node_cache import SessionCache, graph_keys, private_copy
-from subprocess_runner.seeding import seed_everything
+from subprocess_runner.seeding import node_threads, seed_everything
 from subprocess_runner.validation import validate_graph
 
 log = logging.getLogger("troupe.engine")
@@ -43,12 +42,14 @@ class ExecutableNode:
 
 
 class CpuGate(Protocol):
-    """Lends cpus to declared nodes (the control plane's CPU ledger). ``hold`` blocks
-    until the cpus are free, calling ``on_wait(reason)`` first if it has to wait; it
-    raises ``RunCancelled`` if the run is cancelled meanwhile."""
+    """Lends cpus to declared nodes (the control plane's CPU ledger). ``claim`` does not
+    block: its future resolves once the cpus are the node's (after ``on_wait(reason)``
+    if it has to wait), or raises when they can never be. ``release`` gives back the
+    cpus, or the place in line of a claim still waiting."""
 
-    def hold(self, ctx: ExecutionContext, cpus: int, on_wait: Callable[[str], None]
-             ) -> AbstractContextManager[None]: ...
+    def claim(self, ctx: ExecutionContext, cpus: int, on_wait: Callable[[str], None]) -> Future[bool]: ...
+
+    def release(self, ctx: ExecutionContext) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class Outcome:
     error: str | None = None
     node_id: str | None = None
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+_POLL_S = 0.05  # how often an executor with claims waiting looks at its run's cancel token
 
 
 def _queued(emit: Any, node_id: str, cpus: int, reason: str) -> None:
@@ -206,10 +210,16 @@ def execute_graph(
     waiting = {n: len({src for src, _ in graph.nodes[n].sources.values()}) for n in graph.order}
     ready = deque(n for n in graph.order if waiting[n] == 0)
     running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
+    # Nodes that declare cpus: waiting for them (no slot yet), and holding them.
+    claiming: dict[Future[bool], tuple[str, float]] = {}
+    granted: deque[tuple[str, float]] = deque()
     failure: Outcome | None = None
 
     def announce(node_id: str, **extra: Any) -> None:
-        emit(ev.NODE_STARTED, node_id, {"type": graph.nodes[node_id].node_type.type, **extra})
+        node = graph.nodes[node_id]
+        if not extra.get("cached"):  # a cached node runs nothing: no threads to cap
+            extra["threads"] = node_threads(node.cpus, max_parallel)
+        emit(ev.NODE_STARTED, node_id, {"type": node.node_type.type, **extra})
 
     finished_early: set[str] = set()
 
@@ -240,13 +250,11 @@ def execute_graph(
 
     def run_one(node_id: str) -> dict[str, Any]:
         node = graph.nodes[node_id]
+        node_ctx = ctx.for_node(node_id, threads=node_threads(node.cpus, max_parallel))
         inputs = {port: outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
         try:
             if node.cpus is not None and cpu_gate is not None:
-                node_ctx = ctx.for_node(node_id)
-                waiting = functools.partial(_queued, emit, node_id, node.cpus)
-                with cpu_gate.hold(node_ctx, node.cpus, waiting):
-                    announce(node_id)
+                try:  # the cpus were claimed before this node took its slot
                     began = time.monotonic()
                     result = invoke_node(node, node_ctx, inputs, deterministic)
                     remember(node_id, result)
@@ -255,7 +263,9 @@ def execute_graph(
                     finished_early.add(node_id)
                     finish(node_id, result, round(time.monotonic() - began, 6))
                     return result
-            result = invoke_node(node, ctx.for_node(node_id), inputs, deterministic)
+                finally:
+                    cpu_gate.release(node_ctx)
+            result = invoke_node(node, node_ctx, inputs, deterministic)
             remember(node_id, result)
             return result
         except (Exception, RunCancelled):
@@ -268,7 +278,7 @@ def execute_graph(
     def start(node_id: str) -> Future[dict[str, Any]]:
         nonlocal own_pool
         future: Future[dict[str, Any]]
-        if len(ready) == 0 and not running:
+        if len(ready) == 0 and not running and not claiming and not granted:
             # The only node that can run now runs in this thread: no pool for a chain.
             future = Future()
             try:
@@ -288,23 +298,72 @@ def execute_graph(
             if waiting[child] == 0:
                 ready.append(child)
 
+    def claim(node_id: str) -> None:
+        node = graph.nodes[node_id]
+        assert cpu_gate is not None and node.cpus is not None
+        waits = functools.partial(_queued, emit, node_id, node.cpus)
+        claiming[cpu_gate.claim(ctx.for_node(node_id), node.cpus, waits)] = (node_id, time.monotonic())
+
+    def give_up_claims() -> None:
+        """Cancelled or failed: claims still waiting, and cpus granted to nodes that never
+        took a slot, go back; each such node ends cancelled, as a started one would."""
+        for node_id, since in [*claiming.values(), *granted]:
+            assert cpu_gate is not None
+            cpu_gate.release(ctx.for_node(node_id))
+            emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True,
+                                           "duration_s": round(time.monotonic() - since, 6)})
+        claiming.clear()
+        granted.clear()
+
     try:
-        while ready or running:
-            while ready and len(running) < max_parallel and failure is None and not ctx.cancelled:
+        while ready or running or claiming or granted:
+            stopping = failure is not None or ctx.cancelled
+            if stopping and (claiming or granted):
+                give_up_claims()
+            # Resources are claimed strictly before a slot: a node that declares cpus
+            # waits for them without a slot; one that holds them takes the next slot
+            # before any other; a slot holder never waits, so the waits cannot deadlock.
+            while granted and len(running) < max_parallel and not stopping:
+                node_id, _ = granted.popleft()
+                announce(node_id)
+                running[start(node_id)] = (node_id, time.monotonic())
+            kept: deque[str] = deque()
+            while ready and not stopping:
                 node_id = ready.popleft()
                 if node_id in hits:  # not executed: announced and finished at once
                     announce(node_id, cached=True)
                     outputs[node_id] = reuse(node_id)
                     finish(node_id, outputs[node_id], 0.0, cached=True)
                     release_children(node_id)
+                elif graph.nodes[node_id].cpus is not None and cpu_gate is not None:
+                    claim(node_id)
+                elif len(running) < max_parallel and not granted:
+                    announce(node_id)
+                    running[start(node_id)] = (node_id, time.monotonic())
+                else:
+                    kept.append(node_id)
+            ready.extendleft(reversed(kept))
+            if not running and not claiming:
+                if granted and not stopping:
                     continue
-                if graph.nodes[node_id].cpus is None or cpu_gate is None:
-                    announce(node_id)  # a node holding cpus is announced once it has them
-                running[start(node_id)] = (node_id, time.monotonic())
-            if not running:
                 break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            # While claims wait, look at the cancel token now and then (nodes in slots
+            # look at it themselves).
+            pending: list[Future[Any]] = [*running, *claiming]
+            done, _ = wait(pending, timeout=_POLL_S if claiming else None, return_when=FIRST_COMPLETED)
             for future in done:
+                if future in claiming:
+                    node_id, since = claiming.pop(future)
+                    exc = future.exception()
+                    if exc is None:
+                        granted.append((node_id, since))
+                        continue
+                    message = f"{type(exc).__name__}: {exc}"
+                    emit(ev.NODE_FAILED, node_id, {"error": message, "duration_s": 0.0})
+                    if failure is None:
+                        failure = Outcome("failed", f"node {node_id}: {message}", node_id)
+                        ctx.cancel.set()
+                    continue
                 node_id, started = running.pop(future)
                 elapsed = round(time.monotonic() - started, 6)
                 exc = future.exception()
@@ -331,6 +390,8 @@ def execute_graph(
                         # Ask the nodes still running to stop; the run has failed anyway.
                         ctx.cancel.set()
     finally:
+        if claiming or granted:
+            give_up_claims()
         if own_pool is not None:
             own_pool.shutdown(wait=True)
     if failure is not None:

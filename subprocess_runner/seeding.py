@@ -17,14 +17,30 @@ def cap_threads(threads: int | None = None) -> int:
     """Caps the numeric libraries' thread pools (default: every core but one), before
     they are imported; a value the operator set already wins. Returns the cap."""
     cap = threads if threads is not None else max(1, (os.cpu_count() or 2) - 1)
+    operator = os.environ.get("OMP_NUM_THREADS")
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(cap))
     chosen = os.environ["OMP_NUM_THREADS"]
     _cap[:] = [int(chosen) if chosen.isdigit() and int(chosen) > 0 else cap]
+    _operator[:] = [operator is not None and operator == chosen]
     return _cap[0]
 
 
 _cap: list[int] = []
+_operator: list[bool] = []  # whether the cap is the operator's own OMP_NUM_THREADS
+
+
+def node_threads(declared: int | None, max_parallel: int) -> int:
+    """A node's thread cap. One that declares cpus gets them; one that declares nothing
+    gets its share of the process cap (``TROUPE_CPUS / TROUPE_MAX_PARALLEL_NODES``, at
+    least 1), so nodes running side by side do not each size a pool to every core. An
+    operator's own ``OMP_NUM_THREADS`` still wins for undeclared nodes."""
+    if declared is not None:
+        return max(1, declared)
+    cap = _cap[0] if _cap else max(1, (os.cpu_count() or 2) - 1)
+    if _operator and _operator[0]:
+        return cap
+    return max(1, cap // max(1, max_parallel))
 
 
 def thread_cap() -> int | None:

@@ -14,18 +14,16 @@ import torch
 from subprocess_runner.seeding import seed_torch, thread_cap
 
 _capped = threading.Lock()
-_done: list[bool] = []
 
 
 def prepare(ctx: Any) -> None:
-    with _capped:
-        if not _done:
-            # The cap whoever runs us chose (the control plane: TROUPE_CPUS), which
-            # torch may have read too late when imported in a thread.
-            threads = thread_cap()
-            if threads is not None:
-                torch.set_num_threads(threads)
-            _done.append(True)
+    # The node's own cap (its cpus, or its share of TROUPE_CPUS), else the cap whoever
+    # runs us chose, which torch may have read too late when imported in a thread. Set
+    # for every node: torch keeps the cap per thread, and pool threads run many nodes.
+    threads = getattr(ctx, "threads", None) or thread_cap()
+    if threads is not None and threads != torch.get_num_threads():
+        with _capped:
+            torch.set_num_threads(threads)
     if ctx.node_seed is not None:
         seed_torch(ctx.node_seed, ctx.deterministic)
 

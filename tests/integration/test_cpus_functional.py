@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.helpers import graph
+from tests.helpers import Server, graph
 
 
 def sleepers(*seconds_and_cpus):
@@ -45,3 +45,54 @@ def test_declaring_more_cpus_than_the_server_lends_is_refused(make_server):
     error = server.submit(sleepers((0, 1), (0, 3)), expect=400)["error"]
     assert error["code"] == "cpus_unavailable" and error["pointer"] == "/graph/nodes/1/resources/cpus"
     assert server.get("/api/info")["limits"]["cpus"] == 2
+
+
+def _without_operator_caps(server):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        server.env.pop(name, None)
+    return server.start()
+
+
+def test_a_node_that_declares_nothing_gets_its_share_of_the_cpus_as_thread_cap(tmp_path):
+    server = _without_operator_caps(Server(tmp_path / "home", TROUPE_CPUS="4", TROUPE_MAX_PARALLEL_NODES="2"))
+    try:
+        run_id = server.submit(graph(
+            {"id": "free", "type": "core.Sleep", "params": {"seconds": 0}},
+            {"id": "held", "type": "core.Sleep", "params": {"seconds": 0}, "resources": {"cpus": 3}},
+        ))["run_id"]
+        started = {e["node_id"]: e["payload"] for e in server.events_until_finished(run_id)
+                   if e["type"] == "node_started"}
+        # TROUPE_CPUS / TROUPE_MAX_PARALLEL_NODES, not all of TROUPE_CPUS; declared cpus win.
+        assert started["free"]["threads"] == 2 and started["held"]["threads"] == 3
+    finally:
+        server.kill()
+
+
+def test_an_operators_own_thread_cap_still_wins(make_server):
+    server = make_server(TROUPE_CPUS="4", TROUPE_MAX_PARALLEL_NODES="2", OMP_NUM_THREADS="3")
+    run_id = server.submit(graph({"id": "free", "type": "core.Sleep", "params": {"seconds": 0}}))["run_id"]
+    started = [e for e in server.events_until_finished(run_id) if e["type"] == "node_started"]
+    assert started[0]["payload"]["threads"] == 3
+
+
+def test_a_node_waiting_for_cpus_holds_no_slot_of_its_run(make_server):
+    # One slot per run: a node waiting for cpus that another run holds must not keep
+    # its run's undeclared node from running (resources are claimed before a slot).
+    server = make_server(TROUPE_CPUS="2", TROUPE_MAX_PARALLEL_NODES="1")
+    holder = server.submit(sleepers((3, 2)))["run_id"]
+    for kind, data in server.client.stream(f"/api/runs/{holder}/stream", read_timeout=30):
+        if kind == "run_event" and data["type"] == "node_started":
+            break
+    waiter = server.submit(graph(
+        {"id": "needs", "type": "core.Sleep", "params": {"seconds": 0}, "resources": {"cpus": 2}},
+        {"id": "quick", "type": "core.Sleep", "params": {"seconds": 0}},
+    ))["run_id"]
+    events = server.events_until_finished(waiter)
+    assert events[-1]["payload"]["status"] == "succeeded"
+    order = [(e["type"], e["node_id"]) for e in events if e["node_id"]]
+    assert order.index(("node_queued", "needs")) < order.index(("node_finished", "quick"))
+    assert order.index(("node_finished", "quick")) < order.index(("node_started", "needs"))
+    # ... and "quick" ran while the holder still held the cpus, not after.
+    quick_done = next(e["ts"] for e in events if e["type"] == "node_finished" and e["node_id"] == "quick")
+    holder_done = server.events_until_finished(holder)[-1]["ts"]
+    assert quick_done < holder_done
