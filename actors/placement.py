@@ -10,7 +10,7 @@ placed on which device, which provider offers which device at which limit).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
@@ -142,6 +142,21 @@ class WorkerPlacement:
         for physical in freed:
             self._ledger(physical).tell(Free(run_id))
         return freed
+
+    def waiting(self) -> Iterator[tuple[Admit, str, str]]:
+        """Every run admitted here that has not started, with the code and the words of
+        what it waits for."""
+        for worker, parked in self._parked.items():
+            for admit in parked:
+                yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
+        for physical, line in self._device_waiting.items():
+            for admit in line:
+                yield admit, "device_busy", f"waits for a free slot of {physical}"
+        for admit, needs in self._any_waiting:
+            asked = admit.queue_key.removeprefix(ANY_PREFIX)
+            what = "a free card" if asked == "auto" else f"a free {asked}"
+            yield admit, "no_free_worker", (f"waits for a connected worker with {what}"
+                                            + (" and the node types of its graph" if needs else ""))
 
     # Target ``any`` ----------------------------------------------------------------
     async def _place_anywhere(self) -> None:

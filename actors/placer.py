@@ -109,6 +109,13 @@ class Quarantined:
     """Ask: the quarantined keys and why."""
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """Ask: the runs their queue handed on that have not started, with why:
+    ``{run_id: {"queue_key", "code", "message"}}``. A run still in its queue's line is not
+    here (it waits for one of the queue's slots)."""
+
+
 class Placer(Actor):
     def __init__(
         self,
@@ -205,12 +212,27 @@ class Placer(Actor):
                 self._quarantined[key] = reason
             case Quarantined():
                 return dict(self._quarantined)
+            case Waiting():
+                return self._waiting_runs()
             case Shutdown(_):
                 self._closed = True
                 self._waiting.clear()
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _waiting_runs(self) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        for admit in self._waiting:
+            if self._seeded is not None or (admit.seeded and self._executing):
+                code, message = "seed_gate", "waits for the seed gate: a seeded run executes alone in this server"
+            else:
+                code, message = "device_busy", (f"waits for a free slot of {admit.queue_key}, which this server "
+                                                "shares with a worker on the same machine")
+            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
+        for admit, code, message in self._slots.waiting():
+            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
+        return found
 
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
         for spec in adopted:

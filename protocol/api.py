@@ -85,6 +85,13 @@ class RunCreated(BaseModel):
     warnings: list[str]
 
 
+class QueueReason(BaseModel):
+    """Why a queued run has not started: which limit it waits on."""
+
+    code: Literal["slots_busy", "seed_gate", "device_busy", "worker_offline", "no_free_worker", "queue_quarantined"]
+    message: str
+
+
 class RunRow(BaseModel):
     id: str
     name: str | None
@@ -102,6 +109,7 @@ class RunRow(BaseModel):
     sweep_id: str | None
     sweep_variant: int | None
     error: str | None
+    queue_reason: QueueReason | None = Field(default=None, description="a queued run: what it waits for")
 
 
 class RunDetail(RunRow):

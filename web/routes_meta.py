@@ -14,32 +14,20 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from actors.base import Snapshot
 from actors.events import SubscriberCount
-from actors.placer import Quarantined
 from actors.store.runs import StatusCounts
 from protocol import events as ev
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
+from web.queue_state import QueueState
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
 
 
 async def queue_rows(svc: Services) -> list[dict[str, Any]]:
-    quarantined: dict[str, str] = await svc.actor("placer").ask(Quarantined())
-    rows: dict[str, dict[str, Any]] = {}
-    for name in svc.registry.names("queues/"):
-        ref = svc.registry.lookup(name)
-        if ref is not None:
-            snapshot = await ref.ask(Snapshot())
-            rows[snapshot["queue_key"]] = {**snapshot, "state": "ok", "reason": None}
-    for key, reason in quarantined.items():
-        row = rows.setdefault(
-            key, {"queue_key": key, "limit": svc.settings.concurrency_for(key), "running": 0, "queued": 0}
-        )
-        row.update(state="quarantined", reason=reason)
-    return [rows[k] for k in sorted(rows)]
+    return (await QueueState.read(svc)).rows(svc.settings.concurrency_for)
 
 
 @routes.get("/api/queues")

@@ -23,6 +23,7 @@ from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
 from web.errors import json_reply
+from web.queue_state import with_queue_reasons
 from web.requests import int_query, read_model, run_id_from
 
 routes = web.RouteTableDef()
@@ -34,7 +35,7 @@ ROW_FIELDS = (
 
 
 def public_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ROW_FIELDS}
+    return {**{k: row[k] for k in ROW_FIELDS}, "queue_reason": row.get("queue_reason")}
 
 
 def detail_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +110,7 @@ async def list_runs(request: web.Request) -> web.Response:
         before_seq=_decode_cursor(request.query.get("cursor")),
     )
     rows, next_seq = await svc.store.read(query)
+    rows = await with_queue_reasons(svc, rows)
     return json_reply({"runs": [public_row(r) for r in rows], "next_cursor": _encode_cursor(next_seq)})
 
 
@@ -122,7 +124,8 @@ async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
 @routes.get("/api/runs/{run_id}")
 async def get_run(request: web.Request) -> web.Response:
     svc = services(request)
-    return json_reply(detail_row(await _get_row(svc, run_id_from(request))))
+    row = (await with_queue_reasons(svc, [await _get_row(svc, run_id_from(request))]))[0]
+    return json_reply(detail_row(row))
 
 
 @routes.post("/api/runs/{run_id}/cancel")

@@ -27,7 +27,10 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     row = tab.locator(f'tr[data-run="{waiting[1]}"]')
     row.get_by_text("#2 in queue").wait_for()
     tab.locator(f'tr[data-run="{waiting[0]}"]').get_by_text("#1 in queue").wait_for()
-    tab.get_by_text("3 runs active").wait_for()
+    # Active counts what the server started; the others wait, each saying for what.
+    tab.get_by_text("1 run active, 2 queued").wait_for()
+    expect(tab.locator(f'tr[data-run="{waiting[1]}"] .reason')).to_have_text("#2 in line for cpu: 1 of 1 slots busy")
+    expect(tab.locator(f'tr[data-run="{waiting[1]}"] .reason')).to_have_attribute("data-code", "slots_busy")
     tab.locator(f'tr[data-run="{done}"] .status.succeeded').wait_for()
     screenshot(tab, "runs-panel.png")
 
@@ -52,6 +55,19 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     expect(tab.locator(f'tr[data-run="{running}"]')).to_be_visible()
     for run_id in waiting:
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert errors == []
+
+
+def test_every_run_can_be_reached_page_by_page(open_page):
+    server, tab, errors = open_page(TROUPE_RUN_RETENTION_KEEP_LAST="1000")
+    ids = [server.submit(hello())["run_id"] for _ in range(205)]
+    server.events_until_finished(ids[-1])
+    server.wait_status(ids[0], "succeeded")
+    expect(tab.locator("#rows tr")).to_have_count(200)
+    tab.get_by_role("button", name="Show more").click()
+    expect(tab.locator("#rows tr")).to_have_count(205)
+    expect(tab.locator(f'tr[data-run="{ids[0]}"]')).to_be_visible()
+    expect(tab.get_by_role("button", name="Show more")).to_be_hidden()
     assert errors == []
 
 

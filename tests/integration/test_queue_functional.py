@@ -27,6 +27,31 @@ def test_positions_count_only_the_runs_ahead_on_the_same_key(make_server):
     assert queues["cuda:0"]["limit"] == 1 and queues["cuda:0"]["queued"] == 2
 
 
+def test_a_queued_run_says_what_it_waits_for(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    first, second = (server.submit(sleeper())["run_id"] for _ in range(2))
+    server.wait_status(first, "running")
+    rows = {r["id"]: r for r in server.get("/api/runs")["runs"]}
+    assert rows[first]["queue_reason"] is None
+    assert rows[second]["queue_reason"] == {"code": "slots_busy",
+                                            "message": "#1 in line for cpu: 1 of 1 slots busy"}
+    assert server.get(f"/api/runs/{second}")["queue_reason"]["code"] == "slots_busy"
+
+
+def test_a_run_waiting_at_the_seed_gate_is_queued_not_running(make_server):
+    # The cpu queue has a free slot and hands the second run on, but the placer holds it
+    # at the seed gate: it counts as queued, and says so.
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="2")
+    seeded = server.submit(sleeper(), seed=7)["run_id"]
+    server.wait_status(seeded, "running")
+    waiting = server.submit(sleeper())["run_id"]
+    row = server.get(f"/api/runs/{waiting}")
+    assert row["status"] == "queued"
+    assert row["queue_reason"]["code"] == "seed_gate" and "seeded run" in row["queue_reason"]["message"]
+    queues = {q["queue_key"]: q for q in server.get("/api/queues")["queues"]}
+    assert queues["cpu"]["running"] == 1 and queues["cpu"]["queued"] == 1
+
+
 def test_cancel_queued_removes_it_and_followers_move_up(make_server):
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
     ids = [server.submit(sleeper())["run_id"] for _ in range(3)]

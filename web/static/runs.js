@@ -53,21 +53,50 @@ function renderRow(row) {
   const status = el("td", {}, el("span", { class: `status ${row.status}` }, row.status));
   const device = el("td", { title: row.queue_key }, row.queue_key);
   if (row.queue_position !== null) device.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
+  if (row.queue_reason) {
+    // Which limit a queued run waits on, in words, with its code for a script or a search.
+    status.append(el("div", { class: "reason", "data-code": row.queue_reason.code, title: row.queue_reason.code },
+      row.queue_reason.message));
+  }
   const loss = row.final_loss === null ? "" : row.final_loss.toPrecision(4);
   return el("tr", { "data-run": row.id, class: row.id === openRun ? "selected" : null, onclick: () => openDetails(row.id) },
     el("td", { title: row.id }, row.name || row.id.slice(0, 8)), status, device,
     el("td", {}, time(row.started_at)), el("td", {}, duration(row)), el("td", {}, loss), actions(row));
 }
 
+// The list shows the newest PAGE runs, and PAGE more each time "Show more" is pressed:
+// every run the server holds can be reached, page by page (the API's cursor).
+const PAGE = 200;
+let shown = PAGE;
+
+async function listRuns() {
+  const runs = [];
+  let cursor = null;
+  do {
+    const params = new URLSearchParams({ limit: String(Math.min(500, shown - runs.length)) });
+    if (filter) params.set("status", filter);
+    if (cursor) params.set("cursor", cursor);
+    const page = await api("GET", `/api/runs?${params}`);
+    runs.push(...page.runs);
+    cursor = page.next_cursor;
+  } while (cursor && runs.length < shown);
+  return { runs, more: cursor !== null };
+}
+
 export async function refreshRuns() {
-  const query = filter ? `?status=${filter}&limit=200` : "?limit=200";
-  const [list, all] = await Promise.all([api("GET", `/api/runs${query}`), api("GET", "/api/runs?limit=500")]);
+  const [list, running, queues] = await Promise.all([
+    listRuns(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
   document.getElementById("rows").replaceChildren(...list.runs.map(renderRow));
   document.getElementById("empty").hidden = list.runs.length > 0;
-  const busy = all.runs.filter((r) => ACTIVE.has(r.status)).length;
+  const more = document.getElementById("more");
+  more.hidden = !list.more;
+  more.onclick = async () => { shown += PAGE; await refreshRuns(); };
+  // Active: the runs the server started; a run still waiting for anything is queued.
+  const busy = running.runs.length;
+  const queued = queues.queues.reduce((sum, q) => sum + q.queued, 0);
   const notice = document.getElementById("notice");
-  notice.hidden = busy === 0;
-  notice.textContent = `${busy} run${busy === 1 ? "" : "s"} active`;
+  notice.hidden = busy === 0 && queued === 0;
+  notice.textContent = `${busy} run${busy === 1 ? "" : "s"} active` + (queued ? `, ${queued} queued` : "");
   if (openRun) await renderDetails();
 }
 
@@ -140,6 +169,6 @@ async function renderDetails() {
 export function renderChips() {
   document.getElementById("chips").replaceChildren(...FILTERS.map(([label, value]) => el("button", {
     class: `chip${value === filter ? " active" : ""}`, "data-filter": value || "all",
-    onclick: () => { filter = value; renderChips(); refreshRuns().catch((e) => showMessage(e.message)); },
+    onclick: () => { filter = value; shown = PAGE; renderChips(); refreshRuns().catch((e) => showMessage(e.message)); },
   }, label)));
 }

@@ -1,0 +1,84 @@
+"""What the queues hold, read from the actors that hold it: the QueueActors (their lines
+and slots) and the placer (runs a queue handed on that have not started yet, and why).
+
+A queue counts a run as holding a slot from the moment it hands the run to the placer;
+the run may still wait there (for the seed gate, a device it shares with a worker, a
+worker). ``running`` counts only what the placer started; a run still waiting anywhere
+is ``queued``, and each queued run can say what it waits for (``queue_reason``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from actors.base import Snapshot
+from actors.placer import Quarantined, Waiting
+from protocol import events as ev
+from web.context import Services
+
+
+class QueueState:
+    """One reading of the placer and the queues, for one request."""
+
+    def __init__(self, waiting: dict[str, dict[str, str]], quarantined: dict[str, str],
+                 snapshots: dict[str, dict[str, Any]]) -> None:
+        self.waiting = waiting
+        self.quarantined = quarantined
+        self._snapshots = snapshots
+        self._held = Counter(reason["queue_key"] for reason in waiting.values())
+
+    @classmethod
+    async def read(cls, svc: Services, keys: set[str] | None = None) -> QueueState:
+        """``keys``: the queues to read (None: every queue)."""
+        placer = svc.actor("placer")
+        waiting: dict[str, dict[str, str]] = await placer.ask(Waiting())
+        quarantined: dict[str, str] = await placer.ask(Quarantined())
+        snapshots: dict[str, dict[str, Any]] = {}
+        for name in svc.registry.names("queues/"):
+            key = name.removeprefix("queues/")
+            ref = svc.registry.lookup(name)
+            if ref is not None and (keys is None or key in keys):
+                snapshots[key] = await ref.ask(Snapshot())
+        return cls(waiting, quarantined, snapshots)
+
+    def row(self, key: str, limit: int) -> dict[str, Any]:
+        """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""
+        snapshot = self._snapshots.get(key, {"queue_key": key, "limit": limit, "running": 0, "queued": 0})
+        held = self._held.get(key, 0)
+        row = {**snapshot, "running": max(0, snapshot["running"] - held), "queued": snapshot["queued"] + held,
+               "state": "ok", "reason": None}
+        if key in self.quarantined:
+            row.update(state="quarantined", reason=self.quarantined[key])
+        return row
+
+    def rows(self, limit_of: Any) -> list[dict[str, Any]]:
+        keys = set(self._snapshots) | set(self.quarantined)
+        return [self.row(key, limit_of(key)) for key in sorted(keys)]
+
+    def reason(self, run: dict[str, Any], limit: int) -> dict[str, str] | None:
+        """What a queued run waits for, with a stable code; None for any other run."""
+        if run["status"] != ev.QUEUED:
+            return None
+        key = run["queue_key"]
+        held = self.waiting.get(run["id"])
+        if held is not None:
+            return {"code": held["code"], "message": held["message"]}
+        if key in self.quarantined:
+            return {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {self.quarantined[key]}"}
+        queue = self.row(key, limit)
+        place = f"#{run['queue_position']} in line" if run.get("queue_position") else "in line"
+        return {"code": "slots_busy",
+                "message": f"{place} for {key}: {queue['running']} of {queue['limit']} slots busy"}
+
+
+async def with_queue_reasons(svc: Services, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, each queued one with its ``queue_reason`` (asks the actors only when the
+    page holds a queued run)."""
+    queued = {run["queue_key"] for run in runs if run["status"] == ev.QUEUED}
+    if not queued:
+        return runs
+    state = await QueueState.read(svc, queued)
+    for run in runs:
+        run["queue_reason"] = state.reason(run, svc.settings.concurrency_for(run["queue_key"]))
+    return runs
