@@ -24,7 +24,8 @@ LOCAL = "local"  # the provider name of the server's own devices
 
 class WorkerPlacement:
     def __init__(self, registry: Registry, ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
-                 placer: Callable[[], ActorRef | None], local_cpu: tuple[str, int] | None = None) -> None:
+                 placer: Callable[[], ActorRef | None],
+                 local: Mapping[str, tuple[str, int]] | None = None) -> None:
         self._registry = registry
         self._ensure_ledger = ensure_ledger
         self._placer = placer
@@ -32,8 +33,8 @@ class WorkerPlacement:
         self._types: dict[str, frozenset[str]] = {}  # node types of each worker (``any`` needs the graph's)
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
-        if local_cpu is not None:
-            self._providers[LOCAL] = {"cpu": local_cpu}
+        if local:  # the server's own devices that a same-machine worker can share
+            self._providers[LOCAL] = dict(local)
             self._online.add(LOCAL)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
         self._device_waiting: dict[str, deque[Admit]] = {}  # physical -> named-worker runs

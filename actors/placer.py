@@ -126,7 +126,7 @@ class Placer(Actor):
         spawn_run: Callable[[RunSpec], ActorRef],
         ensure_queue: Callable[[str], ActorRef],
         ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
-        local_cpu: tuple[str, int] | None = None,
+        local_devices: Mapping[str, tuple[str, int]] | None = None,
         catalog_types: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__("placer")
@@ -143,7 +143,7 @@ class Placer(Actor):
         self._quarantined: dict[str, str] = {}
         # Worker runs pass no seed gate (each has its own process) but need a slot of
         # their device's ledger, as do local runs on a device a same-machine worker shares.
-        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), local_cpu)
+        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), local_devices)
         self._types = catalog_types
         self._needs: dict[str, frozenset[str]] = {}  # runs for ``any``: the node types of their graph
         self._workers = WorkerBook(catalog_types)

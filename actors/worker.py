@@ -298,18 +298,21 @@ class WorkerConnection(Actor):
             placer.tell(WorkerOffline(self.worker))
             return
         inventory = self._hello.inventory
-        offer = WorkerOffer(self.worker, ("cpu", *(f"cuda:{card.index}" for card in inventory.cards)),
-                            inventory.cpus, frozenset(self._hello.node_types))
+        offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, frozenset(self._hello.node_types))
         placer.tell(WorkerOnline(offer, self._devices(), self._draining))
 
     def _devices(self) -> dict[str, tuple[str, int]]:
-        """Each offered device with its physical identity (NVML UUID; the machine for its
-        cpu) and its slot limit."""
+        """Each offered device with its physical identity (NVML UUID for a card; the
+        machine for its cpu and its mps:0, so a same-machine worker shares the server's)
+        and its slot limit."""
         assert self._hello is not None
         limit = self._limit_for
-        devices = {"cpu": (f"cpu@{self._hello.machine_id}", limit(f"{self.worker}/cpu"))}
+        machine = self._hello.machine_id
+        devices = {"cpu": (f"cpu@{machine}", limit(f"{self.worker}/cpu"))}
         for card in self._hello.inventory.cards:
             devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{self.worker}/cuda:{card.index}"))
+        if self._hello.inventory.mps:
+            devices["mps:0"] = (f"mps:0@{machine}", limit(f"{self.worker}/mps:0"))
         return devices
 
     def _tell_runs(self, message: Any, only: set[str] | None = None) -> None:

@@ -112,11 +112,11 @@ class ControlPlane:
         if self.settings.run_retention_keep_last >= 0:
             await self.store.write(Prune(self.settings.run_retention_keep_last))
         assert store_ref.is_alive
+        self.accelerators = probe_accelerators() + self.settings.simulated_accelerators
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
         await self._restore(found["adopted"], found["queued"])
         self.root.start_child(ChildSpec("cpus", lambda: CpuLedger(self.settings.cpus).start(self.registry)))
-        self.accelerators = probe_accelerators() + self.settings.simulated_accelerators
         # Studies left running by the last server go on (their budgets hold).
         for study in await self.store.read(ListStudies(state="running")):
             self.start_study(study["id"])
@@ -170,12 +170,14 @@ class ControlPlane:
         return ref
 
     def _make_placer(self) -> ActorRef:
-        # The server's cpu is one physical device with a same-machine agent's cpu.
-        local_cpu = (f"cpu@{host_machine_id()}", self.settings.concurrency_for("cpu"))
+        # The server's cpu (and mps:0) is one physical device with a same-machine agent's.
+        machine = host_machine_id()
+        local = {device: (f"{device}@{machine}", self.settings.concurrency_for(device))
+                 for device in ("cpu", *self.accelerators) if device in ("cpu", "mps:0")}
         placer = Placer(
             self.store, self.registry, interactive_limit=self.settings.run_interactive_max_concurrent,
             spawn_run=self._spawn_run, ensure_queue=self._ensure_queue, ensure_ledger=self._ensure_ledger,
-            local_cpu=local_cpu, catalog_types=frozenset(self.catalog.types),
+            local_devices=local, catalog_types=frozenset(self.catalog.types),
         )
         self.placer = placer.start(self.registry)
         return self.placer

@@ -117,6 +117,29 @@ def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_pat
         agent.wait(30)
 
 
+def test_a_same_machine_worker_reports_mps_and_shares_the_servers_mps_quota(make_server, tmp_path):
+    # Decision log 2026-10-18: the same machine's mps:0 is one quota, the server's and
+    # its worker's, as its cpu is.
+    server = make_server(TROUPE_SIMULATED_ACCELERATORS="mps:0")
+    here = server.get("/api/info")["machine_id"]
+    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"], machine=here, cards=(), mps=True)
+    try:
+        read_until(agent, "connected as beside")
+        slots = {s["device"]: s for s in server.get("/api/workers")["workers"][0]["slots"]}
+        assert slots["mps:0"]["physical_id"] == f"mps:0@{here}"
+        local = server.submit(sleeper(seconds=60), device="mps")["run_id"]
+        server.wait_status(local, "running")
+        remote = server.submit(hello(), device="mps", target={"worker": "beside"})
+        assert remote["queue_key"] == "beside/mps:0" and not remote["warnings"]
+        row = server.get(f"/api/runs/{remote['run_id']}")
+        assert row["status"] == "queued" and row["queue_reason"]["code"] == "device_busy"
+        server.client.request("POST", f"/api/runs/{local}/cancel")
+        assert server.events_until_finished(remote["run_id"])[-1]["payload"]["status"] == "succeeded"
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
 def test_a_local_cpu_run_waiting_for_a_shared_cpu_never_holds_back_a_card(make_server, tmp_path):
     # 002: two keys never wait for each other. The cpu is shared with a same-machine
     # worker whose run holds it; a local cpu run waits for it, and a local cuda:0 run

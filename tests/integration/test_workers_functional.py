@@ -19,11 +19,12 @@ CARD = {"uuid": "GPU-aaaa", "name": "Fake 16G", "index": 0, "memory_total_mib": 
 
 
 def agent_env(server, tmp_path: Path, machine: str = "machine-1", cards: tuple[dict, ...] = (CARD,),
-              **settings: str) -> dict[str, str]:
+              mps: bool = False, **settings: str) -> dict[str, str]:
     env = base_env(server.home, **settings)
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    env["TROUPE_SIMULATED_INVENTORY"] = json.dumps({"machine_id": machine, "cpus": 2, "cards": list(cards)})
+    env["TROUPE_SIMULATED_INVENTORY"] = json.dumps({"machine_id": machine, "cpus": 2, "cards": list(cards),
+                                                    "mps": mps})
     return env
 
 
