@@ -336,7 +336,12 @@ def execute_graph(
                     finish(node_id, outputs[node_id], 0.0, cached=True)
                     release_children(node_id)
                 elif graph.nodes[node_id].cpus is not None and cpu_gate is not None:
-                    claim(node_id)
+                    # At most max_parallel claims at once: cpus granted to nodes that could
+                    # not run for want of a slot would sit idle, kept from other runs.
+                    if len(claiming) + len(granted) < max_parallel:
+                        claim(node_id)
+                    else:
+                        kept.append(node_id)
                 elif len(running) < max_parallel and not granted:
                     announce(node_id)
                     running[start(node_id)] = (node_id, time.monotonic())
