@@ -23,7 +23,12 @@ def kind_of(number: float) -> str:
 
 def finite(payload: dict[str, Any]) -> dict[str, Any]:
     """The payload with every non-finite float replaced by null and marked; the payload
-    itself when it has none."""
+    itself when it has none (found by the C encoder, far cheaper than a walk)."""
+    try:
+        json.dumps(payload, allow_nan=False, default=str)
+        return payload
+    except ValueError:
+        pass
     found: dict[str, str] = {}
     cleaned = _clean(payload, "", found)
     if not found:

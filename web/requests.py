@@ -40,17 +40,32 @@ async def read_model(request: web.Request, model: type[Model]) -> Model:
 
 
 def _check_depth(body: Any) -> None:
-    """400 ``too_deep`` for a body nested past ``MAX_DEPTH``, with a pointer to where."""
+    """400 ``too_deep`` for a body nested past ``MAX_DEPTH``, with a pointer to where.
+    The walk keeps no pointers (every request pays for it); only a body found too deep
+    is walked again to say where."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer=_too_deep_at(body),
+                                 code="too_deep")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+
+
+def _too_deep_at(body: Any) -> str:
     stack: list[tuple[Any, int, str]] = [(body, 1, "")]
     while stack:
         value, depth, pointer = stack.pop()
         if depth > MAX_DEPTH:
-            raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer=pointer,
-                                 code="too_deep")
+            return pointer
         if isinstance(value, dict):
             stack.extend((v, depth + 1, f"{pointer}/{k}") for k, v in value.items())
         elif isinstance(value, list):
             stack.extend((v, depth + 1, f"{pointer}/{i}") for i, v in enumerate(value))
+    return ""
 
 
 def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
