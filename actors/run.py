@@ -341,7 +341,7 @@ class RunActor(Actor):
 
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False) -> None:
-        payload, refused = ev.admit_event(kind, payload)
+        payload, encoded, refused = ev.admit_event(kind, payload)
         if refused is None and remote and kind == ev.ARTIFACT:
             refused = _outside_run_dir(payload["path"])
         if refused is not None:
@@ -359,11 +359,11 @@ class RunActor(Actor):
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
         elif kind == ev.ARTIFACT:
             self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), str(payload.get("path"))))
-        self._emit(kind, node_id, payload)
+        self._emit(kind, node_id, payload, encoded)
 
-    def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+    def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any], encoded: str | None = None) -> None:
         self._outbox.append(ev.make_event(self._next_seq, kind, node_id, payload,
-                                          self._settings.run_event_payload_cap_bytes))
+                                          self._settings.run_event_payload_cap_bytes, encoded))
         self._next_seq += 1
 
     def _flush_events(self) -> None:

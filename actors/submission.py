@@ -5,7 +5,9 @@ decided before, by the placer's ``WorkerBook`` (``eligibility.py``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from actors.eligibility import ANY, WorkerOffer
@@ -57,7 +59,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker.name}")
     lends, lender = (worker.cpus, f"worker {worker.name} has" if not anywhere else "the largest worker has") \
         if worker is not None else (settings.cpus, "this server lends")
-    graph = prepare_executable_graph(graph_doc, catalog, prefix)
+    graph, graph_json = _prepared(graph_doc, catalog, prefix)
     for i, node in enumerate(graph_doc.nodes):
         if node.resources is not None and (node.resources.cpus or 0) > lends:
             raise InvalidRequest(
@@ -76,13 +78,36 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "seed": options.seed,
         "deterministic": options.deterministic,
         "record_outputs": options.record_outputs,
-        "graph": graph_doc.model_dump(mode="json", exclude_none=True),
+        "graph": graph_json,
         "options": options.model_dump(mode="json", exclude_none=True),
         "warnings": [warning] if warning else [],
         "created_at": ev.utc_now(),
         **extra,
     }
     return row, graph
+
+
+# Graphs prepared lately, by their document: a queue of the same job (a CLI loop, a
+# script, a retried study attempt) validates and binds its graph once. A prepared graph
+# is never changed by a run (the engine hands each node a copy of its params).
+_PREPARED: OrderedDict[tuple[str, str, int], tuple[ExecutableGraph, str]] = OrderedDict()
+_PREPARED_MAX = 64
+
+
+def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[ExecutableGraph, dict[str, Any]]:
+    """The executable graph and the document as stored, from the cache when the same
+    document was prepared against the same catalog before."""
+    text = graph_doc.model_dump_json(exclude_none=True)
+    key = (text, prefix, id(catalog))
+    found = _PREPARED.get(key)
+    if found is None:
+        found = (prepare_executable_graph(graph_doc, catalog, prefix), text)
+        _PREPARED[key] = found
+        if len(_PREPARED) > _PREPARED_MAX:
+            _PREPARED.popitem(last=False)
+    else:
+        _PREPARED.move_to_end(key)
+    return found[0], json.loads(found[1])
 
 
 def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:

@@ -74,11 +74,18 @@ STEP_MAX = 2**53
 NAME_MAX = 200
 
 
-def admit_event(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def admit_event(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
     """Where an event enters (node code in-process, a worker's frame): the payload to
-    record, with non-finite numbers made JSON (``null`` and a ``non_finite`` marker), or
-    why the event is refused; a refused event never reaches the store."""
-    payload = jsonsafe.finite(payload)
+    record, with non-finite numbers made JSON (``null`` and a ``non_finite`` marker), its
+    JSON when it did not change after (``make_event`` reuses it), and why the event is
+    refused, if it is; a refused event never reaches the store."""
+    checked, encoded = jsonsafe.finite_json(payload)
+    admitted, refused = _admit(kind, checked)
+    # _admit makes a new payload when it changes one (a huge int value becomes a float).
+    return admitted, encoded if admitted is checked else None, refused
+
+
+def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if kind == METRIC:
         name, step, value = payload.get("name"), payload.get("step"), payload.get("value")
         if not isinstance(name, str) or not 0 < len(name) <= NAME_MAX:
@@ -108,9 +115,12 @@ class Event(dict[str, Any]):
     payload_json: str
 
 
-def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any], cap_bytes: int = 0) -> Event:
-    """A numbered event; a payload over ``cap_bytes`` is capped (``cap_payload``)."""
-    payload_json = jsonsafe.dumps(payload, default=str)
+def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any], cap_bytes: int = 0,
+               payload_json: str | None = None) -> Event:
+    """A numbered event; a payload over ``cap_bytes`` is capped (``cap_payload``).
+    ``payload_json``: the payload's JSON, when the caller has it already."""
+    if payload_json is None:
+        payload_json = jsonsafe.dumps(payload, default=str)
     if 0 < cap_bytes < len(payload_json):
         payload = cap_payload(payload, cap_bytes)
         payload_json = jsonsafe.dumps(payload, default=str)

@@ -21,14 +21,19 @@ def kind_of(number: float) -> str:
     return "inf" if number > 0 else "-inf"
 
 
+def finite_json(payload: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """``finite(payload)`` and its JSON. The C encoder finds out first whether there is a
+    non-finite number at all (far cheaper than a walk), and its text is kept."""
+    try:
+        return payload, json.dumps(payload, allow_nan=False, default=str)
+    except ValueError:
+        cleaned = finite(payload)
+        return cleaned, json.dumps(cleaned, allow_nan=False, default=str)
+
+
 def finite(payload: dict[str, Any]) -> dict[str, Any]:
     """The payload with every non-finite float replaced by null and marked; the payload
-    itself when it has none (found by the C encoder, far cheaper than a walk)."""
-    try:
-        json.dumps(payload, allow_nan=False, default=str)
-        return payload
-    except ValueError:
-        pass
+    itself when it has none."""
     found: dict[str, str] = {}
     cleaned = _clean(payload, "", found)
     if not found:

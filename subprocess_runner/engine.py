@@ -142,7 +142,8 @@ def invoke_node(
     try:
         if ctx.seed is not None:
             seed_everything(derive_seed(ctx.seed, node.id), deterministic)
-        result = node.node_type.execute(ctx, inputs, node.params)
+        # A copy: one executable graph may serve several runs (the submission cache).
+        result = node.node_type.execute(ctx, inputs, dict(node.params))
         return dict(result or {})
     finally:
         _current_node.reset(token)
