@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor, Registry, Snapshot
+from actors.base import Actor, Registry, Shutdown, Snapshot
 from actors.eligibility import WorkerOffer
 from actors.placer_messages import Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
@@ -150,6 +150,9 @@ class WorkerConnection(Actor):
         self._upto = 0  # the newest frame_no of this connection
         self._ack_timer: asyncio.TimerHandle | None = None
         self._foreign = 0  # frames of this connection for runs that are not this worker's
+        # The server is stopping: frames of runs it no longer holds are not acknowledged,
+        # as the next start may adopt those runs (a stop that leaves worker runs going).
+        self._stopping = False
 
     async def on_start(self) -> None:
         self._schedule()
@@ -204,6 +207,8 @@ class WorkerConnection(Actor):
                     self._tell_placer()  # draining: no new runs start here
             case Reannounce():
                 self._tell_placer()
+            case Shutdown(_):
+                self._stopping = True
             case _Check():
                 self._check()
             case Snapshot():
@@ -260,16 +265,19 @@ class WorkerConnection(Actor):
         """A worker run's frames take the in-process runs' path: the RunActor numbers
         them, one message and one write for the frames of one batch. Frames of a run this
         server no longer holds (it ended; the ack was lost) are acknowledged, so the agent
-        forgets them."""
+        forgets them, except while the server stops: its runs' actors are gone then, and
+        the agent keeps their frames for the next start."""
         run = self._registry.lookup(f"runs/{run_id}")
         if run_id in self._runs and run is not None:
             if any(isinstance(frame, wire.RunEnded) for frame in frames):
                 self._runs.pop(run_id, None)
             run.tell(WorkerFrames(self.worker, frames))
-        elif run is None:
+        elif run is None and not self._stopping:
             self._acks[run_id] = max(max(f.counter for f in frames), self._acks.get(run_id, 0))
             self._unacked += len(frames)
             self._want_ack()
+        elif run is None:
+            pass  # kept by the agent for the next start
         else:
             log.warning("worker %s sent frames of run %s, which is not assigned to it: dropped", self.worker, run_id)
             self._foreign += len(frames)

@@ -299,6 +299,10 @@ class ControlPlane:
         placer = self.registry.lookup("placer")
         if placer is not None:
             placer.tell(shutdown)
+        # Before the runs stop: a worker connection must not acknowledge frames of runs
+        # whose actors are gone, which the next start may adopt.
+        for connection in self.workers.children():
+            connection.tell(shutdown)
         if self.leave_worker_runs:
             await self.store.write(KeepQueuedForNextStart())
         runs = [r for r in (self.registry.lookup(n) for n in self.registry.names("runs/")) if r is not None]

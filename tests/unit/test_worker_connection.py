@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.base import Registry, Snapshot
+from actors.base import Registry, Shutdown, Snapshot
 from actors.placer_messages import WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.worker import (
@@ -103,6 +103,21 @@ async def test_persisted_frames_are_acknowledged_in_batches_and_unheld_runs_at_o
     connection.tell(FromWorker((wire.Heartbeat(frame_no=9),)))  # a heartbeat flushes
     (ack,) = await frames(outbox, 1)
     assert ack == wire.Ack(upto=9, runs={"gone": 7})
+
+
+async def test_a_stopping_server_never_acknowledges_frames_of_runs_it_no_longer_holds():
+    # A stop that leaves worker runs going stops their actors first: frames arriving
+    # then belong to the next start, which adopts the runs; an ack would lose them.
+    connection, _, _ = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), outbox))
+    await frames(outbox, 1)
+    connection.tell(Adopted("left", "cuda:0"))
+    connection.tell(Shutdown(leave_worker_runs=True))
+    connection.tell(FromWorker((event("left", 4),)))
+    connection.tell(FromWorker((wire.Heartbeat(frame_no=9),)))
+    (ack,) = await frames(outbox, 1)
+    assert ack == wire.Ack(upto=9, runs={})
 
 
 async def test_a_reconnect_within_the_grace_rebinds_reported_runs_and_loses_the_rest():
