@@ -195,11 +195,9 @@ class SimAgent:
     async def _drain(self, ws: aiohttp.ClientWebSocketResponse, live: asyncio.Queue[str]) -> None:
         """What waits together goes as one message, as ``Link._drain`` sends it."""
         while not ws.closed:
-            texts = [await live.get()]
-            size = len(texts[0])
-            while not live.empty() and size < wire.BATCH_BYTES:
+            texts, size = [await live.get()], 0
+            while not live.empty() and (size := size + len(texts[-1])) < wire.BATCH_BYTES:
                 texts.append(live.get_nowait())
-                size += len(texts[-1])
             try:
                 await ws.send_str(wire.join_frames(texts))
             except (ConnectionResetError, aiohttp.ClientError):

@@ -32,10 +32,10 @@ import os
 import sys
 
 # As in queue.py: the helpers beside this file are imported as the package ``bench`` from
-# the repository root, and this file's folder is not left on sys.path.
+# the repository root (first on sys.path), and this file's folder is left off it.
 _HERE = os.path.dirname(os.path.realpath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
+_ROOT = os.path.dirname(_HERE)
+sys.path[:] = [_ROOT, *(p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE)]
 
 import argparse
 import subprocess
@@ -127,11 +127,11 @@ def _cell(value: Any, fmt: str = "{:.2f}") -> str:
 def print_summary(figs: list[dict[str, Any]]) -> None:
     print("Summary (ms unless said; p99 nearest rank; MB = 10^6 bytes)")
     head = "".join(f"{'x' + str(f['scale']):>14}" for f in figs)
-    print(f"  {'figure':<44}{head}  goal")
+    print(f"  {'figure':<48}{head}  goal")
     rows: list[tuple[str, list[str], str]] = [
         ("agents (cards)", [f"{f['agents']} ({f.get('cards', '?')})" for f in figs], ""),
         ("runs done (local + worker)", [f"{f.get('local', 0)}+{f.get('worker', 0)}" for f in figs], ""),
-        ("runs/s, submit to last finished", [_cell(f.get("runs_per_s"), "{:.1f}") for f in figs], ""),
+        ("runs/s, first submit to last finished", [_cell(f.get("runs_per_s"), "{:.1f}") for f in figs], ""),
         ("POST /api/runs p50 / p99", [_pair(f.get("submit")) for f in figs], ""),
     ]
     for name in figs[0].get("latency", {}) or {}:
@@ -143,6 +143,8 @@ def print_summary(figs: list[dict[str, Any]]) -> None:
         ("heartbeat -> ack p50 / p99", [_pair(f.get("hb_rtt")) for f in figs], ""),
         ("server CPU user + sys (s)", [_cell(f.get("server_user_s", 0) + f.get("server_sys_s", 0), "{:.1f}")
                                        if "server_user_s" in f else "-" for f in figs], ""),
+        ("server CPU per run (ms)", [_cell(1000 * (f["server_user_s"] + f["server_sys_s"]) / f["submitted"], "{:.1f}")
+                                     if f.get("submitted") else "-" for f in figs], ""),
         ("server RSS idle / max (MB)", [f"{_cell(f.get('idle_rss'), '{:.0f}')}/{_cell(f.get('rss_max'), '{:.0f}')}"
                                         for f in figs], ""),
         ("server open fds, max", [_cell(f.get("fds_max"), "{}") for f in figs], ""),
@@ -160,7 +162,7 @@ def print_summary(figs: list[dict[str, Any]]) -> None:
         ("CPU steal in the load phase (s)", [_cell(f.get("steal_s"), "{:.1f}") for f in figs], ""),
     ]
     for label, cells, goal in rows:
-        print(f"  {label:<44}{''.join(f'{c:>14}' for c in cells)}  {goal}")
+        print(f"  {label:<48}{''.join(f'{c:>14}' for c in cells)}  {goal}")
     first = None
     for fig in figs:
         missed, failed = problems(fig)
