@@ -149,7 +149,7 @@ class SimAgent:
             sending.cancel()
             self.stats.add("disconnects")
             if ws.close_code not in (None, 1000):
-                self.stats.error(f"closed by the server: {ws.close_code}")
+                self.stats.error(f"connection closed: {ws.close_code}")  # 1006 also when the agents quit
         return False
 
     def _on_frame(self, frame: Any, numbers: wire.Numbering, sent: dict[int, float]) -> None:

@@ -73,7 +73,7 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
         hb_rtt=_hb_percentiles(after["hb_rtt_ms"]), load_agent_counts=delta,
         disconnects=delta.get("disconnects", 0), server_user_s=cpu1[0] - cpu0[0], server_sys_s=cpu1[1] - cpu0[1],
         agents_cpu_s=sum(cpu1_ - cpu0_ for cpu0_, cpu1_ in zip(fleet0, fleet1, strict=True)),
-        rss_max=max(load.rss_mb, default=rss_mb(server.pid)[0]), rss_hwm=rss_mb(server.pid)[1],
+        rss_max=max(load.rss_mb, default=rss_mb(server.pid)[0]), rss_end=rss_mb(server.pid)[0],
         fds_max=max(load.fds, default=0), steal_s=steal_s() - steal0, load_ids=load.ids,
     )
     lat = fig["latency"]
@@ -86,7 +86,8 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
                   f"  (n={s['n']})")
     print(f"    heartbeats handled {fig['heartbeats_per_s']:.1f}/s ({fig['heartbeats_acked']} acked of "
           f"{fig['heartbeats_sent']} sent); server CPU {fig['server_user_s']:.1f} user + {fig['server_sys_s']:.1f} "
-          f"sys s; RSS max {fig['rss_max']:.1f} MB; fds max {fig['fds_max']}; steal {fig['steal_s']:.1f} s")
+          f"sys s; RSS max {fig['rss_max']:.1f} MB, {fig['rss_end']:.1f} at the end; fds max {fig['fds_max']}; "
+          f"steal {fig['steal_s']:.1f} s")
     if load.submit_errors or load.sample_errors:
         print(f"    errors: submit {load.submit_errors[:3]} sample {load.sample_errors[:3]}")
 
@@ -179,6 +180,9 @@ def run_scale(args: argparse.Namespace, scale: int, tmp: Path) -> dict[str, Any]
             final = fleet.close()
             if final:
                 fig["agent_counts"], fig["agent_errors"] = final["counts"], final["errors"]
+                counts = {k: final["counts"].get(k, 0) for k in ("connect_failures", "disconnects", "kills", "cancels")}
+                top = sorted(final["errors"].items(), key=lambda item: -item[1])[:3]
+                print(f"  agents in all: {counts}; errors {top}")
         code = stop_server_proc(server.proc, 30.0)
         fig["server_exit"] = code
         print(f"  stopped the agents and the server (exit {code})")
