@@ -111,9 +111,12 @@ class Quarantined:
 
 @dataclass(frozen=True)
 class Waiting:
-    """Ask: the runs their queue handed on that have not started, with why:
-    ``{run_id: {"queue_key", "code", "message"}}``. A run still in its queue's line is not
-    here (it waits for one of the queue's slots)."""
+    """Ask: the runs their queue handed on that have not started, with why, and how many
+    each queue key has here: ``{"runs": {run_id: {"queue_key", "code", "message"}},
+    "held": {queue_key: count}}``; ``runs`` only of ``run_ids`` when given. A run still in
+    its queue's line is not here (it waits for one of the queue's slots)."""
+
+    run_ids: frozenset[str] | None = None
 
 
 class Placer(Actor):
@@ -212,8 +215,8 @@ class Placer(Actor):
                 self._quarantined[key] = reason
             case Quarantined():
                 return dict(self._quarantined)
-            case Waiting():
-                return self._waiting_runs()
+            case Waiting(run_ids):
+                return self._waiting_runs(run_ids)
             case Shutdown(_):
                 self._closed = True
                 self._waiting.clear()
@@ -221,18 +224,24 @@ class Placer(Actor):
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def _waiting_runs(self) -> dict[str, dict[str, str]]:
+    def _waiting_runs(self, run_ids: frozenset[str] | None) -> dict[str, Any]:
         found: dict[str, dict[str, str]] = {}
+        held: dict[str, int] = {}
+
+        def note(admit: Admit, code: str, message: str) -> None:
+            held[admit.queue_key] = held.get(admit.queue_key, 0) + 1
+            if run_ids is None or admit.run_id in run_ids:
+                found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
+
         for admit in self._waiting:
             if self._seeded is not None or (admit.seeded and self._executing):
-                code, message = "seed_gate", "waits for the seed gate: a seeded run executes alone in this server"
+                note(admit, "seed_gate", "waits for the seed gate: a seeded run executes alone in this server")
             else:
-                code, message = "device_busy", (f"waits for a free slot of {admit.queue_key}, which this server "
-                                                "shares with a worker on the same machine")
-            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
+                note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}, which this server "
+                                           "shares with a worker on the same machine")
         for admit, code, message in self._slots.waiting():
-            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
-        return found
+            note(admit, code, message)
+        return {"runs": found, "held": held}
 
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
         for spec in adopted:

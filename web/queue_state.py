@@ -9,7 +9,7 @@ is ``queued``, and each queued run can say what it waits for (``queue_reason``).
 
 from __future__ import annotations
 
-from collections import Counter
+import asyncio
 from typing import Any
 
 from actors.base import Snapshot
@@ -21,26 +21,25 @@ from web.context import Services
 class QueueState:
     """One reading of the placer and the queues, for one request."""
 
-    def __init__(self, waiting: dict[str, dict[str, str]], quarantined: dict[str, str],
+    def __init__(self, waiting: dict[str, Any], quarantined: dict[str, str],
                  snapshots: dict[str, dict[str, Any]]) -> None:
-        self.waiting = waiting
+        self.waiting: dict[str, dict[str, str]] = waiting["runs"]
         self.quarantined = quarantined
         self._snapshots = snapshots
-        self._held = Counter(reason["queue_key"] for reason in waiting.values())
+        self._held: dict[str, int] = waiting["held"]
 
     @classmethod
-    async def read(cls, svc: Services, keys: set[str] | None = None) -> QueueState:
-        """``keys``: the queues to read (None: every queue)."""
+    async def read(cls, svc: Services, keys: set[str] | None = None,
+                   run_ids: frozenset[str] | None = None) -> QueueState:
+        """``keys``: the queues to read, ``run_ids``: the runs whose reasons are wanted
+        (None: all). Every actor is asked at once."""
         placer = svc.actor("placer")
-        waiting: dict[str, dict[str, str]] = await placer.ask(Waiting())
-        quarantined: dict[str, str] = await placer.ask(Quarantined())
-        snapshots: dict[str, dict[str, Any]] = {}
-        for name in svc.registry.names("queues/"):
-            key = name.removeprefix("queues/")
-            ref = svc.registry.lookup(name)
-            if ref is not None and (keys is None or key in keys):
-                snapshots[key] = await ref.ask(Snapshot())
-        return cls(waiting, quarantined, snapshots)
+        refs = {key: ref for key in (keys if keys is not None else
+                                     [name.removeprefix("queues/") for name in svc.registry.names("queues/")])
+                if (ref := svc.registry.lookup(f"queues/{key}")) is not None}
+        waiting, quarantined, *snapshots = await asyncio.gather(
+            placer.ask(Waiting(run_ids)), placer.ask(Quarantined()), *(ref.ask(Snapshot()) for ref in refs.values()))
+        return cls(waiting, quarantined, dict(zip(refs, snapshots, strict=True)))
 
     def row(self, key: str, limit: int) -> dict[str, Any]:
         """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""
@@ -75,10 +74,10 @@ class QueueState:
 async def with_queue_reasons(svc: Services, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows, each queued one with its ``queue_reason`` (asks the actors only when the
     page holds a queued run)."""
-    queued = {run["queue_key"] for run in runs if run["status"] == ev.QUEUED}
+    queued = [run for run in runs if run["status"] == ev.QUEUED]
     if not queued:
         return runs
-    state = await QueueState.read(svc, queued)
+    state = await QueueState.read(svc, {run["queue_key"] for run in queued}, frozenset(run["id"] for run in queued))
     for run in runs:
         run["queue_reason"] = state.reason(run, svc.settings.concurrency_for(run["queue_key"]))
     return runs

@@ -7,12 +7,15 @@ mutation that does not take the session token: the enrollment token is its proof
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from datetime import UTC, datetime
+from typing import Any
 
 from aiohttp import web
 
 from actors.base import Snapshot
+from actors.errors import ActorDeadError
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked
 from protocol.api import NewEnrollment, Redeem
@@ -56,20 +59,32 @@ async def redeem(request: web.Request) -> web.Response:
 @routes.get("/api/workers")
 async def list_workers(request: web.Request) -> web.Response:
     svc = services(request)
+    enrolled = [row for row in await svc.store.read(ListWorkers()) if not row["revoked"]]
+    # Every connection is asked at once: a lab's 200 workers cost one round, not 200.
+    lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
+    snapshots = await asyncio.gather(*(_snapshot(live) for live in lives))
     rows = []
-    for row in await svc.store.read(ListWorkers()):
-        if row["revoked"]:
-            continue
-        live = svc.registry.lookup(f"workers/{row['name']}")
-        snapshot = await live.ask(Snapshot()) if live is not None else {
-            "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
-            "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
-            "inventory": None, "slots": [], "running_runs": []}
+    for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
+        if snapshot is None:
+            snapshot = {
+                "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
+                "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
+                "inventory": None, "slots": [], "running_runs": []}
         failed = svc.failed_workers.get(row["name"])
         if failed is not None and live is None:
             snapshot = {**snapshot, "state": "failed", "failed_reason": failed}
         rows.append({**snapshot, "enrolled_at": row["enrolled_at"]})
     return json_reply({"workers": rows})
+
+
+async def _snapshot(live: Any) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    try:
+        snapshot: dict[str, Any] = await live.ask(Snapshot())
+    except ActorDeadError:  # it stopped between the lookup and the ask
+        return None
+    return snapshot
 
 
 @routes.delete(WORKER_PATH)
