@@ -70,8 +70,11 @@ def test_timeout_exits_1_and_leaves_the_run_running(shared_server, tmp_path):
 
 def test_ctrl_c_exits_130_and_the_run_goes_on(shared_server, tmp_path):
     path = write(tmp_path, "s.json", sleeper(seconds=30))
+    # As in a terminal: SIGINT at its default, even when the suite itself was started in
+    # the background (where a shell ignores SIGINT, and children inherit that).
     proc = subprocess.Popen(troupe_cmd("run", path), cwd=REPO, env=base_env(shared_server.home),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     run_id = None
     for line in proc.stdout:
