@@ -148,7 +148,7 @@ class SimAgent:
             beats.cancel()
             sending.cancel()
             self.stats.add("disconnects")
-            if ws.close_code not in (None, 1000):
+            if ws.close_code is not None:
                 self.stats.error(f"connection closed: {ws.close_code}")  # 1006 also when the agents quit
         return False
 

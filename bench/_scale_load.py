@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,8 +92,9 @@ class Load:
 
 def submit_all(server: Server, bodies: list[tuple[str, bytes]], threads: int, rate: float, load: Load,
                timeout: float) -> None:
-    """Submits every body, run i not before start + i / rate, from ``threads`` threads (at
-    most that many POSTs in flight); returns when all were answered."""
+    """Submits every (kind, body), run i not before start + i / rate, from ``threads``
+    threads (at most that many POSTs in flight); returns when all were answered. The run
+    ids go to ``load.ids[kind]``."""
     order = itertools.count()
     start = time.monotonic() + 0.05
     load.first_submit = time.perf_counter()
@@ -115,7 +117,7 @@ def submit_all(server: Server, bodies: list[tuple[str, bytes]], threads: int, ra
                 with load.lock:
                     load.submit_s.append(elapsed)
                     if status == 201:
-                        load.ids[kind].append(reply["run_id"])
+                        load.ids.setdefault(kind, []).append(reply["run_id"])
                     else:
                         load.submit_errors.append(f"{status}: {str(reply)[:160]}")
         finally:
@@ -130,12 +132,14 @@ def submit_all(server: Server, bodies: list[tuple[str, bytes]], threads: int, ra
 
 
 class Sampler(threading.Thread):
-    """Asks ENDPOINTS in turn every ``interval`` seconds, one request at a time on one
-    keep-alive connection (the next goes at once when an answer came late)."""
+    """Asks ``endpoints`` in turn every ``interval`` seconds, one request at a time on one
+    keep-alive connection (the next goes at once when an answer came late). The listing
+    and the workers get a sampler each, so a slow one does not thin out the other's samples."""
 
-    def __init__(self, server: Server, interval: float, load: Load, timeout: float) -> None:
-        super().__init__(name="sampler", daemon=True)
-        self.server, self.interval, self.load, self.timeout = server, interval, load, timeout
+    def __init__(self, server: Server, endpoints: tuple[str, ...], interval: float, load: Load,
+                 timeout: float) -> None:
+        super().__init__(name=f"sampler-{endpoints[0]}", daemon=True)
+        self.server, self.endpoints, self.interval, self.load, self.timeout = server, endpoints, interval, load, timeout
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -144,7 +148,7 @@ class Sampler(threading.Thread):
         for turn in itertools.count():
             if self.stopping.is_set():
                 break
-            name = ENDPOINTS[turn % len(ENDPOINTS)]
+            name = self.endpoints[turn % len(self.endpoints)]
             if name.endswith("&cursor"):
                 if cursor is None:
                     continue  # fewer than a page of succeeded runs yet
@@ -200,5 +204,16 @@ def wait_terminal(watcher: GlobalWatcher, ids: set[str], timeout: float) -> dict
         return {run_id: watcher.terminal[run_id] for run_id in ids}
 
 
-def server_log_tail(server: Server, lines: int = 8) -> str:
-    return "\n".join(Path(server.log_path).read_text(errors="replace").splitlines()[-lines:])
+def log_digest(path: Path) -> dict[str, int]:
+    """The server log's WARNING / ERROR / CRITICAL lines, counted by message with worker
+    names, run ids and numbers blanked (``worker # disconnected: three heartbeats missed``)."""
+    found: dict[str, int] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        match = re.search(r" (WARNING|ERROR|CRITICAL) [\w.]+: (.*)", line)
+        if line.startswith("Traceback"):
+            found["Traceback"] = found.get("Traceback", 0) + 1
+        elif match:
+            text = re.sub(r"sim-\d+|\b[0-9a-f]{32}\b|[0-9a-f-]{36}|\d+(\.\d+)?", "#", match.group(2))[:140]
+            key = f"{match.group(1)} {text}"
+            found[key] = found.get(key, 0) + 1
+    return found

@@ -76,9 +76,16 @@ class Adoption:
     errors: list[str] = field(default_factory=list)
 
 
-def wait_running(conn: Conn, n: int, timeout: float) -> None:
+def wait_running(conn: Conn, n: int, terminal_before: int, timeout: float) -> None:
+    """Waits until the ``n`` long runs all run at once; a BenchError if one of them ended
+    first (their length, ``--adopt-seconds`` times the scale, was shorter than the time
+    it took to submit and start them all)."""
     deadline = time.monotonic() + timeout
     while (counts := run_counts(conn)).get("running", 0) < n:
+        ended = sum(counts.get(s, 0) for s in TERMINAL) - terminal_before
+        if ended:
+            raise BenchError(f"{ended} of the {n} long runs ended before all of them ran ({counts}); "
+                             "raise --adopt-seconds")
         if time.monotonic() > deadline:
             raise BenchError(f"only {counts.get('running', 0)} of {n} long runs running after {timeout:g}s: {counts}")
         time.sleep(0.2)

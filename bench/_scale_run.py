@@ -17,14 +17,23 @@ from bench._scale_load import (
     Load,
     ProcWatch,
     Sampler,
+    log_digest,
     plan_bodies,
     submit_all,
     wait_terminal,
     worker_events,
     worker_graph,
 )
-from bench._scale_restart import Adoption, adopt_bodies, check_all, kill_and_adopt, wait_quiet, wait_running
-from bench._troupe import GlobalWatcher, Server, stop_server_proc
+from bench._scale_restart import (
+    Adoption,
+    adopt_bodies,
+    check_all,
+    kill_and_adopt,
+    run_counts,
+    wait_quiet,
+    wait_running,
+)
+from bench._troupe import TERMINAL, GlobalWatcher, Server, stop_server_proc
 
 
 def _ms(values_s: list[float]) -> dict[str, float] | None:
@@ -43,10 +52,13 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
     if not watcher.ready.wait(30) or watcher.broken:
         raise BenchError(f"could not follow /api/stream: {watcher.broken}")
     load = Load()
-    sampler, proc_watch = Sampler(server, args.sample_interval, load, 30.0), ProcWatch(server.pid, load)
+    samplers = [Sampler(server, ENDPOINTS[:-1], args.sample_interval, load, 60.0),
+                Sampler(server, ENDPOINTS[-1:], args.sample_interval, load, 60.0)]
+    proc_watch = ProcWatch(server.pid, load)
     before, cpu0, fleet0, steal0 = fleet.stats(), cpu_seconds(server.pid), cpu_seconds(fleet.proc.pid), steal_s()
     t0 = time.monotonic()
-    sampler.start()
+    for sampler in samplers:
+        sampler.start()
     proc_watch.start()
     try:
         submit_all(server, bodies, args.threads, rate, load, 30.0)
@@ -54,12 +66,14 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
         ids = set(load.ids["local"] + load.ids["worker"])
         terminal = wait_terminal(watcher, ids, args.timeout)
     finally:
-        sampler.stopping.set()
+        for sampler in samplers:
+            sampler.stopping.set()
         proc_watch.stopping.set()
         watcher.stop()
     wall = (max(t for _, t in terminal.values()) - load.first_submit) if terminal else time.monotonic() - t0
     after, cpu1, fleet1 = fleet.stats(), cpu_seconds(server.pid), cpu_seconds(fleet.proc.pid)
-    sampler.join(35)
+    for sampler in samplers:
+        sampler.join(65)
     proc_watch.join(5)
     counts0, counts1 = before["counts"], after["counts"]
     delta = {k: counts1.get(k, 0) - counts0.get(k, 0) for k in counts1}
@@ -71,7 +85,8 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
         heartbeats_per_s=delta.get("heartbeats_acked", 0) / wall if wall else 0.0,
         heartbeats_sent=delta.get("heartbeats_sent", 0), heartbeats_acked=delta.get("heartbeats_acked", 0),
         hb_rtt=_hb_percentiles(after["hb_rtt_ms"]), load_agent_counts=delta,
-        disconnects=delta.get("disconnects", 0), server_user_s=cpu1[0] - cpu0[0], server_sys_s=cpu1[1] - cpu0[1],
+        disconnects=delta.get("disconnects", 0), disconnects_seen=counts1.get("disconnects", 0),
+        server_user_s=cpu1[0] - cpu0[0], server_sys_s=cpu1[1] - cpu0[1],
         agents_cpu_s=sum(cpu1_ - cpu0_ for cpu0_, cpu1_ in zip(fleet0, fleet1, strict=True)),
         rss_max=max(load.rss_mb, default=rss_mb(server.pid)[0]), rss_end=rss_mb(server.pid)[0],
         fds_max=max(load.fds, default=0), steal_s=steal_s() - steal0, load_ids=load.ids,
@@ -94,18 +109,24 @@ def load_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: li
 
 def restart_phase(args: argparse.Namespace, server: Server, fleet: Fleet, specs: list[dict[str, Any]],
                   home: Path, fig: dict[str, Any]) -> Server:
-    bodies, ticks = adopt_bodies(specs, args.adopt_per_agent, args.adopt_seconds)
+    # More runs take longer to submit and to start: the runs last longer at a larger scale.
+    bodies, ticks = adopt_bodies(specs, args.adopt_per_agent, args.adopt_seconds * fig["scale"])
     conn = Conn(server.port, server.token, 30.0)
-    ids: dict[str, str] = {}
     try:
-        for worker, body in bodies:
-            status, reply = conn.request("POST", "/api/runs", body)
-            if status != 201:
-                raise BenchError(f"POST /api/runs (long run) answered {status}: {reply}")
-            ids[reply["run_id"]] = worker
-        wait_running(conn, len(ids), args.timeout)
+        terminal_before = sum(n for state, n in run_counts(conn).items() if state in TERMINAL)
+        submitted = Load()
+        t0 = time.monotonic()
+        submit_all(server, bodies, args.threads, 1e6, submitted, 60.0)
+        if submitted.submit_errors:
+            raise BenchError(f"submitting the long runs: {submitted.submit_errors[:3]}")
+        ids = {run_id: worker for worker, run_ids in submitted.ids.items() for run_id in run_ids}
+        wait_running(conn, len(ids), terminal_before, args.timeout)
+        print(f"  restart: {len(ids)} long runs ({ticks} points each) submitted and all running after "
+              f"{time.monotonic() - t0:.1f} s")
     finally:
         conn.close()
+    fig["log_before_kill"] = log_digest(server.log_path)
+    fig["disconnects"] += fleet.stats()["counts"].get("disconnects", 0) - fig["disconnects_seen"]
     time.sleep(2 * 0.5)  # every run has sent points that the next server must not lose
     result = Adoption(runs=len(ids), ticks=ticks)
     fig["adoption"] = result
@@ -186,4 +207,8 @@ def run_scale(args: argparse.Namespace, scale: int, tmp: Path) -> dict[str, Any]
         code = stop_server_proc(server.proc, 30.0)
         fig["server_exit"] = code
         print(f"  stopped the agents and the server (exit {code})")
+        for label, digest in (("before the kill", fig.get("log_before_kill")), ("", log_digest(server.log_path))):
+            if digest:
+                top = sorted(digest.items(), key=lambda item: -item[1])[:6]
+                print(f"  server log{' ' + label if label else ''}: " + "; ".join(f"{n} x {m}" for m, n in top))
     return fig

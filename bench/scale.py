@@ -104,7 +104,7 @@ def problems(fig: dict[str, Any]) -> tuple[list[str], list[str]]:
     if fig.get("sample_errors"):
         failed.append(f"{len(fig['sample_errors'])} sampled GETs failed, e.g. {fig['sample_errors'][0]}")
     if fig.get("disconnects"):
-        failed.append(f"{fig['disconnects']} agent connections dropped during the load phase")
+        failed.append(f"{fig['disconnects']} agent connections dropped before the kill")
     for kind, check in fig.get("load_check", {}).items():
         if not check.ok:
             failed.append(f"load check ({kind}): {check.statuses}, events right {check.events_ok}/{check.n}")
