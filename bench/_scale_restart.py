@@ -19,6 +19,7 @@ adopted run every tick point exactly once (``/api/runs/{id}/metrics``).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -39,10 +40,18 @@ ADOPT_TICK_S = 0.5
 
 
 def run_counts(conn: Conn) -> dict[str, int]:
-    """Runs by state, from ``GET /metrics`` (``troupe_runs{state=...}``)."""
-    conn.http.request("GET", "/metrics")
-    response = conn.http.getresponse()
-    text = response.read().decode()
+    """Runs by state, from ``GET /metrics`` (``troupe_runs{state=...}``); once more on a new
+    connection when the server had closed the idle one (as ``Conn.request`` does)."""
+    for attempt in (1, 2):
+        try:
+            conn.http.request("GET", "/metrics")
+            response = conn.http.getresponse()
+            text = response.read().decode()
+            break
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            conn.http.close()
+            if attempt == 2:
+                raise
     if response.status != 200:
         raise BenchError(f"GET /metrics answered {response.status}")
     return {m[1]: int(float(m[2])) for m in re.finditer(r'^troupe_runs\{state="(\w+)"\} (\S+)$', text, re.M)}

@@ -13,6 +13,7 @@ from bench._http import HOST, Conn
 from bench._measure import BenchError, OutOfTime, cpu_seconds, rss_mb, steal_s, summary
 from bench._scale_fleet import Fleet, enroll_all, fleet_specs, serve, write_plan
 from bench._scale_load import (
+    CLIENT_ERRORS,
     ENDPOINTS,
     Load,
     ProcWatch,
@@ -193,7 +194,7 @@ def run_scale(args: argparse.Namespace, scale: int, tmp: Path) -> dict[str, Any]
             fig["phase"] = "restart"
             server = restart_phase(args, server, fleet, specs, home, fig)
         fig["phase"] = "done"
-    except BenchError as exc:  # the server or the agents gave out: that is a finding at this scale
+    except (BenchError, *CLIENT_ERRORS) as exc:  # the server or the agents gave out: a finding at this scale
         fig["error"], fig["out_of_time"] = f"{fig['phase']} phase: {exc}", isinstance(exc, OutOfTime)
         print(f"  STOPPED in the {fig['error']}")
     finally:
