@@ -7,8 +7,10 @@ Adoption is observed from both ends:
 
 - the server's: ``GET /api/workers`` of the new server lists the worker ``connected`` with
   the run in its ``running_runs`` (the new WorkerConnection rebound the run the agent
-  reported in its hello; ``actors/worker.py`` ``_attach``), or the run's row is already
-  terminal (it ended on the new server, which it can only do once adopted);
+  reported in its hello; ``actors/worker.py`` ``_attach``), or the run is listed
+  ``succeeded`` (it ended on the new server, which it can only do once adopted; with
+  ``/api/workers`` taking seconds at 800 workers, a run can be adopted and end between
+  two polls);
 - the agents': each agent's welcome from the new server, and the moment acks covered
   every frame it replayed on that connection.
 
@@ -129,12 +131,9 @@ def kill_and_adopt(server: Server, fleet: Fleet, ids: dict[str, str], result: Ad
                 for run_id, worker in ids.items():
                     if run_id not in adopted and (worker, run_id) in held:
                         adopted[run_id] = now
-            left = [r for r in ids if r not in adopted]
-            if left and len(left) <= 20:  # perhaps ended on the new server: look at their rows
-                for run_id in left:
-                    code, row = conn.request("GET", f"/api/runs/{run_id}")
-                    if code == 200 and row["status"] in TERMINAL:
-                        adopted[run_id] = now
+            if len(adopted) < len(ids):  # a run that ended on the new server was adopted between two polls
+                for run_id in _newest_succeeded(conn, len(ids)) & (ids.keys() - adopted.keys()):
+                    adopted[run_id] = now
             agents = fleet.stats()
             welcomed = [t for t in agents["welcomed_at"].values() if t is not None and t > t_kill]
             acked = [t for t in agents["replay_acked_at"].values() if t is not None and t > t_kill]
@@ -157,6 +156,23 @@ def kill_and_adopt(server: Server, fleet: Fleet, ids: dict[str, str], result: Ad
     finally:
         conn.close()
     return again
+
+
+def _newest_succeeded(conn: Conn, n: int) -> set[str]:
+    """Ids among the ``n`` newest succeeded runs (the long runs are the newest runs, and
+    were all running at the kill, so those of them listed here ended on the new server)."""
+    found: set[str] = set()
+    cursor: str | None = None
+    while len(found) < n:
+        status, page = conn.request("GET", "/api/runs?status=succeeded&limit=500" + (f"&cursor={cursor}" if cursor
+                                                                                      else ""))
+        if status != 200:
+            break
+        found.update(row["id"] for row in page["runs"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    return found
 
 
 def wait_quiet(conn: Conn, timeout: float) -> dict[str, int]:
