@@ -158,11 +158,8 @@ class StoreActor(ThreadActor):
 
     @staticmethod
     def _write_handler(op: Any) -> Any:
-        handler = _WRITES.get(type(op))
-        if handler is not None:
-            return handler
+        return _WRITES.get(type(op), _no_such_write)
 
-        def unknown(session: Session, op: Any) -> Any:
-            raise TypeError(f"the store has no write {type(op).__name__}")
 
-        return unknown
+def _no_such_write(session: Session, op: Any) -> Any:
+    raise TypeError(f"the store has no write {type(op).__name__}")

@@ -61,7 +61,9 @@ def test_any_waits_for_a_worker_when_none_was_seen_yet(make_server, tmp_path):
     refused = server.submit(hello(), expect=503, target={**ANYWHERE, "wait": False})
     assert refused["error"]["code"] == "worker_offline"
     waiting = server.submit(hello(), target=ANYWHERE)
-    assert waiting["queue_key"] == "any/cpu" and server.get(f"/api/runs/{waiting['run_id']}")["status"] == "queued"
+    row = server.get(f"/api/runs/{waiting['run_id']}")
+    assert waiting["queue_key"] == "any/cpu" and row["status"] == "queued"
+    assert row["queue_reason"]["code"] == "no_free_worker"
     agent = start_agent(server, tmp_path, enroll(server, name="late")["command"])
     try:
         assert server.events_until_finished(waiting["run_id"])[-1]["payload"]["status"] == "succeeded"

@@ -138,7 +138,9 @@ def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for
     assert events[-1]["payload"]["status"] == "interrupted" and events[-1]["payload"]["reason"] == "worker_lost"
     # The worker is known but offline: a run for it waits, and starts when it is back.
     waiting = server.submit(hello(), target=target())["run_id"]
-    assert server.get(f"/api/runs/{waiting}")["status"] == "queued"
+    row = server.get(f"/api/runs/{waiting}")
+    assert row["status"] == "queued" and row["queue_reason"]["code"] == "worker_offline"
+    assert "gpu-a" in row["queue_reason"]["message"]
     # ... unless it says not to wait: then it is refused at once, and nothing is stored.
     refused = server.submit(hello(), expect=503, target=target(wait=False))
     assert refused["error"]["code"] == "worker_offline" and refused["error"]["pointer"] == "/options/target/wait"
