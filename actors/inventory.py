@@ -11,6 +11,7 @@ from typing import Any
 
 from actors.threaded import ThreadActor
 from protocol import worker as wire
+from subprocess_runner.devices import visible_cards
 
 
 @dataclass(frozen=True)
@@ -19,19 +20,26 @@ class Probe:
 
 
 class InventoryActor(ThreadActor):
-    def __init__(self, name: str, loop: Any, on_exit: Any, simulated: dict[str, Any] | None) -> None:
+    def __init__(self, name: str, loop: Any, on_exit: Any, simulated: dict[str, Any] | None,
+                 cuda_visible: str | None = None) -> None:
         super().__init__(name, loop, on_exit)
         self._simulated = simulated
+        self._cuda_visible = cuda_visible
 
     def handle(self, message: Any) -> Any:
         if not isinstance(message, Probe):
             raise TypeError(f"inventory cannot handle {type(message).__name__}")
         if self._simulated is not None:
-            return wire.Inventory.model_validate(
+            found = wire.Inventory.model_validate(
                 {k: v for k, v in self._simulated.items() if k in ("cpus", "cards", "mps")}
                 | {"cpus": self._simulated.get("cpus") or os.cpu_count() or 1})
-        return wire.Inventory(cpus=os.cpu_count() or 1, cards=_nvml_cards(),
-                              mps=platform.system() == "Darwin" and platform.machine() == "arm64")
+        else:
+            found = wire.Inventory(cpus=os.cpu_count() or 1, cards=_nvml_cards(),
+                                   mps=platform.system() == "Darwin" and platform.machine() == "arm64")
+        # The agent offers the cards its CUDA_VISIBLE_DEVICES shows, first its current one.
+        by_index = {card.index: card for card in found.cards}
+        shown = visible_cards(self._cuda_visible, [(card.index, card.uuid) for card in found.cards])
+        return found.model_copy(update={"cards": [by_index[i] for i in shown]})
 
 
 def _nvml_cards() -> list[wire.Card]:

@@ -32,6 +32,7 @@ from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
 from protocol.settings import Settings
+from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.node_cache import NodeCache, SessionCache
 
@@ -182,7 +183,7 @@ class RunActor(Actor):
             Execute(
                 graph=self._graph,
                 run_id=self.run_id,
-                device=self._row["device"],
+                device=torch_device(self._row["device"], self._settings.cuda_visible_devices),
                 seed=self._row.get("seed"),
                 deterministic=bool(self._row.get("deterministic")),
                 max_parallel=self._settings.max_parallel_nodes,

@@ -78,7 +78,10 @@ def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, 
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None) -> int:
+    from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
+
+    number_cards_by_bus()
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     machine = machine_id(simulated)
@@ -103,7 +106,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
         settings = load_settings()
         return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated,
                                                      settings.worker_kill_grace_s,
-                                                     int(settings.agent_outbox_mb * 1024 * 1024)))))
+                                                     int(settings.agent_outbox_mb * 1024 * 1024),
+                                                     settings.cuda_visible_devices))))
     finally:
         pid_file.unlink(missing_ok=True)
 

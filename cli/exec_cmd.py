@@ -14,7 +14,7 @@ from protocol import events as ev
 from protocol.graph import Graph
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.devices import resolve_device
+from subprocess_runner.devices import number_cards_by_bus, resolve_device
 from subprocess_runner.engine import ExecutableGraph, execute_graph, prepare_executable_graph
 from subprocess_runner.errors import GraphInvalid
 from subprocess_runner.seeding import cap_threads
@@ -39,6 +39,7 @@ def load_valid_graph(path: str) -> tuple[dict[str, Any], Graph, ExecutableGraph]
 
 def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int, events_json: bool = False) -> int:
     cap_threads()  # before the first node imports torch
+    number_cards_by_bus()
     _, graph, executable = load_valid_graph(path)
     try:
         resolved, warning = resolve_device(device or graph.settings.device)

@@ -14,6 +14,7 @@ from cli.errors import CliError, NoServer
 from cli.session import acquire_lock, lock_is_held, read_session, remove_session, write_session
 from protocol.settings import Settings
 from protocol.version import __version__
+from subprocess_runner.devices import number_cards_by_bus
 from subprocess_runner.seeding import cap_threads
 from web.limits import raise_open_files
 
@@ -34,6 +35,7 @@ def start(settings: Settings) -> int:
     log.info("open-file limit %s", soft)
     # In-process runs get TROUPE_CPUS threads, leaving the event loop its cores.
     cap_threads(settings.cpus)
+    number_cards_by_bus()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         code = asyncio.run(_serve(settings))

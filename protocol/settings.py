@@ -61,6 +61,9 @@ class Settings:
     # Accelerator names this server pretends to have (``cuda:0,cuda:1``), for tests and
     # demos on machines without one; their runs execute on the CPU. Off by default.
     simulated_accelerators: tuple[str, ...] = ()
+    # The process's CUDA_VISIBLE_DEVICES (None when unset): which cards it may use, and
+    # which is its current device (the first), by CUDA's rule.
+    cuda_visible_devices: str | None = None
     warnings: tuple[str, ...] = ()
 
     def concurrency_for(self, queue_key: str) -> int:
@@ -125,6 +128,7 @@ class Settings:
             public_url=environ.get("TROUPE_PUBLIC_URL") or None,
             examples_dir=examples_dir,
             simulated_accelerators=reader.devices("TROUPE_SIMULATED_ACCELERATORS"),
+            cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
             warnings=tuple(warnings),
         )
 

@@ -9,32 +9,82 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 import re
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 _DEVICE = re.compile(r"^(cpu|auto|cuda|mps)(?::(\d{1,3}))?$")
 
 
 @functools.lru_cache(maxsize=1)
-def probe_accelerators() -> tuple[str, ...]:
-    """``("cuda:0", "cuda:1")``, ``("mps:0",)`` or ``()``; cached, as cards do not come
-    and go under a running server."""
-    found: list[str] = []
+def probe_cuda_cards() -> tuple[tuple[int, str], ...]:
+    """Every card NVML sees as ``(index, uuid)``, in PCI bus order; cached, as cards do
+    not come and go under a running process."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            found.extend(f"cuda:{i}" for i in range(pynvml.nvmlDeviceGetCount()))
+            return tuple((i, str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))))
+                         for i in range(pynvml.nvmlDeviceGetCount()))
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no library, no card: all mean "no CUDA here"
-        pass
+        return ()
+
+
+def visible_cards(spec: str | None, cards: Sequence[tuple[int, str]]) -> tuple[int, ...]:
+    """The NVML indices of the cards ``CUDA_VISIBLE_DEVICES`` (``spec``) shows, in the
+    order CUDA numbers them: its first entry is CUDA's ordinal 0, the device a process is
+    on until it picks another, which is what a plain ``cuda`` means.
+
+    CUDA's own rule, read without CUDA: unset shows every card; an entry is an index or
+    a UUID (or a unique prefix of one, with or without ``GPU-``); the list ends at the
+    first entry that names no card or repeats one. Indices count in PCI bus order, which
+    troupe sets (``CUDA_DEVICE_ORDER=PCI_BUS_ID``) so they agree with NVML's."""
+    if spec is None:
+        return tuple(index for index, _ in cards)
+    shown: list[int] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if re.fullmatch(r"\d+", entry):
+            found = [index for index, _ in cards if index == int(entry)]
+        else:
+            wanted = entry if entry.upper().startswith("GPU-") else f"GPU-{entry}"
+            found = [index for index, uuid in cards if entry and uuid.upper().startswith(wanted.upper())]
+        if len(found) != 1 or found[0] in shown:
+            break
+        shown.append(found[0])
+    return tuple(shown)
+
+
+def number_cards_by_bus() -> None:
+    """Makes CUDA count cards in PCI bus order, as NVML does, so that ``cuda:N`` and
+    CUDA_VISIBLE_DEVICES indices name the same card in troupe, NVML and torch. Called at
+    the start of every troupe process, before anything can initialise CUDA."""
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+
+
+def probe_accelerators(cuda_visible: str | None = None) -> tuple[str, ...]:
+    """``("cuda:0", "cuda:1")``, ``("mps:0",)`` or ``()``: the cards this process can
+    use, named by NVML index, in CUDA's order (so the first is the current device)."""
+    found = [f"cuda:{i}" for i in visible_cards(cuda_visible, probe_cuda_cards())]
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         found.append("mps:0")
     return tuple(found)
+
+
+def torch_device(device: str, cuda_visible: str | None, cards: Sequence[tuple[int, str]] | None = None) -> str:
+    """The name torch in this process gives the card troupe calls ``device``: troupe
+    names a card by its NVML index, torch by its place among the visible cards. A card
+    this process cannot see (a simulated one) keeps its name."""
+    parsed = parse_device(device)
+    if parsed is None or parsed[0] != "cuda" or parsed[1] is None:
+        return device
+    order = visible_cards(cuda_visible, probe_cuda_cards() if cards is None else cards)
+    return f"cuda:{order.index(parsed[1])}" if parsed[1] in order else device
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,11 +111,13 @@ def parse_device(name: str) -> tuple[str, int | None] | None:
 
 def resolve_device(requested: str | None, available: tuple[str, ...] | None = None) -> tuple[str, str | None]:
     """Returns ``(device, warning)``. ``None`` means ``cpu``; ``auto`` picks cuda, then
-    mps, then cpu; ``cuda`` is ``cuda:0`` and ``mps`` is ``mps:0``; an accelerator this
-    machine lacks falls back to ``cpu`` with a warning. Raises ``ValueError`` for a name
-    that is not a device at all."""
-    if available is None:
-        available = probe_accelerators()
+    mps, then cpu; ``cuda`` is the current device, the first card of ``available`` (which
+    lists cards in CUDA's order), and ``mps`` is ``mps:0``; an accelerator this machine
+    lacks falls back to ``cpu`` with a warning. Raises ``ValueError`` for a name that is
+    not a device at all."""
+    if available is None:  # a standalone process (troupe exec, an exported script): torch's own names
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        available = tuple(torch_device(d, visible) for d in probe_accelerators(visible))
     if requested is None or requested.strip() == "":
         return "cpu", None
     parsed = parse_device(requested)
@@ -80,6 +132,10 @@ def resolve_device(requested: str | None, available: tuple[str, ...] | None = No
             if best:
                 return best, None
         return "cpu", None
+    if kind == "cuda" and index is None:
+        current = next((d for d in available if d.startswith("cuda:")), None)
+        if current:
+            return current, None
     device = f"{kind}:{index or 0}"
     if device in available:
         return device, None

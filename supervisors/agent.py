@@ -33,6 +33,7 @@ class AgentConfig:
     simulated_inventory: dict[str, Any] | None = None
     kill_grace_s: float = 10.0
     outbox_bytes: int = 64 * 1024 * 1024
+    cuda_visible_devices: str | None = None  # the cards the agent offers, in CUDA's order
 
 
 class Agent:
@@ -45,7 +46,7 @@ class Agent:
         root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
         registry = Registry()
         inventory = root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
-            InventoryActor, "inventory", self.config.simulated_inventory)))
+            InventoryActor, "inventory", self.config.simulated_inventory, self.config.cuda_visible_devices)))
         finished = asyncio.Event()
 
         def final(code: int, reason: str) -> None:

@@ -43,7 +43,7 @@ from protocol import events as ev
 from protocol.graph import Graph
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
-from subprocess_runner.devices import host_machine_id, probe_accelerators
+from subprocess_runner.devices import host_machine_id, parse_device, probe_accelerators, visible_cards
 from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Restart, Supervisor
@@ -112,7 +112,7 @@ class ControlPlane:
         if self.settings.run_retention_keep_last >= 0:
             await self.store.write(Prune(self.settings.run_retention_keep_last))
         assert store_ref.is_alive
-        self.accelerators = probe_accelerators() + self.settings.simulated_accelerators
+        self.accelerators = probe_accelerators(self.settings.cuda_visible_devices) + _simulated(self.settings)
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
         await self._restore(found["adopted"], found["queued"])
@@ -328,3 +328,12 @@ class ControlPlane:
         self.node_pool.shutdown(wait=False, cancel_futures=True)
         self.executor_pool.shutdown(wait=False, cancel_futures=True)
         self.node_cache.clear()
+
+
+def _simulated(settings: Settings) -> tuple[str, ...]:
+    """The simulated cards this server pretends to have, filtered and ordered by its
+    CUDA_VISIBLE_DEVICES as real ones are (a simulated card's uuid is its name)."""
+    cards = [(index, f"GPU-sim-{index}") for d in settings.simulated_accelerators
+             if (parsed := parse_device(d)) and parsed[0] == "cuda" and (index := parsed[1]) is not None]
+    shown = [f"cuda:{i}" for i in visible_cards(settings.cuda_visible_devices, cards)]
+    return tuple(shown + [d for d in settings.simulated_accelerators if not d.startswith("cuda:")])

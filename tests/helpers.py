@@ -22,7 +22,8 @@ def troupe_cmd(*args: str) -> list[str]:
 
 
 def base_env(home: Path, **settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    # The tests say which cards a process sees; the machine's own setting must not leak in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_") and k != "CUDA_VISIBLE_DEVICES"}
     env["TROUPE_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(settings)

@@ -168,3 +168,17 @@ def test_device_comes_from_the_graph_settings_when_options_have_none(shared_serv
     g["settings"] = {"device": "tpu"}
     bad = shared_server.submit(g, expect=400)
     assert bad["error"]["pointer"] == "/graph/settings/device"
+
+
+def test_plain_cuda_follows_the_current_device(make_server):
+    # 002: on a multi-card machine plain cuda is the process's current device, which
+    # CUDA_VISIBLE_DEVICES sets (its first entry), not always cuda:0.
+    server = make_server(TROUPE_SIMULATED_ACCELERATORS="cuda:0,cuda:1,cuda:2", CUDA_VISIBLE_DEVICES="2,1")
+    assert server.get("/api/info")["devices"] == ["cpu", "cuda:2", "cuda:1"]
+    for device in ("cuda", "auto", "cuda:2"):
+        reply = server.submit(hello(), device=device)
+        assert (reply["queue_key"], reply["warnings"]) == ("cuda:2", []), device
+        assert server.events_until_finished(reply["run_id"])[-1]["payload"]["status"] == "succeeded"
+    assert server.submit(hello(), device="cuda:1")["queue_key"] == "cuda:1"
+    hidden = server.submit(hello(), device="cuda:0")  # a card this server may not use
+    assert hidden["queue_key"] == "cpu" and "cuda:0" in hidden["warnings"][0]

@@ -192,6 +192,27 @@ def test_a_run_on_two_cards_holds_both_and_an_ask_no_worker_can_grant_is_refused
         agent.wait(30)
 
 
+def test_an_agent_offers_the_cards_its_cuda_visible_devices_shows_and_plain_cuda_is_the_first(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    cards = tuple({**CARD, "uuid": f"GPU-c{i}", "index": i} for i in range(3))
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-c")["command"], cards=cards,
+                        CUDA_VISIBLE_DEVICES="GPU-c2,0")
+    try:
+        read_until(agent, "connected as gpu-c")
+        row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "gpu-c")
+        assert row["devices"] == ["cpu", "cuda:2", "cuda:0"]
+        plain = server.submit(hello(), device="cuda", target={"worker": "gpu-c"})
+        assert (plain["queue_key"], plain["warnings"]) == ("gpu-c/cuda:2", [])
+        events = server.events_until_finished(plain["run_id"])
+        assert events[-1]["payload"]["status"] == "succeeded"
+        assert next(e for e in events if e["type"] == "run_started")["payload"]["device"] == "cuda:2"
+        hidden = server.submit(hello(), device="cuda:1", target={"worker": "gpu-c"})
+        assert hidden["queue_key"] == "gpu-c/cpu" and "cuda:1" in hidden["warnings"][0]
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
 async def test_any_never_places_a_run_on_a_connected_degraded_worker(make_server, tmp_path):
     import aiohttp
 
