@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.errors import CapacityRefused, NotFound, StateConflict, TroupeError, Unauthorized
+from protocol.errors import CapacityRefused, InvalidRequest, NotFound, StateConflict, TroupeError, Unauthorized
 
 
 class ActorDeadError(TroupeError):
@@ -81,3 +81,21 @@ class NameTaken(EnrollmentRefused):
     code = "worker_name_taken"
     http_status = 409
 
+
+
+class MemoryBudgetRequired(InvalidRequest):
+    """Raised when a run for a shared card has no budget: none declared, none measured."""
+
+    code = "memory_budget_required"
+
+
+class MemoryBudgetTooLarge(InvalidRequest):
+    """Raised when a run's budget could never fit the card it names, even empty."""
+
+    code = "memory_budget_too_large"
+
+
+class MemoryBusy(CapacityRefused):
+    """Raised when a run's budget fits its card but not now, and it did not ask to wait."""
+
+    code = "memory_busy"

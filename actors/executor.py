@@ -25,7 +25,9 @@ from typing import Any
 
 from actors.base import ActorRef
 from subprocess_runner.context import ExecutionContext, Sinks
+from subprocess_runner.devices import parse_device
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
+from subprocess_runner.memory import is_out_of_memory, peak_mib
 from subprocess_runner.node_cache import SessionCache
 
 log = logging.getLogger("troupe.executor")
@@ -123,4 +125,8 @@ def _execute(message: Execute, courier: _Courier) -> None:
     except BaseException as exc:  # node trouble (even sys.exit) fails its run, never the pool's thread
         log.exception("run %s: the engine failed", message.run_id)
         outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
+    # The server's runs share its process: their peak is the process's, not exact.
+    ordinal = parse_device(message.device)
+    outcome.peak_memory_mib = peak_mib((ordinal[1] or 0,) if ordinal and ordinal[0] == "cuda" else ())
+    outcome.out_of_memory = is_out_of_memory(outcome.error)
     courier.finish(outcome)

@@ -38,6 +38,8 @@ class LinkConfig:
     on_final: Callable[[int, str], None]  # exit code, reason
     on_frame: Callable[[Any], None] = lambda frame: None  # assign and cancel frames go here
     outbox_bytes: int = 64 * 1024 * 1024
+    # An awaitable factory of each card's free memory (UUID -> MiB), sent with each heartbeat.
+    free_memory: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -207,4 +209,5 @@ class Link(Actor):
     async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, numbers: wire.Numbering) -> None:
         while not ws.closed:
             await asyncio.sleep(every)
-            await ws.send_str(wire.dump_frame(wire.Heartbeat(), numbers.next()))
+            free = await self._config.free_memory() if self._config.free_memory is not None else {}
+            await ws.send_str(wire.dump_frame(wire.Heartbeat(free_mib=free), numbers.next()))

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
-from actors.ledger import Adopt, Free, Offer, TryHold, Withdraw
+from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
+from actors.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer_messages import Admit, Released
 from actors.run_messages import Start
 from protocol.settings import ANY_PREFIX
@@ -37,6 +38,10 @@ class WorkerPlacement:
             self._providers[LOCAL] = dict(local)
             self._online.add(LOCAL)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
+        self._budgets: dict[str, int | None] = {}  # run -> its memory budget, while it holds
+        self._caps: dict[str, dict[str, int]] = {}  # run -> {device: card total} of the shared cards it holds
+        self._cards: dict[str, tuple[int, int]] = {}  # physical -> (total, free) MiB, as last reported
+        self._policies: dict[str, Policy] = {}  # physical -> its sharing policy (exclusive when absent)
         self._device_waiting: dict[str, deque[Admit]] = {}  # physical -> named-worker runs
         # Target ``any``, in admission order, with the node types each run's graph needs.
         self._any_waiting: deque[tuple[Admit, frozenset[str]]] = deque()
@@ -46,9 +51,11 @@ class WorkerPlacement:
 
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
-                     node_types: frozenset[str] = frozenset()) -> None:
+                     node_types: frozenset[str] = frozenset(),
+                     cards: Mapping[str, tuple[int, int]] | None = None) -> None:
         before = self._providers.get(name, {})
         self._providers[name] = dict(devices)
+        self._cards.update(cards or {})
         gone = {physical for physical, _ in before.values()} - {physical for physical, _ in devices.values()}
         for physical in gone:
             self._ledger(physical).tell(Withdraw(name))
@@ -59,7 +66,7 @@ class WorkerPlacement:
         self._types[name] = node_types
         for physical, limit in devices.values():
             self._share(physical)
-            self._ledger(physical).tell(Offer(name, limit))
+            self._ledger(physical).tell(self._offer(name, physical, limit))
         for parked in self._parked.pop(name, []):
             await self.admit_named(parked)
         await self._place_anywhere()
@@ -68,6 +75,57 @@ class WorkerPlacement:
         self._online.discard(name)
         for physical, _ in self._providers.get(name, {}).values():
             self._ledger(physical).tell(Withdraw(name))
+
+    async def card_memory(self, free_mib: Mapping[str, int]) -> None:
+        """A heartbeat's free memory: the shared cards among them may fit a waiting run now."""
+        for physical, free in free_mib.items():
+            total = self._cards.get(physical, (free, free))[0]
+            self._cards[physical] = (total, free)
+            self._ledger(physical).tell(FreeMemory(free))
+        await self._retry([p for p in free_mib if self._shared(p)])
+
+    async def set_policy(self, physical: str, policy: Policy) -> None:
+        self._policies[physical] = policy
+        self._ledger(physical).tell(policy)
+        await self._retry([physical])
+
+    def _shared(self, physical: str) -> bool:
+        return self._policies.get(physical, Policy()).sharing == MEMORY
+
+    def _offer(self, provider: str, physical: str, limit: int) -> Offer:
+        total, free = self._cards.get(physical, (None, None))
+        return Offer(provider, limit, total, free)
+
+    # Submission --------------------------------------------------------------------
+    async def check(self, worker: str, devices: tuple[str, ...], budget_mib: int | None, wait: bool | None) -> None:
+        """Refuses, before anything is stored, a run for a named worker's shared card that
+        can never fit (400), has no budget (400), or does not fit now and did not ask to
+        wait (503); the numbers go with the refusal."""
+        for device in devices:
+            physical = self._providers.get(worker, {}).get(device, (None, 0))[0]
+            if physical is None or not self._shared(physical):
+                continue
+            fits = await self._ledger(physical).ask(Fits(budget_mib))
+            numbers = {**fits["numbers"], "device": device, "physical_id": physical}
+            if fits["sharing"] != MEMORY:
+                continue  # the card's total is not known yet: it waits like any run
+            where = f"{worker}/{device}"
+            if budget_mib is None:
+                raise MemoryBudgetRequired(
+                    f"{where} is shared by memory: give the run a budget (options.target.memory_gib), or run the "
+                    "same graph once on an exclusive card so that its peak is measured", pointer="/options/target",
+                    details=numbers)
+            if not fits["ever"]:
+                raise MemoryBudgetTooLarge(
+                    f"the budget of {budget_mib} MiB plus {numbers['context_mib']} MiB of CUDA context can never fit "
+                    f"{where}: it has {numbers['total_mib']} MiB, {numbers['reserved_mib']} MiB reserved",
+                    pointer="/options/target", details=numbers)
+            if not fits["now"] and not wait:
+                raise MemoryBusy(
+                    f"the budget of {budget_mib} MiB plus {numbers['context_mib']} MiB of CUDA context does not fit "
+                    f"{where} now: {numbers['room_mib']} MiB of room ({numbers['free_mib']} MiB free, "
+                    f"{numbers['promised_mib']} MiB promised to running runs, {numbers['reserved_mib']} MiB "
+                    "reserved); set options.target.wait to true to wait for it", details=numbers)
 
     # Admission ---------------------------------------------------------------------
     async def admit(self, admit: Admit, needs: frozenset[str] = frozenset()) -> None:
@@ -85,14 +143,16 @@ class WorkerPlacement:
             return
         offered = self._providers.get(worker, {})
         asked = admit.devices or (device,)
-        # Every device of the ask, or none: a run on two cards never holds one of them waiting.
+        # Every device of the ask, or none: a run on two cards never holds one of them
+        # waiting. Runs for one device start in their order: none passes one that waits.
         for name in asked:
             physical, _ = offered.get(name, (f"{worker}/{name}", 1))
-            if not await self._hold(admit.run_id, worker, physical):
+            if self._device_waiting.get(physical) or not await self._hold(
+                    admit.run_id, worker, physical, name, admit.budget_mib):
                 self._free_all(admit.run_id)
                 self._device_waiting.setdefault(physical, deque()).append(admit)
                 return
-        self._start(admit.run_id, Start(holds=tuple(self._held[admit.run_id])))
+        self._start(admit.run_id, Start(holds=tuple(self._held[admit.run_id]), caps=self._caps_of(admit.run_id)))
 
     async def hold_local(self, run_id: str, device: str) -> bool:
         """A local queued run on a device the server shares with a same-machine worker
@@ -105,7 +165,7 @@ class WorkerPlacement:
                    for provider, devices in self._providers.items() if provider in self._online):
             self._unshared[run_id] = physical
             return True
-        return await self._hold(run_id, LOCAL, physical)
+        return await self._hold(run_id, LOCAL, physical, device, None)
 
     def _share(self, physical: str) -> None:
         """A worker now offers a device of the server's own: the local runs on it count."""
@@ -116,12 +176,13 @@ class WorkerPlacement:
         if moved:
             self._ledger(physical).tell(Adopt(moved))
 
-    def adopt(self, run_id: str, holds: tuple[tuple[str, str], ...]) -> None:
+    def adopt(self, run_id: str, holds: tuple[tuple[str, str], ...], budget_mib: int | None = None) -> None:
         """A run the last server left executing on a worker holds its slots again, before
         anything is admitted (its providers come back online when its worker does)."""
         self._held[run_id] = list(holds)
+        self._budgets[run_id] = budget_mib
         for _, physical in holds:
-            self._ledger(physical).tell(Adopt((run_id,)))
+            self._ledger(physical).tell(Adopt((run_id,), {run_id: budget_mib}))
 
     def holds(self, run_id: str) -> bool:
         """Whether the run holds slots of some ledger (placed, or adopted)."""
@@ -131,18 +192,31 @@ class WorkerPlacement:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
         self._any_waiting = deque(a for a in self._any_waiting if a[0].run_id != run_id)
         self._unshared.pop(run_id, None)
-        for physical in self._free_all(run_id):
+        for line in self._device_waiting.values():  # withdrawn while it waited
+            if any(a.run_id == run_id for a in line):
+                line.remove(next(a for a in line if a.run_id == run_id))
+        await self._retry(self._free_all(run_id))
+
+    async def _retry(self, physicals: list[str]) -> None:
+        """Something was freed on these devices: the runs waiting for them try again, in
+        order (those that still do not fit wait again), then the runs for ``any``."""
+        for physical in physicals:
             waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
-            for admit in waiting:  # in order; those that still do not fit wait again
-                if admit.run_id != run_id and self._registry.lookup(f"runs/{admit.run_id}") is not None:
+            for admit in waiting:
+                if self._registry.lookup(f"runs/{admit.run_id}") is not None:
                     await self.admit_named(admit)
         await self._place_anywhere()
 
     def _free_all(self, run_id: str) -> list[str]:
         freed = [physical for _, physical in self._held.pop(run_id, [])]
+        self._budgets.pop(run_id, None)
+        self._caps.pop(run_id, None)
         for physical in freed:
             self._ledger(physical).tell(Free(run_id))
         return freed
+
+    def _caps_of(self, run_id: str) -> tuple[tuple[str, int], ...]:
+        return tuple(self._caps.get(run_id, {}).items())
 
     def waiting(self) -> Iterator[tuple[Admit, str, str]]:
         """Every run admitted here that has not started, with the code and the words of
@@ -152,7 +226,11 @@ class WorkerPlacement:
                 yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
             for admit in line:
-                yield admit, "device_busy", f"waits for a free slot of {physical}"
+                if self._shared(physical):
+                    yield admit, "memory_busy", (f"waits for {admit.budget_mib} MiB (and the CUDA context) on the "
+                                                 f"shared card {physical}")
+                else:
+                    yield admit, "device_busy", f"waits for a free slot of {physical}"
         for admit, needs in self._any_waiting:
             asked = admit.queue_key.removeprefix(ANY_PREFIX)
             what = "a free card" if asked == "auto" else f"a free {asked}"
@@ -169,14 +247,17 @@ class WorkerPlacement:
         for admit, needs in waiting:
             if self._registry.lookup(f"runs/{admit.run_id}") is None:
                 continue  # withdrawn while it waited
-            spot = await self._free_spot(admit.run_id, admit.queue_key.removeprefix(ANY_PREFIX), needs)
+            spot = await self._free_spot(admit.run_id, admit.queue_key.removeprefix(ANY_PREFIX), needs,
+                                         admit.budget_mib)
             if spot is None:
                 self._any_waiting.append((admit, needs))
                 continue
             worker, device = spot
-            self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id])))
+            self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id]),
+                                            caps=self._caps_of(admit.run_id)))
 
-    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str]) -> tuple[str, str] | None:
+    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str],
+                         budget_mib: int | None) -> tuple[str, str] | None:
         able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())}
         workers = sorted(able - {LOCAL},
                          key=lambda w: (-self._has_cards(w), self._load(w), w))
@@ -187,7 +268,11 @@ class WorkerPlacement:
             else:
                 candidates = [asked] if asked in devices else []
             for device in candidates:
-                if await self._hold(run_id, worker, devices[device][0]):
+                physical = devices[device][0]
+                # A card shared by memory takes a run with a budget only, in its order.
+                if self._device_waiting.get(physical) or (budget_mib is None and self._shared(physical)):
+                    continue
+                if await self._hold(run_id, worker, physical, device, budget_mib):
                     return worker, device
         return None
 
@@ -198,22 +283,29 @@ class WorkerPlacement:
         return sum(1 for held in self._held.values() for provider, _ in held if provider == worker)
 
     # Ledgers -----------------------------------------------------------------------
-    async def _hold(self, run_id: str, provider: str, physical: str) -> bool:
-        if not await self._ledger(physical).ask(TryHold(run_id)):
+    async def _hold(self, run_id: str, provider: str, physical: str, device: str, budget_mib: int | None) -> bool:
+        hold = await self._ledger(physical).ask(TryHold(run_id, budget_mib))
+        if hold is None:
             return False
         held = self._held.setdefault(run_id, [])
         if (provider, physical) not in held:
             held.append((provider, physical))
+        self._budgets[run_id] = budget_mib
+        if hold.shared and hold.total_mib is not None:
+            self._caps.setdefault(run_id, {})[device] = hold.total_mib
         return True
 
     def _ledger(self, physical: str) -> ActorRef:
         ledger, fresh = self._ensure_ledger(physical)
-        if fresh:  # a new (or restarted) ledger learns its providers and holders
+        if fresh:  # a new (or restarted) ledger learns its providers, its policy and its holders
             for provider in self._online:
                 for held, limit in self._providers.get(provider, {}).values():
                     if held == physical:
-                        ledger.tell(Offer(provider, limit))
-            ledger.tell(Adopt(tuple(run for run, held in self._held.items() if any(on == physical for _, on in held))))
+                        ledger.tell(self._offer(provider, physical, limit))
+            if physical in self._policies:
+                ledger.tell(self._policies[physical])
+            holders = tuple(run for run, held in self._held.items() if any(on == physical for _, on in held))
+            ledger.tell(Adopt(holders, {run: self._budgets.get(run) for run in holders}))
         return ledger
 
     def _start(self, run_id: str, start: Any) -> None:

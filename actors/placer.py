@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,11 +25,13 @@ from typing import Any
 from actors.base import Actor, ActorRef, Registry, Shutdown
 from actors.eligibility import ResolveTarget, WorkerBook
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
+from actors.ledger import Policy
 from actors.placement import WorkerPlacement
-from actors.placer_messages import Admit, Reannounce, Released, WorkerOffline, WorkerOnline
+from actors.placer_messages import Admit, CardMemory, CardPolicy, Reannounce, Released, WorkerOffline, WorkerOnline
 from actors.queue import Enqueue, Occupying, Readmit
 from actors.run_messages import Placement, Start
 from actors.store import StoreClient
+from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
 from actors.store.sweeps import CreateSweep
 from protocol import events as ev
@@ -37,8 +40,13 @@ from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
 
+# A budget from a measured peak leaves this much room above it (001).
+PEAK_MARGIN = 1.2
+
 __all__ = [
     "Admit",
+    "CardMemory",
+    "CardPolicy",
     "Placer",
     "Quarantine",
     "Quarantined",
@@ -154,6 +162,8 @@ class Placer(Actor):
 
     async def on_start(self) -> None:
         self._next_seq = await self._store.read(MaxEnqueueSeq())
+        for physical, policy in (await self._store.read(CardPolicies())).items():
+            await self._slots.set_policy(physical, Policy(policy["sharing"], policy["reserved_mib"]))
         await self._rebuild()
 
     async def _rebuild(self) -> None:
@@ -174,7 +184,7 @@ class Placer(Actor):
             if fact["lane"] == ev.LANE_INTERACTIVE:
                 self._interactive[run_id] = fact["editor_session"]
             if fact["holds"]:
-                self._slots.adopt(run_id, tuple(fact["holds"]))
+                self._slots.adopt(run_id, tuple(fact["holds"]), fact.get("budget_mib"))
         if runs:
             log.warning("placer started with %d live runs: rebuilt from what they hold", len(runs))
         for prefix, message in (("workers/", Reannounce()), ("queues/", Readmit())):
@@ -186,9 +196,14 @@ class Placer(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case Submit(row, graph, attempt):
-                return self._submit(dict(row), graph, attempt)
+                row = dict(row)
+                await self._memory_budget(row)
+                return self._submit(row, graph, attempt)
             case SubmitSweep(sweep, variants, runs):
-                return self._submit_sweep(sweep, variants, runs)
+                rows = [dict(row) for row, _ in runs]
+                for each in rows:
+                    await self._memory_budget(each)
+                return self._submit_sweep(sweep, variants, tuple(zip(rows, (g for _, g in runs), strict=True)))
             case ResolveTarget(options, node_types):
                 return self._workers.resolve(options, node_types)
             case Admit(run_id, key) if run_id in self._executing or self._slots.holds(run_id):
@@ -201,9 +216,13 @@ class Placer(Actor):
                 else:
                     self._waiting.append(message)
                     await self._drain()
-            case WorkerOnline(offer, devices, draining):
+            case WorkerOnline(offer, devices, draining, cards):
                 self._workers.online(offer, draining)
-                await self._slots.online(offer.name, devices, draining, offer.node_types)
+                await self._slots.online(offer.name, devices, draining, offer.node_types, cards)
+            case CardMemory(_, free_mib):
+                await self._slots.card_memory(free_mib)
+            case CardPolicy(physical, sharing, reserved_mib):
+                await self._slots.set_policy(physical, Policy(sharing, reserved_mib))
             case WorkerOffline(name):
                 self._workers.offline(name)
                 self._slots.offline(name)
@@ -247,9 +266,29 @@ class Placer(Actor):
         for spec in adopted:
             self._spawn_run(spec)
             self._ensure_queue(spec.queue_key).tell(Occupying(spec.run_id))
-            self._slots.adopt(spec.run_id, tuple((p, d) for p, d in spec.row.get("holds") or ()))
+            self._slots.adopt(spec.run_id, tuple((p, d) for p, d in spec.row.get("holds") or ()),
+                              spec.row.get("memory_budget_mib"))
         for spec in sorted(queued, key=lambda q: q.row["enqueue_seq"]):
             self._start_run(dict(spec.row), spec.graph)
+
+    async def _memory_budget(self, row: dict[str, Any]) -> None:
+        """A worker run on a card without a declared budget gets one from the last peak
+        its graph measured on as many cards (+20%, or more after it ran out of memory
+        under such a budget). A run for a named worker's shared card is refused now if it
+        could never fit, has no budget, or does not fit now and did not ask to wait."""
+        worker, anywhere = row.get("worker"), row["queue_key"].startswith(ANY_PREFIX)
+        if row["lane"] != ev.LANE_QUEUED or (worker is None and not anywhere):
+            return
+        target = (row.get("options") or {}).get("target") or {}
+        devices = tuple(target.get("devices") or ()) if len(target.get("devices") or ()) > 1 else (row["device"],)
+        cards = sum(1 for device in devices if device.startswith("cuda") or device == "auto")
+        if row.get("memory_budget_mib") is None and cards:
+            found = await self._store.read(LastPeak(row["graph_digest"], cards))
+            if found is not None:
+                row["memory_budget_mib"] = derived_budget(found["peak_mib"], found["failed_budget_mib"])
+                row["memory_budget_source"] = "measured"
+        if worker is not None:
+            await self._slots.check(worker, devices, row.get("memory_budget_mib"), target.get("wait"))
 
     def _check_open(self, key: str) -> None:
         if self._closed:
@@ -293,7 +332,8 @@ class Placer(Actor):
                 self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ()))
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()
-            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked))
+            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,
+                                                 row.get("memory_budget_mib")))
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:
@@ -360,3 +400,9 @@ class Placer(Actor):
             self._seeded = None
         self._waiting = deque(w for w in self._waiting if w.run_id != run_id)
         await self._drain()
+
+
+def derived_budget(peak_mib: int, failed_budget_mib: int | None) -> int:
+    """The budget a measured peak gives: 20% above it, and 20% above a budget that was
+    derived the same way and ran out of memory (beyond the seeds)."""
+    return max(math.ceil(peak_mib * PEAK_MARGIN), math.ceil((failed_budget_mib or 0) * PEAK_MARGIN))

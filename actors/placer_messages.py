@@ -20,6 +20,7 @@ class Admit:
     queue_key: str
     seeded: bool
     devices: tuple[str, ...] = ()
+    budget_mib: int | None = None  # its memory budget, for a shared card
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,29 @@ class WorkerOnline:
     offer: WorkerOffer
     devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     draining: bool = False
+    # Each card's memory as the worker reported it: physical id -> (total, free) MiB.
+    cards: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.offer.name
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    """A worker's heartbeat changed what its cards have free: physical id -> MiB."""
+
+    worker: str
+    free_mib: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class CardPolicy:
+    """A card's sharing policy was stored (``PUT /api/workers/{name}/devices/{device}``)."""
+
+    physical_id: str
+    sharing: str
+    reserved_mib: int
 
 
 @dataclass(frozen=True)

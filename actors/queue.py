@@ -28,6 +28,7 @@ class Enqueue:
     seeded: bool
     # Every device a named-worker run asks for when it names several; handed on in Admit.
     devices: tuple[str, ...] = ()
+    budget_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,25 +60,25 @@ class QueueActor(Actor):
         self._store = store
         self._registry = registry
         # The waiting runs by id, in enqueue order: a withdrawn run leaves in O(1).
-        self._fifo: OrderedDict[str, tuple[int, str, bool, tuple[str, ...]]] = OrderedDict()
+        self._fifo: OrderedDict[str, Enqueue] = OrderedDict()
         self._holding: set[str] = set()
-        self._admitted: dict[str, tuple[int, str, bool, tuple[str, ...]]] = {}  # handed on, by enqueue order
+        self._admitted: dict[str, Enqueue] = {}  # handed on
         self._known: set[str] = set()
 
     async def on_start(self) -> None:
         # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
         # themselves with Occupying (the runs supervisor asks them after a restart).
-        for run_id, seq, seeded, devices in await self._store.read(QueuedRuns(self.queue_key)):
+        for run_id, seq, seeded, devices, budget in await self._store.read(QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
-                self._fifo[run_id] = (seq, run_id, seeded, devices)
+                self._fifo[run_id] = Enqueue(run_id, seq, seeded, devices, budget)
                 self._known.add(run_id)
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Enqueue(run_id, seq, seeded, devices):
+            case Enqueue(run_id):
                 if run_id not in self._known:
                     self._known.add(run_id)
-                    self._fifo[run_id] = (seq, run_id, seeded, devices)
+                    self._fifo[run_id] = message
                 self._pump()
             case Release(run_id):
                 self._known.discard(run_id)
@@ -91,9 +92,9 @@ class QueueActor(Actor):
                 self._holding.add(run_id)
             case Readmit():
                 placer = self._registry.lookup("placer")
-                for _, run_id, seeded, devices in sorted(self._admitted.values()):
-                    if placer is not None and run_id in self._holding:
-                        placer.tell(Admit(run_id, self.queue_key, seeded, devices))
+                for entry in sorted(self._admitted.values(), key=lambda e: e.enqueue_seq):
+                    if placer is not None and entry.run_id in self._holding:
+                        placer.tell(self._admit(entry))
             case Snapshot():
                 return {
                     "queue_key": self.queue_key,
@@ -111,7 +112,10 @@ class QueueActor(Actor):
         if placer is None:
             return
         while self._fifo and len(self._holding) < self._limit:
-            _, (seq, run_id, seeded, devices) = self._fifo.popitem(last=False)
-            self._holding.add(run_id)
-            self._admitted[run_id] = (seq, run_id, seeded, devices)
-            placer.tell(Admit(run_id, self.queue_key, seeded, devices))
+            _, entry = self._fifo.popitem(last=False)
+            self._holding.add(entry.run_id)
+            self._admitted[entry.run_id] = entry
+            placer.tell(self._admit(entry))
+
+    def _admit(self, entry: Enqueue) -> Admit:
+        return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib)

@@ -27,6 +27,7 @@ from actors.queue import Occupying, Release
 from actors.run_messages import Placement, Start, WorkerBack, WorkerFailed, WorkerFrames, WorkerGone, WorkerLost
 from actors.store import StoreClient
 from actors.store.events import AppendEvents, RecordArtifact, RecordOutputs
+from actors.store.memory import RecordPeak
 from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
@@ -80,6 +81,7 @@ class RunActor(Actor):
         self._stop_as: str | None = None  # the status a requested stop ends in
         self._stop_reason: str | None = None
         self._released = False
+        self._caps: dict[str, int] = {}  # the shared cards it holds: device -> card total MiB
         self._outbox: list[dict[str, Any]] = []
         self._worker: str | None = row.get("worker")
         # A worker run: the highest frame counter applied (persisted with the events), the
@@ -113,7 +115,8 @@ class RunActor(Actor):
 
     def _dispatch(self, message: Any) -> Any:
         match message:
-            case Start(worker, device, holds):
+            case Start(worker, device, holds, caps):
+                self._caps = dict(caps)
                 self._start(worker, device, holds)
             case WorkerFrames(worker, frames):
                 self._on_worker_frames(worker, frames)
@@ -121,7 +124,8 @@ class RunActor(Actor):
                 for event in events:
                     self._on_node_event(event.type, event.node_id, event.payload)
             case GraphEnded(outcome):
-                self._finish(outcome.status, outcome.error, outcome.node_id)
+                self._finish(outcome.status, outcome.error, outcome.node_id,
+                             memory=(outcome.peak_memory_mib, False, outcome.out_of_memory))
             case Cancel(reason):
                 return self._request_stop(ev.CANCELLED, reason)
             case Shutdown(leave_worker_runs):
@@ -148,7 +152,8 @@ class RunActor(Actor):
                 return {"run_id": self.run_id, "status": self._status, "lane": self._row["lane"],
                         "editor_session": self._row.get("editor_session"), "worker": self._worker,
                         "seeded": self._row.get("seed") is not None and self._worker is None,
-                        "holds": [tuple(h) for h in self._row.get("holds") or ()], "released": self._released}
+                        "holds": [tuple(h) for h in self._row.get("holds") or ()], "released": self._released,
+                        "budget_mib": self._row.get("memory_budget_mib")}
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
@@ -170,6 +175,8 @@ class RunActor(Actor):
         if holds:
             fields["holds"] = self._row["holds"] = [list(hold) for hold in holds]
         started: dict[str, Any] = {"device": device or self._row["device"], "seed": self._row.get("seed")}
+        if self._caps:
+            started["memory_budget_mib"] = self._row.get("memory_budget_mib")
         if worker is not None:  # placed by target ``any``
             self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
             self._row["device"] = fields["device"] = started["device"]
@@ -215,7 +222,9 @@ class RunActor(Actor):
         if what == "assign":
             frame = wire.Assign(run_id=self.run_id, graph=self._row["graph"], seed=self._row.get("seed"),
                                 deterministic=bool(self._row.get("deterministic")), devices=self._devices(),
-                                max_parallel=self._settings.max_parallel_nodes)
+                                max_parallel=self._settings.max_parallel_nodes,
+                                memory_budget_mib=self._row.get("memory_budget_mib") if self._caps else None,
+                                memory_total_mib=self._caps)
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
@@ -256,7 +265,10 @@ class RunActor(Actor):
         if placer is not None:
             placer.tell(Released(self.run_id))
 
-    def _finish(self, status: str, error: str | None, node_id: str | None, reason: str | None = None) -> None:
+    def _finish(self, status: str, error: str | None, node_id: str | None, reason: str | None = None,
+                memory: tuple[int | None, bool, bool] | None = None) -> None:
+        """``memory``: the run's peak in MiB, whether it is exact (its own process), and
+        whether it ran out of memory."""
         if self._status in ev.TERMINAL_STATES:
             return
         # A cancelled engine outcome ends as whatever stop was asked for.
@@ -274,8 +286,11 @@ class RunActor(Actor):
         self._open_nodes.clear()
         self._status = status
         fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}
-        self._write(UpdateRun(self.run_id, fields))
         payload: dict[str, Any] = {"status": status, "error": error}
+        if memory is not None and memory[0] is not None:
+            fields.update(peak_memory_mib=memory[0], peak_memory_exact=memory[1], out_of_memory=memory[2])
+        self._write(UpdateRun(self.run_id, fields))
+        self._record_peak(status, memory)
         if node_id is not None:
             payload["node_id"] = node_id
         if reason is not None:
@@ -284,6 +299,19 @@ class RunActor(Actor):
         if self._settings.run_retention_keep_last >= 0:
             self._write(Prune(self._settings.run_retention_keep_last))
         self.stop_self("finished")
+
+    def _record_peak(self, status: str, memory: tuple[int | None, bool, bool] | None) -> None:
+        """An exact peak on a worker's cards becomes the next budget of the same graph on
+        as many cards: from a run that succeeded, or one that ran out of memory (then a
+        budget that was derived from an earlier peak is known to be too small)."""
+        if memory is None or memory[0] is None or not memory[1] or self._row.get("graph_digest") is None:
+            return
+        cards = sum(1 for device in self._devices() if device.startswith("cuda"))
+        if not cards or not (status == ev.SUCCEEDED or memory[2]):
+            return
+        derived = self._row.get("memory_budget_source") == "measured"
+        failed = self._row.get("memory_budget_mib") if memory[2] and derived else None
+        self._write(RecordPeak(self._row["graph_digest"], cards, memory[0], failed))
 
     async def on_failure(self, error: BaseException) -> None:
         # A crashed RunActor fails its run; it is never silently retried.
@@ -317,7 +345,8 @@ class RunActor(Actor):
                                "of this run were dropped (TROUPE_AGENT_OUTBOX_MB)",
                     "code": "events_dropped", "count": frame.dropped})
             else:
-                self._finish(frame.status, frame.error, frame.node_id)
+                self._finish(frame.status, frame.error, frame.node_id,
+                             memory=(frame.peak_memory_mib, True, frame.out_of_memory))
         self._flush_events()
         self._acknowledge()
 

@@ -19,6 +19,8 @@ class Start:
     worker: str | None = None
     device: str | None = None
     holds: tuple[tuple[str, str], ...] = ()
+    # The shared cards it holds, (device, card total MiB): its budget is its cap on each.
+    caps: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,10 @@ class RunProcess(Actor):
                 # control plane validates every frame on arrival anyway.
                 return wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,
                                                      payload=payload)
-            case ("ended", counter, status, error, node_id):
+            case ("ended", counter, status, error, node_id, peak, out_of_memory):
                 self._ended, self._counter = True, counter
-                return wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id)
+                return wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id,
+                                     peak_memory_mib=peak, out_of_memory=out_of_memory)
         raise TypeError(f"run child {run_id} sent an unknown message {message!r}")
 
     def _kill(self) -> None:

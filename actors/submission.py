@@ -5,7 +5,9 @@ decided before, by the placer's ``WorkerBook`` (``eligibility.py``)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -60,6 +62,11 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     lends, lender = (worker.cpus, f"worker {worker.name} has" if not anywhere else "the largest worker has") \
         if worker is not None else (settings.cpus, "this server lends")
     graph, graph_json = _prepared(graph_doc, catalog, prefix)
+    memory_gib = options.target.memory_gib if options.target is not None else None
+    if memory_gib is not None and worker is None:
+        raise InvalidRequest("options.target.memory_gib budgets a run on a worker's shared card; runs in this "
+                             "server share one process and cannot be capped, so name a worker (or any)",
+                             pointer="/options/target/memory_gib", code="memory_budget_needs_worker")
     for i, node in enumerate(graph_doc.nodes):
         if node.resources is not None and (node.resources.cpus or 0) > lends:
             raise InvalidRequest(
@@ -82,9 +89,20 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "options": options.model_dump(mode="json", exclude_none=True),
         "warnings": [warning] if warning else [],
         "created_at": ev.utc_now(),
+        "graph_digest": graph_digest(graph_json),
+        # A declared budget; the placer derives one from a measured peak for a worker run.
+        "memory_budget_mib": math.ceil(memory_gib * 1024) if memory_gib is not None else None,
+        "memory_budget_source": "declared" if memory_gib is not None else None,
         **extra,
     }
     return row, graph
+
+
+def graph_digest(graph_json: dict[str, Any]) -> str:
+    """What a graph computes, named: its nodes, edges and settings, not its name. Runs of
+    one digest are budgeted by each other's measured peaks."""
+    body = {k: v for k, v in graph_json.items() if k != "name"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # Graphs prepared lately, by their document: a queue of the same job (a CLI loop, a

@@ -28,7 +28,7 @@ from typing import Any
 
 from actors.base import Actor, Registry, Shutdown, Snapshot
 from actors.eligibility import WorkerOffer
-from actors.placer_messages import Reannounce, WorkerOffline, WorkerOnline
+from actors.placer_messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from protocol import worker as wire
 
@@ -113,6 +113,8 @@ CLOSE = object()  # put in an outbox: the handler closes the socket
 # Frames of runs assigned to another worker (or to none: in-process runs) that one
 # connection may send before it is closed as misbehaving.
 FOREIGN_LIMIT = 50
+# A card's free memory is told to the placer when it moved by this much since last told.
+FREE_MEMORY_STEP_MIB = 256
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class WorkerConnection(Actor):
         self._upto = 0  # the newest frame_no of this connection
         self._ack_timer: asyncio.TimerHandle | None = None
         self._foreign = 0  # frames of this connection for runs that are not this worker's
+        self._free: dict[str, int] = {}  # each card's free memory, from the last heartbeat
+        self._free_told: dict[str, int] = {}  # and as the placer was last told it
         # The server is stopping: frames of runs it no longer holds are not acknowledged,
         # as the next start may adopt those runs (a stop that leaves worker runs going).
         self._stopping = False
@@ -254,6 +258,7 @@ class WorkerConnection(Actor):
             self._upto = max(self._upto, frame.frame_no)
             if isinstance(frame, wire.Heartbeat):
                 self._flush_acks(always=True)
+                self._note_free_memory(frame.free_mib)
             elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
                 self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
             elif isinstance(frame, wire.RUN_FRAMES):
@@ -307,7 +312,20 @@ class WorkerConnection(Actor):
             return
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, frozenset(self._hello.node_types))
-        placer.tell(WorkerOnline(offer, self._devices(), self._draining))
+        cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
+                 for card in inventory.cards}
+        placer.tell(WorkerOnline(offer, self._devices(), self._draining, cards))
+
+    def _note_free_memory(self, free_mib: dict[str, int]) -> None:
+        """Tells the placer a card's free memory when it moved by a step or more since it
+        was last told: a shared card admits by it, and a heartbeat is too often to tell."""
+        moved = {uuid: free for uuid, free in free_mib.items()
+                 if abs(free - self._free_told.get(uuid, -FREE_MEMORY_STEP_MIB)) >= FREE_MEMORY_STEP_MIB}
+        self._free.update(free_mib)
+        placer = self._registry.lookup("placer")
+        if moved and placer is not None and self._hello is not None:
+            self._free_told.update(moved)
+            placer.tell(CardMemory(self.worker, moved))
 
     def _devices(self) -> dict[str, tuple[str, int]]:
         """Each offered device with its physical identity (NVML UUID for a card; the
@@ -365,9 +383,18 @@ class WorkerConnection(Actor):
             "version": hello.version if hello else None,
             "machine_id": hello.machine_id if hello else None,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
-            "inventory": hello.inventory.model_dump() if hello else None,
+            "inventory": self._inventory_now(),
             "slots": [{"device": device, "physical_id": physical, "limit": limit,
                        "running": sum(1 for on in self._runs.values() if on == device)}
                       for device, (physical, limit) in (self._devices().items() if hello else [])],
             "running_runs": sorted(self._runs),
         }
+
+    def _inventory_now(self) -> dict[str, Any] | None:
+        """The inventory of the hello, each card's free memory as of the last heartbeat."""
+        if self._hello is None:
+            return None
+        found = self._hello.inventory.model_dump()
+        for card in found["cards"]:
+            card["memory_free_mib"] = self._free.get(card["uuid"], card["memory_free_mib"])
+        return found

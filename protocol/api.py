@@ -27,7 +27,11 @@ class Target(BaseModel):
     devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
                                       description="the run's devices on the worker; the first is its key")
     wait: StrictBool | None = Field(default=None, description="absent or true: wait for an offline worker; "
-                                                        "false: refuse at once (503 worker_offline)")
+                                                        "false: refuse at once (503 worker_offline). On a "
+                                                        "shared card, true waits for memory and absent or "
+                                                        "false refuses at once (503 memory_busy)")
+    memory_gib: float | None = Field(default=None, gt=0, le=1_000_000,
+                                     description="the run's memory budget on a worker's shared card, in GiB")
 
     @property
     def remote(self) -> str | None:
@@ -120,6 +124,14 @@ class RunDetail(RunRow):
     warnings: list[str]
     artifacts: list[dict[str, Any]]
     graph: dict[str, Any]
+    worker: str | None = None
+    memory_budget_mib: int | None = Field(default=None, description="its budget on a shared card, MiB")
+    memory_budget_source: Literal["declared", "measured"] | None = Field(
+        default=None, description="declared (target.memory_gib) or measured (the graph's last peak + 20%)")
+    peak_memory_mib: int | None = Field(default=None, description="the most memory the run used, MiB")
+    peak_memory_exact: bool | None = Field(
+        default=None, description="true from a worker run's own process; false in the server, whose runs share one")
+    out_of_memory: bool = False
 
 
 class RunList(BaseModel):
@@ -217,6 +229,18 @@ class NewEnrollment(BaseModel):
     name: WorkerName = None
     ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
     uses: int = Field(default=1, ge=1, le=1000)
+
+
+class CardSharing(BaseModel):
+    """Body of ``PUT /api/workers/{name}/devices/{device}``: how a card admits runs,
+    stored for the physical card (its NVML UUID) whichever worker offers it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sharing: Literal["exclusive", "memory"] = Field(
+        description="exclusive: count its slots; memory: admit runs while their budgets fit")
+    reserved_mib: int = Field(default=0, ge=0, le=2**31,
+                              description="memory never promised to runs (the desktop, another user)")
 
 
 class Redeem(BaseModel):

@@ -24,11 +24,13 @@ class TroupeError(Exception):
         pointer: str | None = None,
         node_id: str | None = None,
         code: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.pointer = pointer
         self.node_id = node_id
+        self.details = details  # the numbers behind a refusal, for a client to show
         if code is not None:
             self.code = code
 
@@ -39,6 +41,8 @@ class TroupeError(Exception):
             body["pointer"] = self.pointer
         if self.node_id is not None:
             body["node_id"] = self.node_id
+        if self.details is not None:
+            body["details"] = self.details
         return {"error": body}
 
 

@@ -64,7 +64,15 @@ class Settings:
     # The process's CUDA_VISIBLE_DEVICES (None when unset): which cards it may use, and
     # which is its current device (the first), by CUDA's rule.
     cuda_visible_devices: str | None = None
+    # What a run's CUDA context takes on a card beside its budget (shared cards).
+    cuda_context_mib: int = 500
     warnings: tuple[str, ...] = ()
+
+    def line_limit(self, queue_key: str) -> int:
+        """How many runs the queue of ``queue_key`` hands on at once. A worker's device
+        (``gpu-a/cuda:0``, ``any/cpu``) only keeps the order: its ledger counts the
+        slots, or the memory of a shared card, where every provider of the device meets."""
+        return ANY_QUEUE_LIMIT if "/" in queue_key else self.concurrency_for(queue_key)
 
     def concurrency_for(self, queue_key: str) -> int:
         """How many queued-lane runs may hold a slot of ``queue_key`` at once. A run for
@@ -129,6 +137,7 @@ class Settings:
             examples_dir=examples_dir,
             simulated_accelerators=reader.devices("TROUPE_SIMULATED_ACCELERATORS"),
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+            cuda_context_mib=reader.integer("TROUPE_EXECUTION_CUDA_CONTEXT_MIB", 500, minimum=0),
             warnings=tuple(warnings),
         )
 

@@ -76,6 +76,8 @@ class Refused(_Frame):
 
 class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
+    # Free memory of each card now (NVML UUID -> MiB): a shared card admits by it.
+    free_mib: dict[str, int] = Field(default_factory=dict)
 
 
 class Ack(_Frame):
@@ -107,6 +109,10 @@ class Assign(_Frame):
     deterministic: bool = False
     devices: list[str] = Field(default_factory=list)
     max_parallel: int = Field(default=4, ge=1)
+    # On a shared card: the run's memory budget, which the child sets as its allocator's
+    # cap (a fraction of the card's total) before the graph starts.
+    memory_budget_mib: int | None = Field(default=None, ge=1)
+    memory_total_mib: dict[str, int] = Field(default_factory=dict)  # device -> the card's total
 
 
 class CancelRun(_Frame):
@@ -142,6 +148,10 @@ class RunEnded(_RunFrame):
     status: Literal["succeeded", "failed", "cancelled"]
     error: str | None = None
     node_id: str | None = None
+    # The most memory the run used: its cards' allocator peak, or the child's resident
+    # set where it had no card; exact, as the child is the run's alone.
+    peak_memory_mib: int | None = Field(default=None, ge=0)
+    out_of_memory: bool = False
 
 
 class Gap(_RunFrame):

@@ -20,6 +20,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
 
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
+    from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
     from subprocess_runner.seeding import cap_threads
 
     cap_threads()
@@ -54,6 +55,11 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     threading.Thread(target=listen, name="cancel-listener", daemon=True).start()
     # Renumbered from cuda:0 in the order the run listed its cards.
     device = "cuda:0" if devices else "cpu"
+    budget = assign.get("memory_budget_mib")
+    if budget:  # a shared card: the cap is set before the graph allocates anything
+        totals = assign.get("memory_total_mib") or {}
+        apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
+                  lambda message: emit("log", None, {"message": message}))
     try:
         graph = prepare_executable_graph(assign["graph"])
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
@@ -62,4 +68,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it
         outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
-    send("ended", outcome.status, outcome.error, outcome.node_id)
+    error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
+    if out_of_memory and budget:
+        error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
+    send("ended", outcome.status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)

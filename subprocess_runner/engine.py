@@ -67,6 +67,9 @@ class Outcome:
     error: str | None = None
     node_id: str | None = None
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The most memory the run used (see ``memory.peak_mib``) and whether it ran out.
+    peak_memory_mib: int | None = None
+    out_of_memory: bool = False
 
 
 _POLL_S = 0.05  # how often an executor with claims waiting looks at its run's cancel token

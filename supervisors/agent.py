@@ -78,8 +78,12 @@ class Agent:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
         runs: Supervisor[ActorRef] = Supervisor("runs")
+        async def free_memory() -> dict[str, int]:
+            found = await inventory.ask(Probe())
+            return {card.uuid: card.memory_free_mib for card in found.cards}
+
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
-                                 self.config.outbox_bytes)
+                                 self.config.outbox_bytes, free_memory)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(finished.wait())]

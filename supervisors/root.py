@@ -197,7 +197,7 @@ class ControlPlane:
             return existing
 
         def factory() -> ActorRef:
-            ref = QueueActor(key, self.settings.concurrency_for(key), self.store, self.registry).start(self.registry)
+            ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry).start(self.registry)
             # A restarted queue learns from the live runs which slots they hold.
             for run_name in self.registry.names("runs/"):
                 run = self.registry.lookup(run_name)
@@ -215,8 +215,9 @@ class ControlPlane:
         existing = self.ledgers.child(name)
         if existing is not None:
             return existing, False
-        ref = self.ledgers.start_child(ChildSpec(name, lambda: LedgerActor(physical).start(self.registry),
-                                                 Restart.TEMPORARY))
+        ref = self.ledgers.start_child(ChildSpec(
+            name, lambda: LedgerActor(physical, self.settings.cuda_context_mib).start(self.registry),
+            Restart.TEMPORARY))
         return ref, True
 
     def start_study(self, study_id: str) -> None:

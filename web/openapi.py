@@ -18,7 +18,7 @@ _REF = "#/components/schemas/{model}"
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
-    api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem,
+    api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing,
     SubmitSweep, SubmitStudy, ResumeStudy,
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
@@ -130,6 +130,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                                               params=(("name", "path", "string"),), mutation=True)},
         "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
                                                   params=(("name", "path", "string"),), mutation=True)},
+        "/api/workers/{name}/devices/{device}": {"put": _op(
+            "Set how a card admits runs: by slots, or shared by memory budget", None, body=api.CardSharing,
+            params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},
     }
     return {
         "openapi": "3.1.0",

@@ -45,8 +45,9 @@ class QueueState:
         """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""
         snapshot = self._snapshots.get(key, {"queue_key": key, "limit": limit, "running": 0, "queued": 0})
         held = self._held.get(key, 0)
-        row = {**snapshot, "running": max(0, snapshot["running"] - held), "queued": snapshot["queued"] + held,
-               "state": "ok", "reason": None}
+        # The limit is the key's slot count (a worker's queue only keeps the order).
+        row = {**snapshot, "limit": limit, "running": max(0, snapshot["running"] - held),
+               "queued": snapshot["queued"] + held, "state": "ok", "reason": None}
         if key in self.quarantined:
             row.update(state="quarantined", reason=self.quarantined[key])
         return row

@@ -43,9 +43,12 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
         error_detail=row["error_detail"], warnings=row["warnings"], artifacts=row["artifacts"], graph=row["graph"],
-        worker=row.get("worker"),
+        worker=row.get("worker"), **{k: row.get(k) for k in _MEMORY_FIELDS},
     )
     return detail
+
+
+_MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib", "peak_memory_exact", "out_of_memory")
 
 
 def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",

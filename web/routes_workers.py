@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +17,13 @@ from aiohttp import web
 
 from actors.base import Snapshot
 from actors.errors import ActorDeadError
+from actors.placer_messages import CardPolicy
+from actors.store.memory import CardPolicies, SetCardPolicy
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked
-from protocol.api import NewEnrollment, Redeem
+from protocol.api import CardSharing, NewEnrollment, Redeem
 from protocol.errors import NotFound
-from web.context import services
+from web.context import Services, services
 from web.errors import json_reply
 from web.requests import read_model
 
@@ -63,6 +66,7 @@ async def list_workers(request: web.Request) -> web.Response:
     # Every connection is asked at once: a lab's 200 workers cost one round, not 200.
     lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
     snapshots = await asyncio.gather(*(_snapshot(live) for live in lives))
+    cards = await _cards(svc, snapshots)
     rows = []
     for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
         if snapshot is None:
@@ -73,8 +77,32 @@ async def list_workers(request: web.Request) -> web.Response:
         failed = svc.failed_workers.get(row["name"])
         if failed is not None and live is None:
             snapshot = {**snapshot, "state": "failed", "failed_reason": failed}
-        rows.append({**snapshot, "enrolled_at": row["enrolled_at"]})
+        rows.append({**snapshot, "cards": cards(snapshot), "enrolled_at": row["enrolled_at"]})
     return json_reply({"workers": rows})
+
+
+async def _cards(svc: Services, snapshots: list[dict[str, Any] | None]) -> Callable[[dict[str, Any]], list[Any]]:
+    """Each card of a worker with its policy and its ledger's books (memory promised to
+    the runs holding it), asking each physical card's ledger once."""
+    policies = await svc.store.read(CardPolicies())
+    uuids = sorted({card["uuid"] for snapshot in snapshots if snapshot and snapshot["inventory"]
+                    for card in snapshot["inventory"]["cards"]})
+    ledgers = [svc.registry.lookup(f"ledgers/{uuid}") for uuid in uuids]
+    books = dict(zip(uuids, await asyncio.gather(*(_snapshot(ledger) for ledger in ledgers)), strict=True))
+
+    def of(snapshot: dict[str, Any]) -> list[Any]:
+        found = []
+        for card in (snapshot.get("inventory") or {}).get("cards", []):
+            policy = policies.get(card["uuid"], {"sharing": "exclusive", "reserved_mib": 0})
+            book = books.get(card["uuid"]) or {}
+            found.append({
+                "device": f"cuda:{card['index']}", "uuid": card["uuid"], "name": card["name"], **policy,
+                "total_mib": card["memory_total_mib"], "free_mib": card["memory_free_mib"],
+                "context_mib": svc.settings.cuda_context_mib, "budgets": book.get("budgets", {}),
+                "promised_mib": sum(b + svc.settings.cuda_context_mib for b in book.get("budgets", {}).values())})
+        return found
+
+    return of
 
 
 async def _snapshot(live: Any) -> dict[str, Any] | None:
@@ -108,3 +136,25 @@ async def drain(request: web.Request) -> web.Response:
         raise NotFound(f"worker {name!r} is not connected", code="worker_not_found")
     live.tell(Drain())
     return json_reply(await live.ask(Snapshot()))
+
+
+@routes.put(WORKER_PATH + "/devices/{device}")
+async def set_card_sharing(request: web.Request) -> web.Response:
+    """One policy per physical card: set through any worker that offers it, it holds for
+    every worker that does, and outlives restarts."""
+    svc = services(request)
+    name, device = request.match_info["name"], request.match_info["device"]
+    body = await read_model(request, CardSharing)
+    snapshot = await _snapshot(svc.registry.lookup(f"workers/{name}"))
+    if snapshot is None or not snapshot["inventory"]:
+        raise NotFound(f"worker {name!r} has not connected since the server started, so its cards are not known",
+                       code="worker_not_found")
+    card = next((c for c in snapshot["inventory"]["cards"] if f"cuda:{c['index']}" == device), None)
+    if card is None:
+        offered = ", ".join(f"cuda:{c['index']}" for c in snapshot["inventory"]["cards"]) or "no cards"
+        raise NotFound(f"worker {name} has no card {device} (it offers {offered}); only a CUDA card can be shared "
+                       "by memory", code="device_not_found")
+    await svc.store.write(SetCardPolicy(card["uuid"], body.sharing, body.reserved_mib))
+    svc.actor("placer").tell(CardPolicy(card["uuid"], body.sharing, body.reserved_mib))
+    return json_reply({"worker": name, "device": device, "uuid": card["uuid"], "sharing": body.sharing,
+                       "reserved_mib": body.reserved_mib, "total_mib": card["memory_total_mib"]})

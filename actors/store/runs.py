@@ -120,7 +120,8 @@ RUN_COLUMNS = (
     "id", "name", "status", "device", "queue_key", "lane", "editor_session", "seed", "deterministic",
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
-    "holds", "worker_counter",
+    "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
+    "peak_memory_exact", "out_of_memory",
 )
 _JSON_COLUMNS = ("graph", "options", "warnings", "holds")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
@@ -154,6 +155,9 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
     row["final_loss"], row["final_loss_non_finite"] = json.loads(str(final)) if final is not None else (None, None)
     row["deterministic"] = bool(row["deterministic"])
     row["record_outputs"] = bool(row["record_outputs"])
+    row["out_of_memory"] = bool(row["out_of_memory"])
+    if row["peak_memory_exact"] is not None:
+        row["peak_memory_exact"] = bool(row["peak_memory_exact"])
     for key in _JSON_COLUMNS:
         row[key] = json.loads(row[key]) if row[key] is not None else None
     return row
@@ -228,17 +232,18 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
 
 
 
-def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool, tuple[str, ...]]]:
+def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool, tuple[str, ...], int | None]]:
     """The queued runs of a key in FIFO order, with the devices each asks for when it
-    names several (``target.devices``)."""
+    names several (``target.devices``) and its memory budget."""
     found = []
-    for run_id, seq, seed, options in conn.execute(
-        "SELECT id, enqueue_seq, seed, options FROM runs WHERE queue_key = ? AND status = 'queued' "
-        "AND lane = 'queued' ORDER BY enqueue_seq",
+    for run_id, seq, seed, options, budget in conn.execute(
+        "SELECT id, enqueue_seq, seed, options, memory_budget_mib FROM runs WHERE queue_key = ? "
+        "AND status = 'queued' AND lane = 'queued' ORDER BY enqueue_seq",
         (queue_key,),
     ):
         devices = ((json.loads(str(options or "{}")) or {}).get("target") or {}).get("devices") or []
-        found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else ()))
+        found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else (),
+                      int(budget) if budget is not None else None))
     return found
 
 

@@ -191,6 +191,31 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE metrics_new RENAME TO metrics;
     CREATE INDEX metrics_series ON metrics(run_id, series, seq);
     """,
+    # 9: shared cards. A card's policy (by NVML UUID), a run's memory budget and the peak
+    # it measured, and the last peak of each graph on each number of cards, which
+    # outlives the runs (retention) as the next run's budget.
+    """
+    ALTER TABLE runs ADD COLUMN graph_digest TEXT;
+    ALTER TABLE runs ADD COLUMN memory_budget_mib INTEGER;
+    ALTER TABLE runs ADD COLUMN memory_budget_source TEXT;
+    ALTER TABLE runs ADD COLUMN peak_memory_mib INTEGER;
+    ALTER TABLE runs ADD COLUMN peak_memory_exact INTEGER;
+    ALTER TABLE runs ADD COLUMN out_of_memory INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE card_policies (
+        uuid TEXT PRIMARY KEY,
+        sharing TEXT NOT NULL,
+        reserved_mib INTEGER NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE memory_peaks (
+        graph_digest TEXT NOT NULL,
+        cards INTEGER NOT NULL,
+        peak_mib INTEGER NOT NULL,
+        failed_budget_mib INTEGER,
+        measured_at TEXT NOT NULL,
+        PRIMARY KEY (graph_digest, cards)
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,136 @@
+"""A worker's card shared by memory budget (issue 14), through the real server, a real
+agent with a simulated 24 GiB card and real run children."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.helpers import hello, sleeper
+from tests.integration.test_workers_functional import CARD, enroll, read_until, start_agent
+
+GIB = 1024
+CARD24 = {**CARD, "uuid": "GPU-s24", "name": "Sim 24G", "memory_total_mib": 24 * GIB, "memory_free_mib": 24 * GIB}
+
+
+def share(server, worker="gpu-a", device="cuda:0", sharing="memory", reserved_mib=0, expect=200):
+    status, reply = server.client.request("PUT", f"/api/workers/{worker}/devices/{device}",
+                                          {"sharing": sharing, "reserved_mib": reserved_mib})
+    assert status == expect, reply
+    return reply
+
+
+def card_row(server, worker="gpu-a"):
+    row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == worker)
+    return row["cards"][0]
+
+
+@pytest.fixture
+def shared_card(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"], cards=(CARD24,))
+    read_until(agent, "connected as gpu-a")
+    yield server
+    agent.terminate()
+    agent.wait(30)
+
+
+def test_three_budgets_pack_one_card_a_fourth_is_refused_or_waits_and_any_waits_for_room(shared_card):
+    server = shared_card
+    assert card_row(server)["sharing"] == "exclusive"
+    assert share(server)["uuid"] == "GPU-s24"
+    on_card = {"worker": "gpu-a", "memory_gib": 6}
+    packed = [server.submit(sleeper(seconds=60), device="cuda:0", target=on_card)["run_id"] for _ in range(3)]
+    for run_id in packed:
+        server.wait_status(run_id, "running")  # slot counting would run one at a time
+    card = card_row(server)
+    assert card["sharing"] == "memory" and card["total_mib"] == 24 * GIB and card["free_mib"] == 24 * GIB
+    assert card["budgets"] == {run_id: 6 * GIB for run_id in packed}
+    assert card["promised_mib"] == 3 * (6 * GIB + 500)
+
+    refused = server.submit(hello(), expect=503, device="cuda:0", target=on_card)["error"]
+    assert refused["code"] == "memory_busy" and "4644 MiB of room" in refused["message"]
+    assert refused["details"]["room_mib"] == 24 * GIB - 3 * (6 * GIB + 500)
+    assert len(server.get("/api/runs?status=queued")["runs"]) == 0  # nothing was stored
+
+    waiting = server.submit(hello(), device="cuda:0", target={**on_card, "wait": True})["run_id"]
+    anywhere = server.submit(hello(), device="auto", target={"worker": "any", "memory_gib": 6})["run_id"]
+    queued = {r["id"]: r for r in server.get("/api/runs?status=queued")["runs"]}
+    assert queued[waiting]["queue_reason"]["code"] == "memory_busy"
+    assert queued[anywhere]["queue_reason"]["code"] == "no_free_worker"
+
+    server.client.request("POST", f"/api/runs/{packed[0]}/cancel")
+    events = server.events_until_finished(waiting)  # first in line for the card
+    assert events[-1]["payload"]["status"] == "succeeded"
+    started = next(e for e in events if e["type"] == "run_started")
+    assert started["payload"]["memory_budget_mib"] == 6 * GIB
+    logs = [e["payload"]["message"] for e in events if e["type"] == "log"]
+    assert any("6144 MiB could not be applied: this machine has no CUDA" in line for line in logs), logs
+    assert server.events_until_finished(anywhere)[-1]["payload"]["status"] == "succeeded"
+    for run_id in packed[1:]:
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+
+
+def test_refusals_no_budget_too_large_and_a_budget_in_this_server(shared_card):
+    server = shared_card
+    share(server, reserved_mib=2 * GIB)
+    none = server.submit(hello(), expect=400, device="cuda:0", target={"worker": "gpu-a"})["error"]
+    assert none["code"] == "memory_budget_required" and "memory_gib" in none["message"]
+    large = server.submit(hello(), expect=400, device="cuda:0", target={"worker": "gpu-a", "memory_gib": 22})
+    assert large["error"]["code"] == "memory_budget_too_large"
+    assert large["error"]["details"]["reserved_mib"] == 2 * GIB and "24576 MiB" in large["error"]["message"]
+    local = server.submit(hello(), expect=400, target={"memory_gib": 2})["error"]
+    assert (local["code"], local["pointer"]) == ("memory_budget_needs_worker", "/options/target/memory_gib")
+    assert server.submit(hello(), expect=400, target={"worker": "local", "memory_gib": 2})["error"]["code"] == \
+        "memory_budget_needs_worker"
+    for bad in ({"sharing": "half"}, {"sharing": "memory", "reserved_mib": -1}, {"reserved_mib": 1}):
+        status, reply = server.client.request("PUT", "/api/workers/gpu-a/devices/cuda:0", bad)
+        assert status == 400 and reply["error"]["code"] == "invalid_request", reply
+    assert share(server, device="cpu", expect=404)["error"]["code"] == "device_not_found"
+    assert share(server, worker="nobody", expect=404)["error"]["code"] == "worker_not_found"
+    status, _ = server.anonymous.request("PUT", "/api/workers/gpu-a/devices/cuda:0", {"sharing": "memory"})
+    assert status == 401
+
+
+def test_a_budget_comes_from_the_last_measured_peak_plus_20_percent(shared_card):
+    server = shared_card
+    measured = server.submit(hello(), device="cuda:0", target={"worker": "gpu-a"})["run_id"]  # exclusive card
+    assert server.events_until_finished(measured)[-1]["payload"]["status"] == "succeeded"
+    first = server.get(f"/api/runs/{measured}")
+    assert first["peak_memory_mib"] > 0 and first["peak_memory_exact"] is True
+    assert first["memory_budget_mib"] is None
+    share(server)
+    graph = hello()
+    graph["name"] = "the same graph under another name"
+    derived = server.submit(graph, device="cuda:0", target={"worker": "gpu-a"})["run_id"]
+    server.events_until_finished(derived)
+    row = server.get(f"/api/runs/{derived}")
+    assert row["memory_budget_mib"] == math.ceil(first["peak_memory_mib"] * 1.2)
+    assert row["memory_budget_source"] == "measured"
+    local = server.submit(hello())["run_id"]  # in this server: a peak, not exact
+    server.events_until_finished(local)
+    assert server.get(f"/api/runs/{local}")["peak_memory_exact"] is False
+
+
+def test_one_policy_and_one_ledger_for_a_card_two_workers_offer(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agents = []
+    for name in ("gpu-a", "gpu-b"):
+        agent = start_agent(server, tmp_path / name, enroll(server, name=name)["command"], machine=f"m-{name}",
+                            cards=(CARD24,))
+        read_until(agent, f"connected as {name}")
+        agents.append(agent)
+    try:
+        share(server, worker="gpu-a")
+        assert card_row(server, "gpu-b")["sharing"] == "memory"  # set through gpu-a, one card
+        for worker in ("gpu-a", "gpu-b", "gpu-a"):
+            run_id = server.submit(sleeper(seconds=60), device="cuda:0",
+                                   target={"worker": worker, "memory_gib": 6})["run_id"]
+            server.wait_status(run_id, "running")
+        refused = server.submit(hello(), expect=503, device="cuda:0", target={"worker": "gpu-b", "memory_gib": 6})
+        assert refused["error"]["details"]["promised_mib"] == 3 * (6 * GIB + 500)
+    finally:
+        for agent in agents:
+            agent.terminate()
+            agent.wait(30)
