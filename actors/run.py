@@ -311,7 +311,7 @@ class RunActor(Actor):
             return
         derived = self._row.get("memory_budget_source") == "measured"
         failed = self._row.get("memory_budget_mib") if memory[2] and derived else None
-        self._write(RecordPeak(self._row["graph_digest"], cards, memory[0], failed))
+        self._write(RecordPeak(self._row["graph_digest"], cards, memory[0], failed, status == ev.SUCCEEDED))
 
     async def on_failure(self, error: BaseException) -> None:
         # A crashed RunActor fails its run; it is never silently retried.

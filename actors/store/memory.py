@@ -33,6 +33,7 @@ class RecordPeak:
     cards: int
     peak_mib: int
     failed_budget_mib: int | None = None
+    succeeded: bool = True  # a run that succeeded clears a failed budget; one that ran out keeps it
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,13 @@ def set_policy(conn: apsw.Connection, op: SetCardPolicy) -> None:
 
 
 def record_peak(conn: apsw.Connection, op: RecordPeak) -> None:
-    # A failed budget is kept until a run of the graph measures a peak without failing.
+    # A failed budget is kept until a run of the graph succeeds.
     conn.execute(
         "INSERT INTO memory_peaks(graph_digest, cards, peak_mib, failed_budget_mib, measured_at) "
         "VALUES (?, ?, ?, ?, ?) ON CONFLICT(graph_digest, cards) DO UPDATE SET peak_mib = excluded.peak_mib, "
-        "failed_budget_mib = excluded.failed_budget_mib, measured_at = excluded.measured_at",
-        (op.graph_digest, op.cards, op.peak_mib, op.failed_budget_mib, ev.utc_now()))
+        "failed_budget_mib = CASE WHEN ? THEN NULL ELSE COALESCE(excluded.failed_budget_mib, failed_budget_mib) "
+        "END, measured_at = excluded.measured_at",
+        (op.graph_digest, op.cards, op.peak_mib, op.failed_budget_mib, ev.utc_now(), op.succeeded))
 
 
 def policies(conn: apsw.Connection) -> dict[str, Mapping[str, Any]]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.helpers import hello, sleeper
+from tests.helpers import graph, hello, node, sleeper
 from tests.integration.test_workers_functional import CARD, enroll, read_until, start_agent
 
 GIB = 1024
@@ -134,3 +134,30 @@ def test_one_policy_and_one_ledger_for_a_card_two_workers_offer(make_server, tmp
         for agent in agents:
             agent.terminate()
             agent.wait(30)
+
+
+def test_running_out_of_memory_under_a_measured_budget_grows_the_next_one(shared_card):
+    # Without CUDA here, a node raising torch's words stands for the allocator's refusal.
+    server = shared_card
+    greedy = graph(node("f", "core.Fail", message="CUDA out of memory. Tried to allocate 30.00 GiB"))
+    first = server.submit(greedy, device="cuda:0", target={"worker": "gpu-a"})["run_id"]  # exclusive: no budget
+    server.events_until_finished(first)
+    peak = server.get(f"/api/runs/{first}")["peak_memory_mib"]
+    share(server)
+    second = server.submit(greedy, device="cuda:0", target={"worker": "gpu-a"})["run_id"]
+    events = server.events_until_finished(second)
+    row = server.get(f"/api/runs/{second}")
+    budget = math.ceil(peak * 1.2)
+    assert (row["memory_budget_mib"], row["memory_budget_source"], row["out_of_memory"]) == (budget, "measured", True)
+    assert f"out of memory under the run's budget of {budget} MiB" in events[-1]["payload"]["error"]
+    third = server.submit(greedy, device="cuda:0", target={"worker": "gpu-a"})["run_id"]
+    server.events_until_finished(third)
+    grown = server.get(f"/api/runs/{third}")["memory_budget_mib"]
+    assert grown >= math.ceil(budget * 1.2)
+    declared = server.submit(greedy, device="cuda:0", target={"worker": "gpu-a", "memory_gib": 1})["run_id"]
+    server.events_until_finished(declared)
+    fourth = server.submit(greedy, device="cuda:0", target={"worker": "gpu-a"})["run_id"]
+    server.events_until_finished(fourth)
+    # A declared budget that ran out neither grows the next one nor forgets the one that failed.
+    assert server.get(f"/api/runs/{fourth}")["memory_budget_mib"] == \
+        max(math.ceil(server.get(f"/api/runs/{declared}")["peak_memory_mib"] * 1.2), math.ceil(grown * 1.2))
