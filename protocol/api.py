@@ -74,6 +74,25 @@ class ExportGraph(BaseModel):
     deterministic: StrictBool = False
 
 
+class EstimateGraph(BaseModel):
+    """Body of ``POST /api/estimates``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    graph: Graph
+    devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
+                                      description="the run's devices; the estimate is for as many cards")
+
+
+class Estimate(BaseModel):
+    estimate_mib: int = Field(description="what the run's cards would hold, the CUDA context included")
+    budget_mib: int = Field(description="the part to give as target.memory_gib: the server adds the context")
+    cards: int
+    basis: str
+    parts: dict[str, float]
+    notes: list[str]
+
+
 class ExportedScript(BaseModel):
     filename: str
     script: str

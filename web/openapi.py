@@ -18,6 +18,7 @@ _REF = "#/components/schemas/{model}"
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
+    api.EstimateGraph, api.Estimate,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing,
     SubmitSweep, SubmitStudy, ResumeStudy,
 )
@@ -80,6 +81,8 @@ def openapi_document(version: str) -> dict[str, Any]:
             _RUN_ID, ("format", "query", _FORMAT)))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
                                     body=api.ExportGraph, mutation=True)},
+        "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,
+                                       body=api.EstimateGraph, mutation=True)},
         "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
         "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
             _RUN_ID, ("node_id", "path", "string")))},

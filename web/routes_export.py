@@ -1,12 +1,14 @@
-"""``POST /api/export``: a graph as a standalone Python script."""
+"""What can be said of a graph without running it: ``POST /api/export`` (a standalone
+Python script) and ``POST /api/estimates`` (a static memory estimate)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from protocol.api import ExportGraph
+from protocol.api import EstimateGraph, ExportGraph
 from subprocess_runner.codegen import generate_script, script_name
 from subprocess_runner.engine import prepare_executable_graph
+from subprocess_runner.estimate import estimate
 from web.context import services
 from web.errors import json_reply
 from web.requests import read_model
@@ -23,3 +25,14 @@ async def export_graph(request: web.Request) -> web.Response:
     return json_reply(
         {"filename": script_name(graph), "script": generate_script(graph, body.seed, body.deterministic)}
     )
+
+
+@routes.post("/api/estimates")
+async def estimate_graph(request: web.Request) -> web.Response:
+    """An estimate, labelled as one: offered as a first budget, never applied by the server."""
+    svc = services(request)
+    body = await read_model(request, EstimateGraph)
+    prepare_executable_graph(body.graph, svc.catalog)  # the same 400s as a submission
+    cards = sum(1 for device in body.devices or ("cuda:0",) if device.startswith("cuda") or device == "auto")
+    return json_reply(estimate(body.graph.model_dump(mode="json", exclude_none=True), svc.catalog, max(1, cards),
+                               svc.settings.cuda_context_mib))
