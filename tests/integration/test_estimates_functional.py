@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -26,7 +27,7 @@ def test_an_estimate_counts_weights_gradients_adam_state_activations_and_the_con
     status, reply = shared_server.client.request("POST", "/api/estimates", {"graph": wide_mlp()})
     assert status == 200, reply
     sizes = [20, 4096, 4096, 2]
-    weights = sum(a * b + b for a, b in zip(sizes, sizes[1:], strict=False))
+    weights = sum(a * b + b for a, b in itertools.pairwise(sizes))
     activations = 1024 * sum(sizes) * 2 * 4 * 2
     budget = math.ceil((weights * 4 * (1 + 1 + 2) + activations) / MIB)
     assert (reply["budget_mib"], reply["estimate_mib"], reply["cards"]) == (budget, budget + 500, 1)
