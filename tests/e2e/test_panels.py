@@ -93,3 +93,43 @@ def test_add_a_worker_from_the_panel_and_see_it_connect(open_page, tmp_path):
             agent.terminate()
             agent.wait(30)
     assert errors == []
+
+
+def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(open_page, tmp_path):
+    server, tab, errors = open_page(TROUPE_WORKER_HEARTBEAT_S="1")
+    card = {"uuid": "GPU-e2e", "name": "Sim 24G", "index": 0, "memory_total_mib": 24576, "memory_free_mib": 24000}
+    agent = start_agent(server, tmp_path, server.client.request(
+        "POST", "/api/workers/enrollments", {"name": "gpu-a"})[1]["command"], cards=(card,))
+    try:
+        read_until(agent, "connected as gpu-a")
+        tab.get_by_role("button", name="Workers").click()
+        row = tab.locator('tr[data-worker="gpu-a"]')
+        row.get_by_role("button", name="cuda:0 sharing…").click()
+        dialog = tab.locator("dialog[open]")
+        dialog.locator('select[name="sharing"]').select_option("memory")
+        expect(dialog).to_contain_text("fails alone with an out-of-memory error")
+        dialog.locator('input[name="reserved"]').fill("1024")
+        confirm(tab, "Save")
+        expect(row).to_contain_text("cuda:0 shared: 0.0 of 23.0 GiB promised (0 runs)")
+        screenshot(tab, "workers-shared-card.png")
+
+        tab.get_by_role("button", name="Queue on…").click()
+        dialog = tab.locator("dialog[open]")
+        dialog.locator('select[name="device"]').select_option("auto")
+        dialog.locator('select[name="target"]').select_option("gpu-a")
+        expect(dialog.locator("#queue-explain")).to_contain_text("gpu-a cuda:0 is shared by memory")
+        dialog.get_by_role("button", name="Estimate").click()
+        expect(dialog.locator("#budget-note")).to_contain_text("an estimate, not a measurement")
+        assert float(dialog.locator('input[name="memory_gib"]').input_value()) > 0
+        confirm(tab, "Queue")
+        run = server.get("/api/runs?limit=1")["runs"][0]
+        server.events_until_finished(run["id"])
+        detail = server.get(f"/api/runs/{run['id']}")
+        assert detail["memory_budget_source"] == "declared" and detail["worker"] == "gpu-a"
+        tab.locator(f'tr[data-run="{run["id"]}"]').click()
+        expect(tab.locator("#details-facts")).to_contain_text(f"{detail['memory_budget_mib']} MiB (declared)")
+        expect(tab.locator("#details-facts")).to_contain_text("Peak memory")
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    assert errors == []

@@ -266,6 +266,16 @@ async function explain(form) {
       + `The run will be #${queued + 1} in queue${limit === null && running === 0 ? " (the queue is new: it starts at once if the device is free)" : ""}.`;
   }
   if (target && target !== "any") text += ` It executes on worker ${target}, in a process of its own.`;
+  const worker = target && target !== "any" ? (await listWorkers()).find((w) => w.name === target) : null;
+  const onCard = device === "auto" && worker && worker.cards && worker.cards.length ? worker.cards[0].device : device;
+  const card = worker ? (worker.cards || []).find((c) => c.device === onCard && c.sharing === "memory") : null;
+  if (card) {
+    text = `${target} ${onCard} is shared by memory: ${((card.promised_mib) / 1024).toFixed(1)} of `
+      + `${((card.total_mib - card.reserved_mib) / 1024).toFixed(1)} GiB promised. The run needs a budget; without `
+      + "room it is refused at once unless it waits.";
+  }
+  const budgetRow = form.querySelector("#budget-row");
+  if (budgetRow) budgetRow.hidden = !target;
   form.querySelector("#queue-explain").textContent = text;
 }
 
@@ -281,6 +291,24 @@ async function queueDialog() {
         el("option", { value: "any" }, "any worker"),
         ...workers.map((w) => el("option", { value: w.name }, `${w.name} (${w.state})`))));
     }
+    if (workers.length) {
+      // A budget matters on a worker's card shared by memory; the estimate is only a start.
+      const estimateButton = el("button", { type: "button", "data-estimate": "", onclick: async () => {
+        const device = form.elements.device.value;
+        const reply = await api("POST", "/api/estimates", { graph: currentGraph(), devices: [device] });
+        form.elements.memory_gib.value = String(Math.ceil((reply.budget_mib / 1024) * 1000) / 1000);
+        form.querySelector("#budget-note").textContent = `Filled with an estimate, not a measurement: `
+          + `${reply.budget_mib} MiB from the graph's params (${reply.basis.split(";")[0]}), plus `
+          + `${reply.parts.cuda_context_mib} MiB of CUDA context the server adds. After one run, the measured `
+          + "peak + 20% is used when you leave this empty.";
+      } }, "Estimate");
+      form.append(el("div", { class: "budget", id: "budget-row", hidden: true },
+        el("label", {}, "Memory budget (GiB, for a card shared by memory)"),
+        el("div", { class: "row" }, el("input", { name: "memory_gib", type: "number", min: 0, step: "any",
+          placeholder: "the last measured peak + 20%" }), estimateButton),
+        el("label", {}, el("input", { name: "wait", type: "checkbox" }), " wait for room if the card is busy"),
+        el("p", { class: "muted", id: "budget-note" })));
+    }
     form.append(el("p", { class: "explain", id: "queue-explain" }, "…"));
     form.addEventListener("change", () => explain(form));
     explain(form);
@@ -290,6 +318,8 @@ async function queueDialog() {
       const target = form.elements.target ? form.elements.target.value : "";
       const options = { device: form.elements.device.value };
       if (target) options.target = { worker: target };
+      if (target && form.elements.memory_gib.value) options.target.memory_gib = Number(form.elements.memory_gib.value);
+      if (target && form.elements.wait.checked) options.target.wait = true;
       const reply = await api("POST", "/api/runs", { graph: currentGraph(), name: graph.name, options });
       status(`queued ${reply.run_id.slice(0, 8)} on ${reply.queue_key}`
         + (reply.queue_position ? `, #${reply.queue_position} in queue` : ""));

@@ -152,6 +152,14 @@ async function renderDetails() {
   // 002: the seed and determinism appear only when the run was given them.
   if (run.seed !== null && run.seed !== undefined) facts.push(["Seed", run.seed]);
   if (run.deterministic) facts.push(["Deterministic", "yes"]);
+  if (run.memory_budget_mib) {
+    facts.push(["Memory budget", `${run.memory_budget_mib} MiB (${run.memory_budget_source === "measured"
+      ? "the graph's last measured peak + 20%" : "declared"})`]);
+  }
+  if (run.peak_memory_mib !== null && run.peak_memory_mib !== undefined) {
+    facts.push(["Peak memory", `${run.peak_memory_mib} MiB${run.peak_memory_exact ? ""
+      : " (the server's process, shared by its runs: not exact)"}${run.out_of_memory ? ", ran out of memory" : ""}`]);
+  }
   facts.push(["Error", run.error || ""]);
   if (run.error_detail) facts.push(["Error detail", run.error_detail]);
   document.getElementById("details-facts").replaceChildren(

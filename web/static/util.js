@@ -86,7 +86,9 @@ export function copyButton(text) {
 // primary button and may throw to keep the dialog open with the error shown.
 export function openDialog(title, build, { submitLabel = "OK", submit = null, cancelLabel = "Cancel" } = {}) {
   const dialog = document.getElementById("dialog");
-  const form = document.getElementById("dialog-form");
+  // A fresh form each time: listeners a former dialog added must not hear this one.
+  const form = document.getElementById("dialog-form").cloneNode(false);
+  document.getElementById("dialog-form").replaceWith(form);
   const error = el("p", { class: "message", hidden: true });
   form.replaceChildren(el("h2", {}, title));
   build(form);

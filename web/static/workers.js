@@ -1,22 +1,65 @@
 // The Workers panel: each enrolled worker (state, version, devices and memory, slots,
-// running runs, what it lacks when degraded), drain, remove, and "Add worker", which
-// makes an enrollment and shows the one-line join command.
+// running runs, what it lacks when degraded), a card's sharing policy, drain, remove, and
+// "Add worker", which makes an enrollment and shows the one-line join command.
 
 import { api, confirmDialog, copyButton, el, openDialog, showMessage } from "./util.js";
 
 export let knownWorkers = [];
 
+const gib = (mib) => (mib / 1024).toFixed(1);
+
 function devices(worker) {
-  const cards = worker.inventory ? worker.inventory.cards : [];
   const parts = [worker.inventory ? `cpu ×${worker.inventory.cpus}` : "cpu"];
-  for (const card of cards) {
-    parts.push(`cuda:${card.index} ${card.name} (${(card.memory_free_mib / 1024).toFixed(1)} of ${(card.memory_total_mib / 1024).toFixed(1)} GiB free)`);
+  for (const card of worker.cards || []) {
+    parts.push(`${card.device} ${card.name} (${gib(card.free_mib)} of ${gib(card.total_mib)} GiB free)`);
   }
   return parts.join(", ");
 }
 
+// A shared card shows what its budgets promise; an exclusive one its slots.
 function slots(worker) {
-  return worker.slots.map((s) => `${s.device} ${s.running}/${s.limit}`).join(", ");
+  const shared = new Map((worker.cards || []).filter((c) => c.sharing === "memory").map((c) => [c.device, c]));
+  return worker.slots.map((s) => {
+    const card = shared.get(s.device);
+    if (!card) return `${s.device} ${s.running}/${s.limit}`;
+    const runs = Object.keys(card.budgets).length;
+    return `${s.device} shared: ${gib(card.promised_mib)} of ${gib(card.total_mib - card.reserved_mib)} GiB promised `
+      + `(${runs} run${runs === 1 ? "" : "s"})`;
+  }).join(", ");
+}
+
+function sharingDialog(worker, card) {
+  openDialog(`Sharing of ${worker.name} ${card.device}`, (form) => {
+    form.append(
+      el("p", { class: "muted" }, `${card.name}, ${gib(card.total_mib)} GiB (NVML ${card.uuid}). The policy belongs to `
+        + "the card: every worker that offers it follows it."),
+      el("label", {}, "Admission"),
+      el("select", { name: "sharing" },
+        el("option", { value: "exclusive", selected: card.sharing === "exclusive" }, "exclusive: count slots"),
+        el("option", { value: "memory", selected: card.sharing === "memory" }, "shared by memory budget")),
+      el("label", {}, "Reserved (MiB, never promised to runs)"),
+      el("input", { name: "reserved", type: "number", min: 0, step: 1, value: card.reserved_mib }),
+      el("p", { class: "explain", id: "sharing-explain" }));
+    const explainSharing = () => {
+      const memory = form.elements.sharing.value === "memory";
+      form.querySelector("#sharing-explain").textContent = memory
+        ? "Runs share the card while their budgets fit: each needs a budget (target.memory_gib, or the last measured "
+          + `peak of its graph + 20%) plus ${card.context_mib} MiB of CUDA context, within both the free memory and `
+          + "what is not promised to running runs. A run without a budget is refused; one that does not fit now is "
+          + "refused unless it asks to wait. Each run's allocator is capped at its budget, so one that exceeds it "
+          + "fails alone with an out-of-memory error."
+        : "One run at a time per slot, as many slots as the worker's limit for this device. Runs need no budget.";
+    };
+    form.addEventListener("change", explainSharing);
+    explainSharing();
+  }, {
+    submitLabel: "Save",
+    submit: async (form) => {
+      await api("PUT", `/api/workers/${worker.name}/devices/${card.device}`,
+        { sharing: form.elements.sharing.value, reserved_mib: Number(form.elements.reserved.value) });
+      await refreshWorkers();
+    },
+  });
 }
 
 function notes(worker) {
@@ -32,6 +75,12 @@ function notes(worker) {
 function actions(worker) {
   const running = worker.running_runs.length;
   const cell = el("td", { class: "actions" });
+  if (worker.state === "connected") {
+    for (const card of worker.cards || []) {
+      cell.append(el("button", { "data-share": card.device, onclick: () => sharingDialog(worker, card) },
+        `${card.device} sharing…`));
+    }
+  }
   if (!worker.draining && worker.state === "connected") {
     cell.append(el("button", { onclick: () => confirmDialog(`Drain ${worker.name}?`,
       `No new run starts on ${worker.name}; runs for it wait (or go to another worker when they target any). `
