@@ -24,12 +24,18 @@ UNKNOWN_CPUS = 1 << 20
 @dataclass(frozen=True)
 class WorkerOffer:
     """What a worker offered when it last connected; for target ``any``, the union of
-    every eligible worker's devices and the largest cpu count."""
+    every eligible worker's devices, and the cpus and cards of the largest one of them:
+    one real machine, which is what an ask no machine can grant is cut down to."""
 
     name: str
     devices: tuple[str, ...]
     cpus: int
     node_types: frozenset[str] = frozenset()
+    cards: int | None = None  # None: count the cuda devices
+
+    @property
+    def card_count(self) -> int:
+        return self.cards if self.cards is not None else sum(1 for d in self.devices if d.startswith("cuda"))
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,10 @@ class WorkerBook:
         no devices (the run keeps the device it asked for) and no cpu bound."""
         offers = [self._seen[name] for name in names]
         if not offers:
-            return WorkerOffer(ANY, (), UNKNOWN_CPUS, node_types)
+            return WorkerOffer(ANY, (), UNKNOWN_CPUS, node_types, cards=UNKNOWN_CPUS)
+        largest = max(offers, key=lambda offer: (offer.card_count, offer.cpus))
         return WorkerOffer(ANY, tuple(sorted({d for offer in offers for d in offer.devices})),
-                           max(offer.cpus for offer in offers), node_types)
+                           largest.cpus, node_types, cards=largest.card_count)
 
     def _check_wait(self, wait: bool | None, candidates: list[str]) -> None:
         """``wait: false`` refuses the run at once when no candidate worker is connected

@@ -99,3 +99,17 @@ class MemoryBusy(CapacityRefused):
     """Raised when a run's budget fits its card but not now, and it did not ask to wait."""
 
     code = "memory_busy"
+
+
+class FlavorNotFound(NotFound):
+    code = "flavor_not_found"
+
+
+class FlavorExists(StateConflict):
+    code = "flavor_exists"
+
+
+class FlavorInUse(StateConflict):
+    """Raised when deleting a flavor that a run, sweep or study that is not over uses."""
+
+    code = "flavor_in_use"

@@ -103,8 +103,9 @@ class RunActor(Actor):
             self._flush_events()
             return
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
-        for warning in self._row.get("warnings", ()):
-            self._emit(ev.WARNING, None, {"message": warning})
+        for warning in self._row.get("warnings", ()):  # a text, or a message with its code and node
+            found = dict(warning) if isinstance(warning, dict) else {"message": warning}
+            self._emit(ev.WARNING, found.pop("node_id", None), found)
         self._flush_events()
 
     async def receive(self, message: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 from actors.base import Actor, Registry
 from actors.eligibility import ResolveTarget
 from actors.placer import Submit
+from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store import StoreClient
 from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
@@ -161,7 +162,8 @@ class StudyActor(Actor):
         worker = await placer.ask(ResolveTarget(options, frozenset(n.type for n in graph.nodes)))
         row, executable = build_row(
             self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph", worker,
-            seed=attempt_seed(spec.get("seed"), repeat), study_id=self.study_id,
+            await read_flavors(self._store, graph, options), seed=attempt_seed(spec.get("seed"), repeat),
+            study_id=self.study_id,
         )
         record = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt,
                   "run_id": row["id"]}

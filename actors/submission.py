@@ -10,9 +10,11 @@ import json
 import math
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from actors.eligibility import ANY, WorkerOffer
+from actors.resources import Machine, resolve
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
@@ -25,11 +27,12 @@ from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
 
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
               name: str | None, options: RunOptions, prefix: str = "/graph",
-              worker: WorkerOffer | None = None, **extra: Any
-              ) -> tuple[dict[str, Any], ExecutableGraph]:
-    """Validates a submission completely (device, lane, graph) before anything is queued,
-    and returns the run's row and executable graph. ``worker`` is what the targeted
-    worker offers; an ask it can never grant is refused here, with the numbers."""
+              worker: WorkerOffer | None = None, flavors: Mapping[str, Mapping[str, Any]] | None = None,
+              **extra: Any) -> tuple[dict[str, Any], ExecutableGraph]:
+    """Validates a submission completely (device, lane, graph, resources) before anything
+    is queued, and returns the run's row and executable graph. ``worker`` is what the
+    targeted worker offers; an ask for devices it can never grant is refused here, with
+    the numbers. ``flavors``: those the submission names, as stored now."""
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
     requested, where = options.device, "/options/device"
@@ -59,20 +62,19 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:
         warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker.name}")
-    lends, lender = (worker.cpus, f"worker {worker.name} has" if not anywhere else "the largest worker has") \
-        if worker is not None else (settings.cpus, "this server lends")
-    graph, graph_json = _prepared(graph_doc, catalog, prefix)
-    memory_gib = options.target.memory_gib if options.target is not None else None
+    machine = Machine(worker.cpus, worker.card_count,
+                      f"worker {worker.name} has" if not anywhere else "the largest worker has") \
+        if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
+                                           "this server lends (TROUPE_CPUS)")
+    resolved = resolve(graph_doc, options, flavors or {}, prefix, machine, worker is not None)
+    graph, graph_json = _prepared(resolved.graph, catalog, prefix)
+    if resolved.graph is not graph_doc:  # stored as submitted: the next run reads its flavors again
+        graph_json = graph_doc.model_dump(mode="json", exclude_none=True)
+    memory_gib = resolved.memory_gib
     if memory_gib is not None and worker is None:
         raise InvalidRequest("options.target.memory_gib budgets a run on a worker's shared card; runs in this "
                              "server share one process and cannot be capped, so name a worker (or any)",
                              pointer="/options/target/memory_gib", code="memory_budget_needs_worker")
-    for i, node in enumerate(graph_doc.nodes):
-        if node.resources is not None and (node.resources.cpus or 0) > lends:
-            raise InvalidRequest(
-                f"node {node.id} declares {node.resources.cpus} cpus; {lender} {lends}"
-                + (" (TROUPE_CPUS)" if worker is None else ""), pointer=f"{prefix}/nodes/{i}/resources/cpus",
-                node_id=node.id, code="cpus_unavailable")
     row = {
         "id": uuid.uuid4().hex,
         "name": name or graph_doc.name,
@@ -87,7 +89,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "record_outputs": options.record_outputs,
         "graph": graph_json,
         "options": options.model_dump(mode="json", exclude_none=True),
-        "warnings": [warning] if warning else [],
+        "warnings": ([warning] if warning else []) + resolved.warnings,
         "created_at": ev.utc_now(),
         "graph_digest": graph_digest(graph_json),
         # A declared budget; the placer derives one from a measured peak for a worker run.

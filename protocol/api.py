@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
+from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
 
 SEED_MAX = 2**32 - 1
@@ -32,6 +33,8 @@ class Target(BaseModel):
                                                         "false refuses at once (503 memory_busy)")
     memory_gib: float | None = Field(default=None, gt=0, le=1_000_000,
                                      description="the run's memory budget on a worker's shared card, in GiB")
+    flavor: str | None = Field(default=None, pattern=FLAVOR_NAME,
+                               description="a stored size whose memory_gib is the run's budget")
 
     @property
     def remote(self) -> str | None:

@@ -6,20 +6,29 @@ and the ports fit is the catalog's business (``subprocess_runner.validation``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.flavors import FLAVOR_NAME, Ram
 
 GRAPH_VERSION: Literal[1] = 1
 
 
 class NodeResources(BaseModel):
     """What a node holds while it executes. ``cpus`` come out of the server's
-    ``TROUPE_CPUS``; a node that does not fit waits its turn."""
+    ``TROUPE_CPUS``; a node that does not fit waits its turn. ``flavor`` names a stored
+    size whose quantities apply where the node gives none; ``env`` is set in a worker's
+    run process (never in the server's, which every run shares)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     cpus: int | None = Field(default=None, ge=1, le=4096)
+    gpus: int | None = Field(default=None, ge=0, le=64)
+    ram: Ram = None
+    flavor: str | None = Field(default=None, pattern=FLAVOR_NAME)
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")],
+              Annotated[str, Field(max_length=4096)]] | None = Field(default=None, max_length=64)
 
 
 class Node(BaseModel):

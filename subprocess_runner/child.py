@@ -17,6 +17,8 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
+    for node in assign["graph"].get("nodes", []):  # resources.env (XLA_FLAGS...): before any import reads it
+        os.environ.update((node.get("resources") or {}).get("env") or {})
 
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph

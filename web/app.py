@@ -13,6 +13,7 @@ from actors.base import Exit
 from web import (
     routes_editor,
     routes_export,
+    routes_flavors,
     routes_meta,
     routes_plugins,
     routes_runs,
@@ -65,6 +66,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_studies.routes)
     app.add_routes(routes_plugins.routes)
     app.add_routes(routes_workers.routes)
+    app.add_routes(routes_flavors.routes)
     app.add_routes(ws_worker.routes)
     app.router.add_post(LOGIN_LINKS_PATH, _login_link)
     if (STATIC / "index.html").exists():

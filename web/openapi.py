@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 
 from protocol import api
 from protocol.events import ALL_STATES
+from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 
@@ -20,7 +21,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
     api.EstimateGraph, api.Estimate,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing,
-    SubmitSweep, SubmitStudy, ResumeStudy,
+    SubmitSweep, SubmitStudy, ResumeStudy, Flavor, FlavorUpdate,
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _FORMAT = {"type": "string", "enum": ["json", "csv"]}
@@ -133,6 +134,14 @@ def openapi_document(version: str) -> dict[str, Any]:
                                               params=(("name", "path", "string"),), mutation=True)},
         "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
                                                   params=(("name", "path", "string"),), mutation=True)},
+        "/api/flavors": {"get": _op("Every flavor (a named size)", None),
+                         "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
+        "/api/flavors/{name}": {
+            "get": _op("One flavor", Flavor, params=(("name", "path", "string"),)),
+            "put": _op("Replace a flavor's sizes (what is left out is unset)", Flavor, body=FlavorUpdate,
+                       params=(("name", "path", "string"),), mutation=True),
+            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", None,
+                          params=(("name", "path", "string"),), mutation=True)},
         "/api/workers/{name}/devices/{device}": {"put": _op(
             "Set how a card admits runs: by slots, or shared by memory budget", None, body=api.CardSharing,
             params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},

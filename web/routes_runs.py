@@ -6,6 +6,7 @@ import base64
 import binascii
 import csv
 import io
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp import web
 from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.errors import RunNotFound
 from actors.placer import Submit
+from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.events import GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun, ListRuns
@@ -42,7 +44,8 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
     detail = public_row(row)
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
-        error_detail=row["error_detail"], warnings=row["warnings"], artifacts=row["artifacts"], graph=row["graph"],
+        error_detail=row["error_detail"], warnings=warning_texts(row["warnings"]), artifacts=row["artifacts"],
+        graph=row["graph"],
         worker=row.get("worker"), **{k: row.get(k) for k in _MEMORY_FIELDS},
     )
     return detail
@@ -51,10 +54,16 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
 _MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib", "peak_memory_exact", "out_of_memory")
 
 
+def warning_texts(warnings: list[Any]) -> list[str]:
+    """A run's warnings as the API lists them: texts (the events carry their codes)."""
+    return [w["message"] if isinstance(w, dict) else w for w in warnings]
+
+
 def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",
-            worker: WorkerOffer | None = None, **extra: Any) -> tuple[dict[str, Any], Any]:
+            worker: WorkerOffer | None = None, flavors: Mapping[str, Any] | None = None,
+            **extra: Any) -> tuple[dict[str, Any], Any]:
     return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, worker,
-                     **extra)
+                     flavors, **extra)
 
 
 async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
@@ -72,12 +81,13 @@ async def submit_run(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitRun)
     row, graph = run_row(svc, body.graph, body.name, body.options,
-                         worker=await worker_of(svc, body.options, body.graph))
+                         worker=await worker_of(svc, body.options, body.graph),
+                         flavors=await read_flavors(svc.store, body.graph, body.options))
     run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
     position = await committed
     reply = {
         "run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
-        "lane": row["lane"], "queue_position": position, "warnings": row["warnings"],
+        "lane": row["lane"], "queue_position": position, "warnings": warning_texts(row["warnings"]),
     }
     return json_reply(reply, status=201)
 

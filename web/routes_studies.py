@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
 from actors.submission import build_row
@@ -51,9 +52,10 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
     variants = compile_variants(body, svc.catalog, sweep_limits(svc))
     worker = await worker_of(svc, body.options, body.base_graph)
+    flavors = await read_flavors(svc.store, body.base_graph, body.options)
     for variant in variants:
         build_row(svc.settings, svc.catalog, svc.accelerators, Graph.model_validate(variant["graph"]), body.name,
-                  body.options, "/base_graph", worker)
+                  body.options, "/base_graph", worker, flavors)
     return {
         "id": uuid.uuid4().hex, "name": body.name or body.base_graph.name or "study", "state": "running",
         "spec": {"variants": variants, "repeats": body.repeats, "seed": body.seed,

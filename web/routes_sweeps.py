@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.placer import SubmitSweep as PlacerSubmitSweep
+from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
 from protocol import events as ev
@@ -41,9 +42,10 @@ async def submit_sweep(request: web.Request) -> web.Response:
     name = body.name or body.base_graph.name or "sweep"
     runs, variants = [], []
     worker = await worker_of(svc, body.options, body.base_graph)  # a target applies to every variant
+    flavors = await read_flavors(svc.store, body.base_graph, body.options)
     for variant in compiled.variants:
         row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
-                             worker, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
+                             worker, flavors, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
         runs.append((row, graph))
         variants.append({"index": variant.index, "run_id": row["id"], "params": variant.params, "seed": variant.seed})
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),

@@ -216,6 +216,25 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (graph_digest, cards)
     ) WITHOUT ROWID;
     """,
+    # 10: flavors, four of them seeded here: a migration runs once for a database, so a
+    # flavor somebody deleted is never put back.
+    """
+    CREATE TABLE flavors (
+        name TEXT PRIMARY KEY,
+        cpus INTEGER,
+        gpus INTEGER,
+        memory_gib REAL,
+        ram INTEGER,
+        duration_s REAL,
+        description TEXT NOT NULL DEFAULT '',
+        updated_at TEXT NOT NULL
+    );
+    INSERT INTO flavors(name, cpus, gpus, memory_gib, ram, duration_s, description, updated_at) VALUES
+        ('cpu-small', 1, 0, NULL, 2048, NULL, 'one core and 2 GB: data preparation', '1970-01-01T00:00:00Z'),
+        ('cpu-large', 4, 0, NULL, 8192, NULL, 'four cores and 8 GB: CPU training', '1970-01-01T00:00:00Z'),
+        ('gpu-small', 2, 1, 6, 8192, NULL, 'one card, a 6 GiB budget where it is shared', '1970-01-01T00:00:00Z'),
+        ('gpu-large', 4, 1, 20, 32768, NULL, 'one card, a 20 GiB budget where it is shared', '1970-01-01T00:00:00Z');
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,10 +40,16 @@ def test_resources_show_holders_and_waiters(make_server):
     assert cpus["free"] == 1 and cpus["waiters"] == []
 
 
-def test_declaring_more_cpus_than_the_server_lends_is_refused(make_server):
+def test_declaring_more_cpus_than_the_server_lends_is_cut_down_with_a_warning(make_server):
+    # 003: a graph written for a cluster has to run on a laptop.
     server = make_server(TROUPE_CPUS="2")
-    error = server.submit(sleepers((0, 1), (0, 3)), expect=400)["error"]
-    assert error["code"] == "cpus_unavailable" and error["pointer"] == "/graph/nodes/1/resources/cpus"
+    reply = server.submit(sleepers((0, 1), (0, 3)))
+    assert reply["warnings"] == ["node z1 asks for 3 cpus; this server lends (TROUPE_CPUS) 2: cut down to 2"]
+    events = server.events_until_finished(reply["run_id"])
+    warning = next(e for e in events if e["type"] == "warning")
+    assert (warning["node_id"], warning["payload"]["code"]) == ("z1", "resources_cut_down")
+    assert events[-1]["payload"]["status"] == "succeeded"
+    assert server.get(f"/api/runs/{reply['run_id']}")["graph"]["nodes"][1]["resources"] == {"cpus": 3}  # as sent
     assert server.get("/api/info")["limits"]["cpus"] == 2
 
 

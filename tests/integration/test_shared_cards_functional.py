@@ -41,7 +41,9 @@ def test_three_budgets_pack_one_card_a_fourth_is_refused_or_waits_and_any_waits_
     assert card_row(server)["sharing"] == "exclusive"
     assert share(server)["uuid"] == "GPU-s24"
     on_card = {"worker": "gpu-a", "memory_gib": 6}
-    packed = [server.submit(sleeper(seconds=60), device="cuda:0", target=on_card)["run_id"] for _ in range(3)]
+    # The third names flavor gpu-small, whose budget is 6 GiB too.
+    packed = [server.submit(sleeper(seconds=60), device="cuda:0", target=target)["run_id"]
+              for target in (on_card, on_card, {"worker": "gpu-a", "flavor": "gpu-small"})]
     for run_id in packed:
         server.wait_status(run_id, "running")  # slot counting would run one at a time
     card = card_row(server)

@@ -1,0 +1,62 @@
+"""Flavors: named sizes (``gpu-small``) that a node or a run asks for instead of raw
+numbers, so a graph written for one lab's machines keeps its meaning on another's. The
+sizes live in the database and are read again each time a run is built."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+_RAM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNIT_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+FLAVOR_NAME = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
+
+
+def ram_mb(value: int | str) -> int:
+    """Memory in MB: a number of MB, or a text with a unit ("2G", "512M", "1.5GiB")."""
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError("ram must be at least 1 MB")
+        return value
+    match = _RAM.match(value)
+    if match is None:
+        raise ValueError(f"ram {value!r} is not a size: give MB as a number, or a text such as '2G' or '512M'")
+    mb = float(match.group(1)) * _UNIT_MB[match.group(2).lower()]
+    if mb < 1:
+        raise ValueError(f"ram {value!r} is under 1 MB")
+    return round(mb)
+
+
+def _ram(value: int | str | None) -> int | None:
+    return None if value is None else ram_mb(value)
+
+
+Ram = Annotated[int | str | None, AfterValidator(_ram), Field(default=None, description="MB, or '2G' / '512M'")]
+
+
+class FlavorSizes(BaseModel):
+    """Every quantity of a flavor, each optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    cpus: int | None = Field(default=None, ge=1, le=4096)
+    gpus: int | None = Field(default=None, ge=0, le=64)
+    memory_gib: float | None = Field(default=None, gt=0, le=1_000_000, description="the budget on a shared card")
+    ram: Ram = None
+    duration_s: float | None = Field(default=None, ge=0, description="expected; recorded and shown, not a limit")
+    description: str = Field(default="", max_length=500)
+
+
+class Flavor(FlavorSizes):
+    """Body of ``POST /api/flavors``, and each flavor ``GET /api/flavors`` lists."""
+
+    name: str = Field(pattern=FLAVOR_NAME)
+
+
+class FlavorUpdate(FlavorSizes):
+    """Body of ``PUT /api/flavors/{name}``: the whole flavor, its name optional (an
+    editor may write back the object it read, name included)."""
+
+    name: str | None = Field(default=None, pattern=FLAVOR_NAME)
