@@ -115,3 +115,22 @@ def test_queue_on_explains_the_queue_before_it_submits(open_page):
     for run_id in (busy, queued[0]["id"]):
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
     assert errors == []
+
+
+def test_a_node_names_a_flavor_in_the_inspector_and_the_run_gets_its_size(open_page):
+    server, tab, errors = open_page(TROUPE_CPUS="1")
+    server.client.request("POST", "/api/flavors", {"name": "wide", "cpus": 3, "description": "for the big box"})
+    tab.locator('g[data-node="s"] text.title').click()
+    picker = tab.locator("#inspector #node-flavor")
+    picker.select_option("wide")
+    expect(tab.locator("#flavor-note")).to_contain_text("3 cpus: for the big box")
+    tab.get_by_role("button", name="Queue on…").click()
+    tab.locator("dialog[open]").get_by_role("button", name="Queue").click()
+    expect(tab.locator("#editor-status")).to_contain_text("queued")
+    run = server.get("/api/runs?limit=1")["runs"][0]
+    events = server.events_until_finished(run["id"])
+    detail = server.get(f"/api/runs/{run['id']}")
+    assert next(n for n in detail["graph"]["nodes"] if n["id"] == "s")["resources"] == {"flavor": "wide"}
+    assert detail["warnings"] == ["node s asks for 3 cpus; this server lends (TROUPE_CPUS) 1: cut down to 1"]
+    assert events[-1]["payload"]["status"] == "succeeded"
+    assert errors == []

@@ -185,7 +185,7 @@ async function inspect() {
   }
   const outputs = el("div", { id: "node-outputs" });
   box.replaceChildren(el("h3", {}, `${node.id}`), el("p", { class: "muted" }, `${node.type}: ${spec ? spec.description : "not in the catalog"}`),
-    spec && spec.params.length ? form : el("p", { class: "muted" }, "No params."),
+    spec && spec.params.length ? form : el("p", { class: "muted" }, "No params."), await flavorPicker(node),
     el("p", {}, el("button", { class: "danger", onclick: () => remove({ node: node.id }) }, "Delete node")), outputs);
   if (outputsRun) {
     try {
@@ -195,6 +195,41 @@ async function inspect() {
       outputs.replaceChildren(el("p", { class: "muted" }, `No recorded outputs: ${error.message}`));
     }
   }
+}
+
+// A node's size by name: the server says what the flavor is each time a run is built.
+function sizes(flavor) {
+  return [flavor.cpus && `${flavor.cpus} cpus`, flavor.gpus && `${flavor.gpus} card${flavor.gpus === 1 ? "" : "s"}`,
+    flavor.memory_gib && `a ${flavor.memory_gib} GiB budget`, flavor.ram && `${flavor.ram} MB ram`,
+    flavor.duration_s && `about ${flavor.duration_s} s`].filter(Boolean).join(", ");
+}
+
+async function flavorPicker(node) {
+  let flavors = [];
+  try {
+    ({ flavors } = await api("GET", "/api/flavors"));
+  } catch {
+    return el("p", { class: "muted" }, "Flavors are not available.");
+  }
+  const current = (node.resources || {}).flavor || "";
+  const note = el("p", { class: "muted", id: "flavor-note" });
+  const explain = (name) => {
+    const flavor = flavors.find((f) => f.name === name);
+    note.textContent = flavor ? `${sizes(flavor) || "no sizes"}${flavor.description ? `: ${flavor.description}` : ""}. `
+      + "Read again for every run; more than a machine has is cut down to it, with a warning."
+      : "No flavor: the node holds only what its own resources say.";
+  };
+  const select = el("select", { name: "flavor", id: "node-flavor", onchange: (event) => {
+    const resources = { ...(node.resources || {}) };
+    if (event.target.value) resources.flavor = event.target.value;
+    else delete resources.flavor;
+    if (Object.keys(resources).length) node.resources = resources;
+    else delete node.resources;
+    explain(event.target.value);
+  } }, el("option", { value: "" }, "none"),
+  ...flavors.map((f) => el("option", { value: f.name, selected: f.name === current }, f.name)));
+  explain(current);
+  return el("div", { class: "flavor" }, el("label", { for: "node-flavor" }, "Flavor (a named size)"), select, note);
 }
 
 // Run (interactive lane) ------------------------------------------------------------
