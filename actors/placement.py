@@ -120,6 +120,11 @@ class WorkerPlacement:
                     f"the budget of {budget_mib} MiB plus {numbers['context_mib']} MiB of CUDA context can never fit "
                     f"{where}: it has {numbers['total_mib']} MiB, {numbers['reserved_mib']} MiB reserved",
                     pointer="/options/target", details=numbers)
+            ahead = len(self._device_waiting.get(physical, ()))
+            if ahead and not wait:
+                raise MemoryBusy(f"{ahead} run(s) wait for {where} ahead of this one, and runs for a card start in "
+                                 "their order; set options.target.wait to true to wait in line",
+                                 details={**numbers, "waiting": ahead})
             if not fits["now"] and not wait:
                 raise MemoryBusy(
                     f"the budget of {budget_mib} MiB plus {numbers['context_mib']} MiB of CUDA context does not fit "
@@ -226,7 +231,10 @@ class WorkerPlacement:
                 yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
             for admit in line:
-                if self._shared(physical):
+                if self._shared(physical) and admit.budget_mib is None:
+                    yield admit, "memory_budget_required", (f"has no memory budget and {physical} is now shared by "
+                                                            "memory: it waits until the card is exclusive again")
+                elif self._shared(physical):
                     yield admit, "memory_busy", (f"waits for {admit.budget_mib} MiB (and the CUDA context) on the "
                                                  f"shared card {physical}")
                 else:
