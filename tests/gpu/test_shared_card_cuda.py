@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -16,18 +17,19 @@ from tests.integration.test_workers_functional import enroll, read_until
 
 
 def _cuda_reason() -> str | None:
+    """Why these cannot run here, or None. torch is asked in a child process: importing
+    it into pytest's own would change what the in-process tests see."""
     try:
         import pynvml
-        import torch
-    except ImportError as exc:
-        return f"needs torch and pynvml: {exc}"
-    if not torch.cuda.is_available():
-        return "needs a CUDA card (torch.cuda.is_available() is false on this machine)"
-    try:
+
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
-    except Exception as exc:  # no driver library
-        return f"needs NVML: {exc}"
+    except Exception as exc:  # no library or no driver: no card to share
+        return f"needs a CUDA card with NVML: {type(exc).__name__}: {exc}"
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() != "True":
+        return "needs a CUDA build of torch (torch.cuda.is_available() is false here)"
     return None
 
 

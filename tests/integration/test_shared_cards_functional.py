@@ -57,6 +57,9 @@ def test_three_budgets_pack_one_card_a_fourth_is_refused_or_waits_and_any_waits_
     assert len(server.get("/api/runs?status=queued")["runs"]) == 0  # nothing was stored
 
     waiting = server.submit(hello(), device="cuda:0", target={**on_card, "wait": True})["run_id"]
+    # 1 GiB would fit now, but runs for a card start in their order: it is not let past.
+    behind = server.submit(hello(), expect=503, device="cuda:0", target={"worker": "gpu-a", "memory_gib": 1})
+    assert behind["error"]["details"]["waiting"] == 1 and behind["error"]["details"]["room_mib"] >= 1024 + 500
     anywhere = server.submit(hello(), device="auto", target={"worker": "any", "memory_gib": 6})["run_id"]
     queued = {r["id"]: r for r in server.get("/api/runs?status=queued")["runs"]}
     assert queued[waiting]["queue_reason"]["code"] == "memory_busy"
