@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
-from protocol.settings import ANY_PREFIX
+from protocol.settings import ANY_PREFIX, ONE_SHOT_PREFIX
 
 ANY = ANY_PREFIX.rstrip("/")
+ONE_SHOT = ONE_SHOT_PREFIX.rstrip("/")
 # The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
 UNKNOWN_CPUS = 1 << 20
 
@@ -32,6 +33,8 @@ class WorkerOffer:
     cpus: int
     node_types: frozenset[str] = frozenset()
     cards: int | None = None  # None: count the cuda devices
+    one_shot: bool = False  # an agent in a batch job: one run, then it exits
+    spent: bool = False  # a one-shot agent that has taken its run
 
     @property
     def card_count(self) -> int:
@@ -64,16 +67,30 @@ class WorkerBook:
 
     def resolve(self, options: RunOptions, node_types: frozenset[str]) -> WorkerOffer | None:
         target = options.target
-        name = target.remote if target is not None else None
+        pool = target.pool if target is not None else None
+        if pool is not None and target is not None and target.worker is not None:
+            raise InvalidRequest("options.target names a worker and a pool; give one", pointer="/options/target/pool",
+                                 code="target_conflict")
+        name = ONE_SHOT if pool is not None else target.remote if target is not None else None
         if name is None or target is None:
             return None
         if options.lane == ev.LANE_INTERACTIVE:
             raise InvalidRequest("interactive runs execute in the control plane; drop the target or the lane",
                                  pointer="/options/lane")
-        if name == ANY:
-            able = self._able(node_types)
+        if name in (ANY, ONE_SHOT):
+            able = self._able(node_types, one_shot=name == ONE_SHOT)
             self._check_wait(target.wait, able)
-            return self._union(able, node_types)
+            offer = self._union(name, able, node_types)
+        else:
+            offer = self._named(name, node_types)
+            self._check_wait(target.wait, [name])
+        if offer.one_shot and options.record_outputs:
+            raise InvalidRequest("a one-shot agent exits after its run, so recorded outputs could never be read; drop "
+                                 "record_outputs or the one-shot target", pointer="/options/record_outputs",
+                                 code="one_shot_record_outputs")
+        return offer
+
+    def _named(self, name: str, node_types: frozenset[str]) -> WorkerOffer:
         offer = self._seen.get(name)
         if offer is None:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",
@@ -82,32 +99,33 @@ class WorkerBook:
         if lacking:
             raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
                                  code="worker_lacks_node_types")
-        self._check_wait(target.wait, [name])
         return offer
 
-    def _able(self, node_types: frozenset[str]) -> list[str]:
-        """The workers seen since start that have every node type the graph uses (#777).
-        None seen yet: the run waits for one. Some seen and none of them able: it could
-        never run, a 400 with the numbers."""
-        able = sorted(name for name, offer in self._seen.items() if node_types <= offer.node_types)
-        if self._seen and not able:
-            lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(self._seen.items())}
+    def _able(self, node_types: frozenset[str], one_shot: bool) -> list[str]:
+        """The workers of the pool (``any``: the lasting ones; one-shot: the batch jobs'
+        agents) seen since start that have every node type the graph uses (#777). None
+        seen yet: the run waits for one. Some seen and none of them able: it could never
+        run, a 400 with the numbers."""
+        seen = {name: offer for name, offer in self._seen.items() if offer.one_shot == one_shot}
+        able = sorted(name for name, offer in seen.items() if node_types <= offer.node_types)
+        if seen and not able:
+            lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(seen.items())}
             raise InvalidRequest(
-                f"target any needs a worker with the node types this graph uses; {len(self._seen)} seen since "
-                "start, none has them all: " + "; ".join(f"{name} lacks {', '.join(missing)}"
-                                                         for name, missing in lacking.items()),
+                f"target {ONE_SHOT if one_shot else ANY} needs a worker with the node types this graph uses; "
+                f"{len(seen)} seen since start, none has them all: "
+                + "; ".join(f"{name} lacks {', '.join(missing)}" for name, missing in lacking.items()),
                 pointer="/options/target/worker", code="no_eligible_worker")
         return able
 
-    def _union(self, names: list[str], node_types: frozenset[str]) -> WorkerOffer:
+    def _union(self, pool: str, names: list[str], node_types: frozenset[str]) -> WorkerOffer:
         """What the able workers offer together; with none seen yet, nothing is known:
         no devices (the run keeps the device it asked for) and no cpu bound."""
         offers = [self._seen[name] for name in names]
         if not offers:
-            return WorkerOffer(ANY, (), UNKNOWN_CPUS, node_types, cards=UNKNOWN_CPUS)
+            return WorkerOffer(pool, (), UNKNOWN_CPUS, node_types, cards=UNKNOWN_CPUS, one_shot=pool == ONE_SHOT)
         largest = max(offers, key=lambda offer: (offer.card_count, offer.cpus))
-        return WorkerOffer(ANY, tuple(sorted({d for offer in offers for d in offer.devices})),
-                           largest.cpus, node_types, cards=largest.card_count)
+        return WorkerOffer(pool, tuple(sorted({d for offer in offers for d in offer.devices})),
+                           largest.cpus, node_types, cards=largest.card_count, one_shot=pool == ONE_SHOT)
 
     def _check_wait(self, wait: bool | None, candidates: list[str]) -> None:
         """``wait: false`` refuses the run at once when no candidate worker is connected

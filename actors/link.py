@@ -94,6 +94,12 @@ class Send:
     frames: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class Settled:
+    """Ask: a future that resolves once every run frame sent so far is acknowledged (a
+    one-shot agent exits only after its run is reported completely)."""
+
+
 class Link(Actor):
     def __init__(self, config: LinkConfig) -> None:
         super().__init__("link")
@@ -101,6 +107,7 @@ class Link(Actor):
         self._task: asyncio.Task[None] | None = None
         self._outbox = _Outbox(config.outbox_bytes)
         self._live: asyncio.Queue[str] | None = None  # what the connection up now sends
+        self._settled: list[asyncio.Future[None]] = []
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
@@ -116,7 +123,19 @@ class Link(Actor):
                     if self._live is not None:
                         self._live.put_nowait(text)
             return None
+        if isinstance(message, Settled):
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._settled.append(waiter)
+            self._check_settled()
+            return waiter
         raise TypeError(f"link got an unknown message {message!r}")
+
+    def _check_settled(self) -> None:
+        if not self._outbox.runs:
+            for waiter in self._settled:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._settled.clear()
 
     async def _run(self) -> None:
         attempt = 0
@@ -180,6 +199,8 @@ class Link(Actor):
                     log.info("asked to drain: no new runs will come")
                 if isinstance(frame, wire.KillRun):
                     self._outbox.forget(frame.run_id)  # the control plane no longer holds it
+                if isinstance(frame, wire.Ack | wire.KillRun):
+                    self._check_settled()
                 if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun):
                     self._config.on_frame(frame)
         finally:

@@ -18,7 +18,7 @@ from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer_messages import Admit, Released
 from actors.run_messages import Start
-from protocol.settings import ANY_PREFIX
+from protocol.settings import ONE_SHOT_PREFIX, POOL_PREFIXES
 
 LOCAL = "local"  # the provider name of the server's own devices
 
@@ -32,6 +32,8 @@ class WorkerPlacement:
         self._placer = placer
         self._online: set[str] = set()
         self._types: dict[str, frozenset[str]] = {}  # node types of each worker (``any`` needs the graph's)
+        self._one_shot: set[str] = set()  # batch jobs' agents: never ``any``'s, one run each
+        self._spent: set[str] = set()  # one-shot agents that have taken their run
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
         if local:  # the server's own devices that a same-machine worker can share
@@ -52,7 +54,18 @@ class WorkerPlacement:
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
                      node_types: frozenset[str] = frozenset(),
-                     cards: Mapping[str, tuple[int, int]] | None = None) -> None:
+                     cards: Mapping[str, tuple[int, int]] | None = None,
+                     one_shot: bool = False, spent: bool = False) -> None:
+        if one_shot:
+            self._one_shot.add(name)
+            # A one-shot agent says whether it took its run; a fresh connection that has
+            # not is a new agent (the next batch job), free for one run again.
+            if spent:
+                self._spent.add(name)
+            elif name not in self._online:
+                self._spent.discard(name)
+        else:
+            self._one_shot.discard(name)
         before = self._providers.get(name, {})
         self._providers[name] = dict(devices)
         self._cards.update(cards or {})
@@ -135,7 +148,7 @@ class WorkerPlacement:
     # Admission ---------------------------------------------------------------------
     async def admit(self, admit: Admit, needs: frozenset[str] = frozenset()) -> None:
         """``needs``: for target ``any``, the node types a worker must have to take it."""
-        if admit.queue_key.startswith(ANY_PREFIX):
+        if admit.queue_key.startswith(POOL_PREFIXES):
             self._any_waiting.append((admit, needs))
             await self._place_anywhere()
         else:
@@ -143,7 +156,7 @@ class WorkerPlacement:
 
     async def admit_named(self, admit: Admit) -> None:
         worker, device = admit.queue_key.split("/", 1)
-        if worker not in self._online:
+        if worker not in self._online or worker in self._spent:
             self._parked.setdefault(worker, []).append(admit)
             return
         offered = self._providers.get(worker, {})
@@ -157,7 +170,12 @@ class WorkerPlacement:
                 self._free_all(admit.run_id)
                 self._device_waiting.setdefault(physical, deque()).append(admit)
                 return
+        self._placed_on(worker)
         self._start(admit.run_id, Start(holds=tuple(self._held[admit.run_id]), caps=self._caps_of(admit.run_id)))
+
+    def _placed_on(self, worker: str) -> None:
+        if worker in self._one_shot:
+            self._spent.add(worker)  # its one run: nothing more goes to this agent
 
     async def hold_local(self, run_id: str, device: str) -> bool:
         """A local queued run on a device the server shares with a same-machine worker
@@ -228,7 +246,11 @@ class WorkerPlacement:
         what it waits for."""
         for worker, parked in self._parked.items():
             for admit in parked:
-                yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
+                if worker in self._spent and worker in self._online:
+                    yield admit, "one_shot_spent", (f"waits for a new one-shot agent named {worker}: the one "
+                                                    "connected has taken its run")
+                else:
+                    yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
             for admit in line:
                 if self._shared(physical) and admit.budget_mib is None:
@@ -240,9 +262,10 @@ class WorkerPlacement:
                 else:
                     yield admit, "device_busy", f"waits for a free slot of {physical}"
         for admit, needs in self._any_waiting:
-            asked = admit.queue_key.removeprefix(ANY_PREFIX)
+            pool, asked = admit.queue_key.split("/", 1)
             what = "a free card" if asked == "auto" else f"a free {asked}"
-            yield admit, "no_free_worker", (f"waits for a connected worker with {what}"
+            kind = "one-shot agent" if f"{pool}/" == ONE_SHOT_PREFIX else "worker"
+            yield admit, "no_free_worker", (f"waits for a connected {kind} with {what}"
                                             + (" and the node types of its graph" if needs else ""))
 
     # Target ``any`` ----------------------------------------------------------------
@@ -255,18 +278,22 @@ class WorkerPlacement:
         for admit, needs in waiting:
             if self._registry.lookup(f"runs/{admit.run_id}") is None:
                 continue  # withdrawn while it waited
-            spot = await self._free_spot(admit.run_id, admit.queue_key.removeprefix(ANY_PREFIX), needs,
-                                         admit.budget_mib)
+            pool, asked = admit.queue_key.split("/", 1)
+            spot = await self._free_spot(admit.run_id, asked, needs, admit.budget_mib, f"{pool}/" == ONE_SHOT_PREFIX)
             if spot is None:
                 self._any_waiting.append((admit, needs))
                 continue
             worker, device = spot
+            self._placed_on(worker)
             self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id]),
                                             caps=self._caps_of(admit.run_id)))
 
-    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str],
-                         budget_mib: int | None) -> tuple[str, str] | None:
-        able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())}
+    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str], budget_mib: int | None,
+                         one_shot: bool) -> tuple[str, str] | None:
+        """``one_shot``: the pool of batch jobs' agents (each takes one run), else ``any``'s
+        workers, which never include those."""
+        able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())
+                and (worker in self._one_shot) == one_shot and worker not in self._spent}
         workers = sorted(able - {LOCAL},
                          key=lambda w: (-self._has_cards(w), self._load(w), w))
         for worker in workers:

@@ -35,7 +35,7 @@ from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
 from actors.store.sweeps import CreateSweep
 from protocol import events as ev
-from protocol.settings import ANY_PREFIX
+from protocol.settings import POOL_PREFIXES
 from subprocess_runner.engine import ExecutableGraph
 
 log = logging.getLogger("troupe.placer")
@@ -218,7 +218,8 @@ class Placer(Actor):
                     await self._drain()
             case WorkerOnline(offer, devices, draining, cards):
                 self._workers.online(offer, draining)
-                await self._slots.online(offer.name, devices, draining, offer.node_types, cards)
+                await self._slots.online(offer.name, devices, draining, offer.node_types, cards, offer.one_shot,
+                                         offer.spent)
             case CardMemory(_, free_mib):
                 await self._slots.card_memory(free_mib)
             case CardPolicy(physical, sharing, reserved_mib):
@@ -276,7 +277,7 @@ class Placer(Actor):
         its graph measured on as many cards (+20%, or more after it ran out of memory
         under such a budget). A run for a named worker's shared card is refused now if it
         could never fit, has no budget, or does not fit now and did not ask to wait."""
-        worker, anywhere = row.get("worker"), row["queue_key"].startswith(ANY_PREFIX)
+        worker, anywhere = row.get("worker"), row["queue_key"].startswith(POOL_PREFIXES)
         if row["lane"] != ev.LANE_QUEUED or (worker is None and not anywhere):
             return
         target = (row.get("options") or {}).get("target") or {}
@@ -328,7 +329,7 @@ class Placer(Actor):
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
-            if key.startswith(ANY_PREFIX):
+            if key.startswith(POOL_PREFIXES):
                 self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ()))
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -51,6 +53,11 @@ class Cancel:
 @dataclass(frozen=True)
 class ReportOccupancy:
     """A queue restarted: tell it whether this run holds one of its slots."""
+
+
+@dataclass(frozen=True)
+class _OneShotTimeout:
+    """A run for a one-shot agent has waited for one as long as it may."""
 
 
 class RunActor(Actor):
@@ -102,6 +109,10 @@ class RunActor(Actor):
                                                      f"{self._worker} to report this run", "code": "worker_adopting"})
             self._flush_events()
             return
+        if self._row.get("one_shot"):  # a batch job's agent may never come: the wait is bounded
+            waited = time.time() - datetime.fromisoformat(self._row["created_at"]).timestamp()
+            asyncio.get_running_loop().call_later(max(0.0, self._settings.worker_one_shot_queue_timeout_s - waited),
+                                                  self.ref.tell, _OneShotTimeout())
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
         for warning in self._row.get("warnings", ()):  # a text, or a message with its code and node
             found = dict(warning) if isinstance(warning, dict) else {"message": warning}
@@ -129,6 +140,12 @@ class RunActor(Actor):
                              memory=(outcome.peak_memory_mib, False, outcome.out_of_memory))
             case Cancel(reason):
                 return self._request_stop(ev.CANCELLED, reason)
+            case _OneShotTimeout() if self._status == ev.QUEUED:
+                self._finish(ev.INTERRUPTED, f"no one-shot agent took the run within "
+                             f"{self._settings.worker_one_shot_queue_timeout_s:g} s "
+                             "(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S)", None, reason="one_shot_queue_timeout")
+            case _OneShotTimeout():
+                pass  # it started meanwhile
             case Shutdown(leave_worker_runs):
                 if leave_worker_runs and (self._worker is not None or self._status == ev.QUEUED):
                     self.stop_self("left for the next start")  # its row stays as it is

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from actors.eligibility import ANY, WorkerOffer
+from actors.eligibility import ANY, ONE_SHOT, WorkerOffer
 from actors.resources import Machine, resolve
 from protocol import events as ev
 from protocol.api import RunOptions
@@ -47,7 +47,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         requested, where = devices[0], "/options/target/devices/0"  # target.devices wins over device
     elif requested is None:
         requested, where = graph_doc.settings.device, f"{prefix}/settings/device"
-    anywhere = worker is not None and worker.name == ANY
+    anywhere = worker is not None and worker.name in (ANY, ONE_SHOT)  # a pool: the placer picks the worker
     available = tuple(d for d in worker.devices if d != "cpu") if worker is not None else accelerators
     if anywhere and worker is not None and not worker.devices:
         # No worker seen yet: nothing to resolve against; the run keeps the device it asked
@@ -61,7 +61,8 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     if anywhere and device != "cpu" and parse_device(requested or "") in (("auto", None), ("cuda", None)):
         device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:
-        warning = warning.replace("this server", "any worker" if anywhere else f"worker {worker.name}")
+        warning = warning.replace("this server", f"any worker of pool {worker.name}" if anywhere
+                                  else f"worker {worker.name}")
     machine = Machine(worker.cpus, worker.card_count,
                       f"worker {worker.name} has" if not anywhere else "the largest worker has") \
         if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
@@ -81,7 +82,8 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "status": ev.QUEUED,
         "device": device,
         "queue_key": f"{worker.name}/{device}" if worker is not None else device,
-        "worker": worker.name if worker is not None and not anywhere else None,  # ``any``: set when placed
+        "worker": worker.name if worker is not None and not anywhere else None,  # a pool's: set when placed
+        "one_shot": worker is not None and worker.one_shot,
         "lane": options.lane,
         "editor_session": options.editor_session,
         "seed": options.seed,
@@ -133,7 +135,7 @@ def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[Executab
 def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
     """A run on several devices needs every one of them on one worker: a worker that
     can never grant the ask is told so now, with what it has."""
-    if worker.name == ANY:
+    if worker.name in (ANY, ONE_SHOT):
         raise InvalidRequest("target any places a run on one device; name a worker for several",
                              pointer="/options/target/devices", code="worker_cannot_grant")
     if len(set(devices)) != len(devices):

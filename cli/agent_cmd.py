@@ -77,7 +77,8 @@ def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, 
     return reply["name"], reply["credential"]
 
 
-def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None) -> int:
+def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
+          one_shot: bool = False, idle_timeout_s: float = 600.0) -> int:
     from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
@@ -101,13 +102,14 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     pid_file = _state_dir() / f"agent-{name}.pid"
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     pid_file.write_text(str(os.getpid()))
-    print(f"troupe agent {name} dialing {url}", flush=True)
+    print(f"troupe agent {name} dialing {url}" + (" (one-shot)" if one_shot else ""), flush=True)
     try:
         settings = load_settings()
         return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated,
                                                      settings.worker_kill_grace_s,
                                                      int(settings.agent_outbox_mb * 1024 * 1024),
-                                                     settings.cuda_visible_devices))))
+                                                     settings.cuda_visible_devices, one_shot,
+                                                     idle_timeout_s))))
     finally:
         pid_file.unlink(missing_ok=True)
 

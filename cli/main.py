@@ -174,13 +174,18 @@ def agent_start(
     url: Annotated[str, typer.Option(help="the control plane, as the join command gives it")],
     token: Annotated[str | None, typer.Option(help="a one-time enrollment token (first start only)")] = None,
     name: Annotated[str | None, typer.Option(help="this worker's name")] = None,
+    one_shot: Annotated[bool, typer.Option(
+        "--one-shot", help="take one run, report it, exit with its outcome (0 succeeded, 1 failed, 2 cancelled, "
+                           "3 interrupted, 4 no run came): for a batch job")] = False,
+    idle_timeout: Annotated[float, typer.Option(
+        min=0.0, help="with --one-shot: seconds to wait for a run before exiting 4")] = 600.0,
 ) -> None:
     """Start a worker agent in the foreground."""
     from cli.agent_cmd import start as run_agent
     from cli.config import load_simulated_inventory
 
     try:
-        code = run_agent(url, token, name, load_simulated_inventory())
+        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

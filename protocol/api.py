@@ -35,6 +35,8 @@ class Target(BaseModel):
                                      description="the run's memory budget on a worker's shared card, in GiB")
     flavor: str | None = Field(default=None, pattern=FLAVOR_NAME,
                                description="a stored size whose memory_gib is the run's budget")
+    pool: Literal["one-shot"] | None = Field(
+        default=None, description="one-shot: the first free one-shot agent (a batch job's) takes the run")
 
     @property
     def remote(self) -> str | None:
@@ -230,7 +232,7 @@ def _not_reserved(name: str | None) -> str | None:
 
 
 # Target words, and the names of the routes beside /api/workers/{name}.
-_RESERVED = ("any", "local", "credentials", "enrollments")
+_RESERVED = ("any", "local", "one-shot", "credentials", "enrollments")
 
 
 def worker_name_problem(name: str) -> str | None:

@@ -18,6 +18,9 @@ DEFAULT_PORT = 8765
 
 # Target ``any``: its runs wait on the key ``any/<device>`` until the placer finds them a slot.
 ANY_PREFIX = "any/"
+# Runs for the one-shot pool (batch jobs' agents) wait on ``one-shot/<device>``.
+ONE_SHOT_PREFIX = "one-shot/"
+POOL_PREFIXES = (ANY_PREFIX, ONE_SHOT_PREFIX)
 ANY_QUEUE_LIMIT = 1_000_000
 # A queue key a per-key limit may name: a device, or a worker's (or any's) device.
 _QUEUE_KEY = re.compile(r"(?:[a-z0-9][a-z0-9_.-]{0,63}/)?(?:cpu|cuda(?::\d{1,3})?|mps(?::\d{1,3})?|auto)")
@@ -43,6 +46,8 @@ class Settings:
     worker_kill_grace_s: float = 10.0
     # On an agent: MiB of run frames kept until the control plane acknowledges them.
     agent_outbox_mb: float = 64.0
+    # How long a run for a one-shot agent waits for one before it ends interrupted.
+    worker_one_shot_queue_timeout_s: float = 86400.0
     # Queued runs stay queued across a restart, in their order (default: interrupted).
     run_queue_restore: bool = False
     max_sweep_runs: int = 32
@@ -78,7 +83,7 @@ class Settings:
         """How many queued-lane runs may hold a slot of ``queue_key`` at once. A run for
         target ``any`` (key ``any/<device>``) is limited by the slots of the worker it
         lands on, which the placer counts, so its own queue only keeps the order."""
-        if queue_key.startswith(ANY_PREFIX):
+        if queue_key.startswith(POOL_PREFIXES):
             return ANY_QUEUE_LIMIT
         if queue_key in self.run_queue_max_concurrent:
             return self.run_queue_max_concurrent[queue_key]
@@ -125,6 +130,7 @@ class Settings:
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
             agent_outbox_mb=reader.number("TROUPE_AGENT_OUTBOX_MB", 64.0),
+            worker_one_shot_queue_timeout_s=reader.number("TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S", 86400.0),
             run_queue_restore=reader.flag("TROUPE_RUN_QUEUE_RESTORE", False),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),

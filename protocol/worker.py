@@ -53,6 +53,9 @@ class Hello(_Frame):
     catalog_digest: str
     node_types: list[str] = Field(default_factory=list)
     inventory: Inventory
+    # A one-shot agent takes one run and exits; ``spent`` once it has taken it.
+    one_shot: bool = False
+    spent: bool = False
     # Runs this agent still executes (after a reconnect): kept or killed by the answer.
     runs: list[str] = Field(default_factory=list)
 

@@ -1,7 +1,8 @@
 """The agent's tree: inventory (thread actor, NVML) and link (the outbound socket).
 
 The agent never listens, never imports torch and never touches SQLite. It runs until
-SIGTERM, Ctrl+C, or a final refusal from the control plane (exit 1)."""
+SIGTERM, Ctrl+C, or a final refusal from the control plane (exit 1); a one-shot agent
+(in a batch job) until its one run is reported, exiting with how the run ended."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
-from actors.link import Link, LinkConfig, Send
+from actors.link import Link, LinkConfig, Send, Settled
 from actors.run_process import Cancel as RunCancel
 from actors.run_process import RunProcess
 from actors.threaded import ThreadActorRef, start_thread_actor
@@ -34,6 +35,16 @@ class AgentConfig:
     kill_grace_s: float = 10.0
     outbox_bytes: int = 64 * 1024 * 1024
     cuda_visible_devices: str | None = None  # the cards the agent offers, in CUDA's order
+    # One-shot (a batch job's agent): one run, reported completely, then exit with its
+    # outcome; without a run within ``idle_timeout_s``, exit 4.
+    one_shot: bool = False
+    idle_timeout_s: float = 600.0
+
+
+# A one-shot agent's exit code: how its run ended (interrupted: the control plane
+# stopped holding it), or that none came.
+ONE_SHOT_EXIT = {"succeeded": 0, "failed": 1, "cancelled": 2, "interrupted": 3}
+NO_RUN_CAME = 4
 
 
 class Agent:
@@ -60,19 +71,30 @@ class Agent:
             running = [name.removeprefix("run/") for name in registry.names("run/")]
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
-                              runs=running)
+                              runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken))
 
         link_holder: list[Any] = []
+        one_shot = _OneShot()
 
         def send(*frames: Any) -> None:
+            for frame in frames:
+                if isinstance(frame, wire.RunEnded):
+                    one_shot.end(frame.status)
             if link_holder:
                 link_holder[0].tell(Send(frames))
 
         def on_frame(frame: Any) -> None:
             if isinstance(frame, wire.Assign):
+                if self.config.one_shot and one_shot.taken:
+                    log.warning("one-shot agent: run %s was offered after its one run; not taken", frame.run_id)
+                    return
+                if self.config.one_shot:
+                    one_shot.take(frame.run_id)
                 process = RunProcess(frame, send, self.config.kill_grace_s)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
             elif isinstance(frame, wire.CancelRun | wire.KillRun):
+                if isinstance(frame, wire.KillRun) and frame.run_id == one_shot.taken:
+                    one_shot.end("interrupted")
                 running = registry.lookup(f"run/{frame.run_id}")
                 if running is not None:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
@@ -86,10 +108,46 @@ class Agent:
                                  self.config.outbox_bytes, free_memory)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
-        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(finished.wait())]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),
+                                            asyncio.ensure_future(finished.wait())]
+        if self.config.one_shot:
+            waits.append(asyncio.ensure_future(self._one_shot(one_shot, link)))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
         await runs.stop(timeout=self.config.kill_grace_s + 5)
         await root.stop(timeout=10)
         return self.exit_code
+
+    async def _one_shot(self, one_shot: _OneShot, link: ActorRef | ThreadActorRef) -> None:
+        """Takes one run, waits until it is reported completely, and sets the exit code."""
+        try:
+            await asyncio.wait_for(one_shot.assigned.wait(), self.config.idle_timeout_s)
+        except TimeoutError:
+            print(f"troupe agent: one-shot: no run came within {self.config.idle_timeout_s:g} s", flush=True)
+            self.exit_code = NO_RUN_CAME
+            return
+        await one_shot.ended.wait()
+        await (await link.ask(Settled()))
+        self.exit_code = ONE_SHOT_EXIT.get(one_shot.status or "interrupted", 3)
+        print(f"troupe agent: one-shot: run {one_shot.taken} {one_shot.status}, reported; exiting "
+              f"{self.exit_code}", flush=True)
+
+
+class _OneShot:
+    """What a one-shot agent did with its one run."""
+
+    def __init__(self) -> None:
+        self.taken: str | None = None
+        self.status: str | None = None
+        self.assigned = asyncio.Event()
+        self.ended = asyncio.Event()
+
+    def take(self, run_id: str) -> None:
+        self.taken = run_id
+        self.assigned.set()
+
+    def end(self, status: str) -> None:
+        if self.status is None:
+            self.status = status
+        self.ended.set()

@@ -69,7 +69,7 @@ def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptio
 async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
     """What the worker a submission targets offers (None: this server); the placer's
     ``WorkerBook`` decides, and refuses what cannot or may not go there."""
-    if options.target is None or options.target.remote is None:
+    if options.target is None or (options.target.remote is None and options.target.pool is None):
         return None
     node_types = frozenset(n.type for n in graph.nodes) if graph is not None else frozenset()
     offer: WorkerOffer | None = await svc.actor("placer").ask(ResolveTarget(options, node_types))

@@ -121,7 +121,7 @@ RUN_COLUMNS = (
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
-    "peak_memory_exact", "out_of_memory",
+    "peak_memory_exact", "out_of_memory", "one_shot",
 )
 _JSON_COLUMNS = ("graph", "options", "warnings", "holds")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
@@ -156,6 +156,7 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
     row["deterministic"] = bool(row["deterministic"])
     row["record_outputs"] = bool(row["record_outputs"])
     row["out_of_memory"] = bool(row["out_of_memory"])
+    row["one_shot"] = bool(row["one_shot"])
     if row["peak_memory_exact"] is not None:
         row["peak_memory_exact"] = bool(row["peak_memory_exact"])
     for key in _JSON_COLUMNS:

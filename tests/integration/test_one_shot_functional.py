@@ -1,0 +1,89 @@
+"""One-shot agents (issue 15, point 1): an agent in a batch job takes one run, reports it
+completely and exits with how it ended; ``any`` never uses one; the one-shot pool and a
+named one-shot worker do, and a run waits for one only so long."""
+
+from __future__ import annotations
+
+from tests.helpers import graph, hello, node, sleeper
+from tests.integration.test_workers_functional import enroll, read_until, start_agent
+
+POOL = {"pool": "one-shot"}
+
+
+def one_shot_agent(server, tmp_path, name="batch-a", *extra, first=True):
+    command = enroll(server, name=name)["command"] if first else f"troupe agent start --url {server.url} --name {name}"
+    agent = start_agent(server, tmp_path, " ".join((command, "--one-shot", *extra)))
+    read_until(agent, f"connected as {name}")
+    return agent
+
+
+def test_a_one_shot_agent_takes_one_run_from_the_pool_and_exits_with_its_outcome(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = one_shot_agent(server, tmp_path)
+    try:
+        row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch-a")
+        assert row["one_shot"] is True
+        anywhere = server.submit(hello(), target={"worker": "any"})  # never on a one-shot agent
+        reply = server.submit(hello(), target=POOL)
+        assert reply["queue_key"] == "one-shot/cpu"
+        events = server.events_until_finished(reply["run_id"])
+        assert events[-1]["payload"]["status"] == "succeeded"
+        assert next(e for e in events if e["type"] == "run_started")["payload"]["worker"] == "batch-a"
+        assert agent.wait(30) == 0  # its run was reported completely, then it exited
+        tail = agent.stdout.read()
+        assert f"run {reply['run_id']} succeeded, reported; exiting 0" in tail
+        queued = server.get(f"/api/runs/{anywhere['run_id']}")
+        assert queued["status"] == "queued" and queued["queue_reason"]["code"] == "no_free_worker"
+        server.client.request("POST", f"/api/runs/{anywhere['run_id']}/cancel")
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
+
+
+def test_exit_codes_say_failed_and_cancelled_and_that_no_run_came(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = one_shot_agent(server, tmp_path / "a")
+    failing = server.submit(graph(node("f", "core.Fail", message="no")), target=POOL)["run_id"]
+    server.events_until_finished(failing)
+    assert agent.wait(30) == 1
+    agent = one_shot_agent(server, tmp_path / "a", first=False)
+    long = server.submit(sleeper(seconds=60), target=POOL)["run_id"]
+    server.wait_status(long, "running")
+    server.client.request("POST", f"/api/runs/{long}/cancel")
+    assert agent.wait(30) == 2
+    idle = one_shot_agent(server, tmp_path / "b", "batch-b", "--idle-timeout", "0.5")
+    assert idle.wait(30) == 4
+    assert "no run came within 0.5 s" in idle.stdout.read()
+
+
+def test_a_named_one_shot_worker_takes_one_run_and_the_next_waits_for_the_next_agent(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = one_shot_agent(server, tmp_path)
+    first = server.submit(sleeper(seconds=1), target={"worker": "batch-a"})["run_id"]
+    second = server.submit(hello(), target={"worker": "batch-a"})["run_id"]
+    server.wait_status(first, "running")
+    waiting = server.get(f"/api/runs/{second}")
+    assert waiting["status"] == "queued" and waiting["queue_reason"]["code"] == "one_shot_spent"
+    assert server.events_until_finished(first)[-1]["payload"]["status"] == "succeeded"
+    assert agent.wait(30) == 0
+    assert server.get(f"/api/runs/{second}")["status"] == "queued"
+    again = one_shot_agent(server, tmp_path, first=False)  # the next batch job, the same worker
+    assert server.events_until_finished(second)[-1]["payload"]["status"] == "succeeded"
+    assert again.wait(30) == 0
+
+
+def test_refusals_and_a_run_that_no_agent_takes_in_time(make_server):
+    server = make_server(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S="1")
+    error = server.submit(hello(), expect=400, target=POOL, record_outputs=True)["error"]
+    assert (error["code"], error["pointer"]) == ("one_shot_record_outputs", "/options/record_outputs")
+    error = server.submit(hello(), expect=400, target={**POOL, "worker": "any"})["error"]
+    assert (error["code"], error["pointer"]) == ("target_conflict", "/options/target/pool")
+    error = server.submit(hello(), expect=400, target={"pool": "spot"})["error"]
+    assert (error["code"], error["pointer"]) == ("invalid_request", "/options/target/pool")
+    status, reply = server.client.request("POST", "/api/workers/enrollments", {"name": "one-shot"})
+    assert status == 400 and reply["error"]["pointer"] == "/name"
+    run_id = server.submit(hello(), target=POOL)["run_id"]
+    ended = server.events_until_finished(run_id)[-1]["payload"]
+    assert (ended["status"], ended["reason"]) == ("interrupted", "one_shot_queue_timeout")
+    assert "TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S" in ended["error"]
