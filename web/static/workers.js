@@ -64,6 +64,7 @@ function sharingDialog(worker, card) {
 
 function notes(worker) {
   const parts = [];
+  if (worker.one_shot) parts.push("one-shot: takes one run, then exits");
   if (worker.draining) parts.push("draining");
   if (worker.degraded) {
     parts.push(worker.missing_node_types.length ? `degraded, lacks ${worker.missing_node_types.join(", ")}` : "degraded");
