@@ -133,3 +133,26 @@ def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(o
         agent.terminate()
         agent.wait(30)
     assert errors == []
+
+
+def test_queue_a_run_on_the_one_shot_pool_and_the_batch_agent_exits_after_it(open_page, tmp_path):
+    server, tab, errors = open_page(TROUPE_WORKER_HEARTBEAT_S="1")
+    command = server.client.request("POST", "/api/workers/enrollments", {"name": "batch-a"})[1]["command"]
+    agent = start_agent(server, tmp_path, command + " --one-shot")
+    try:
+        read_until(agent, "connected as batch-a")
+        tab.get_by_role("button", name="Workers").click()
+        expect(tab.locator('tr[data-worker="batch-a"]')).to_contain_text("one-shot: takes one run, then exits")
+        tab.get_by_role("button", name="Queue on…").click()
+        dialog = tab.locator("dialog[open]")
+        dialog.locator('select[name="target"]').select_option("one-shot")
+        expect(dialog.locator("#queue-explain")).to_contain_text("for a one-shot agent")
+        confirm(tab, "Queue")
+        assert agent.wait(60) == 0
+        run = server.get("/api/runs?limit=1")["runs"][0]
+        assert (run["queue_key"], run["status"]) == ("one-shot/cpu", "succeeded")
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
+    assert errors == []

@@ -265,7 +265,7 @@ def test_a_restarted_agent_that_lost_its_runs_ends_them_at_once(make_server, tmp
 
 
 @pytest.mark.parametrize("target, pointer, code", [
-    ({"pool": "one-shot"}, "/options/target/pool", "unknown_target_option"),
+    ({"queue": "one-shot"}, "/options/target/queue", "unknown_target_option"),
     ({"worker": "local", "memory_gib": 4}, "/options/target/memory_gib", "memory_budget_needs_worker"),
     ({"worker": "gpu-a", "memory_gib": 0}, "/options/target/memory_gib", "invalid_request"),
     ({"devices": ["cuda:0"]}, "/options/target/devices", "target_needs_worker"),

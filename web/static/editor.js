@@ -278,7 +278,7 @@ async function run() {
 function queueKey(device, target) {
   const resolved = device === "auto" ? (info.devices.find((d) => d !== "cpu") || "cpu") : device;
   if (target === "") return resolved;
-  if (target === "any") return `any/${device === "auto" || device === "cuda" ? "auto" : device}`;
+  if (target === "any" || target === "one-shot") return `${target}/${device === "auto" || device === "cuda" ? "auto" : device}`;
   return `${target}/${device}`;
 }
 
@@ -294,13 +294,16 @@ async function explain(form) {
   let text;
   if (target === "any") {
     text = `The run waits on ${key} with ${queued} others and starts on the first worker that has ${device} free.`;
+  } else if (target === "one-shot") {
+    text = `The run waits on ${key} with ${queued} others for a one-shot agent (a batch job's), which takes it and `
+      + "exits; it waits only so long (TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S).";
   } else if (limit !== null && running < limit && queued === 0) {
     text = `Queue ${key}: ${running} of ${limit} slots busy. The run starts at once.`;
   } else {
     text = `Queue ${key}: ${running}${limit !== null ? ` of ${limit}` : ""} slots busy, ${queued} waiting. `
       + `The run will be #${queued + 1} in queue${limit === null && running === 0 ? " (the queue is new: it starts at once if the device is free)" : ""}.`;
   }
-  if (target && target !== "any") text += ` It executes on worker ${target}, in a process of its own.`;
+  if (target && target !== "any" && target !== "one-shot") text += ` It executes on worker ${target}, in a process of its own.`;
   const worker = target && target !== "any" ? (await listWorkers()).find((w) => w.name === target) : null;
   const onCard = device === "auto" && worker && worker.cards && worker.cards.length ? worker.cards[0].device : device;
   const card = worker ? (worker.cards || []).find((c) => c.device === onCard && c.sharing === "memory") : null;
@@ -324,6 +327,7 @@ async function queueDialog() {
     if (workers.length) {
       form.append(el("label", {}, "Target"), el("select", { name: "target" }, el("option", { value: "" }, "this server"),
         el("option", { value: "any" }, "any worker"),
+        el("option", { value: "one-shot" }, "one-shot pool (batch jobs)"),
         ...workers.map((w) => el("option", { value: w.name }, `${w.name} (${w.state})`))));
     }
     if (workers.length) {
@@ -352,7 +356,7 @@ async function queueDialog() {
     submit: async (form) => {
       const target = form.elements.target ? form.elements.target.value : "";
       const options = { device: form.elements.device.value };
-      if (target) options.target = { worker: target };
+      if (target) options.target = target === "one-shot" ? { pool: "one-shot" } : { worker: target };
       if (target && form.elements.memory_gib.value) options.target.memory_gib = Number(form.elements.memory_gib.value);
       if (target && form.elements.wait.checked) options.target.wait = true;
       const reply = await api("POST", "/api/runs", { graph: currentGraph(), name: graph.name, options });
