@@ -5,11 +5,14 @@ credentials (0600), keyed by (control-plane URL, worker name), and a pid file pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +46,22 @@ def _read_credentials() -> dict[str, dict[str, str]]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_credentials(data: dict[str, dict[str, str]]) -> None:
+@contextlib.contextmanager
+def _credentials_locked() -> Iterator[dict[str, dict[str, str]]]:
+    """The stored credentials, to change under an exclusive lock: the tasks of a batch
+    array start together and share one home, so their read-modify-writes must not
+    interleave. What the block leaves in the dict is written back whole."""
     path = _credentials_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _read_credentials()
+        yield data
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle)
+        os.replace(tmp, path)
 
 
 def _key(url: str, name: str) -> str:
@@ -89,8 +100,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     credentials = _read_credentials()
     if token:
         name, credential = _enroll(url, token, name, machine)
-        credentials[_key(url, name)] = {"credential": credential}
-        _write_credentials(credentials)
+        with _credentials_locked() as stored:
+            stored[_key(url, name)] = {"credential": credential}
     else:
         known = _matching(credentials, url, name)
         if len(known) != 1:
@@ -142,12 +153,11 @@ def stop(name: str | None, timeout: float) -> int:
 
 
 def forget(url: str | None, name: str | None) -> int:
-    credentials = _read_credentials()
-    doomed = _matching(credentials, url, name)
-    if not doomed:
-        raise CliError("no stored credential matches")
-    for key in doomed:
-        del credentials[key]
-        print(f"forgot {key.replace('|', ' as ')}")
-    _write_credentials(credentials)
+    with _credentials_locked() as credentials:
+        doomed = _matching(credentials, url, name)
+        if not doomed:
+            raise CliError("no stored credential matches")
+        for key in doomed:
+            del credentials[key]
+            print(f"forgot {key.replace('|', ' as ')}")
     return 0
