@@ -9,7 +9,7 @@ placer calls it from its own mailbox.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol import events as ev
 from protocol.api import RunOptions
@@ -18,6 +18,7 @@ from protocol.settings import ANY_PREFIX, ONE_SHOT_PREFIX
 
 ANY = ANY_PREFIX.rstrip("/")
 ONE_SHOT = ONE_SHOT_PREFIX.rstrip("/")
+INSTANCE_MARK = "#"  # a batch array's task: the connection of instance ``id`` is ``name#id``
 # The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
 UNKNOWN_CPUS = 1 << 20
 
@@ -83,15 +84,20 @@ class WorkerBook:
             offer = self._union(name, able, node_types)
         else:
             offer = self._named(name, node_types)
-            self._check_wait(target.wait, [name])
+            self._check_wait(target.wait, self._instances(name) or [name])
         if offer.one_shot and options.record_outputs:
             raise InvalidRequest("a one-shot agent exits after its run, so recorded outputs could never be read; drop "
                                  "record_outputs or the one-shot target", pointer="/options/record_outputs",
                                  code="one_shot_record_outputs")
         return offer
 
+    def _instances(self, name: str) -> list[str]:
+        """The instances (``name#id``) of a worker whose agents are a batch array's tasks."""
+        return sorted(seen for seen in self._seen if seen.startswith(f"{name}{INSTANCE_MARK}"))
+
     def _named(self, name: str, node_types: frozenset[str]) -> WorkerOffer:
-        offer = self._seen.get(name)
+        instances = self._instances(name)
+        offer = self._seen.get(name) or (replace(self._seen[instances[-1]], name=name) if instances else None)
         if offer is None:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                                  pointer="/options/target/worker", code="unknown_target")
@@ -106,7 +112,7 @@ class WorkerBook:
         agents) seen since start that have every node type the graph uses (#777). None
         seen yet: the run waits for one. Some seen and none of them able: it could never
         run, a 400 with the numbers."""
-        seen = {name: offer for name, offer in self._seen.items() if offer.one_shot == one_shot}
+        seen = {name: offer for name, offer in self._seen.items() if offer.one_shot == one_shot}  # instances too
         able = sorted(name for name, offer in seen.items() if node_types <= offer.node_types)
         if seen and not able:
             lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(seen.items())}

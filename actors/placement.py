@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
+from actors.eligibility import INSTANCE_MARK
 from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer_messages import Admit, Released
@@ -80,7 +81,8 @@ class WorkerPlacement:
         for physical, limit in devices.values():
             self._share(physical)
             self._ledger(physical).tell(self._offer(name, physical, limit))
-        for parked in self._parked.pop(name, []):
+        # Runs parked for this worker, or for the worker whose instance this is.
+        for parked in self._parked.pop(name, []) + self._parked.pop(name.split(INSTANCE_MARK)[0], []):
             await self.admit_named(parked)
         await self._place_anywhere()
 
@@ -156,9 +158,27 @@ class WorkerPlacement:
 
     async def admit_named(self, admit: Admit) -> None:
         worker, device = admit.queue_key.split("/", 1)
+        instances = self._free_instances(worker)
+        if instances is not None:  # a batch array's worker: the first of its tasks that is free
+            for instance in instances:
+                if await self._try_named(admit, instance, device, placed=instance):
+                    return
+            self._parked.setdefault(worker, []).append(admit)
+            return
         if worker not in self._online or worker in self._spent:
             self._parked.setdefault(worker, []).append(admit)
             return
+        await self._try_named(admit, worker, device)
+
+    def _free_instances(self, worker: str) -> list[str] | None:
+        """None for a worker that has no instances online; else those not spent yet."""
+        online = sorted(w for w in self._online if w.startswith(f"{worker}{INSTANCE_MARK}"))
+        return [w for w in online if w not in self._spent] if online else None
+
+    async def _try_named(self, admit: Admit, worker: str, device: str, placed: str | None = None) -> bool:
+        """Holds every device of the ask on ``worker`` and starts the run, or holds none.
+        ``placed``: the instance chosen (the run's worker becomes it). An instance that
+        cannot take it leaves the run to the next; a plain worker queues it for the device."""
         offered = self._providers.get(worker, {})
         asked = admit.devices or (device,)
         # Every device of the ask, or none: a run on two cards never holds one of them
@@ -168,10 +188,13 @@ class WorkerPlacement:
             if self._device_waiting.get(physical) or not await self._hold(
                     admit.run_id, worker, physical, name, admit.budget_mib):
                 self._free_all(admit.run_id)
-                self._device_waiting.setdefault(physical, deque()).append(admit)
-                return
+                if placed is None:
+                    self._device_waiting.setdefault(physical, deque()).append(admit)
+                return False
         self._placed_on(worker)
-        self._start(admit.run_id, Start(holds=tuple(self._held[admit.run_id]), caps=self._caps_of(admit.run_id)))
+        self._start(admit.run_id, Start(worker=placed, holds=tuple(self._held[admit.run_id]),
+                                        caps=self._caps_of(admit.run_id)))
+        return True
 
     def _placed_on(self, worker: str) -> None:
         if worker in self._one_shot:

@@ -178,6 +178,10 @@ class WorkerConnection(Actor):
             case Detached(outbox):
                 if outbox is self._outbox:
                     self._disconnect("the socket closed")
+                    if self._hello is not None and self._hello.one_shot and not self._runs:
+                        # A one-shot agent that left with nothing in flight has exited: it
+                        # will not come back, so its connection goes now, not after the grace.
+                        self.stop_self("the one-shot agent exited")
             case Persisted(run_id, counter, frames):
                 self._acks[run_id] = max(counter, self._acks.get(run_id, 0))
                 self._unacked += frames

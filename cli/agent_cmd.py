@@ -89,7 +89,7 @@ def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, 
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
-          one_shot: bool = False, idle_timeout_s: float = 600.0) -> int:
+          one_shot: bool = False, idle_timeout_s: float = 600.0, instance: str | None = None) -> int:
     from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
@@ -97,8 +97,19 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     machine = machine_id(simulated)
+    if instance is not None and (not one_shot or not name):
+        raise CliError("--instance is for the tasks of a batch array: give it with --one-shot and --name")
     credentials = _read_credentials()
-    if token:
+    if token and instance is not None:
+        # The tasks of an array start together with one join command: the first to get the
+        # lock redeems the token, the others use the credential it stored.
+        assert name is not None
+        with _credentials_locked() as stored:
+            if _key(url, name) not in stored:
+                name, credential = _enroll(url, token, name, machine)
+                stored[_key(url, name)] = {"credential": credential}
+            credential = stored[_key(url, name)]["credential"]
+    elif token:
         name, credential = _enroll(url, token, name, machine)
         with _credentials_locked() as stored:
             stored[_key(url, name)] = {"credential": credential}
@@ -120,7 +131,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
                                                      settings.worker_kill_grace_s,
                                                      int(settings.agent_outbox_mb * 1024 * 1024),
                                                      settings.cuda_visible_devices, one_shot,
-                                                     idle_timeout_s))))
+                                                     idle_timeout_s, instance))))
     finally:
         pid_file.unlink(missing_ok=True)
 

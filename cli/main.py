@@ -179,13 +179,16 @@ def agent_start(
                            "3 interrupted, 4 no run came): for a batch job")] = False,
     idle_timeout: Annotated[float, typer.Option(
         min=0.0, help="with --one-shot: seconds to wait for a run before exiting 4")] = 600.0,
+    instance: Annotated[str | None, typer.Option(
+        help="with --one-shot: this task's id in a batch array ($SLURM_ARRAY_TASK_ID); one join command serves "
+             "every task, each connecting as instance ID of the worker")] = None,
 ) -> None:
     """Start a worker agent in the foreground."""
     from cli.agent_cmd import start as run_agent
     from cli.config import load_simulated_inventory
 
     try:
-        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout)
+        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -56,6 +56,9 @@ class Hello(_Frame):
     # A one-shot agent takes one run and exits; ``spent`` once it has taken it.
     one_shot: bool = False
     spent: bool = False
+    # One task of a batch array: the agents of one enrollment connect as instances of
+    # one worker (``<name>#<instance>``).
+    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     # Runs this agent still executes (after a reconnect): kept or killed by the answer.
     runs: list[str] = Field(default_factory=list)
 

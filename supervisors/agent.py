@@ -39,6 +39,7 @@ class AgentConfig:
     # outcome; without a run within ``idle_timeout_s``, exit 4.
     one_shot: bool = False
     idle_timeout_s: float = 600.0
+    instance: str | None = None  # a batch array's task id: this agent is instance ``name#id``
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -71,7 +72,8 @@ class Agent:
             running = [name.removeprefix("run/") for name in registry.names("run/")]
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
-                              runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken))
+                              runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken),
+                              instance=self.config.instance)
 
         link_holder: list[Any] = []
         one_shot = _OneShot()

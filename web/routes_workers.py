@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Snapshot
+from actors.eligibility import INSTANCE_MARK
 from actors.errors import ActorDeadError
 from actors.placer_messages import CardPolicy
 from actors.store.memory import CardPolicies, SetCardPolicy
@@ -66,19 +67,41 @@ async def list_workers(request: web.Request) -> web.Response:
     # Every connection is asked at once: a lab's 200 workers cost one round, not 200.
     lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
     snapshots = await asyncio.gather(*(_snapshot(live) for live in lives))
+    instances = await _instances(svc, [row["name"] for row in enrolled])
     cards = await _cards(svc, snapshots)
     rows = []
     for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
         if snapshot is None:
             snapshot = {
                 "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
-                "missing_node_types": [], "version": None, "machine_id": row["machine_id"], "devices": [],
+                "missing_node_types": [], "version": None, "one_shot": False, "machine_id": row["machine_id"],
+                "devices": [],
                 "inventory": None, "slots": [], "running_runs": []}
         failed = svc.failed_workers.get(row["name"])
         if failed is not None and live is None:
             snapshot = {**snapshot, "state": "failed", "failed_reason": failed}
-        rows.append({**snapshot, "cards": cards(snapshot), "enrolled_at": row["enrolled_at"]})
+        mine = instances.get(row["name"], [])
+        if mine:  # a batch array's worker: its tasks connect as instances
+            snapshot = {**snapshot, "one_shot": True, "state": "connected" if any(
+                i["state"] == "connected" for i in mine) else snapshot["state"]}
+        rows.append({**snapshot, "cards": cards(snapshot), "instances": mine, "enrolled_at": row["enrolled_at"]})
     return json_reply({"workers": rows})
+
+
+async def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each worker's live instances (``name#id`` connections), asked at once."""
+    found = [(name, ref) for name in svc.registry.names("workers/")
+             if INSTANCE_MARK in name and (ref := svc.registry.lookup(name)) is not None]
+    snapshots = await asyncio.gather(*(_snapshot(ref) for _, ref in found))
+    by_worker: dict[str, list[dict[str, Any]]] = {}
+    for (name, _), snapshot in zip(found, snapshots, strict=True):
+        worker, _, instance = name.removeprefix("workers/").partition(INSTANCE_MARK)
+        if snapshot is None or worker not in names:
+            continue
+        by_worker.setdefault(worker, []).append({
+            "instance": instance, "state": snapshot["state"], "machine_id": snapshot["machine_id"],
+            "devices": snapshot["devices"], "run_id": (snapshot["running_runs"] or [None])[0]})
+    return {worker: sorted(found, key=lambda i: i["instance"]) for worker, found in by_worker.items()}
 
 
 async def _cards(svc: Services, snapshots: list[dict[str, Any] | None]) -> Callable[[dict[str, Any]], list[Any]]:

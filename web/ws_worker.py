@@ -13,6 +13,9 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
+from actors.base import Snapshot
+from actors.eligibility import INSTANCE_MARK
+from actors.errors import ActorDeadError
 from actors.store.workers import WorkerForCredential
 from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
@@ -84,6 +87,15 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     name, reason = await _who(svc, request, hello)
     if name is None:
         return await _refuse(ws, "unauthorized", reason)
+    if hello.instance is not None:
+        if not hello.one_shot:
+            return await _refuse(ws, "bad_handshake", "an instance of a worker is a one-shot agent: start it with "
+                                                      "--one-shot")
+        name = f"{name}{INSTANCE_MARK}{hello.instance}"
+        if await _connected(svc.registry.lookup(f"workers/{name}")):
+            return await _refuse(ws, "instance_in_use", f"instance {hello.instance} of worker "
+                                 f"{name.split(INSTANCE_MARK)[0]} is connected already; give each task its own "
+                                 "--instance (the array's task id)")
     outbox: asyncio.Queue[Any] = asyncio.Queue()
     svc.start_worker(name).tell(Attached(hello, outbox))
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
@@ -117,6 +129,16 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
         if live is not None:
             live.tell(Detached(outbox))
     return ws
+
+
+async def _connected(live: Any) -> bool:
+    if live is None:
+        return False
+    try:
+        snapshot = await live.ask(Snapshot())
+    except ActorDeadError:
+        return False
+    return bool(snapshot["state"] == "connected")
 
 
 async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: wire.Numbering) -> None:

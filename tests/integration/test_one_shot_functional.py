@@ -87,3 +87,28 @@ def test_refusals_and_a_run_that_no_agent_takes_in_time(make_server):
     ended = server.events_until_finished(run_id)[-1]["payload"]
     assert (ended["status"], ended["reason"]) == ("interrupted", "one_shot_queue_timeout")
     assert "TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S" in ended["error"]
+
+
+def test_instances_of_one_worker_are_listed_and_a_second_with_the_same_id_is_refused(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    join = enroll(server, name="batch")["command"] + " --one-shot --instance 7"
+    first = start_agent(server, tmp_path, join)
+    read_until(first, "connected as batch#7")
+    twin = start_agent(server, tmp_path, join)  # the same home: it uses the stored credential
+    try:
+        assert twin.wait(30) == 1
+        assert "instance 7 of worker batch is connected already" in twin.stdout.read()
+        row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch")
+        assert row["one_shot"] is True and row["state"] == "connected"
+        assert [(i["instance"], i["state"], i["run_id"]) for i in row["instances"]] == [("7", "connected", None)]
+        run_id = server.submit(hello(), target={"worker": "batch"})["run_id"]  # the worker's free instance
+        events = server.events_until_finished(run_id)
+        assert next(e for e in events if e["type"] == "run_started")["payload"]["worker"] == "batch#7"
+        assert first.wait(30) == 0
+        server.wait_until(lambda: next(w for w in server.get("/api/workers")["workers"]
+                                       if w["name"] == "batch")["instances"] == [], timeout=10)
+    finally:
+        for agent in (first, twin):
+            if agent.poll() is None:
+                agent.terminate()
+                agent.wait(30)

@@ -30,14 +30,15 @@ def cluster():
 
 
 @pytest.mark.timeout(180)
-def test_an_array_of_one_shot_agents_takes_three_runs_and_leaves_nothing_behind(cluster, make_server, tmp_path):
+def test_one_enrollment_serves_an_array_of_one_shot_instances_that_take_three_runs(cluster, make_server, tmp_path):
     server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
-    status, enrollment = server.client.request("POST", "/api/workers/enrollments", {"uses": 3})
-    assert status == 201, enrollment
+    status, enrollment = server.client.request("POST", "/api/workers/enrollments", {"name": "batch"})
+    assert status == 201, enrollment  # one use: the first task redeems it, the others share what it stored
     script = tmp_path / "agent.sh"
-    command = [sys.executable, "-m", "cli.main", "agent", "start", "--url", server.url, "--token",
-               enrollment["token"], "--one-shot", "--idle-timeout", "120"]
-    script.write_text("#!/bin/sh\n" f"exec {shlex.join(command)} --name batch-$SLURM_ARRAY_TASK_ID\n")
+    command = [*enrollment["command"].split()[1:], "--one-shot", "--idle-timeout", "120"]
+    script.write_text("#!/bin/sh\n"
+                      f"exec {shlex.join([sys.executable, '-m', 'cli.main', *command])} "
+                      "--instance $SLURM_ARRAY_TASK_ID\n")
     env = agent_env(server, tmp_path)  # the tasks share one home, as on a cluster
     submitted = subprocess.run(["sbatch", "--parsable", "--array=0-2", f"--chdir={REPO}",
                                 f"--output={tmp_path}/task-%a.out", str(script)],
@@ -49,7 +50,7 @@ def test_an_array_of_one_shot_agents_takes_three_runs_and_leaves_nothing_behind(
         events = server.events_until_finished(run_id, timeout=120)
         assert events[-1]["payload"]["status"] == "succeeded"
         placed.append(next(e for e in events if e["type"] == "run_started")["payload"]["worker"])
-    assert sorted(placed) == ["batch-0", "batch-1", "batch-2"]  # one run each
+    assert sorted(placed) == ["batch#0", "batch#1", "batch#2"]  # one run on each task
     deadline = time.monotonic() + 60
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, "the array's jobs did not end"
@@ -57,4 +58,9 @@ def test_an_array_of_one_shot_agents_takes_three_runs_and_leaves_nothing_behind(
     for task in range(3):
         out = (tmp_path / f"task-{task}.out").read_text()
         assert "reported; exiting 0" in out, out
-    server.wait_until(lambda: all(w["state"] != "connected" for w in server.get("/api/workers")["workers"]))
+
+    def gone() -> bool:
+        row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch")
+        return row["instances"] == []
+
+    server.wait_until(gone, timeout=10)  # exited instances leave no registration behind
