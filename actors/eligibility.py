@@ -36,6 +36,7 @@ class WorkerOffer:
     cards: int | None = None  # None: count the cuda devices
     one_shot: bool = False  # an agent in a batch job: one run, then it exits
     spent: bool = False  # a one-shot agent that has taken its run
+    deadline: float | None = None  # when its batch job ends (epoch seconds)
 
     @property
     def card_count(self) -> int:

@@ -9,6 +9,7 @@ placed on which device, which provider offers which device at which limit).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -35,6 +36,7 @@ class WorkerPlacement:
         self._types: dict[str, frozenset[str]] = {}  # node types of each worker (``any`` needs the graph's)
         self._one_shot: set[str] = set()  # batch jobs' agents: never ``any``'s, one run each
         self._spent: set[str] = set()  # one-shot agents that have taken their run
+        self._deadlines: dict[str, float] = {}  # when a worker's batch job ends (epoch seconds)
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
         if local:  # the server's own devices that a same-machine worker can share
@@ -56,7 +58,11 @@ class WorkerPlacement:
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
                      node_types: frozenset[str] = frozenset(),
                      cards: Mapping[str, tuple[int, int]] | None = None,
-                     one_shot: bool = False, spent: bool = False) -> None:
+                     one_shot: bool = False, spent: bool = False, deadline: float | None = None) -> None:
+        if deadline is not None:
+            self._deadlines[name] = deadline
+        else:
+            self._deadlines.pop(name, None)
         if one_shot:
             self._one_shot.add(name)
             # A one-shot agent says whether it took its run; a fresh connection that has
@@ -161,14 +167,19 @@ class WorkerPlacement:
         instances = self._free_instances(worker)
         if instances is not None:  # a batch array's worker: the first of its tasks that is free
             for instance in instances:
-                if await self._try_named(admit, instance, device, placed=instance):
+                if self._in_time(instance, admit) and await self._try_named(admit, instance, device, placed=instance):
                     return
             self._parked.setdefault(worker, []).append(admit)
             return
-        if worker not in self._online or worker in self._spent:
+        if worker not in self._online or worker in self._spent or not self._in_time(worker, admit):
             self._parked.setdefault(worker, []).append(admit)
             return
         await self._try_named(admit, worker, device)
+
+    def _in_time(self, worker: str, admit: Admit) -> bool:
+        """Whether the worker's batch job lasts long enough for what the run declares."""
+        deadline = self._deadlines.get(worker)
+        return deadline is None or admit.duration_s is None or time.time() + admit.duration_s <= deadline
 
     def _free_instances(self, worker: str) -> list[str] | None:
         """None for a worker that has no instances online; else those not spent yet."""
@@ -272,6 +283,10 @@ class WorkerPlacement:
                 if worker in self._spent and worker in self._online:
                     yield admit, "one_shot_spent", (f"waits for a new one-shot agent named {worker}: the one "
                                                     "connected has taken its run")
+                elif worker in self._online and not self._in_time(worker, admit):
+                    left = self._deadlines[worker] - time.time()
+                    yield admit, "job_ends_too_soon", (f"waits: worker {worker}'s batch job ends in {left:.0f} s, "
+                                                       f"sooner than the {admit.duration_s:g} s the run declares")
                 else:
                     yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
@@ -302,7 +317,7 @@ class WorkerPlacement:
             if self._registry.lookup(f"runs/{admit.run_id}") is None:
                 continue  # withdrawn while it waited
             pool, asked = admit.queue_key.split("/", 1)
-            spot = await self._free_spot(admit.run_id, asked, needs, admit.budget_mib, f"{pool}/" == ONE_SHOT_PREFIX)
+            spot = await self._free_spot(admit, asked, needs, f"{pool}/" == ONE_SHOT_PREFIX)
             if spot is None:
                 self._any_waiting.append((admit, needs))
                 continue
@@ -311,12 +326,14 @@ class WorkerPlacement:
             self._start(admit.run_id, Start(worker=worker, device=device, holds=tuple(self._held[admit.run_id]),
                                             caps=self._caps_of(admit.run_id)))
 
-    async def _free_spot(self, run_id: str, asked: str, needs: frozenset[str], budget_mib: int | None,
+    async def _free_spot(self, admit: Admit, asked: str, needs: frozenset[str],
                          one_shot: bool) -> tuple[str, str] | None:
         """``one_shot``: the pool of batch jobs' agents (each takes one run), else ``any``'s
         workers, which never include those."""
+        run_id, budget_mib = admit.run_id, admit.budget_mib
         able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())
-                and (worker in self._one_shot) == one_shot and worker not in self._spent}
+                and (worker in self._one_shot) == one_shot and worker not in self._spent
+                and self._in_time(worker, admit)}
         workers = sorted(able - {LOCAL},
                          key=lambda w: (-self._has_cards(w), self._load(w), w))
         for worker in workers:

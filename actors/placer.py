@@ -219,7 +219,7 @@ class Placer(Actor):
             case WorkerOnline(offer, devices, draining, cards):
                 self._workers.online(offer, draining)
                 await self._slots.online(offer.name, devices, draining, offer.node_types, cards, offer.one_shot,
-                                         offer.spent)
+                                         offer.spent, offer.deadline)
             case CardMemory(_, free_mib):
                 await self._slots.card_memory(free_mib)
             case CardPolicy(physical, sharing, reserved_mib):
@@ -334,7 +334,7 @@ class Placer(Actor):
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,
-                                                 row.get("memory_budget_mib")))
+                                                 row.get("memory_budget_mib"), row.get("duration_s")))
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:

@@ -21,6 +21,7 @@ class Admit:
     seeded: bool
     devices: tuple[str, ...] = ()
     budget_mib: int | None = None  # its memory budget, for a shared card
+    duration_s: float | None = None  # how long it is expected to take, for a batch job's agent
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class Enqueue:
     # Every device a named-worker run asks for when it names several; handed on in Admit.
     devices: tuple[str, ...] = ()
     budget_mib: int | None = None
+    duration_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,9 @@ class QueueActor(Actor):
     async def on_start(self) -> None:
         # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
         # themselves with Occupying (the runs supervisor asks them after a restart).
-        for run_id, seq, seeded, devices, budget in await self._store.read(QueuedRuns(self.queue_key)):
+        for run_id, seq, seeded, devices, budget, duration in await self._store.read(QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
-                self._fifo[run_id] = Enqueue(run_id, seq, seeded, devices, budget)
+                self._fifo[run_id] = Enqueue(run_id, seq, seeded, devices, budget, duration)
                 self._known.add(run_id)
 
     async def receive(self, message: Any) -> Any:
@@ -118,4 +119,4 @@ class QueueActor(Actor):
             placer.tell(self._admit(entry))
 
     def _admit(self, entry: Enqueue) -> Admit:
-        return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib)
+        return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib, entry.duration_s)

@@ -19,7 +19,7 @@ from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph, NodeResources
 
-_QUANTITIES = ("cpus", "gpus", "ram")
+_QUANTITIES = ("cpus", "gpus", "ram", "duration_s")
 _UNITS = {"cpus": "cpus", "gpus": "cards", "ram": "MB of ram"}
 
 
@@ -38,6 +38,9 @@ class Resolved:
     memory_gib: float | None
     budget_from_flavor: bool
     warnings: list[dict[str, Any]] = field(default_factory=list)
+    # The run's expected length: the sum of what its nodes declare (directly or by their
+    # flavor), an upper bound as nodes may overlap; None when none declares any.
+    duration_s: float | None = None
 
 
 def flavor_names(graph_doc: Graph, options: RunOptions) -> tuple[str, ...]:
@@ -57,6 +60,7 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
             machine: Machine, on_worker: bool) -> Resolved:
     nodes, warnings = [], []
     env: dict[str, str] = {}
+    durations: list[float] = []
     for i, node in enumerate(graph_doc.nodes):
         asked = node.resources
         if asked is None:
@@ -72,6 +76,8 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
                     f"node {node.id} gives {quantity} {mine} and its flavor {asked.flavor} says {theirs}; give one, "
                     "or the same value", pointer=f"{where}/{quantity}", node_id=node.id, code="flavor_conflict")
             granted[quantity] = mine if mine is not None else theirs
+        if granted["duration_s"] is not None:
+            durations.append(float(granted["duration_s"]))
         for quantity, has in (("cpus", machine.cpus), ("gpus", machine.cards)):
             if granted[quantity] is not None and granted[quantity] > has:
                 warnings.append({"message": f"node {node.id} asks for {granted[quantity]} {_UNITS[quantity]}; "
@@ -90,7 +96,7 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
                          "code": "env_not_applied"})
     memory_gib, from_flavor = _budget(options, flavors, on_worker, warnings)
     engine_graph = graph_doc.model_copy(update={"nodes": nodes}) if any(n.resources for n in nodes) else graph_doc
-    return Resolved(engine_graph, memory_gib, from_flavor, warnings)
+    return Resolved(engine_graph, memory_gib, from_flavor, warnings, sum(durations) if durations else None)
 
 
 def _budget(options: RunOptions, flavors: Mapping[str, Mapping[str, Any]], on_worker: bool,

@@ -84,6 +84,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "queue_key": f"{worker.name}/{device}" if worker is not None else device,
         "worker": worker.name if worker is not None and not anywhere else None,  # a pool's: set when placed
         "one_shot": worker is not None and worker.one_shot,
+        "duration_s": resolved.duration_s,
         "lane": options.lane,
         "editor_session": options.editor_session,
         "seed": options.seed,

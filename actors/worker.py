@@ -316,7 +316,7 @@ class WorkerConnection(Actor):
             return
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, frozenset(self._hello.node_types),
-                            one_shot=self._hello.one_shot, spent=self._hello.spent)
+                            one_shot=self._hello.one_shot, spent=self._hello.spent, deadline=self._hello.deadline)
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
         placer.tell(WorkerOnline(offer, self._devices(), self._draining, cards))
@@ -387,6 +387,7 @@ class WorkerConnection(Actor):
             "missing_node_types": list(self._missing),
             "version": hello.version if hello else None,
             "one_shot": hello.one_shot if hello else False,
+            "deadline": hello.deadline if hello else None,
             "machine_id": hello.machine_id if hello else None,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
             "inventory": self._inventory_now(),

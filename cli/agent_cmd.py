@@ -89,7 +89,8 @@ def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, 
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
-          one_shot: bool = False, idle_timeout_s: float = 600.0, instance: str | None = None) -> int:
+          one_shot: bool = False, idle_timeout_s: float = 600.0, instance: str | None = None,
+          deadline: float | None = None) -> int:
     from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
@@ -131,9 +132,18 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
                                                      settings.worker_kill_grace_s,
                                                      int(settings.agent_outbox_mb * 1024 * 1024),
                                                      settings.cuda_visible_devices, one_shot,
-                                                     idle_timeout_s, instance))))
+                                                     idle_timeout_s, instance, deadline or _job_end()))))
     finally:
         pid_file.unlink(missing_ok=True)
+
+
+def _job_end() -> float | None:
+    """Inside a SLURM job: when it ends (``SLURM_JOB_END_TIME``, epoch seconds)."""
+    raw = os.environ.get("SLURM_JOB_END_TIME", "").strip()
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        raise CliError(f"SLURM_JOB_END_TIME is not epoch seconds: {raw!r}") from None
 
 
 async def _serve(agent: Any) -> int:

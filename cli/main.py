@@ -182,13 +182,16 @@ def agent_start(
     instance: Annotated[str | None, typer.Option(
         help="with --one-shot: this task's id in a batch array ($SLURM_ARRAY_TASK_ID); one join command serves "
              "every task, each connecting as instance ID of the worker")] = None,
+    deadline: Annotated[float | None, typer.Option(
+        help="when this batch job ends, epoch seconds (default: SLURM_JOB_END_TIME); a run declaring a longer "
+             "duration_s is not sent here")] = None,
 ) -> None:
     """Start a worker agent in the foreground."""
     from cli.agent_cmd import start as run_agent
     from cli.config import load_simulated_inventory
 
     try:
-        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance)
+        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance, deadline)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

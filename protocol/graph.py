@@ -27,6 +27,7 @@ class NodeResources(BaseModel):
     gpus: int | None = Field(default=None, ge=0, le=64)
     ram: Ram = None
     flavor: str | None = Field(default=None, pattern=FLAVOR_NAME)
+    duration_s: float | None = Field(default=None, ge=0, description="how long the node is expected to take")
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")],
               Annotated[str, Field(max_length=4096)]] | None = Field(default=None, max_length=64)
 

@@ -59,6 +59,8 @@ class Hello(_Frame):
     # One task of a batch array: the agents of one enrollment connect as instances of
     # one worker (``<name>#<instance>``).
     instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    # When the batch job ends (epoch seconds): a run expected to take longer is not sent.
+    deadline: float | None = None
     # Runs this agent still executes (after a reconnect): kept or killed by the answer.
     runs: list[str] = Field(default_factory=list)
 

@@ -40,6 +40,7 @@ class AgentConfig:
     one_shot: bool = False
     idle_timeout_s: float = 600.0
     instance: str | None = None  # a batch array's task id: this agent is instance ``name#id``
+    deadline: float | None = None  # when its batch job ends (epoch seconds)
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -73,7 +74,7 @@ class Agent:
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
                               runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken),
-                              instance=self.config.instance)
+                              instance=self.config.instance, deadline=self.config.deadline)
 
         link_holder: list[Any] = []
         one_shot = _OneShot()

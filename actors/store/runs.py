@@ -121,7 +121,7 @@ RUN_COLUMNS = (
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
-    "peak_memory_exact", "out_of_memory", "one_shot",
+    "peak_memory_exact", "out_of_memory", "one_shot", "duration_s",
 )
 _JSON_COLUMNS = ("graph", "options", "warnings", "holds")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
@@ -233,18 +233,19 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
 
 
 
-def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[str, int, bool, tuple[str, ...], int | None]]:
+def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[Any, ...]]:
     """The queued runs of a key in FIFO order, with the devices each asks for when it
-    names several (``target.devices``) and its memory budget."""
+    names several (``target.devices``), its memory budget and its expected length."""
     found = []
-    for run_id, seq, seed, options, budget in conn.execute(
-        "SELECT id, enqueue_seq, seed, options, memory_budget_mib FROM runs WHERE queue_key = ? "
+    for run_id, seq, seed, options, budget, duration in conn.execute(
+        "SELECT id, enqueue_seq, seed, options, memory_budget_mib, duration_s FROM runs WHERE queue_key = ? "
         "AND status = 'queued' AND lane = 'queued' ORDER BY enqueue_seq",
         (queue_key,),
     ):
         devices = ((json.loads(str(options or "{}")) or {}).get("target") or {}).get("devices") or []
         found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else (),
-                      int(budget) if budget is not None else None))
+                      int(budget) if budget is not None else None,
+                      float(duration) if duration is not None else None))
     return found
 
 

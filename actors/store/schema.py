@@ -235,9 +235,11 @@ MIGRATIONS: tuple[str, ...] = (
         ('gpu-small', 2, 1, 6, 8192, NULL, 'one card, a 6 GiB budget where it is shared', '1970-01-01T00:00:00Z'),
         ('gpu-large', 4, 1, 20, 32768, NULL, 'one card, a 20 GiB budget where it is shared', '1970-01-01T00:00:00Z');
     """,
-    # 11: a run for a one-shot agent (a batch job's), which waits for one only so long.
+    # 11: a run for a one-shot agent (a batch job's), which waits for one only so long,
+    # and how long a run is expected to take (a batch job that ends sooner is not sent it).
     """
     ALTER TABLE runs ADD COLUMN one_shot INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runs ADD COLUMN duration_s REAL;
     """,
 )
 

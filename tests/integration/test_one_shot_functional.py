@@ -4,6 +4,8 @@ named one-shot worker do, and a run waits for one only so long."""
 
 from __future__ import annotations
 
+import time
+
 from tests.helpers import graph, hello, node, sleeper
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
@@ -112,3 +114,29 @@ def test_instances_of_one_worker_are_listed_and_a_second_with_the_same_id_is_ref
             if agent.poll() is None:
                 agent.terminate()
                 agent.wait(30)
+
+
+def test_a_run_longer_than_the_batch_jobs_time_left_is_not_sent_to_it(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    deadline = time.time() + 120
+    agent = one_shot_agent(server, tmp_path, "batch-a", "--deadline", f"{deadline:.3f}")
+    try:
+        row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch-a")
+        assert abs(row["deadline"] - deadline) < 0.01
+        long = graph({**node("z", "core.Sleep", seconds=0), "resources": {"duration_s": 3600}})
+        too_long = server.submit(long, target=POOL)["run_id"]
+        reason = server.get(f"/api/runs/{too_long}")["queue_reason"]
+        assert reason["code"] == "no_free_worker"
+        named = server.submit(long, target={"worker": "batch-a"})["run_id"]
+        assert server.get(f"/api/runs/{named}")["queue_reason"]["code"] == "job_ends_too_soon"
+        short = graph({**node("z", "core.Sleep", seconds=0), "resources": {"duration_s": 5}})
+        fits = server.submit(short, target=POOL)["run_id"]
+        assert server.events_until_finished(fits)[-1]["payload"]["status"] == "succeeded"
+        assert agent.wait(30) == 0
+        for run_id in (too_long, named):
+            assert server.get(f"/api/runs/{run_id}")["status"] == "queued"
+            server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
