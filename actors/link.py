@@ -40,6 +40,8 @@ class LinkConfig:
     outbox_bytes: int = 64 * 1024 * 1024
     # An awaitable factory of each card's free memory (UUID -> MiB), sent with each heartbeat.
     free_memory: Callable[[], Any] | None = None
+    # Dial through this Unix socket (an ``ssh -R`` session's forward) instead of TCP.
+    unix_socket: str | None = None
 
 
 @dataclass
@@ -141,7 +143,8 @@ class Link(Actor):
         attempt = 0
         ws_url = self._config.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self._config.credential}"}
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.UnixConnector(path=self._config.unix_socket) if self._config.unix_socket else None
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
                     async with session.ws_connect(ws_url, headers=headers, heartbeat=None) as ws:
@@ -149,6 +152,11 @@ class Link(Actor):
                         if await self._session(ws):
                             return
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    if self._config.unix_socket and _forward_gone(exc):
+                        # An SSH session's agent: the session owns its life, and a new
+                        # session starts a new agent, so it does not outlive the forward.
+                        self._config.on_final(0, f"the SSH session's forward {self._config.unix_socket} is gone")
+                        return
                     log.warning("control plane unreachable at %s: %s", ws_url, exc)
                 delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 attempt += 1
@@ -232,3 +240,8 @@ class Link(Actor):
             await asyncio.sleep(every)
             free = await self._config.free_memory() if self._config.free_memory is not None else {}
             await ws.send_str(wire.dump_frame(wire.Heartbeat(free_mib=free), numbers.next()))
+
+
+def _forward_gone(exc: BaseException) -> bool:
+    cause = getattr(exc, "os_error", None) or exc
+    return isinstance(cause, FileNotFoundError | ConnectionRefusedError)

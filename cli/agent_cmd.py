@@ -79,9 +79,9 @@ def machine_id(simulated: dict[str, Any] | None) -> str:
     return host_machine_id()
 
 
-def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, str]:
-    status, reply = Client(url, None).request("POST", "/api/workers/credentials",
-                                              {"token": token, "name": name, "machine_id": machine})
+def _enroll(url: str, token: str, name: str | None, machine: str, unix_socket: str | None) -> tuple[str, str]:
+    status, reply = Client(url, None, unix_socket).request("POST", "/api/workers/credentials",
+                                                           {"token": token, "name": name, "machine_id": machine})
     if status != 201:
         error = reply.get("error", {}) if isinstance(reply, dict) else {}
         raise CliError(f"enrollment refused ({status} {error.get('code', '')}): {error.get('message', reply)}")
@@ -90,7 +90,7 @@ def _enroll(url: str, token: str, name: str | None, machine: str) -> tuple[str, 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
           one_shot: bool = False, idle_timeout_s: float = 600.0, instance: str | None = None,
-          deadline: float | None = None) -> int:
+          deadline: float | None = None, unix_socket: str | None = None) -> int:
     from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
@@ -107,11 +107,11 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
         assert name is not None
         with _credentials_locked() as stored:
             if _key(url, name) not in stored:
-                name, credential = _enroll(url, token, name, machine)
+                name, credential = _enroll(url, token, name, machine, unix_socket)
                 stored[_key(url, name)] = {"credential": credential}
             credential = stored[_key(url, name)]["credential"]
     elif token:
-        name, credential = _enroll(url, token, name, machine)
+        name, credential = _enroll(url, token, name, machine, unix_socket)
         with _credentials_locked() as stored:
             stored[_key(url, name)] = {"credential": credential}
     else:
@@ -132,7 +132,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
                                                      settings.worker_kill_grace_s,
                                                      int(settings.agent_outbox_mb * 1024 * 1024),
                                                      settings.cuda_visible_devices, one_shot,
-                                                     idle_timeout_s, instance, deadline or _job_end()))))
+                                                     idle_timeout_s, instance, deadline or _job_end(),
+                                                     unix_socket))))
     finally:
         pid_file.unlink(missing_ok=True)
 

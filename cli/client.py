@@ -13,15 +13,32 @@ from typing import Any
 from cli.errors import CliError, NoServer
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (the one an ``ssh -R`` session forwards to the control
+    plane), with the URL's host in the Host header."""
+
+    def __init__(self, path: str, host: str, port: int, timeout: float | None) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
 class Client:
-    def __init__(self, url: str, token: str | None) -> None:
+    def __init__(self, url: str, token: str | None, unix_socket: str | None = None) -> None:
         self.url = url.rstrip("/")
         parsed = urllib.parse.urlsplit(self.url)
         self._host = parsed.hostname or "127.0.0.1"
         self._port = parsed.port or 80
         self._token = token
+        self._unix_socket = unix_socket
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._unix_socket is not None:
+            return _UnixConnection(self._unix_socket, self._host, self._port, timeout)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, body: bytes | None) -> dict[str, str]:

@@ -185,13 +185,17 @@ def agent_start(
     deadline: Annotated[float | None, typer.Option(
         help="when this batch job ends, epoch seconds (default: SLURM_JOB_END_TIME); a run declaring a longer "
              "duration_s is not sent here")] = None,
+    unix_socket: Annotated[str | None, typer.Option(
+        help="dial the control plane through this Unix socket (an ssh -R forward; the control plane's SSH "
+             "sessions set it)")] = None,
 ) -> None:
     """Start a worker agent in the foreground."""
     from cli.agent_cmd import start as run_agent
     from cli.config import load_simulated_inventory
 
     try:
-        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance, deadline)
+        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance, deadline,
+                         unix_socket)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -232,7 +232,7 @@ def _not_reserved(name: str | None) -> str | None:
 
 
 # Target words, and the names of the routes beside /api/workers/{name}.
-_RESERVED = ("any", "local", "one-shot", "credentials", "enrollments")
+_RESERVED = ("any", "local", "one-shot", "credentials", "enrollments", "ssh")
 
 
 def worker_name_problem(name: str) -> str | None:
@@ -253,6 +253,25 @@ class NewEnrollment(BaseModel):
     name: WorkerName = None
     ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
     uses: int = Field(default=1, ge=1, le=1000)
+
+
+class SshWorker(BaseModel):
+    """Body of ``POST /api/workers/ssh``: a worker on a machine that cannot reach the
+    control plane, served through an SSH session the control plane opens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: Annotated[str, Field(pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
+    # Never an option to ssh: no leading dash, no spaces.
+    host: str = Field(pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\-\[\]]{0,252}$")
+    user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,31}$")
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = Field(default=None, min_length=1, max_length=4096,
+                                      description="a private key on the control plane's machine")
+    known_hosts_file: str | None = Field(default=None, min_length=1, max_length=4096,
+                                         description="the host keys to trust (default: ssh's own known_hosts)")
+    remote_command: str = Field(default="troupe", min_length=1, max_length=1024,
+                                description="how the remote shell starts troupe")
 
 
 class CardSharing(BaseModel):

@@ -41,6 +41,7 @@ class AgentConfig:
     idle_timeout_s: float = 600.0
     instance: str | None = None  # a batch array's task id: this agent is instance ``name#id``
     deadline: float | None = None  # when its batch job ends (epoch seconds)
+    unix_socket: str | None = None  # dial the control plane through this socket (an ssh -R forward)
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -108,7 +109,7 @@ class Agent:
             return {card.uuid: card.memory_free_mib for card in found.cards}
 
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
-                                 self.config.outbox_bytes, free_memory)
+                                 self.config.outbox_bytes, free_memory, self.config.unix_socket)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),

@@ -32,6 +32,7 @@ from actors.placer import Placer, Quarantine, Restore, RunSpec
 from actors.queue import QueueActor
 from actors.run import Abandon, ReportOccupancy, RunActor
 from actors.run_messages import WorkerFailed
+from actors.ssh_session import SshSession, SshTarget
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents
 from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
@@ -126,6 +127,7 @@ class ControlPlane:
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
                 node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers,
+                start_ssh=self.start_ssh,
             )
         )
         self.port = await self.web.start()
@@ -247,6 +249,21 @@ class ControlPlane:
                                     self.catalog.digest).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))
+
+    def start_ssh(self, target: SshTarget) -> ActorRef | None:
+        """Opens the SSH session that serves ``target``'s worker; None when one is open."""
+        name = f"ssh/{target.name}"
+        if self.workers.child(name) is not None or self.port is None:
+            return None
+        self.failed_workers.pop(target.name, None)
+
+        port = self.port
+
+        def failed(worker: str, reason: str) -> None:
+            self.failed_workers[worker] = reason
+
+        return self.workers.start_child(ChildSpec(
+            name, lambda: SshSession(target, port, self.store, failed).start(self.registry), Restart.TEMPORARY))
 
     def _worker_failed(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         """Past the restart limit a worker shows ``failed`` with the reason; its runs are

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,15 @@ class Server:
             if kind in ("hello", "run") and predicate():
                 return
         raise AssertionError("the condition never held")
+
+    def poll_until(self, predicate: Any, timeout: float = 30.0) -> None:
+        """For what no stream announces (a worker's connection, a process elsewhere):
+        checks ``predicate()`` every 0.1 s until it holds."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the condition did not hold within {timeout} s")
+            time.sleep(0.1)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None

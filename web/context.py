@@ -10,6 +10,7 @@ from aiohttp import web
 
 from actors.base import ActorRef, Registry
 from actors.errors import ActorDeadError
+from actors.ssh_session import SshTarget
 from actors.store import StoreClient
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
@@ -37,8 +38,11 @@ class Services:
     node_cache: NodeCache = field(default_factory=lambda: NodeCache(0))
     # Login links and the cookies of logged-in browsers.
     login: LoginBook = field(default_factory=LoginBook)
-    # Workers whose connection actor kept crashing, with the reason (the root's record).
+    # Workers whose connection actor kept crashing, or whose SSH session cannot be kept
+    # up, with the reason (the root's record).
     failed_workers: dict[str, str] = field(default_factory=dict)
+    # Opens the SSH session of a worker served over ``ssh -R``; None when one is open.
+    start_ssh: Callable[[SshTarget], ActorRef | None] = lambda target: None
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

@@ -20,7 +20,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
     api.EstimateGraph, api.Estimate,
-    api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing,
+    api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
     SubmitSweep, SubmitStudy, ResumeStudy, Flavor, FlavorUpdate,
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
@@ -142,6 +142,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                        params=(("name", "path", "string"),), mutation=True),
             "delete": _op("Delete a flavor no unfinished run, sweep or study uses", None,
                           params=(("name", "path", "string"),), mutation=True)},
+        "/api/workers/ssh": {"post": _op("Serve a worker through an SSH session this server opens (ssh -R)", None,
+                                         status="201", body=api.SshWorker, mutation=True)},
         "/api/workers/{name}/devices/{device}": {"put": _op(
             "Set how a card admits runs: by slots, or shared by memory budget", None, body=api.CardSharing,
             params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},

@@ -19,11 +19,12 @@ from actors.base import Snapshot
 from actors.eligibility import INSTANCE_MARK
 from actors.errors import ActorDeadError
 from actors.placer_messages import CardPolicy
+from actors.ssh_session import SshTarget
 from actors.store.memory import CardPolicies, SetCardPolicy
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
 from actors.worker import Drain, Revoked
-from protocol.api import CardSharing, NewEnrollment, Redeem
-from protocol.errors import NotFound
+from protocol.api import CardSharing, NewEnrollment, Redeem, SshWorker
+from protocol.errors import NotFound, StateConflict
 from web.context import Services, services
 from web.errors import json_reply
 from web.requests import read_model
@@ -32,7 +33,7 @@ routes = web.RouteTableDef()
 CREDENTIALS_PATH = "/api/workers/credentials"
 # A worker's own routes; the names of the routes beside it never match (they are
 # reserved worker names), so ``Allow`` on those routes lists only their own methods.
-WORKER_PATH = r"/api/workers/{name:(?!(?:credentials|enrollments)(?![a-z0-9_.-]))[^/]+}"
+WORKER_PATH = r"/api/workers/{name:(?!(?:credentials|enrollments|ssh)(?![a-z0-9_.-]))[^/]+}"
 
 
 @routes.post("/api/workers/enrollments")
@@ -85,7 +86,38 @@ async def list_workers(request: web.Request) -> web.Response:
             snapshot = {**snapshot, "one_shot": True, "state": "connected" if any(
                 i["state"] == "connected" for i in mine) else snapshot["state"]}
         rows.append({**snapshot, "cards": cards(snapshot), "instances": mine, "enrolled_at": row["enrolled_at"]})
-    return json_reply({"workers": rows})
+    return json_reply({"workers": rows + await _not_enrolled(svc, {row["name"] for row in enrolled})})
+
+
+async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any]]:
+    """Workers served over SSH whose agent has not enrolled yet (connecting, or failed
+    before it could, such as a refused key)."""
+    sessions = {name.removeprefix("ssh/"): ref for name in svc.registry.names("ssh/")
+                if (ref := svc.registry.lookup(name)) is not None}
+    names = sorted((set(sessions) | set(svc.failed_workers)) - enrolled)
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        session = await _snapshot(sessions.get(name))
+        failed = svc.failed_workers.get(name)
+        rows.append({"name": name, "state": "failed" if failed else "connecting", "failed_reason": failed,
+                     "ssh": session, "one_shot": False, "devices": [], "inventory": None, "slots": [],
+                     "running_runs": [], "cards": [], "instances": [], "degraded": False, "draining": False,
+                     "missing_node_types": [], "version": None, "machine_id": None, "enrolled_at": None})
+    return rows
+
+
+@routes.post("/api/workers/ssh")
+async def add_ssh_worker(request: web.Request) -> web.Response:
+    """The control plane opens ``ssh -R`` to the host and starts an agent there; see
+    ``actors/ssh_session.py``. Its state shows in ``GET /api/workers``."""
+    svc = services(request)
+    body = await read_model(request, SshWorker)
+    target = SshTarget(body.name, body.host, body.user, body.port, body.identity_file, body.remote_command,
+                       body.known_hosts_file)
+    if svc.start_ssh(target) is None:
+        raise StateConflict(f"an SSH session for worker {body.name} is open already; remove the worker to end it",
+                            code="ssh_session_open", pointer="/name")
+    return json_reply({"name": body.name, "host": body.host, "state": "connecting"}, status=201)
 
 
 async def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -142,11 +174,15 @@ async def _snapshot(live: Any) -> dict[str, Any] | None:
 async def revoke(request: web.Request) -> web.Response:
     svc = services(request)
     name = request.match_info["name"]
-    if not await svc.store.write(RevokeWorker(name)):
+    session = svc.registry.lookup(f"ssh/{name}")
+    failed = svc.failed_workers.pop(name, None)
+    if not await svc.store.write(RevokeWorker(name)) and session is None and failed is None:
         raise NotFound(f"no enrolled worker {name!r}", code="worker_not_found")
     live = svc.registry.lookup(f"workers/{name}")
     if live is not None:
         live.tell(Revoked())
+    if session is not None:
+        session.stop("the worker was removed")  # its ssh process ends, and its agent with the forward
     return json_reply({"name": name, "revoked": True})
 
 

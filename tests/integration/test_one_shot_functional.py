@@ -107,7 +107,7 @@ def test_instances_of_one_worker_are_listed_and_a_second_with_the_same_id_is_ref
         events = server.events_until_finished(run_id)
         assert next(e for e in events if e["type"] == "run_started")["payload"]["worker"] == "batch#7"
         assert first.wait(30) == 0
-        server.wait_until(lambda: next(w for w in server.get("/api/workers")["workers"]
+        server.poll_until(lambda: next(w for w in server.get("/api/workers")["workers"]
                                        if w["name"] == "batch")["instances"] == [], timeout=10)
     finally:
         for agent in (first, twin):

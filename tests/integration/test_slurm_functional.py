@@ -63,4 +63,4 @@ def test_one_enrollment_serves_an_array_of_one_shot_instances_that_take_three_ru
         row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch")
         return row["instances"] == []
 
-    server.wait_until(gone, timeout=10)  # exited instances leave no registration behind
+    server.poll_until(gone, timeout=10)  # exited instances leave no registration behind

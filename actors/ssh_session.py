@@ -1,0 +1,173 @@
+"""SshSession: a worker on a machine that cannot reach the control plane, served through
+an SSH session the control plane opens (``ssh -R``), named ``ssh/<worker>``.
+
+The session forwards a Unix socket on the remote host (created by sshd with mode 0600, a
+fresh path each attempt) to the control plane's port, and runs ``troupe agent start``
+there against that socket with a fresh one-time token. The agent then dials out through
+the forward as any agent does; its websocket carries its own credential.
+
+ssh ending for a reason a retry can fix (a reset connection, a reboot) starts it again
+after a backoff. For a reason no retry can fix (authentication refused, a changed host
+key, no ``troupe`` on the remote host, the control plane refusing the agent) it stops,
+and the worker shows ``failed`` with the reason (#840). Stopping this actor (removing the
+worker) ends the ssh process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import secrets
+import shlex
+import signal
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import Actor, Shutdown, Snapshot
+from actors.store import StoreClient
+from actors.store.workers import CreateEnrollment
+
+log = logging.getLogger("troupe.ssh")
+
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+TOKEN_TTL_S = 600.0
+STOP_GRACE_S = 5.0
+# What ssh or the remote agent prints when no retry can help, and how the worker says it.
+FINAL = (
+    ("Permission denied", "the remote host refused the authentication"),
+    ("Host key verification failed", "the remote host's key does not match the known one"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the remote host's key changed"),
+    ("Could not resolve hostname", "the host name does not resolve"),
+    ("command not found", "troupe is not found on the remote host (set remote_command)"),
+    ("No such file or directory", "troupe is not found on the remote host (set remote_command)"),
+    ("refused by the control plane", "the control plane refused the remote agent"),
+    ("enrollment refused", "the control plane refused the remote agent's enrollment"),
+)
+NOT_FOUND = 127  # the remote shell's exit code for a command it cannot find
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    remote_command: str = "troupe"
+    known_hosts_file: str | None = None
+
+
+class SshSession(Actor):
+    def __init__(self, target: SshTarget, control_port: int, store: StoreClient,
+                 on_failed: Callable[[str, str], None]) -> None:
+        super().__init__(f"ssh/{target.name}")
+        self._target = target
+        self._control_port = control_port
+        self._store = store
+        self._on_failed = on_failed
+        self._task: asyncio.Task[None] | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._attempts = 0
+        self._state = "starting"
+        self._last: deque[str] = deque(maxlen=40)  # the tail of what ssh and the remote agent printed
+
+    async def on_start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._keep_up(), name=self.name)
+
+    async def on_stop(self, reason: str) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self._end_process()
+
+    async def receive(self, message: Any) -> Any:
+        match message:
+            case Snapshot():
+                return {"name": self._target.name, "host": self._target.host, "state": self._state,
+                        "attempts": self._attempts, "output": list(self._last)[-5:]}
+            case Shutdown():
+                return None  # the workers supervisor stops this actor next
+            case _:
+                raise TypeError(f"{self.name} got an unknown message {message!r}")
+
+    async def _keep_up(self) -> None:
+        while True:
+            self._attempts += 1
+            code = await self._run_once()
+            reason = self._final_reason(code)
+            if reason is not None:
+                self._state = "failed"
+                detail = next((line for line in reversed(self._last) if line.strip()), "")
+                log.error("ssh session of %s failed: %s (%s)", self._target.name, reason, detail)
+                self._on_failed(self._target.name, f"{reason}: {detail}" if detail else reason)
+                self.stop_self("failed")
+                return
+            delay = BACKOFF_S[min(self._attempts - 1, len(BACKOFF_S) - 1)]
+            self._state = "retrying"
+            log.warning("ssh session of %s ended (exit %s); again in %ss", self._target.name, code, delay)
+            await asyncio.sleep(delay)
+
+    async def _run_once(self) -> int:
+        token = secrets.token_urlsafe(24)
+        await self._store.write(CreateEnrollment(token, self._target.name, TOKEN_TTL_S, 1))
+        self._process = await asyncio.create_subprocess_exec(
+            *self._argv(token), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self._state = "running"
+        assert self._process.stdout is not None
+        async for line in self._process.stdout:
+            self._last.append(line.decode(errors="replace").rstrip())
+        return await self._process.wait()
+
+    def _argv(self, token: str) -> list[str]:
+        target = self._target
+        socket = f"/tmp/troupe-{target.name}-{secrets.token_hex(6)}.sock"
+        agent = (f"{target.remote_command} agent start --url http://127.0.0.1:{self._control_port} "
+                 f"--unix-socket {shlex.quote(socket)} --token {shlex.quote(token)} --name {shlex.quote(target.name)}")
+        # -tt: a terminal on the remote side, so that the agent is hung up on when the
+        # session ends, rather than left dialing a forward nobody serves.
+        argv = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes", "-o",
+                "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3", "-R",
+                f"{socket}:127.0.0.1:{self._control_port}"]
+        if target.port is not None:
+            argv += ["-p", str(target.port)]
+        if target.identity_file is not None:
+            argv += ["-i", target.identity_file, "-o", "IdentitiesOnly=yes"]
+        if target.known_hosts_file is not None:
+            argv += ["-o", f"UserKnownHostsFile={target.known_hosts_file}"]
+        argv += [f"{target.user}@{target.host}" if target.user else target.host, agent]
+        return argv
+
+    def _final_reason(self, code: int) -> str | None:
+        text = "\n".join(self._last)
+        for marker, reason in FINAL:
+            if marker in text:
+                return reason
+        if code == NOT_FOUND:
+            return "troupe is not found on the remote host (set remote_command)"
+        return None
+
+    async def _end_process(self) -> None:
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
+def _die_with_parent() -> None:
+    """In the ssh child, before exec: Linux ends it when the control plane's process ends
+    (a crash leaves no session behind); elsewhere nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
