@@ -156,3 +156,32 @@ def test_queue_a_run_on_the_one_shot_pool_and_the_batch_agent_exits_after_it(ope
             agent.terminate()
             agent.wait(30)
     assert errors == []
+
+
+def test_add_a_worker_over_ssh_from_the_dialog_and_see_why_it_failed(open_page, tmp_path):
+    from tests.sshd import missing, start_sshd
+
+    if missing() is not None:
+        pytest.skip(missing())
+    sshd = start_sshd(tmp_path / "sshd")
+    try:
+        server, tab, errors = open_page()
+        tab.get_by_role("button", name="Workers").click()
+        tab.get_by_role("button", name="Add worker…").click()
+        tab.locator("dialog[open]").get_by_role("button", name="Add it over SSH…").click()
+        dialog = tab.locator("dialog[open]")
+        for field, value in (("name", "far"), ("host", "127.0.0.1"), ("user", "root"), ("port", str(sshd.port)),
+                             ("identity_file", str(sshd.key))):
+            dialog.locator(f'input[name="{field}"]').fill(value)
+        confirm(tab, "Connect")
+        # This server's ssh has never seen the private sshd's host key: no retry can fix that.
+        row = tab.locator('tr[data-worker="far"]')
+        server.poll_until(lambda: any(w["state"] == "failed" for w in server.get("/api/workers")["workers"]))
+        tab.get_by_role("button", name="Workers").click()
+        expect(row).to_contain_text("failed: the remote host's key does not match the known one")
+        row.get_by_role("button", name="Remove").click()
+        confirm(tab, "Remove")
+        expect(row).to_have_count(0)
+        assert errors == []
+    finally:
+        sshd.stop()

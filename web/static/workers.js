@@ -65,6 +65,8 @@ function sharingDialog(worker, card) {
 function notes(worker) {
   const parts = [];
   if (worker.one_shot) parts.push("one-shot: takes one run, then exits");
+  if (worker.failed_reason) parts.push(`failed: ${worker.failed_reason}`);
+  if (worker.ssh) parts.push(`over SSH to ${worker.ssh.host}: ${worker.ssh.state}`);
   if (worker.draining) parts.push("draining");
   if (worker.degraded) {
     parts.push(worker.missing_node_types.length ? `degraded, lacks ${worker.missing_node_types.join(", ")}` : "degraded");
@@ -110,6 +112,35 @@ export async function refreshWorkers() {
   document.getElementById("workers-empty").hidden = workers.length > 0;
 }
 
+function sshWorkerDialog() {
+  openDialog("Add worker over SSH", (form) => {
+    form.append(
+      el("p", { class: "muted" }, "For a machine that cannot reach this server: this server opens an SSH session to it "
+        + "(ssh -R), forwards a private socket there back to itself, and starts the agent through it. The key and the "
+        + "known hosts are files on this server's machine; the session uses them without asking (BatchMode)."),
+      el("div", { class: "row" },
+        el("div", {}, el("label", {}, "Name"), el("input", { name: "name", required: true, placeholder: "far-gpu" })),
+        el("div", {}, el("label", {}, "Host"), el("input", { name: "host", required: true, placeholder: "gpu.lab.example" })),
+        el("div", {}, el("label", {}, "User"), el("input", { name: "user", placeholder: "(ssh's default)" })),
+        el("div", {}, el("label", {}, "Port"), el("input", { name: "port", type: "number", min: 1, max: 65535, size: 5 }))),
+      el("label", {}, "Identity file (optional)"), el("input", { name: "identity_file", placeholder: "~/.ssh/id_ed25519" }),
+      el("label", {}, "troupe on the remote host"), el("input", { name: "remote_command", value: "troupe" }),
+      el("p", { class: "explain" }, "If the session drops for a reason a retry can fix, it is opened again; if the key is "
+        + "refused, the host key changed or troupe is missing there, the worker shows failed with the reason. "
+        + "Remove ends the session and the agent."));
+  }, {
+    submitLabel: "Connect",
+    submit: async (form) => {
+      const value = (name) => form.elements[name].value.trim();
+      const body = { name: value("name"), host: value("host"), remote_command: value("remote_command") || "troupe" };
+      for (const key of ["user", "identity_file"]) if (value(key)) body[key] = value(key);
+      if (value("port")) body.port = Number(value("port"));
+      await api("POST", "/api/workers/ssh", body);
+      await refreshWorkers();
+    },
+  });
+}
+
 export function addWorkerDialog() {
   openDialog("Add worker", (form) => {
     form.append(
@@ -119,7 +150,9 @@ export function addWorkerDialog() {
         el("input", { name: "name", placeholder: "gpu-a", pattern: "[a-z0-9][a-z0-9_.\\-]{0,63}" })),
       el("div", {}, el("label", {}, "Valid for (hours)"), el("input", { name: "hours", type: "number", min: 0.01, step: "any", value: 24, size: 5 })),
       el("div", {}, el("label", {}, "Uses"), el("input", { name: "uses", type: "number", min: 1, value: 1, size: 4 }))),
-      el("div", { id: "join" }));
+      el("div", { id: "join" }),
+      el("p", { class: "muted" }, "The machine cannot reach this server? ",
+        el("button", { type: "button", "data-ssh": "", onclick: () => sshWorkerDialog() }, "Add it over SSH…")));
   }, {
     submitLabel: "Create join command",
     submit: async (form) => {
