@@ -28,6 +28,7 @@ log = logging.getLogger("troupe.agent")
 # Capped low: a laptop back from sleep, or a restarted control plane, sees its workers
 # within a second; a retry is one TCP connect and one small HTTP upgrade.
 BACKOFF_S = (0.25, 0.5, 1.0)
+_ANNOUNCE = ""  # in the send queue: the agent's own frames wait in ``_announcements``
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,14 @@ class Send:
 
 
 @dataclass(frozen=True)
+class Announce:
+    """A frame about the agent itself (not a run's), sent on the connection up now; with
+    none up, it is not kept (the next hello says what is true then)."""
+
+    frame: Any
+
+
+@dataclass(frozen=True)
 class Settled:
     """Ask: a future that resolves once every run frame sent so far is acknowledged (a
     one-shot agent exits only after its run is reported completely)."""
@@ -110,6 +119,7 @@ class Link(Actor):
         self._outbox = _Outbox(config.outbox_bytes)
         self._live: asyncio.Queue[str] | None = None  # what the connection up now sends
         self._settled: list[asyncio.Future[None]] = []
+        self._announcements: list[Any] = []  # agent frames for the sender to number and send
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
@@ -124,6 +134,11 @@ class Link(Actor):
                 for text in self._outbox.add(frame):
                     if self._live is not None:
                         self._live.put_nowait(text)
+            return None
+        if isinstance(message, Announce):
+            self._announcements.append(message.frame)
+            if self._live is not None:
+                self._live.put_nowait(_ANNOUNCE)
             return None
         if isinstance(message, Settled):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -188,7 +203,9 @@ class Link(Actor):
             live.put_nowait(text)
         self._live = live
         beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, numbers))
-        sending = asyncio.ensure_future(self._drain(ws, live))
+        if self._announcements:
+            live.put_nowait(_ANNOUNCE)
+        sending = asyncio.ensure_future(self._drain(ws, live, numbers))
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
@@ -220,7 +237,8 @@ class Link(Actor):
                             sum(len(e) for e in self._outbox.runs.values()), self._outbox.size)
         return False
 
-    async def _drain(self, ws: aiohttp.ClientWebSocketResponse, live: asyncio.Queue[str]) -> None:
+    async def _drain(self, ws: aiohttp.ClientWebSocketResponse, live: asyncio.Queue[str],
+                     numbers: wire.Numbering) -> None:
         """Sends run frames as they come; they stay in the outbox until acknowledged, so
         one lost with the socket is sent again on the next connection. Run frames go
         unnumbered: their run counter is what the control plane deduplicates on."""
@@ -230,6 +248,11 @@ class Link(Actor):
             while not live.empty() and size < wire.BATCH_BYTES:  # what waits goes together
                 texts.append(live.get_nowait())
                 size += len(texts[-1])
+            if _ANNOUNCE in texts:  # the agent's own frames, numbered on this connection
+                announced, self._announcements = self._announcements, []
+                texts = [t for t in texts if t != _ANNOUNCE] + [wire.dump_frame(f, numbers.next()) for f in announced]
+            if not texts:
+                continue
             try:
                 await ws.send_str(wire.join_frames(texts))
             except (ConnectionResetError, aiohttp.ClientError):

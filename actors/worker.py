@@ -263,6 +263,9 @@ class WorkerConnection(Actor):
             if isinstance(frame, wire.Heartbeat):
                 self._flush_acks(always=True)
                 self._note_free_memory(frame.free_mib)
+            elif isinstance(frame, wire.Drain) and not self._draining:
+                self._draining = True  # its agent is stopping: no new runs, the running ones finish
+                self._tell_placer()
             elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
                 self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
             elif isinstance(frame, wire.RUN_FRAMES):
@@ -388,6 +391,7 @@ class WorkerConnection(Actor):
             "version": hello.version if hello else None,
             "one_shot": hello.one_shot if hello else False,
             "deadline": hello.deadline if hello else None,
+            "mounts": dict(hello.mounts) if hello else {},
             "machine_id": hello.machine_id if hello else None,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
             "inventory": self._inventory_now(),

@@ -89,7 +89,8 @@ def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WOR
     log = log_path.open("wb")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", name],
+        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", name,
+         "--foreground"],
         cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
     log.close()

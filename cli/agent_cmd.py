@@ -10,9 +10,12 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +91,21 @@ def _enroll(url: str, token: str, name: str | None, machine: str, unix_socket: s
     return reply["name"], reply["credential"]
 
 
+@dataclass(frozen=True)
+class StartOptions:
+    """How ``troupe agent start`` runs, beyond where it dials and as whom."""
+
+    one_shot: bool = False  # one run, then exit with its outcome (a batch job's agent)
+    idle_timeout_s: float = 600.0
+    instance: str | None = None  # a batch array's task id
+    deadline: float | None = None  # when the batch job ends (default: SLURM_JOB_END_TIME)
+    unix_socket: str | None = None  # dial through this socket (an ssh -R forward)
+    foreground: bool = False  # else detached, its output in a log file
+    mounts: tuple[str, ...] = ()  # LABEL=PATH
+
+
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
-          one_shot: bool = False, idle_timeout_s: float = 600.0, instance: str | None = None,
-          deadline: float | None = None, unix_socket: str | None = None) -> int:
+          options: StartOptions = StartOptions()) -> int:
     from subprocess_runner.devices import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
@@ -98,44 +113,81 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     machine = machine_id(simulated)
-    if instance is not None and (not one_shot or not name):
+    mounts = _mounts(options.mounts)
+    if options.instance is not None and (not options.one_shot or not name):
         raise CliError("--instance is for the tasks of a batch array: give it with --one-shot and --name")
-    credentials = _read_credentials()
-    if token and instance is not None:
+    name, credential = _credential(url, token, name, machine, options)
+    label = f"{name}{'#' + options.instance if options.instance else ''}"
+    # A batch job's agent, and one an SSH session runs, belong to that job or session.
+    if not (options.foreground or options.one_shot or options.unix_socket):
+        _detach(label)
+    pid_file = _state_dir() / f"agent-{label}.pid"
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(str(os.getpid()))
+    print(f"troupe agent {name} dialing {url}" + (" (one-shot)" if options.one_shot else ""), flush=True)
+    try:
+        settings = load_settings()
+        return asyncio.run(_serve(Agent(AgentConfig(
+            url, name, credential, machine, simulated, settings.worker_kill_grace_s,
+            int(settings.agent_outbox_mb * 1024 * 1024), settings.cuda_visible_devices, options.one_shot,
+            options.idle_timeout_s, options.instance, options.deadline or _job_end(), options.unix_socket,
+            mounts))))
+    finally:
+        pid_file.unlink(missing_ok=True)
+
+
+def _credential(url: str, token: str | None, name: str | None, machine: str,
+                options: StartOptions) -> tuple[str, str]:
+    """The worker's name and credential: redeemed from ``token``, or stored by an earlier start."""
+    if token and options.instance is not None:
         # The tasks of an array start together with one join command: the first to get the
         # lock redeems the token, the others use the credential it stored.
         assert name is not None
         with _credentials_locked() as stored:
             if _key(url, name) not in stored:
-                name, credential = _enroll(url, token, name, machine, unix_socket)
+                name, credential = _enroll(url, token, name, machine, options.unix_socket)
                 stored[_key(url, name)] = {"credential": credential}
-            credential = stored[_key(url, name)]["credential"]
-    elif token:
-        name, credential = _enroll(url, token, name, machine, unix_socket)
+            return name, stored[_key(url, name)]["credential"]
+    if token:
+        name, credential = _enroll(url, token, name, machine, options.unix_socket)
         with _credentials_locked() as stored:
             stored[_key(url, name)] = {"credential": credential}
-    else:
-        known = _matching(credentials, url, name)
-        if len(known) != 1:
-            raise CliError(f"no stored credential for {url}" + (f" as {name}" if name else "") +
-                           "; start with the join command (--token) the control plane printed")
-        name = known[0].split("|", 1)[1]
-        credential = credentials[known[0]]["credential"]
-    assert name is not None
-    pid_file = _state_dir() / f"agent-{name}.pid"
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    pid_file.write_text(str(os.getpid()))
-    print(f"troupe agent {name} dialing {url}" + (" (one-shot)" if one_shot else ""), flush=True)
-    try:
-        settings = load_settings()
-        return asyncio.run(_serve(Agent(AgentConfig(url, name, credential, machine, simulated,
-                                                     settings.worker_kill_grace_s,
-                                                     int(settings.agent_outbox_mb * 1024 * 1024),
-                                                     settings.cuda_visible_devices, one_shot,
-                                                     idle_timeout_s, instance, deadline or _job_end(),
-                                                     unix_socket))))
-    finally:
-        pid_file.unlink(missing_ok=True)
+        return name, credential
+    credentials = _read_credentials()
+    known = _matching(credentials, url, name)
+    if len(known) != 1:
+        raise CliError(f"no stored credential for {url}" + (f" as {name}" if name else "") +
+                       "; start with the join command (--token) the control plane printed")
+    return known[0].split("|", 1)[1], credentials[known[0]]["credential"]
+
+
+def _mounts(given: tuple[str, ...]) -> dict[str, str]:
+    """``--mount data=/mnt/nas``: the storage labels this agent reports."""
+    found = {}
+    for entry in given:
+        label, sep, path = entry.partition("=")
+        if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", label) or not path:
+            raise CliError(f"--mount {entry!r}: want LABEL=PATH, the label in lowercase letters, digits, '_.-'")
+        found[label] = str(Path(path).expanduser())
+    return found
+
+
+def _detach(label: str) -> None:
+    """Goes on in the background, in a session of its own, its output in a log file in
+    the state dir; the terminal gets the pid, the log and how to stop it."""
+    log_path = _state_dir() / f"agent-{label}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid > 0:
+        print(f"troupe agent {label} runs in the background (pid {pid}); log {log_path}; stop it with "
+              f"`troupe agent stop --name {label.split('#')[0]}`", flush=True)
+        os._exit(0)
+    os.setsid()
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
 
 
 def _job_end() -> float | None:
@@ -147,31 +199,59 @@ def _job_end() -> float | None:
         raise CliError(f"SLURM_JOB_END_TIME is not epoch seconds: {raw!r}") from None
 
 
+# ``troupe agent stop`` asks with this signal: drain, let the running runs end, stop.
+DRAIN_SIGNAL = signal.SIGUSR1
+
+
 async def _serve(agent: Any) -> int:
-    stop = asyncio.Event()
+    stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    code: int = await agent.run(stop)
+    loop.add_signal_handler(DRAIN_SIGNAL, drain.set)
+    code: int = await agent.run(stop, drain)
     return code
 
 
 def stop(name: str | None, timeout: float) -> int:
-    pids = sorted(_state_dir().glob(f"agent-{name or '*'}.pid"))
+    """Drains each agent here (or ``name``'s): no new runs, the running ones end and are
+    reported; past ``timeout`` it is stopped at once (its runs cancelled)."""
+    pids = sorted(_state_dir().glob(f"agent-{name or '*'}.pid")) + (
+        sorted(_state_dir().glob(f"agent-{name}#*.pid")) if name else [])
     if not pids:
         raise CliError("no troupe agent runs here" + (f" as {name}" if name else ""))
     for pid_file in pids:
         pid = int(pid_file.read_text())
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pid_file.unlink(missing_ok=True)
+        label = pid_file.stem.removeprefix("agent-")
+        if not _signal(pid, DRAIN_SIGNAL, pid_file):
             continue
-        deadline = time.monotonic() + timeout
-        while pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        print(f"stopped agent {pid_file.stem.removeprefix('agent-')} (pid {pid})")
+        print(f"draining agent {label} (pid {pid}): waiting up to {timeout:g} s for its runs", flush=True)
+        if _gone(pid_file, timeout):
+            print(f"stopped agent {label} (pid {pid})")
+            continue
+        print(f"agent {label} still has runs after {timeout:g} s: stopping it now", flush=True)
+        _signal(pid, signal.SIGTERM, pid_file)
+        _gone(pid_file, 60.0)
+        print(f"stopped agent {label} (pid {pid})")
     return 0
+
+
+def _signal(pid: int, sig: int, pid_file: Path) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pid_file.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _gone(pid_file: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_file.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def forget(url: str | None, name: str | None) -> int:

@@ -188,14 +188,19 @@ def agent_start(
     unix_socket: Annotated[str | None, typer.Option(
         help="dial the control plane through this Unix socket (an ssh -R forward; the control plane's SSH "
              "sessions set it)")] = None,
+    foreground: Annotated[bool, typer.Option(
+        "--foreground", help="stay attached to this terminal (a one-shot agent always does)")] = False,
+    mount: Annotated[list[str] | None, typer.Option(
+        help="LABEL=PATH, repeatable: storage this machine has, reported to the control plane")] = None,
 ) -> None:
-    """Start a worker agent in the foreground."""
+    """Start a worker agent; it goes on in the background unless --foreground."""
+    from cli.agent_cmd import StartOptions
     from cli.agent_cmd import start as run_agent
     from cli.config import load_simulated_inventory
 
     try:
-        code = run_agent(url, token, name, load_simulated_inventory(), one_shot, idle_timeout, instance, deadline,
-                         unix_socket)
+        code = run_agent(url, token, name, load_simulated_inventory(), StartOptions(
+            one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ())))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -204,9 +209,10 @@ def agent_start(
 @agent_app.command("stop")
 def agent_stop(
     name: Annotated[str | None, typer.Option(help="the worker to stop (default: every agent here)")] = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait")] = 30.0,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for running runs before stopping at once")] = 600.0,
 ) -> None:
-    """Stop the agents running on this machine."""
+    """Stop the agents running on this machine: no new runs, then stop once the running
+    ones have ended (at once past --timeout)."""
     from cli.agent_cmd import stop as stop_agent
 
     try:

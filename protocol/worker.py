@@ -61,6 +61,8 @@ class Hello(_Frame):
     instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     # When the batch job ends (epoch seconds): a run expected to take longer is not sent.
     deadline: float | None = None
+    # Storage labels the agent was started with (``--mount data=/mnt/nas``): label -> path.
+    mounts: dict[str, str] = Field(default_factory=dict)
     # Runs this agent still executes (after a reconnect): kept or killed by the answer.
     runs: list[str] = Field(default_factory=list)
 

@@ -7,13 +7,14 @@ SIGTERM, Ctrl+C, or a final refusal from the control plane (exit 1); a one-shot 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
-from actors.link import Link, LinkConfig, Send, Settled
+from actors.link import Announce, Link, LinkConfig, Send, Settled
 from actors.run_process import Cancel as RunCancel
 from actors.run_process import RunProcess
 from actors.threaded import ThreadActorRef, start_thread_actor
@@ -42,12 +43,14 @@ class AgentConfig:
     instance: str | None = None  # a batch array's task id: this agent is instance ``name#id``
     deadline: float | None = None  # when its batch job ends (epoch seconds)
     unix_socket: str | None = None  # dial the control plane through this socket (an ssh -R forward)
+    mounts: dict[str, str] = field(default_factory=dict)  # storage labels: label -> path here
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
 # stopped holding it), or that none came.
 ONE_SHOT_EXIT = {"succeeded": 0, "failed": 1, "cancelled": 2, "interrupted": 3}
 NO_RUN_CAME = 4
+SETTLE_ON_STOP_S = 5.0  # how long a stopping agent waits for its last frames to be acknowledged
 
 
 class Agent:
@@ -55,7 +58,9 @@ class Agent:
         self.config = config
         self.exit_code = 0
 
-    async def run(self, stop: asyncio.Event) -> int:
+    async def run(self, stop: asyncio.Event, drain: asyncio.Event | None = None) -> int:
+        """Until ``stop`` (stop now: running runs are cancelled, killed after the grace),
+        or ``drain`` (no new runs; stop once the running ones have ended)."""
         catalog = load_catalog()
         root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
         registry = Registry()
@@ -75,7 +80,8 @@ class Agent:
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
                               catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
                               runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken),
-                              instance=self.config.instance, deadline=self.config.deadline)
+                              instance=self.config.instance, deadline=self.config.deadline,
+                              mounts=self.config.mounts)
 
         link_holder: list[Any] = []
         one_shot = _OneShot()
@@ -116,12 +122,41 @@ class Agent:
                                             asyncio.ensure_future(finished.wait())]
         if self.config.one_shot:
             waits.append(asyncio.ensure_future(self._one_shot(one_shot, link)))
+        if drain is not None:
+            waits.append(asyncio.ensure_future(self._drain(drain, link, registry, stop)))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
+        if not finished.is_set():
+            await self._end_runs(registry, link)
         await runs.stop(timeout=self.config.kill_grace_s + 5)
         await root.stop(timeout=10)
         return self.exit_code
+
+    async def _end_runs(self, registry: Registry, link: ActorRef | ThreadActorRef) -> None:
+        """Stopping with runs still going: each is cancelled (killed after the grace) and
+        its end reported while the link is up, so none is left for the control plane to
+        wait out."""
+        for name in registry.names("run/"):
+            ref = registry.lookup(name)
+            if ref is not None:
+                ref.tell(RunCancel())
+        deadline = asyncio.get_running_loop().time() + self.config.kill_grace_s + 5
+        while registry.names("run/") and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(await link.ask(Settled()), SETTLE_ON_STOP_S)
+
+    async def _drain(self, drain: asyncio.Event, link: ActorRef | ThreadActorRef, registry: Registry,
+                     stop: asyncio.Event) -> None:
+        """``troupe agent stop``: the control plane sends no new runs; the running ones end
+        by themselves and are reported (``stop`` cuts the wait short)."""
+        await drain.wait()
+        print("troupe agent: draining: no new runs; stopping once the running ones have ended", flush=True)
+        link.tell(Announce(wire.Drain()))
+        while registry.names("run/") and not stop.is_set():
+            await asyncio.sleep(0.2)
+        await (await link.ask(Settled()))
 
     async def _one_shot(self, one_shot: _OneShot, link: ActorRef | ThreadActorRef) -> None:
         """Takes one run, waits until it is reported completely, and sets the exit code."""

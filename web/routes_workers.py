@@ -76,7 +76,7 @@ async def list_workers(request: web.Request) -> web.Response:
             snapshot = {
                 "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
                 "missing_node_types": [], "version": None, "one_shot": False, "machine_id": row["machine_id"],
-                "devices": [],
+                "devices": [], "mounts": {},
                 "inventory": None, "slots": [], "running_runs": []}
         failed = svc.failed_workers.get(row["name"])
         if failed is not None and live is None:
@@ -102,7 +102,8 @@ async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any
         rows.append({"name": name, "state": "failed" if failed else "connecting", "failed_reason": failed,
                      "ssh": session, "one_shot": False, "devices": [], "inventory": None, "slots": [],
                      "running_runs": [], "cards": [], "instances": [], "degraded": False, "draining": False,
-                     "missing_node_types": [], "version": None, "machine_id": None, "enrolled_at": None})
+                     "missing_node_types": [], "version": None, "machine_id": None, "enrolled_at": None,
+                     "mounts": {}})
     return rows
 
 

@@ -35,7 +35,7 @@ def enroll(server, **body):
 
 
 def start_agent(server, tmp_path, command: str, machine: str = "machine-1", **env_options):
-    args = command.split()[1:]  # drop "troupe"
+    args = [*command.split()[1:], "--foreground"]  # drop "troupe"; keep it attached to read its output
     return subprocess.Popen(troupe_cmd(*args), cwd=REPO, env=agent_env(server, tmp_path, machine, **env_options),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
