@@ -164,6 +164,8 @@ export function addWorkerDialog() {
         el("label", {}, "Run this on the worker, as the user that should execute runs:"),
         el("code", { class: "command", "data-join": "" }, reply.command), copyButton(reply.command),
         el("p", { class: "explain" }, `The token works ${reply.uses} time${reply.uses === 1 ? "" : "s"}, until ${expires}. `
+          + "The agent goes on in the background and prints where its log is (add --foreground to keep it in the "
+          + "terminal; troupe agent stop drains it). "
           + "The agent exchanges it for a credential of its own (kept in the agent's config directory, readable only by that "
           + "user), reports its cards and memory, and then waits for runs from this server. It reconnects by itself "
           + "after a network break; Remove revokes it."));
