@@ -110,6 +110,7 @@ class Agent:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
         runs: Supervisor[ActorRef] = Supervisor("runs")
+
         async def free_memory() -> dict[str, int]:
             found = await inventory.ask(Probe())
             return {card.uuid: card.memory_free_mib for card in found.cards}
