@@ -37,6 +37,7 @@ from protocol import worker as wire
 from protocol.settings import Settings
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
+from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache, SessionCache
 
 log = logging.getLogger("troupe.run")
@@ -198,6 +199,8 @@ class RunActor(Actor):
         if worker is not None:  # placed by target ``any``
             self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
             self._row["device"] = fields["device"] = started["device"]
+        if self._worker is None:  # this process executes it (a worker's child reports its own)
+            fields["execution_facts"] = execution_facts(CONTROL_PLANE)
         self._write(UpdateRun(self.run_id, fields))
         self._emit(ev.RUN_STARTED, None, started)
         if self._worker is not None:
@@ -389,6 +392,9 @@ class RunActor(Actor):
 
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False) -> None:
+        if kind == ev.ENVIRONMENT and remote:  # a fact of the run, not an event of its log
+            self._write(UpdateRun(self.run_id, {"execution_facts": payload}))
+            return
         payload, encoded, refused = ev.admit_event(kind, payload)
         if refused is None and remote and kind == ev.ARTIFACT:
             refused = _outside_run_dir(payload["path"])
@@ -407,6 +413,7 @@ class RunActor(Actor):
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
         elif kind == ev.ARTIFACT:
             self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), str(payload.get("path"))))
+
         self._emit(kind, node_id, payload, encoded)
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any], encoded: str | None = None) -> None:

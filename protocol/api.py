@@ -156,6 +156,8 @@ class RunDetail(RunRow):
     peak_memory_exact: bool | None = Field(
         default=None, description="true from a worker run's own process; false in the server, whose runs share one")
     out_of_memory: bool = False
+    execution_facts: dict[str, Any] | None = Field(
+        default=None, description="what executed the run: {fingerprint, fingerprint_digest, fingerprint_source}")
 
 
 class RunList(BaseModel):

@@ -25,6 +25,10 @@ LOG = "log"
 WARNING = "warning"
 RUN_FINISHED = "run_finished"
 ARTIFACT = "artifact"  # a file the run wrote: {"kind", "path"}
+# What executed a worker's run, from its child: {fingerprint, fingerprint_digest,
+# fingerprint_source}. A fact stored on the run, not an event of its log, so the event
+# sequence of a default submission stays as it was (DESIGN invariant 1).
+ENVIRONMENT = "environment"
 
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
@@ -33,6 +37,8 @@ VOCABULARY = frozenset(
 )
 # What node code (in-process or in a worker's run child) may emit.
 NODE_LEVEL = VOCABULARY - RUN_LEVEL
+# What a worker's run child may send: its nodes' events, and the fact of its environment.
+WORKER_KINDS = NODE_LEVEL | {ENVIRONMENT}
 
 # Run states.
 QUEUED = "queued"

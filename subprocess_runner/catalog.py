@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -141,6 +142,8 @@ class Catalog:
     types: dict[str, NodeType]
     packs: tuple[str, ...]
     broken_packs: dict[str, str] = field(default_factory=dict)
+    # Each pack's version and the modules its nodes' code lives in (for the fingerprint).
+    pack_sources: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def get(self, type_name: str) -> NodeType | None:
         return self.types.get(type_name)
@@ -162,13 +165,18 @@ class Catalog:
 def build_catalog(packs: Iterable[Pack]) -> Catalog:
     types: dict[str, NodeType] = {}
     names: list[str] = []
+    sources: dict[str, tuple[str, tuple[str, ...]]] = {}
     for pack in packs:
         names.append(pack.name)
+        modules = set()
         for node_type in pack.node_types:
             if node_type.type in types:
                 raise PackLoadError(f"pack {pack.name}: node type {node_type.type} is declared twice")
             types[node_type.type] = node_type
-    return Catalog(types=types, packs=tuple(names))
+            lazy_target = re.fullmatch(r"lazy\(([^:]+):.*\)", getattr(node_type.execute, "__name__", ""))
+            modules.add(lazy_target.group(1) if lazy_target else node_type.execute.__module__)
+        sources[pack.name] = (pack.version, tuple(sorted(modules)))
+    return Catalog(types=types, packs=tuple(names), pack_sources=sources)
 
 
 def load_catalog() -> Catalog:
@@ -194,4 +202,4 @@ def load_catalog() -> Catalog:
             continue
         packs[entry.name] = pack
     catalog = build_catalog(packs.values())
-    return Catalog(types=catalog.types, packs=catalog.packs, broken_packs=broken)
+    return Catalog(types=catalog.types, packs=catalog.packs, broken_packs=broken, pack_sources=catalog.pack_sources)

@@ -26,6 +26,8 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     from subprocess_runner.seeding import cap_threads
 
     cap_threads()
+    from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
+
     lock = threading.Lock()
     counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
 
@@ -44,6 +46,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
             payload = {**payload, "path": str(Path(payload["path"]).relative_to(run_dir))}
         send("event", kind, node_id, payload)
 
+    emit("environment", None, execution_facts(RUN_PROCESS))  # this process is what executes the run
     cancel = threading.Event()
 
     def listen() -> None:

@@ -46,6 +46,7 @@ from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import host_machine_id, parse_device, probe_accelerators, visible_cards
 from subprocess_runner.engine import prepare_executable_graph
+from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
@@ -114,6 +115,8 @@ class ControlPlane:
             await self.store.write(Prune(self.settings.run_retention_keep_last))
         assert store_ref.is_alive
         self.accelerators = probe_accelerators(self.settings.cuda_visible_devices) + _simulated(self.settings)
+        # Taken once per process (it reads the packs' files): not on the first run's start.
+        await asyncio.to_thread(execution_facts, CONTROL_PLANE)
         self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
         self.root.start_child(ChildSpec("placer", self._make_placer))
         await self._restore(found["adopted"], found["queued"])

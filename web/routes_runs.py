@@ -26,7 +26,7 @@ from protocol.graph import Graph
 from web.context import Services, services
 from web.errors import json_reply
 from web.queue_state import with_queue_reasons
-from web.requests import int_query, read_model, run_id_from
+from web.requests import RUN_ID, int_query, read_model, run_id_from
 
 routes = web.RouteTableDef()
 
@@ -51,7 +51,8 @@ def detail_row(row: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-_MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib", "peak_memory_exact", "out_of_memory")
+_MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib", "peak_memory_exact", "out_of_memory",
+                  "execution_facts")
 
 
 def warning_texts(warnings: list[Any]) -> list[str]:
@@ -139,6 +140,44 @@ async def get_run(request: web.Request) -> web.Response:
     svc = services(request)
     row = (await with_queue_reasons(svc, [await _get_row(svc, run_id_from(request))]))[0]
     return json_reply(detail_row(row))
+
+
+@routes.get("/api/runs/{run_id}/fingerprint")
+async def fingerprint(request: web.Request) -> web.Response:
+    """The run's environment fingerprint; with ``?against=OTHER``, also the fields in
+    which the two differ (equal digests: none)."""
+    svc = services(request)
+    row = await _get_row(svc, run_id_from(request))
+    facts = row.get("execution_facts")
+    if facts is None:
+        raise StateConflict(f"run {row['id']} has no fingerprint: it has not started", code="no_fingerprint")
+    reply: dict[str, Any] = {"run_id": row["id"], **facts}
+    other_id = request.query.get("against")
+    if other_id is not None:
+        if not RUN_ID.match(other_id):
+            raise InvalidRequest(f"{other_id[:80]!r} is not a run id (32 lowercase hex characters)",
+                                 pointer="?against")
+        other = await _get_row(svc, other_id)
+        theirs = other.get("execution_facts")
+        if theirs is None:
+            raise StateConflict(f"run {other['id']} has no fingerprint: it has not started", code="no_fingerprint",
+                                pointer="?against")
+        mine, yours = _flat(facts["fingerprint"]), _flat(theirs["fingerprint"])
+        reply["against"] = {
+            "run_id": other["id"], "fingerprint_digest": theirs["fingerprint_digest"],
+            "fingerprint_source": theirs["fingerprint_source"],
+            "differs": {key: {"this": mine.get(key), "other": yours.get(key)}
+                        for key in sorted(set(mine) | set(yours)) if mine.get(key) != yours.get(key)}}
+    return json_reply(reply)
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"torch": {"version": ...}}`` as ``{"torch.version": ...}``; packs by name."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+    if isinstance(value, list) and all(isinstance(item, dict) and "name" in item for item in value):
+        return {k: v for item in value for k, v in _flat(item, f"{prefix}{item['name']}.").items()}
+    return {prefix.rstrip("."): value}
 
 
 @routes.post("/api/runs/{run_id}/cancel")

@@ -106,7 +106,7 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             try:
                 frames = wire.parse_frames(message.data)
                 for frame in frames:
-                    if isinstance(frame, wire.RunEvent) and frame.kind not in ev.NODE_LEVEL:
+                    if isinstance(frame, wire.RunEvent) and frame.kind not in ev.WORKER_KINDS:
                         raise ValueError(f"event kind {frame.kind!r} is not the worker's to send")
             except (ValidationError, ValueError) as exc:
                 log.warning("worker %s sent a malformed frame: %s", name, exc)

@@ -121,9 +121,9 @@ RUN_COLUMNS = (
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
-    "peak_memory_exact", "out_of_memory", "one_shot", "duration_s",
+    "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts",
 )
-_JSON_COLUMNS = ("graph", "options", "warnings", "holds")
+_JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
 
 _TERMINAL = "('succeeded', 'failed', 'cancelled', 'interrupted')"

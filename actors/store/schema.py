@@ -241,6 +241,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN one_shot INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE runs ADD COLUMN duration_s REAL;
     """,
+    # 12: what executed a run (the environment fingerprint, schema 2), from the process that did.
+    """
+    ALTER TABLE runs ADD COLUMN execution_facts TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -160,6 +160,12 @@ async function renderDetails() {
     facts.push(["Peak memory", `${run.peak_memory_mib} MiB${run.peak_memory_exact ? ""
       : " (the server's process, shared by its runs: not exact)"}${run.out_of_memory ? ", ran out of memory" : ""}`]);
   }
+  if (run.execution_facts) {
+    const fp = run.execution_facts.fingerprint;
+    facts.push(["Environment", `${run.execution_facts.fingerprint_digest} (taken by ${run.execution_facts.fingerprint_source
+      === "run_process" ? "the run's own process" : "this server's process"}): troupe ${fp.troupe.version}, `
+      + `${fp.python}, torch ${fp.torch.version || "not installed"}`]);
+  }
   facts.push(["Error", run.error || ""]);
   if (run.error_detail) facts.push(["Error detail", run.error_detail]);
   document.getElementById("details-facts").replaceChildren(

@@ -1,0 +1,113 @@
+"""The environment fingerprint (schema 2): what executed a run, taken by the process that
+executed it (the server for its own runs, the run's child on a worker, so a worker whose
+checkout changed after its agent started is seen). Equal digests mean equal
+environments. Nothing here imports torch: its build and CUDA version are read from its
+installed files."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from protocol.version import __version__
+from subprocess_runner.catalog import load_catalog
+from subprocess_runner.devices import probe_accelerators
+
+SCHEMA = 2
+# The environment variables that change what a run computes or how fast.
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED", "TROUPE_CPUS", "XLA_FLAGS")
+CONTROL_PLANE, RUN_PROCESS = "control_plane", "run_process"
+_REPO = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=2)
+def execution_facts(source: str) -> dict[str, Any]:
+    """``{fingerprint, fingerprint_digest, fingerprint_source}`` of this process, taken
+    once: neither its code nor its environment changes while it lives (a worker's run
+    child is a new process for every run)."""
+    found = fingerprint()
+    body = json.dumps(found, sort_keys=True, separators=(",", ":"))
+    return {"fingerprint": found, "fingerprint_digest": hashlib.sha256(body.encode()).hexdigest()[:16],
+            "fingerprint_source": source}
+
+
+def fingerprint() -> dict[str, Any]:
+    return {**_static(), "accelerators": list(probe_accelerators(os.environ.get("CUDA_VISIBLE_DEVICES"))),
+            "env": {name: os.environ.get(name) for name in ENV_VARS}}
+
+
+@functools.lru_cache(maxsize=1)
+def _static() -> dict[str, Any]:
+    """What cannot change while this process lives (its code and its libraries)."""
+    catalog = load_catalog()
+    return {
+        "schema": SCHEMA,
+        "troupe": {"version": __version__, "commit": _commit()},
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "platform": platform.platform(),
+        "torch": {"version": _version("torch"), "cuda": _torch_cuda()},
+        "packs": [{"name": name, "version": version, "digest": _digest(modules)}
+                  for name, (version, modules) in sorted(catalog.pack_sources.items())],
+    }
+
+
+def _commit() -> str | None:
+    """The checkout's commit, read from .git without running git."""
+    git = _REPO / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head.removeprefix("ref: ")
+        if (git / ref).exists():
+            return (git / ref).read_text().strip()
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(f" {ref}"):
+                return line.split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_cuda() -> str | None:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\s*(?::\s*\S+)?\s*=\s*['\"]?([^'\"\n]+)['\"]?", text, re.MULTILINE)
+    return None if found is None or found.group(1) == "None" else found.group(1)
+
+
+def _digest(modules: tuple[str, ...]) -> str | None:
+    """The content of a pack's code: its modules' source files, found without importing them."""
+    digest = hashlib.sha256()
+    for name in modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+            digest.update(f"{name}:missing".encode())
+            continue
+        digest.update(name.encode())
+        digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()[:16]
