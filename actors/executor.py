@@ -49,6 +49,7 @@ class Execute:
     cpu_gate: CpuGate | None = None
     # The editor session's node cache: interactive runs of an editor only.
     cache: SessionCache | None = None
+    provenance: str | None = None  # ``identity`` or ``content``: files read are recorded
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -115,7 +116,7 @@ def start(pool: Executor, message: Execute, loop: asyncio.AbstractEventLoop, run
 def _execute(message: Execute, courier: _Courier) -> None:
     ctx = ExecutionContext(
         message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel,
-        deterministic=message.deterministic, run_dir=message.run_dir,
+        deterministic=message.deterministic, run_dir=message.run_dir, provenance=message.provenance,
     )
     try:
         outcome = execute_graph(

@@ -220,6 +220,7 @@ class RunActor(Actor):
                 run_dir=self._settings.home / "runs" / self.run_id,
                 cpu_gate=self._cpu_gate(),
                 cache=self._editor_cache(),
+                provenance=(self._row.get("options") or {}).get("provenance"),
             ),
             asyncio.get_running_loop(),
             self.ref,
@@ -245,7 +246,8 @@ class RunActor(Actor):
                                 deterministic=bool(self._row.get("deterministic")), devices=self._devices(),
                                 max_parallel=self._settings.max_parallel_nodes,
                                 memory_budget_mib=self._row.get("memory_budget_mib") if self._caps else None,
-                                memory_total_mib=self._caps)
+                                memory_total_mib=self._caps,
+                                provenance=(self._row.get("options") or {}).get("provenance"))
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))

@@ -56,7 +56,9 @@ class RunOptions(BaseModel):
     lane: Literal["queued", "interactive"] = "queued"
     editor_session: str | None = Field(default=None, min_length=1, max_length=128)
     target: Target | None = Field(default=None, description="a worker placement; needs an enrolled worker")
-    provenance: StrictBool = False
+    provenance: Literal["identity", "content"] | None = Field(
+        default=None, description="record what dataset and weight files the run reads: by identity (path, size, "
+                                  "mtime) or by content (sha256)")
 
 
 class SubmitRun(BaseModel):

@@ -29,11 +29,13 @@ ARTIFACT = "artifact"  # a file the run wrote: {"kind", "path"}
 # fingerprint_source}. A fact stored on the run, not an event of its log, so the event
 # sequence of a default submission stays as it was (DESIGN invariant 1).
 ENVIRONMENT = "environment"
+# A file a node read, with provenance on: {kind, ref, size, mode, mtime | sha256}.
+PROVENANCE = "provenance"
 
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
-     ARTIFACT, NODE_QUEUED}
+     ARTIFACT, NODE_QUEUED, PROVENANCE}
 )
 # What node code (in-process or in a worker's run child) may emit.
 NODE_LEVEL = VOCABULARY - RUN_LEVEL

@@ -123,6 +123,7 @@ class Assign(_Frame):
     # cap (a fraction of the card's total) before the graph starts.
     memory_budget_mib: int | None = Field(default=None, ge=1)
     memory_total_mib: dict[str, int] = Field(default_factory=dict)  # device -> the card's total
+    provenance: Literal["identity", "content"] | None = None  # record the files the run reads
 
 
 class CancelRun(_Frame):

@@ -68,7 +68,8 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     try:
         graph = prepare_executable_graph(assign["graph"])
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
-                               deterministic=bool(assign.get("deterministic")), run_dir=run_dir)
+                               deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
+                               provenance=assign.get("provenance"))
         outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it

@@ -73,6 +73,7 @@ class ExecutionContext:
         deterministic: bool = False,
         run_dir: Path | None = None,
         threads: int | None = None,
+        provenance: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -86,6 +87,8 @@ class ExecutionContext:
         # The node's thread cap (its declared cpus, else its share of the process cap);
         # numeric libraries size their pools to it. None: the process cap.
         self.threads = threads
+        # ``identity`` or ``content``: what a node that reads a dataset or weights records.
+        self.provenance = provenance
 
     @property
     def node_seed(self) -> int | None:
@@ -96,8 +99,25 @@ class ExecutionContext:
     def for_node(self, node_id: str, threads: int | None = None) -> ExecutionContext:
         return ExecutionContext(
             self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
-            deterministic=self.deterministic, run_dir=self.run_dir, threads=threads,
+            deterministic=self.deterministic, run_dir=self.run_dir, threads=threads, provenance=self.provenance,
         )
+
+    def reading(self, kind: str, path: Path) -> None:
+        """A node reads ``path`` (``dataset``, ``checkpoint``): with provenance on, what it
+        read is recorded now, by identity (size, mtime) or by content (sha256)."""
+        if self.provenance is None:
+            return
+        stat = path.stat()
+        record: dict[str, Any] = {"kind": kind, "ref": str(path), "size": stat.st_size, "mode": self.provenance}
+        if self.provenance == "content":
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            record["sha256"] = digest.hexdigest()
+        else:
+            record["mtime"] = stat.st_mtime
+        self.sinks.emit("provenance", self.node_id, record)
 
     def files(self, kind: str) -> Path:
         """A folder of this run for files of ``kind`` (``checkpoints``), created."""

@@ -78,6 +78,8 @@ def openapi_document(version: str) -> dict[str, Any]:
             _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {**_SEQ, "minimum": 1})))},
         "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, params=(
             _RUN_ID, ("after", "query", _SEQ)))},
+        "/api/runs/{run_id}/provenance": {"get": _op("The dataset and weight files the run read (with provenance on)",
+                                                     None, params=(_RUN_ID,))},
         "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs", None,
                                                       params=(_RUN_ID, ("against", "query", "string")))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(

@@ -16,7 +16,7 @@ from actors.errors import RunNotFound
 from actors.placer import Submit
 from actors.resources import read_flavors
 from actors.run import Cancel
-from actors.store.events import GetEvents, GetMetrics, GetOutputs
+from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun, ListRuns
 from actors.submission import build_row
 from protocol import events as ev
@@ -169,6 +169,17 @@ async def fingerprint(request: web.Request) -> web.Response:
             "differs": {key: {"this": mine.get(key), "other": yours.get(key)}
                         for key in sorted(set(mine) | set(yours)) if mine.get(key) != yours.get(key)}}
     return json_reply(reply)
+
+
+@routes.get("/api/runs/{run_id}/provenance")
+async def provenance(request: web.Request) -> web.Response:
+    """What dataset and weight files the run read, recorded by each reading node at the
+    moment it read, by identity or by content (the two are never compared)."""
+    svc = services(request)
+    row = await _get_row(svc, run_id_from(request))
+    records = await svc.store.read(EventsOfType(row["id"], ev.PROVENANCE))
+    return json_reply({"run_id": row["id"], "mode": (row.get("options") or {}).get("provenance"),
+                       "records": [{"node_id": e["node_id"], "ts": e["ts"], **e["payload"]} for e in records]})
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

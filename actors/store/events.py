@@ -61,6 +61,14 @@ class GetEvents:
 
 
 @dataclass(frozen=True)
+class EventsOfType:
+    """Every event of one type of a run, in order (its provenance records)."""
+
+    run_id: str
+    type: str
+
+
+@dataclass(frozen=True)
 class GetMetrics:
     run_id: str
 
@@ -132,6 +140,11 @@ def get_events(
     return events, None
 
 
+def events_of_type(conn: apsw.Connection, run_id: str, kind: str) -> list[dict[str, Any]]:
+    return [ev.stored_event(seq, kind, ts, node_id, payload) for seq, ts, node_id, payload in conn.execute(
+        "SELECT seq, ts, node_id, payload FROM events WHERE run_id = ? AND type = ? ORDER BY seq", (run_id, kind))]
+
+
 def get_metrics(conn: apsw.Connection, run_id: str) -> dict[str, list[dict[str, Any]]]:
     series: dict[str, list[dict[str, Any]]] = {}
     for name, step, value, non_finite, ts in conn.execute(
@@ -190,6 +203,7 @@ WRITES: Table = {
 }
 READS: Table = {
     GetEvents: lambda s, m: get_events(s.conn, m.run_id, m.after, m.tail, m.cap_bytes),
+    EventsOfType: lambda s, m: events_of_type(s.conn, m.run_id, m.type),
     GetMetrics: lambda s, m: get_metrics(s.conn, m.run_id),
     GetOutputs: lambda s, m: get_outputs(s.conn, m.run_id, m.node_id),
 }

@@ -86,6 +86,7 @@ def synthetic_regression(ctx: Any, inputs: dict[str, Any], params: dict[str, Any
 def csv_dataset(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     prepare(ctx)
     path = Path(params["path"]).expanduser()
+    ctx.reading("dataset", path)
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     if not rows:

@@ -120,6 +120,7 @@ def load_checkpoint(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) ->
     path = Path(params["path"]).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
+    ctx.reading("checkpoint", path)
     model: torch.nn.Module = inputs["model"]
     model.load_state_dict(torch.load(path, weights_only=True))
     return {"model": model}
