@@ -37,6 +37,7 @@ class WorkerOffer:
     one_shot: bool = False  # an agent in a batch job: one run, then it exits
     spent: bool = False  # a one-shot agent that has taken its run
     deadline: float | None = None  # when its batch job ends (epoch seconds)
+    mounts: frozenset[str] = frozenset()  # the storage labels it holds
 
     @property
     def card_count(self) -> int:
@@ -132,7 +133,8 @@ class WorkerBook:
             return WorkerOffer(pool, (), UNKNOWN_CPUS, node_types, cards=UNKNOWN_CPUS, one_shot=pool == ONE_SHOT)
         largest = max(offers, key=lambda offer: (offer.card_count, offer.cpus))
         return WorkerOffer(pool, tuple(sorted({d for offer in offers for d in offer.devices})),
-                           largest.cpus, node_types, cards=largest.card_count, one_shot=pool == ONE_SHOT)
+                           largest.cpus, node_types, cards=largest.card_count, one_shot=pool == ONE_SHOT,
+                           mounts=frozenset().union(*(offer.mounts for offer in offers)))
 
     def _check_wait(self, wait: bool | None, candidates: list[str]) -> None:
         """``wait: false`` refuses the run at once when no candidate worker is connected

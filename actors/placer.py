@@ -37,9 +37,12 @@ from actors.store.sweeps import CreateSweep
 from protocol import events as ev
 from protocol.settings import POOL_PREFIXES
 from subprocess_runner.engine import ExecutableGraph
+from subprocess_runner.mounts import labels_of
 
 log = logging.getLogger("troupe.placer")
 
+# A storage label a run for a pool reads from, beside the node types it needs of a worker.
+MOUNT_NEED = "mount:"
 # A budget from a measured peak leaves this much room above it (001).
 PEAK_MARGIN = 1.2
 
@@ -218,8 +221,9 @@ class Placer(Actor):
                     await self._drain()
             case WorkerOnline(offer, devices, draining, cards):
                 self._workers.online(offer, draining)
-                await self._slots.online(offer.name, devices, draining, offer.node_types, cards, offer.one_shot,
-                                         offer.spent, offer.deadline)
+                await self._slots.online(offer.name, devices, draining,
+                                         offer.node_types | {f"{MOUNT_NEED}{label}" for label in offer.mounts},
+                                         cards, offer.one_shot, offer.spent, offer.deadline)
             case CardMemory(_, free_mib):
                 await self._slots.card_memory(free_mib)
             case CardPolicy(physical, sharing, reserved_mib):
@@ -329,8 +333,9 @@ class Placer(Actor):
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
-            if key.startswith(POOL_PREFIXES):
-                self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ()))
+            if key.startswith(POOL_PREFIXES):  # what a worker must have: node types, storage labels
+                self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ())) | {
+                    f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"])}
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,

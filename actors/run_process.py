@@ -44,9 +44,11 @@ class _Exited:
 
 
 class RunProcess(Actor):
-    def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0) -> None:
+    def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
+                 mounts: dict[str, str] | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
+        self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -61,7 +63,8 @@ class RunProcess(Actor):
         context = multiprocessing.get_context("spawn")
         parent, child_end = context.Pipe()
         self._conn = parent
-        self._process = context.Process(target=child.main, args=(child_end, self._assign.model_dump()),
+        assign = {**self._assign.model_dump(), "mounts": self._mounts}
+        self._process = context.Process(target=child.main, args=(child_end, assign),
                                         name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
         self._process.start()
         child_end.close()

@@ -23,6 +23,8 @@ from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
+from subprocess_runner.mounts import labels_of
+from subprocess_runner.mounts import resolve as resolve_mounts
 
 
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
@@ -68,8 +70,11 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
                                            "this server lends (TROUPE_CPUS)")
     resolved = resolve(graph_doc, options, flavors or {}, prefix, machine, worker is not None)
-    graph, graph_json = _prepared(resolved.graph, catalog, prefix)
-    if resolved.graph is not graph_doc:  # stored as submitted: the next run reads its flavors again
+    engine_doc = _with_own_mounts(resolved.graph, settings, prefix) if worker is None else resolved.graph
+    if worker is not None:
+        _check_mounts(worker, graph_doc, prefix)
+    graph, graph_json = _prepared(engine_doc, catalog, prefix)
+    if engine_doc is not graph_doc:  # stored as submitted: the next run reads its flavors and mounts again
         graph_json = graph_doc.model_dump(mode="json", exclude_none=True)
     memory_gib = resolved.memory_gib
     if memory_gib is not None and worker is None:
@@ -101,6 +106,29 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         **extra,
     }
     return row, graph
+
+
+def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph:
+    """A run in this server: its label references become this server's paths."""
+    document = graph_doc.model_dump(mode="json", exclude_none=True)
+    if not labels_of(document):
+        return graph_doc
+    try:
+        return Graph.model_validate(resolve_mounts(document, settings.mounts))
+    except ValueError as exc:
+        raise InvalidRequest(f"{exc}; this server mounts "
+                             + (f"{settings.mount_label} (TROUPE_MOUNT_LABEL) at {settings.mount_path}"
+                                if settings.mount_path else "nothing (set TROUPE_MOUNT_PATH)"),
+                             pointer=f"{prefix}/nodes", code="mount_unavailable") from None
+
+
+def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str) -> None:
+    """A named worker must hold every label the graph reads from; ``any`` skips those that do not."""
+    lacking = labels_of(graph_doc.model_dump(mode="json", exclude_none=True)) - worker.mounts
+    if lacking and worker.name not in (ANY, ONE_SHOT):
+        raise InvalidRequest(f"worker {worker.name} lacks the storage label(s) {', '.join(sorted(lacking))} this "
+                             f"graph reads from (it has {', '.join(sorted(worker.mounts)) or 'none'}; agents declare "
+                             "them with --mount LABEL=PATH)", pointer=f"{prefix}/nodes", code="worker_lacks_mount")
 
 
 def graph_digest(graph_json: dict[str, Any]) -> str:

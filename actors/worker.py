@@ -319,7 +319,8 @@ class WorkerConnection(Actor):
             return
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, frozenset(self._hello.node_types),
-                            one_shot=self._hello.one_shot, spent=self._hello.spent, deadline=self._hello.deadline)
+                            one_shot=self._hello.one_shot, spent=self._hello.spent, deadline=self._hello.deadline,
+                            mounts=frozenset(self._hello.mounts))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
         placer.tell(WorkerOnline(offer, self._devices(), self._draining, cards))

@@ -71,7 +71,15 @@ class Settings:
     cuda_visible_devices: str | None = None
     # What a run's CUDA context takes on a card beside its budget (shared cards).
     cuda_context_mib: int = 500
+    # This server's own storage label and where it is mounted here (None: no label).
+    mount_label: str = "data"
+    mount_path: Path | None = None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def mounts(self) -> dict[str, str]:
+        """This server's storage labels: label -> path here."""
+        return {self.mount_label: str(self.mount_path)} if self.mount_path is not None else {}
 
     def line_limit(self, queue_key: str) -> int:
         """How many runs the queue of ``queue_key`` hands on at once. A worker's device
@@ -144,6 +152,8 @@ class Settings:
             simulated_accelerators=reader.devices("TROUPE_SIMULATED_ACCELERATORS"),
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
             cuda_context_mib=reader.integer("TROUPE_EXECUTION_CUDA_CONTEXT_MIB", 500, minimum=0),
+            mount_label=environ.get("TROUPE_MOUNT_LABEL", "data").strip() or "data",
+            mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
             warnings=tuple(warnings),
         )
 

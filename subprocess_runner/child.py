@@ -23,6 +23,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
     from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
+    from subprocess_runner.mounts import resolve as resolve_mounts
     from subprocess_runner.seeding import cap_threads
 
     cap_threads()
@@ -66,7 +67,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
         apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
                   lambda message: emit("log", None, {"message": message}))
     try:
-        graph = prepare_executable_graph(assign["graph"])
+        graph = prepare_executable_graph(resolve_mounts(assign["graph"], assign.get("mounts") or {}))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"))
