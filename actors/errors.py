@@ -113,3 +113,13 @@ class FlavorInUse(StateConflict):
     """Raised when deleting a flavor that a run, sweep or study that is not over uses."""
 
     code = "flavor_in_use"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class FileInUse(StateConflict):
+    """Raised when deleting an upload that a queued or executing run still names."""
+
+    code = "file_in_use"

@@ -11,6 +11,7 @@ import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from actors.eligibility import ANY, ONE_SHOT, WorkerOffer
@@ -19,7 +20,7 @@ from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
-from protocol.settings import Settings
+from protocol.settings import UPLOAD_LABEL, Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
@@ -114,7 +115,14 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
     if not labels_of(document):
         return graph_doc
     try:
-        return Graph.model_validate(resolve_mounts(document, settings.mounts))
+        resolved = resolve_mounts(document, settings.mounts)
+        for before, after in zip(document["nodes"], resolved["nodes"], strict=True):
+            ref = str((before.get("params") or {}).get("path"))
+            if ref.startswith(f"{UPLOAD_LABEL}:") and not Path(after["params"]["path"]).is_file():
+                raise InvalidRequest(f"node {before['id']}: no uploaded file {ref.split(':', 1)[1]!r} (GET /api/files "
+                                     "lists them)", pointer=f"{prefix}/nodes", node_id=before["id"],
+                                     code="file_not_found")
+        return Graph.model_validate(resolved)
     except ValueError as exc:
         raise InvalidRequest(f"{exc}; this server mounts "
                              + (f"{settings.mount_label} (TROUPE_MOUNT_LABEL) at {settings.mount_path}"
@@ -125,6 +133,10 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
 def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str) -> None:
     """A named worker must hold every label the graph reads from; ``any`` skips those that do not."""
     lacking = labels_of(graph_doc.model_dump(mode="json", exclude_none=True)) - worker.mounts
+    if UPLOAD_LABEL in lacking:
+        raise InvalidRequest("this graph reads an uploaded file (upload:...), which only runs in this server can read "
+                             "for now: moving uploads to workers is not built yet; put the file on a label the worker "
+                             "mounts, or drop the target", pointer=f"{prefix}/nodes", code="upload_needs_transfer")
     if lacking and worker.name not in (ANY, ONE_SHOT):
         raise InvalidRequest(f"worker {worker.name} lacks the storage label(s) {', '.join(sorted(lacking))} this "
                              f"graph reads from (it has {', '.join(sorted(worker.mounts)) or 'none'}; agents declare "

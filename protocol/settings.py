@@ -21,6 +21,8 @@ ANY_PREFIX = "any/"
 # Runs for the one-shot pool (batch jobs' agents) wait on ``one-shot/<device>``.
 ONE_SHOT_PREFIX = "one-shot/"
 POOL_PREFIXES = (ANY_PREFIX, ONE_SHOT_PREFIX)
+# ``upload:<file id>`` names a file uploaded to this server (POST /api/files).
+UPLOAD_LABEL = "upload"
 ANY_QUEUE_LIMIT = 1_000_000
 # A queue key a per-key limit may name: a device, or a worker's (or any's) device.
 _QUEUE_KEY = re.compile(r"(?:[a-z0-9][a-z0-9_.-]{0,63}/)?(?:cpu|cuda(?::\d{1,3})?|mps(?::\d{1,3})?|auto)")
@@ -74,12 +76,14 @@ class Settings:
     # This server's own storage label and where it is mounted here (None: no label).
     mount_label: str = "data"
     mount_path: Path | None = None
+    upload_max_mb: int = 1024  # the largest file POST /api/files takes
     warnings: tuple[str, ...] = ()
 
     @property
     def mounts(self) -> dict[str, str]:
-        """This server's storage labels: label -> path here."""
-        return {self.mount_label: str(self.mount_path)} if self.mount_path is not None else {}
+        """This server's storage labels: label -> path here; ``upload`` is its uploads."""
+        own = {self.mount_label: str(self.mount_path)} if self.mount_path is not None else {}
+        return {**own, UPLOAD_LABEL: str(self.home / "files")}
 
     def line_limit(self, queue_key: str) -> int:
         """How many runs the queue of ``queue_key`` hands on at once. A worker's device
@@ -154,6 +158,7 @@ class Settings:
             cuda_context_mib=reader.integer("TROUPE_EXECUTION_CUDA_CONTEXT_MIB", 500, minimum=0),
             mount_label=environ.get("TROUPE_MOUNT_LABEL", "data").strip() or "data",
             mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
+            upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
             warnings=tuple(warnings),
         )
 

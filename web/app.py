@@ -13,6 +13,7 @@ from actors.base import Exit
 from web import (
     routes_editor,
     routes_export,
+    routes_files,
     routes_flavors,
     routes_meta,
     routes_plugins,
@@ -67,6 +68,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_plugins.routes)
     app.add_routes(routes_workers.routes)
     app.add_routes(routes_flavors.routes)
+    app.add_routes(routes_files.routes)
     app.add_routes(ws_worker.routes)
     app.router.add_post(LOGIN_LINKS_PATH, _login_link)
     if (STATIC / "index.html").exists():

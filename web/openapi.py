@@ -138,6 +138,11 @@ def openapi_document(version: str) -> dict[str, Any]:
                                               params=(("name", "path", "string"),), mutation=True)},
         "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
                                                   params=(("name", "path", "string"),), mutation=True)},
+        "/api/files": {"get": _op("Every uploaded file", None),
+                       "post": _op("Upload a file (multipart, field file) for runs to read as upload:<id>", None,
+                                   status="201", mutation=True)},
+        "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,
+                                               params=(("file_id", "path", "string"),), mutation=True)},
         "/api/flavors": {"get": _op("Every flavor (a named size)", None),
                          "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
         "/api/flavors/{name}": {

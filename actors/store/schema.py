@@ -241,9 +241,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN one_shot INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE runs ADD COLUMN duration_s REAL;
     """,
-    # 12: what executed a run (the environment fingerprint, schema 2), from the process that did.
+    # 12: what executed a run (the environment fingerprint, schema 2), from the process that
+    # did; and uploaded files (their bytes live under TROUPE_HOME/files, named by id).
     """
     ALTER TABLE runs ADD COLUMN execution_facts TEXT;
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
     """,
 )
 

@@ -1,0 +1,72 @@
+"""Uploaded files: their rows. The bytes live under ``TROUPE_HOME/files``, named by id,
+written by the upload route before the row; a file still named by a run that is queued or
+executing cannot be deleted. Called only from the store's thread."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from actors.errors import FileInUse, FileNotFound
+from actors.store.table import Session, Table
+from protocol import events as ev
+
+_COLUMNS = ("id", "name", "size", "sha256", "created_at")
+
+# Messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """The same content uploaded again is the same file (its id is its hash's head)."""
+
+    file: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteFile:
+    file_id: str
+
+
+@dataclass(frozen=True)
+class ListFiles:
+    pass
+
+
+# SQL ---------------------------------------------------------------------------
+
+
+def add(conn: apsw.Connection, file: Mapping[str, Any]) -> dict[str, Any]:
+    conn.execute("INSERT OR REPLACE INTO files(id, name, size, sha256, created_at) VALUES (?, ?, ?, ?, ?)",
+                 (file["id"], file["name"], file["size"], file["sha256"], ev.utc_now()))
+    return list_files(conn, file["id"])[0]
+
+
+def list_files(conn: apsw.Connection, file_id: str | None = None) -> list[dict[str, Any]]:
+    query = f"SELECT {', '.join(_COLUMNS)} FROM files" + (" WHERE id = ?" if file_id else "") + " ORDER BY created_at"
+    return [dict(zip(_COLUMNS, row, strict=True)) for row in conn.execute(query, (file_id,) if file_id else ())]
+
+
+def delete(session: Session, file_id: str) -> None:
+    if not list_files(session.conn, file_id):
+        raise FileNotFound(f"no uploaded file {file_id}")
+    users = [run_id for (run_id,) in session.conn.execute(
+        "SELECT id FROM runs WHERE status IN ('queued', 'running', 'disconnected') AND graph LIKE ?",
+        (f'%"upload:{file_id}"%',))]
+    if users:
+        raise FileInUse(f"file {file_id} is read by run(s) {', '.join(users[:10])}, which are not over; delete it "
+                        "once they are")
+    session.conn.execute("DELETE FROM files WHERE id = ?", (file_id,))
+    (session.runs_dir.parent / "files" / file_id).unlink(missing_ok=True)
+
+
+WRITES: Table = {
+    AddFile: lambda s, op: add(s.conn, op.file),
+    DeleteFile: lambda s, op: delete(s, op.file_id),
+}
+READS: Table = {
+    ListFiles: lambda s, m: list_files(s.conn),
+}

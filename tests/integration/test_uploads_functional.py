@@ -1,0 +1,67 @@
+"""Uploads (issue 16, point 1): a file posted to ``/api/files`` is read by runs in this
+server as ``upload:<file id>``; the same content is one file; a file a live run reads is
+not deleted from under it."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import urllib.parse
+
+from tests.helpers import graph, node
+
+ROWS = ("a,b,y\n" + "".join(f"{i},{i * 5},{i % 2}\n" for i in range(30))).encode()
+
+
+def upload(server, content: bytes, name: str = "train.csv", token: bool = True) -> tuple[int, dict]:
+    boundary = "troupe-test-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+            "Content-Type: text/csv\r\n\r\n").encode() + content + f"\r\n--{boundary}--\r\n".encode()
+    parsed = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    if token:
+        headers["Authorization"] = f"Bearer {server.token}"
+    conn.request("POST", "/api/files", body=body, headers=headers)
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    return response.status, reply
+
+
+def test_an_upload_is_read_by_a_run_here_and_kept_while_a_run_reads_it(make_server):
+    server = make_server(TROUPE_UPLOAD_MAX_MB="1")
+    status, made = upload(server, ROWS)
+    assert status == 201 and made["sha256"] == hashlib.sha256(ROWS).hexdigest() and made["size"] == len(ROWS)
+    assert made["ref"] == f"upload:{made['file_id']}" and made["file_id"] == made["sha256"][:32]
+    assert upload(server, ROWS, "again.csv")[1]["file_id"] == made["file_id"]  # one content, one file
+    reader = graph(node("csv", "torch.CSVDataset", path=made["ref"], target="y"))
+    run_id = server.submit(reader, provenance="content")["run_id"]
+    assert server.events_until_finished(run_id, timeout=90)[-1]["payload"]["status"] == "succeeded"
+    assert server.get(f"/api/runs/{run_id}/provenance")["records"][0]["sha256"] == made["sha256"]
+    slow = graph(node("z", "core.Sleep", seconds=60), node("csv", "torch.CSVDataset", path=made["ref"], target="y"))
+    busy = server.submit(slow)["run_id"]
+    server.wait_status(busy, "running")
+    status, reply = server.client.request("DELETE", f"/api/files/{made['file_id']}")
+    assert (status, reply["error"]["code"]) == (409, "file_in_use") and busy in reply["error"]["message"]
+    server.client.request("POST", f"/api/runs/{busy}/cancel")
+    server.events_until_finished(busy)
+    assert server.client.request("DELETE", f"/api/files/{made['file_id']}")[0] == 200
+    assert server.get("/api/files")["files"] == []
+    gone = server.submit(reader, expect=400)["error"]
+    assert gone["code"] == "file_not_found"
+
+
+def test_refusals_too_large_no_token_and_a_worker_target(make_server):
+    server = make_server(TROUPE_UPLOAD_MAX_MB="1")
+    status, reply = upload(server, b"x" * (1024 * 1024 + 1))
+    assert (status, reply["error"]["code"]) == (413, "payload_too_large")
+    assert server.get("/api/files")["files"] == []  # nothing half-written is listed
+    assert upload(server, ROWS, token=False)[0] == 401
+    made = upload(server, ROWS)[1]
+    reader = graph(node("csv", "torch.CSVDataset", path=made["ref"], target="y"))
+    error = server.submit(reader, expect=400, target={"worker": "any"})["error"]
+    assert error["code"] == "upload_needs_transfer"
+    status, reply = server.client.request("POST", "/api/files", {"file": "not multipart"})
+    assert status == 400 and reply["error"]["code"] == "invalid_request"

@@ -1,0 +1,68 @@
+"""``/api/files``: files uploaded for runs to read as ``upload:<file id>``. The bytes are
+streamed to ``TROUPE_HOME/files`` and hashed on the way in; the file's id is the head of
+its sha256, so the same content uploaded twice is one file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from aiohttp import BodyPartReader, web
+
+from actors.store.files import AddFile, DeleteFile, ListFiles
+from protocol.errors import InvalidRequest, PayloadTooLarge
+from web.context import services
+from web.errors import json_reply
+from web.requests import hex_id
+
+routes = web.RouteTableDef()
+_CHUNK = 1 << 20
+
+
+@routes.post("/api/files")
+async def upload(request: web.Request) -> web.Response:
+    svc = services(request)
+    if not request.content_type.startswith("multipart/"):
+        raise InvalidRequest("send the file as multipart/form-data, in a field named file", pointer="")
+    reader = await request.multipart()
+    part = await reader.next()
+    while part is not None and getattr(part, "name", None) != "file":
+        part = await reader.next()
+    if not isinstance(part, BodyPartReader):
+        raise InvalidRequest("the form has no field named file", pointer="/file")
+    folder = svc.settings.home / "files"
+    folder.mkdir(parents=True, exist_ok=True)
+    limit = svc.settings.upload_max_mb * 1024 * 1024
+    digest, size = hashlib.sha256(), 0
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".upload-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            while chunk := await part.read_chunk(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
+                digest.update(chunk)
+                out.write(chunk)
+        sha256 = digest.hexdigest()
+        file_id = sha256[:32]
+        os.replace(temporary, folder / file_id)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    name = Path(part.filename or "upload").name[:255]
+    row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256}))
+    return json_reply({"file_id": row["id"], "name": row["name"], "size": row["size"], "sha256": row["sha256"],
+                       "ref": f"upload:{row['id']}"}, status=201)
+
+
+@routes.get("/api/files")
+async def list_files(request: web.Request) -> web.Response:
+    return json_reply({"files": await services(request).store.read(ListFiles())})
+
+
+@routes.delete("/api/files/{file_id}")
+async def delete_file(request: web.Request) -> web.Response:
+    file_id = hex_id(request, "file")
+    await services(request).store.write(DeleteFile(file_id))
+    return json_reply({"file_id": file_id, "deleted": True})
