@@ -134,3 +134,23 @@ def test_a_node_names_a_flavor_in_the_inspector_and_the_run_gets_its_size(open_p
     assert detail["warnings"] == ["node s asks for 3 cpus; this server lends (TROUPE_CPUS) 1: cut down to 1"]
     assert events[-1]["payload"]["status"] == "succeeded"
     assert errors == []
+
+
+def test_a_file_param_takes_an_upload_and_the_run_reads_it(open_page, tmp_path):
+    server, tab, errors = open_page()
+    data = tmp_path / "train.csv"
+    data.write_text("a,b,y\n" + "".join(f"{i},{i * 7},{i % 2}\n" for i in range(30)))
+    tab.get_by_role("button", name="New").click()
+    add(tab, "torch.CSVDataset")
+    set_param(tab, "csvdataset1", "target", "y")
+    tab.locator('#inspector input[data-upload="path"]').set_input_files(str(data))
+    expect(tab.locator("#inspector [data-upload-note]")).to_contain_text("uploaded train.csv")
+    ref = tab.locator('#inspector [data-param="path"]').input_value()
+    (made,) = server.get("/api/files")["files"]
+    assert ref == f"upload:{made['id']}" and made["name"] == "train.csv"
+    tab.get_by_role("button", name="Queue on…").click()
+    tab.locator("dialog[open]").get_by_role("button", name="Queue").click()
+    expect(tab.locator("#editor-status")).to_contain_text("queued")
+    run = server.get("/api/runs?limit=1")["runs"][0]
+    assert server.events_until_finished(run["id"], timeout=90)[-1]["payload"]["status"] == "succeeded"
+    assert errors == []

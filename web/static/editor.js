@@ -3,7 +3,7 @@
 // page's editor session, and the "Queue on..." dialog. The canvas draws; this module decides.
 
 import { Canvas, NODE_WIDTH, nodeHeight } from "./canvas.js";
-import { MUTATION_HEADERS, api, el, openDialog, showMessage } from "./util.js";
+import { MUTATION_HEADERS, api, el, openDialog, showMessage, uploadFile } from "./util.js";
 
 const catalog = new Map();
 const session = crypto.randomUUID().replace(/-/g, "");
@@ -160,9 +160,27 @@ function paramInput(node, param) {
       value: value ?? "", placeholder: param.default !== undefined ? String(param.default) : "required",
       oninput: (e) => set(e.target.value === "" ? "" : Number(e.target.value)) });
   }
-  return el("input", { ...common, type: param.type === "secret" ? "password" : "text", autocomplete: "off",
+  const input = el("input", { ...common, type: param.type === "secret" ? "password" : "text", autocomplete: "off",
     value: value ?? "", placeholder: param.default !== undefined ? String(param.default) : "required",
     oninput: (e) => set(e.target.value) });
+  if (param.name !== "path") return input;
+  // A file param: a path here, label:relative on any machine that mounts the label, or
+  // a file uploaded to this server (upload:<id>).
+  const note = el("span", { class: "muted", "data-upload-note": "" });
+  const picker = el("input", { type: "file", hidden: true, "data-upload": param.name, onchange: async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    try {
+      const made = await uploadFile(file);
+      input.value = made.ref;
+      set(made.ref);
+      note.textContent = ` uploaded ${made.name} (${made.size} bytes)`;
+    } catch (error) {
+      note.textContent = ` upload refused: ${error.message}`;
+    }
+  } });
+  return el("div", { class: "file-param" }, input,
+    el("button", { type: "button", onclick: () => picker.click() }, "Upload…"), picker, note);
 }
 
 async function inspect() {

@@ -26,6 +26,17 @@ export async function api(method, path, body, extra = {}) {
   return data;
 }
 
+// A file for runs to read (multipart: the browser sets the boundary).
+export async function uploadFile(file) {
+  const form = new FormData();
+  form.append("file", file, file.name);
+  const response = await fetch("/api/files", { method: "POST", headers: { Accept: "application/json", ...MUTATION_HEADERS },
+    body: form });
+  const data = await response.json();
+  if (!response.ok) throw new ApiError(response.status, data.error);
+  return data;
+}
+
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs)) {
