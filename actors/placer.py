@@ -35,7 +35,7 @@ from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
 from actors.store.sweeps import CreateSweep
 from protocol import events as ev
-from protocol.settings import POOL_PREFIXES
+from protocol.settings import POOL_PREFIXES, UPLOAD_LABEL
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.mounts import labels_of
 
@@ -335,7 +335,7 @@ class Placer(Actor):
         else:
             if key.startswith(POOL_PREFIXES):  # what a worker must have: node types, storage labels
                 self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ())) | {
-                    f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"])}
+                    f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"]) - {UPLOAD_LABEL}}
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
             asked = tuple(devices) if len(devices) > 1 else ()
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,

@@ -45,10 +45,11 @@ class _Exited:
 
 class RunProcess(Actor):
     def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
-                 mounts: dict[str, str] | None = None) -> None:
+                 mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
+        self._control_plane = control_plane or {}  # where the child fetches uploads: url, unix_socket
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -63,7 +64,7 @@ class RunProcess(Actor):
         context = multiprocessing.get_context("spawn")
         parent, child_end = context.Pipe()
         self._conn = parent
-        assign = {**self._assign.model_dump(), "mounts": self._mounts}
+        assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane}
         self._process = context.Process(target=child.main, args=(child_end, assign),
                                         name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
         self._process.start()

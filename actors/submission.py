@@ -26,6 +26,7 @@ from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
 from subprocess_runner.mounts import labels_of
 from subprocess_runner.mounts import resolve as resolve_mounts
+from subprocess_runner.transfer import upload_ids
 
 
 def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
@@ -73,7 +74,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     resolved = resolve(graph_doc, options, flavors or {}, prefix, machine, worker is not None)
     engine_doc = _with_own_mounts(resolved.graph, settings, prefix) if worker is None else resolved.graph
     if worker is not None:
-        _check_mounts(worker, graph_doc, prefix)
+        _check_mounts(worker, graph_doc, prefix, settings)
     graph, graph_json = _prepared(engine_doc, catalog, prefix)
     if engine_doc is not graph_doc:  # stored as submitted: the next run reads its flavors and mounts again
         graph_json = graph_doc.model_dump(mode="json", exclude_none=True)
@@ -130,13 +131,21 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
                              pointer=f"{prefix}/nodes", code="mount_unavailable") from None
 
 
-def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str) -> None:
-    """A named worker must hold every label the graph reads from; ``any`` skips those that do not."""
-    lacking = labels_of(graph_doc.model_dump(mode="json", exclude_none=True)) - worker.mounts
-    if UPLOAD_LABEL in lacking:
-        raise InvalidRequest("this graph reads an uploaded file (upload:...), which only runs in this server can read "
-                             "for now: moving uploads to workers is not built yet; put the file on a label the worker "
-                             "mounts, or drop the target", pointer=f"{prefix}/nodes", code="upload_needs_transfer")
+def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str, settings: Settings) -> None:
+    """A named worker must hold every label the graph reads from; ``any`` skips those that
+    do not. Uploads reach any worker by transfer, within TROUPE_TRANSFER_MAX_MB."""
+    document = graph_doc.model_dump(mode="json", exclude_none=True)
+    uploads = [settings.home / "files" / file_id for file_id in upload_ids(document)]
+    missing = [path.name for path in uploads if not path.is_file()]
+    if missing:
+        raise InvalidRequest(f"no uploaded file {missing[0]!r} (GET /api/files lists them)", pointer=f"{prefix}/nodes",
+                             code="file_not_found")
+    total = sum(path.stat().st_size for path in uploads)
+    if total > settings.transfer_max_mb * 1024 * 1024:
+        raise InvalidRequest(f"the uploads this graph reads are {total / 2**20:.1f} MB, over the "
+                             f"{settings.transfer_max_mb} MB a worker run fetches (TROUPE_TRANSFER_MAX_MB); put the "
+                             "files on a label the worker mounts", pointer=f"{prefix}/nodes", code="upload_too_large")
+    lacking = labels_of(document) - worker.mounts - {UPLOAD_LABEL}
     if lacking and worker.name not in (ANY, ONE_SHOT):
         raise InvalidRequest(f"worker {worker.name} lacks the storage label(s) {', '.join(sorted(lacking))} this "
                              f"graph reads from (it has {', '.join(sorted(worker.mounts)) or 'none'}; agents declare "

@@ -77,6 +77,7 @@ class Settings:
     mount_label: str = "data"
     mount_path: Path | None = None
     upload_max_mb: int = 1024  # the largest file POST /api/files takes
+    transfer_max_mb: int = 256  # the most a worker run fetches of its uploads (transfer backend)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -159,6 +160,7 @@ class Settings:
             mount_label=environ.get("TROUPE_MOUNT_LABEL", "data").strip() or "data",
             mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
+            transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             warnings=tuple(warnings),
         )
 

@@ -12,6 +12,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+
 
 def main(conn: Connection, assign: dict[str, Any]) -> None:
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
@@ -25,6 +27,7 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
     from subprocess_runner.mounts import resolve as resolve_mounts
     from subprocess_runner.seeding import cap_threads
+    from subprocess_runner.transfer import fetch_uploads, upload_ids
 
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
@@ -67,7 +70,13 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
         apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
                   lambda message: emit("log", None, {"message": message}))
     try:
-        graph = prepare_executable_graph(resolve_mounts(assign["graph"], assign.get("mounts") or {}))
+        mounts = dict(assign.get("mounts") or {})
+        control_plane = assign.get("control_plane") or {}
+        if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
+            cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
+            mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
+                                                 control_plane.get("unix_socket")))
+        graph = prepare_executable_graph(resolve_mounts(assign["graph"], mounts))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"))

@@ -100,7 +100,8 @@ class Agent:
                     return
                 if self.config.one_shot:
                     one_shot.take(frame.run_id)
-                process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts)
+                process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts,
+                                     {"url": self.config.url, "unix_socket": self.config.unix_socket})
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
             elif isinstance(frame, wire.CancelRun | wire.KillRun):
                 if isinstance(frame, wire.KillRun) and frame.run_id == one_shot.taken:

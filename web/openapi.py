@@ -141,6 +141,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/files": {"get": _op("Every uploaded file", None),
                        "post": _op("Upload a file (multipart, field file) for runs to read as upload:<id>", None,
                                    status="201", mutation=True)},
+        "/api/files/{file_id}/content": {"get": _op("An uploaded file's bytes", None,
+                                                    params=(("file_id", "path", "string"),))},
         "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,
                                                params=(("file_id", "path", "string"),), mutation=True)},
         "/api/flavors": {"get": _op("Every flavor (a named size)", None),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aiohttp import BodyPartReader, web
 
+from actors.errors import FileNotFound
 from actors.store.files import AddFile, DeleteFile, ListFiles
 from protocol.errors import InvalidRequest, PayloadTooLarge
 from web.context import services
@@ -59,6 +60,16 @@ async def upload(request: web.Request) -> web.Response:
 @routes.get("/api/files")
 async def list_files(request: web.Request) -> web.Response:
     return json_reply({"files": await services(request).store.read(ListFiles())})
+
+
+@routes.get("/api/files/{file_id}/content")
+async def file_content(request: web.Request) -> web.StreamResponse:
+    """The file's bytes: a worker's run child fetches the uploads it reads this way."""
+    file_id = hex_id(request, "file")
+    path = services(request).settings.home / "files" / file_id
+    if not path.is_file():
+        raise FileNotFound(f"no uploaded file {file_id}")
+    return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
 
 @routes.delete("/api/files/{file_id}")

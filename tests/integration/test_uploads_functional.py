@@ -10,6 +10,7 @@ import json
 import urllib.parse
 
 from tests.helpers import graph, node
+from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
 ROWS = ("a,b,y\n" + "".join(f"{i},{i * 5},{i % 2}\n" for i in range(30))).encode()
 
@@ -53,8 +54,8 @@ def test_an_upload_is_read_by_a_run_here_and_kept_while_a_run_reads_it(make_serv
     assert gone["code"] == "file_not_found"
 
 
-def test_refusals_too_large_no_token_and_a_worker_target(make_server):
-    server = make_server(TROUPE_UPLOAD_MAX_MB="1")
+def test_refusals_too_large_no_token_and_over_the_transfer_limit(make_server):
+    server = make_server(TROUPE_UPLOAD_MAX_MB="1", TROUPE_TRANSFER_MAX_MB="0")
     status, reply = upload(server, b"x" * (1024 * 1024 + 1))
     assert (status, reply["error"]["code"]) == (413, "payload_too_large")
     assert server.get("/api/files")["files"] == []  # nothing half-written is listed
@@ -62,6 +63,22 @@ def test_refusals_too_large_no_token_and_a_worker_target(make_server):
     made = upload(server, ROWS)[1]
     reader = graph(node("csv", "torch.CSVDataset", path=made["ref"], target="y"))
     error = server.submit(reader, expect=400, target={"worker": "any"})["error"]
-    assert error["code"] == "upload_needs_transfer"
+    assert error["code"] == "upload_too_large" and "TROUPE_TRANSFER_MAX_MB" in error["message"]
     status, reply = server.client.request("POST", "/api/files", {"file": "not multipart"})
     assert status == 400 and reply["error"]["code"] == "invalid_request"
+
+
+def test_a_worker_run_fetches_the_upload_it_reads_and_checks_it(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    made = upload(server, ROWS)[1]
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    try:
+        read_until(agent, "connected as gpu-a")
+        reader = graph(node("csv", "torch.CSVDataset", path=made["ref"], target="y"))
+        run_id = server.submit(reader, provenance="content", target={"worker": "gpu-a"})["run_id"]
+        assert server.events_until_finished(run_id, timeout=90)[-1]["payload"]["status"] == "succeeded"
+        (record,) = server.get(f"/api/runs/{run_id}/provenance")["records"]
+        assert record["sha256"] == made["sha256"] and record["ref"] != made["ref"]  # read from the worker's cache
+    finally:
+        agent.terminate()
+        agent.wait(30)

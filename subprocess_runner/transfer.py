@@ -1,0 +1,76 @@
+"""The transfer backend, run side: a worker's run child fetches the uploads its graph
+reads (``upload:<file id>``) from the control plane, into a cache named by content.
+
+A file's id is the head of its sha256, so what arrives is checked against it: a copy
+that does not match (cut short, corrupted) is thrown away and fetched again, and never
+used. Fetched files stay in the cache for the next run that reads them."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import socket
+import tempfile
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ATTEMPTS = 3
+_CHUNK = 1 << 20
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, host: str, port: int, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def upload_ids(graph: Mapping[str, Any]) -> set[str]:
+    return {str(value).split(":", 1)[1] for node in graph.get("nodes", [])
+            if isinstance(value := (node.get("params") or {}).get("path"), str) and value.startswith("upload:")}
+
+
+def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: str | None = None) -> Path:
+    """Makes every upload the graph reads present in ``cache`` (checked); returns it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    for file_id in sorted(upload_ids(graph)):
+        if not (cache / file_id).is_file():
+            _fetch(file_id, url, cache, unix_socket)
+    return cache
+
+
+def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None:
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    problem = ""
+    for _ in range(ATTEMPTS):
+        conn = (_UnixConnection(unix_socket, host, port, 60.0) if unix_socket
+                else http.client.HTTPConnection(host, port, timeout=60.0))
+        handle, temporary = tempfile.mkstemp(dir=cache, prefix=".fetch-")
+        try:
+            conn.request("GET", f"/api/files/{file_id}/content")
+            response = conn.getresponse()
+            if response.status != 200:
+                raise FileNotFoundError(f"the control plane answered {response.status} for upload {file_id}")
+            digest = hashlib.sha256()
+            with os.fdopen(handle, "wb") as out:
+                while chunk := response.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest()[:32] == file_id:
+                os.replace(temporary, cache / file_id)
+                return
+            problem = f"upload {file_id} arrived with the wrong content (sha256 {digest.hexdigest()[:16]}...)"
+        except (OSError, http.client.HTTPException) as exc:
+            problem = f"upload {file_id} could not be fetched: {exc}"
+        finally:
+            conn.close()
+            Path(temporary).unlink(missing_ok=True)
+    raise OSError(f"{problem} ({ATTEMPTS} attempts)")
