@@ -19,7 +19,7 @@ def serve(answers: list[bytes]) -> tuple[ThreadingHTTPServer, list[str]]:
     asked: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             asked.append(self.path)
             body = answers[min(len(asked) - 1, len(answers) - 1)]
             self.send_response(200)
