@@ -11,20 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cli.errors import CliError, NoServer
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (the one an ``ssh -R`` session forwards to the control
-    plane), with the URL's host in the Host header."""
-
-    def __init__(self, path: str, host: str, port: int, timeout: float | None) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
+from protocol.unix_http import UnixHTTPConnection
 
 
 class Client:
@@ -38,7 +25,7 @@ class Client:
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
         if self._unix_socket is not None:
-            return _UnixConnection(self._unix_socket, self._host, self._port, timeout)
+            return UnixHTTPConnection(self._unix_socket, self._host, self._port, timeout)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, body: bytes | None) -> dict[str, str]:

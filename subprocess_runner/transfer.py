@@ -10,26 +10,16 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import socket
 import tempfile
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from protocol.unix_http import UnixHTTPConnection
+
 ATTEMPTS = 3
 _CHUNK = 1 << 20
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, host: str, port: int, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
 
 
 def upload_ids(graph: Mapping[str, Any]) -> set[str]:
@@ -51,7 +41,7 @@ def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     problem = ""
     for _ in range(ATTEMPTS):
-        conn = (_UnixConnection(unix_socket, host, port, 60.0) if unix_socket
+        conn = (UnixHTTPConnection(unix_socket, host, port, 60.0) if unix_socket
                 else http.client.HTTPConnection(host, port, timeout=60.0))
         handle, temporary = tempfile.mkstemp(dir=cache, prefix=".fetch-")
         try:
