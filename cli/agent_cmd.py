@@ -106,7 +106,7 @@ class StartOptions:
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
           options: StartOptions = StartOptions()) -> int:
-    from subprocess_runner.devices import number_cards_by_bus
+    from subprocess_runner.seeding import number_cards_by_bus
     from supervisors.agent import Agent, AgentConfig
 
     number_cards_by_bus()
@@ -127,10 +127,12 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     print(f"troupe agent {name} dialing {url}" + (" (one-shot)" if options.one_shot else ""), flush=True)
     try:
         settings = load_settings()
+        for warning in settings.warnings:
+            log.warning("setting ignored: %s", warning)
         return asyncio.run(_serve(Agent(AgentConfig(
             url, name, credential, machine, simulated, settings.worker_kill_grace_s,
             int(settings.agent_outbox_mb * 1024 * 1024), settings.cuda_visible_devices, options.one_shot,
-            options.idle_timeout_s, options.instance, options.deadline or _job_end(), options.unix_socket,
+            options.idle_timeout_s, options.instance, options.deadline or settings.job_end_time, options.unix_socket,
             mounts))))
     finally:
         pid_file.unlink(missing_ok=True)
@@ -188,15 +190,6 @@ def _detach(label: str) -> None:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-
-
-def _job_end() -> float | None:
-    """Inside a SLURM job: when it ends (``SLURM_JOB_END_TIME``, epoch seconds)."""
-    raw = os.environ.get("SLURM_JOB_END_TIME", "").strip()
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        raise CliError(f"SLURM_JOB_END_TIME is not epoch seconds: {raw!r}") from None
 
 
 # ``troupe agent stop`` asks with this signal: drain, let the running runs end, stop.

@@ -7,6 +7,7 @@ import threading
 import uuid
 from typing import Any
 
+from cli.config import load_settings
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
 from cli.render import Renderer
 from cli.run_cmd import _load_graph
@@ -14,10 +15,10 @@ from protocol import events as ev
 from protocol.graph import Graph
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.devices import number_cards_by_bus, resolve_device
+from subprocess_runner.devices import probe_accelerators, resolve_device, torch_device
 from subprocess_runner.engine import ExecutableGraph, execute_graph, prepare_executable_graph
 from subprocess_runner.errors import GraphInvalid
-from subprocess_runner.seeding import cap_threads
+from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
 
 def load_valid_graph(path: str) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
@@ -42,7 +43,10 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
     number_cards_by_bus()
     _, graph, executable = load_valid_graph(path)
     try:
-        resolved, warning = resolve_device(device or graph.settings.device)
+        # This process runs the graph itself: cards by torch's names, the visible ones only.
+        visible = load_settings().cuda_visible_devices
+        available = tuple(torch_device(d, visible) for d in probe_accelerators(visible))
+        resolved, warning = resolve_device(device or graph.settings.device, available)
     except ValueError as exc:
         raise CliError(f"{path}: {exc}") from None
     if warning:

@@ -14,8 +14,7 @@ from cli.errors import CliError, NoServer
 from cli.session import acquire_lock, lock_is_held, read_session, remove_session, write_session
 from protocol.settings import Settings
 from protocol.version import __version__
-from subprocess_runner.devices import number_cards_by_bus
-from subprocess_runner.seeding import cap_threads
+from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 from web.limits import raise_open_files
 
 log = logging.getLogger("troupe.cli")

@@ -23,6 +23,9 @@ ONE_SHOT_PREFIX = "one-shot/"
 POOL_PREFIXES = (ANY_PREFIX, ONE_SHOT_PREFIX)
 # ``upload:<file id>`` names a file uploaded to this server (POST /api/files).
 UPLOAD_LABEL = "upload"
+# The environment variables that change what a run computes or how fast: the fingerprint's.
+FINGERPRINT_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS",
+                   "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED", "TROUPE_CPUS", "XLA_FLAGS")
 ANY_QUEUE_LIMIT = 1_000_000
 # A queue key a per-key limit may name: a device, or a worker's (or any's) device.
 _QUEUE_KEY = re.compile(r"(?:[a-z0-9][a-z0-9_.-]{0,63}/)?(?:cpu|cuda(?::\d{1,3})?|mps(?::\d{1,3})?|auto)")
@@ -77,6 +80,8 @@ class Settings:
     mount_label: str = "data"
     mount_path: Path | None = None
     upload_max_mb: int = 1024  # the largest file POST /api/files takes
+    # Inside a SLURM job: when it ends (SLURM_JOB_END_TIME, epoch seconds).
+    job_end_time: float | None = None
     transfer_max_mb: int = 256  # the most a worker run fetches of its uploads (transfer backend)
     warnings: tuple[str, ...] = ()
 
@@ -161,6 +166,7 @@ class Settings:
             mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
+            job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,
             warnings=tuple(warnings),
         )
 

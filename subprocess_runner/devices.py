@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import platform
 import re
 import socket
@@ -60,13 +59,6 @@ def visible_cards(spec: str | None, cards: Sequence[tuple[int, str]]) -> tuple[i
     return tuple(shown)
 
 
-def number_cards_by_bus() -> None:
-    """Makes CUDA count cards in PCI bus order, as NVML does, so that ``cuda:N`` and
-    CUDA_VISIBLE_DEVICES indices name the same card in troupe, NVML and torch. Called at
-    the start of every troupe process, before anything can initialise CUDA."""
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-
-
 def probe_accelerators(cuda_visible: str | None = None) -> tuple[str, ...]:
     """``("cuda:0", "cuda:1")``, ``("mps:0",)`` or ``()``: the cards this process can
     use, named by NVML index, in CUDA's order (so the first is the current device)."""
@@ -115,9 +107,8 @@ def resolve_device(requested: str | None, available: tuple[str, ...] | None = No
     lists cards in CUDA's order), and ``mps`` is ``mps:0``; an accelerator this machine
     lacks falls back to ``cpu`` with a warning. Raises ``ValueError`` for a name that is
     not a device at all."""
-    if available is None:  # a standalone process (troupe exec, an exported script): torch's own names
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        available = tuple(torch_device(d, visible) for d in probe_accelerators(visible))
+    if available is None:
+        available = probe_accelerators()
     if requested is None or requested.strip() == "":
         return "cpu", None
     parsed = parse_device(requested)

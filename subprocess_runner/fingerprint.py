@@ -10,21 +10,19 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import platform
 import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from protocol.settings import FINGERPRINT_ENV
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.devices import probe_accelerators
+from subprocess_runner.seeding import process_env
 
 SCHEMA = 2
-# The environment variables that change what a run computes or how fast.
-ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED", "TROUPE_CPUS", "XLA_FLAGS")
 CONTROL_PLANE, RUN_PROCESS = "control_plane", "run_process"
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -41,8 +39,8 @@ def execution_facts(source: str) -> dict[str, Any]:
 
 
 def fingerprint() -> dict[str, Any]:
-    return {**_static(), "accelerators": list(probe_accelerators(os.environ.get("CUDA_VISIBLE_DEVICES"))),
-            "env": {name: os.environ.get(name) for name in ENV_VARS}}
+    env = process_env(FINGERPRINT_ENV)
+    return {**_static(), "accelerators": list(probe_accelerators(env["CUDA_VISIBLE_DEVICES"])), "env": env}
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,6 +26,19 @@ def cap_threads(threads: int | None = None) -> int:
     return _cap[0]
 
 
+def number_cards_by_bus() -> None:
+    """Makes CUDA count cards in PCI bus order, as NVML does, so that ``cuda:N`` and
+    CUDA_VISIBLE_DEVICES indices name the same card in troupe, NVML and torch. Called at
+    the start of every troupe process, before anything can initialise CUDA."""
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+
+
+def process_env(names: tuple[str, ...]) -> dict[str, str | None]:
+    """These variables as this process has them now, after its own set-up: a recorded
+    fact about what executed a run (the fingerprint), not a setting."""
+    return {name: os.environ.get(name) for name in names}
+
+
 _cap: list[int] = []
 _operator: list[bool] = []  # whether the cap is the operator's own OMP_NUM_THREADS
 

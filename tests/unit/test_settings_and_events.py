@@ -49,3 +49,11 @@ def test_payload_cap_replaces_the_biggest_outputs_with_markers_naming_the_port()
     assert capped["outputs"]["bigger"] == {"omitted": True, "port": "bigger", "bytes": 9002, "reason": "payload_cap"}
     assert len(json.dumps(capped)) <= 6000
     assert cap_payload(payload, 0) is payload and cap_payload(payload, -5) is payload
+
+
+def test_a_slurm_jobs_end_is_read_once_with_the_settings(tmp_path):
+    s = Settings.from_env({"SLURM_JOB_END_TIME": "1893456000"}, default_home=tmp_path)
+    assert s.job_end_time == 1893456000.0
+    bad = Settings.from_env({"SLURM_JOB_END_TIME": "soon"}, default_home=tmp_path)
+    assert bad.job_end_time is None and any("SLURM_JOB_END_TIME" in w for w in bad.warnings)
+    assert Settings.from_env({}, default_home=tmp_path).job_end_time is None
