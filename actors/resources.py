@@ -36,7 +36,6 @@ class Machine:
 class Resolved:
     graph: Graph  # what the engine runs: each node's resources as granted
     memory_gib: float | None
-    budget_from_flavor: bool
     warnings: list[dict[str, Any]] = field(default_factory=list)
     # The run's expected length: the sum of what its nodes declare (directly or by their
     # flavor), an upper bound as nodes may overlap; None when none declares any.
@@ -94,16 +93,16 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
         warnings.append({"message": f"resources.env ({', '.join(sorted(env))}) is set in a worker's run process "
                                     "only; this server's runs share its process, so it is not applied here",
                          "code": "env_not_applied"})
-    memory_gib, from_flavor = _budget(options, flavors, on_worker, warnings)
+    memory_gib = _budget(options, flavors, on_worker, warnings)
     engine_graph = graph_doc.model_copy(update={"nodes": nodes}) if any(n.resources for n in nodes) else graph_doc
-    return Resolved(engine_graph, memory_gib, from_flavor, warnings, sum(durations) if durations else None)
+    return Resolved(engine_graph, memory_gib, warnings, sum(durations) if durations else None)
 
 
 def _budget(options: RunOptions, flavors: Mapping[str, Mapping[str, Any]], on_worker: bool,
-            warnings: list[dict[str, Any]]) -> tuple[float | None, bool]:
+            warnings: list[dict[str, Any]]) -> float | None:
     target = options.target
     if target is None:
-        return None, False
+        return None
     sizes = _flavor(flavors, target.flavor, "/options/target/flavor")
     theirs = sizes.get("memory_gib")
     if target.memory_gib is not None and theirs is not None and target.memory_gib != theirs:
@@ -111,13 +110,13 @@ def _budget(options: RunOptions, flavors: Mapping[str, Mapping[str, Any]], on_wo
                              f"{theirs}; give one, or the same value", pointer="/options/target/memory_gib",
                              code="flavor_conflict")
     if target.memory_gib is not None or theirs is None:
-        return target.memory_gib, False
+        return target.memory_gib
     if not on_worker:
         warnings.append({"message": f"flavor {target.flavor}'s memory budget ({theirs} GiB) applies to runs on a "
                                     "worker's shared card; this server's runs share one process and are not capped",
                          "code": "flavor_budget_ignored"})
-        return None, False
-    return float(theirs), True
+        return None
+    return float(theirs)
 
 
 def _flavor(flavors: Mapping[str, Mapping[str, Any]], name: str | None, pointer: str) -> Mapping[str, Any]:
