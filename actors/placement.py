@@ -164,8 +164,9 @@ class WorkerPlacement:
 
     async def admit_named(self, admit: Admit) -> None:
         worker, device = admit.queue_key.split("/", 1)
-        instances = self._free_instances(worker)
-        if instances is not None:  # a batch array's worker: the first of its tasks that is free
+        # A worker named by its instances (a batch array's): the first of its tasks that is free.
+        instances = None if worker in self._online else self._free_instances(worker)
+        if instances is not None:
             for instance in instances:
                 if self._in_time(instance, admit) and await self._try_named(admit, instance, device, placed=instance):
                     return
