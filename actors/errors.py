@@ -123,3 +123,29 @@ class FileInUse(StateConflict):
     """Raised when deleting an upload that a queued or executing run still names."""
 
     code = "file_in_use"
+
+
+class WorkerNotConnected(TroupeError):
+    """Raised when what is asked for lives on a worker (a worker run's recorded outputs)
+    and that worker is not connected now."""
+
+    code = "worker_offline"
+    http_status = 503
+
+
+class ArtifactNotFound(NotFound):
+    code = "artifact_not_found"
+
+
+class ArtifactUnreachable(StateConflict):
+    """Raised when an artifact's bytes live where this server cannot read them (a mount
+    label it does not hold, or a bucket it has no keys for)."""
+
+    code = "artifact_unreachable"
+
+
+class ArtifactRefused(InvalidRequest):
+    """Raised when a worker's transfer of an artifact is cut short or its content does
+    not match the hash it announced: nothing is kept."""
+
+    code = "artifact_refused"

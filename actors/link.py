@@ -37,7 +37,7 @@ class LinkConfig:
     credential: str
     hello: Callable[[], Any]  # an awaitable factory of the Hello frame (inventory is read each time)
     on_final: Callable[[int, str], None]  # exit code, reason
-    on_frame: Callable[[Any], None] = lambda frame: None  # assign and cancel frames go here
+    on_frame: Callable[[Any], None] = lambda frame: None  # assign, cancel and read frames go here
     outbox_bytes: int = 64 * 1024 * 1024
     # An awaitable factory of each card's free memory (UUID -> MiB), sent with each heartbeat.
     free_memory: Callable[[], Any] | None = None
@@ -226,7 +226,7 @@ class Link(Actor):
                     self._outbox.forget(frame.run_id)  # the control plane no longer holds it
                 if isinstance(frame, wire.Ack | wire.KillRun):
                     self._check_settled()
-                if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun):
+                if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun | wire.ReadOutputs):
                     self._config.on_frame(frame)
         finally:
             self._live = None

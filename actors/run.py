@@ -247,7 +247,8 @@ class RunActor(Actor):
                                 max_parallel=self._settings.max_parallel_nodes,
                                 memory_budget_mib=self._row.get("memory_budget_mib") if self._caps else None,
                                 memory_total_mib=self._caps,
-                                provenance=(self._row.get("options") or {}).get("provenance"))
+                                provenance=(self._row.get("options") or {}).get("provenance"),
+                                record_outputs=bool(self._row.get("record_outputs")))
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
@@ -410,7 +411,8 @@ class RunActor(Actor):
                 self._open_nodes[node_id] = None
             elif kind in (ev.NODE_FINISHED, ev.NODE_FAILED):
                 self._open_nodes.pop(node_id, None)
-        if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None:
+        # A worker run's recorded outputs stay on its worker (read through its link).
+        if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None and not remote:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
         elif kind == ev.ARTIFACT:

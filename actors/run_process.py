@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor
+from actors.recorded_outputs import OutputsShelf
+from protocol import events as ev
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.agent")
@@ -45,11 +47,14 @@ class _Exited:
 
 class RunProcess(Actor):
     def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
-                 mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None) -> None:
+                 mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
+                 shelf: OutputsShelf | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
-        self._control_plane = control_plane or {}  # where the child fetches uploads: url, unix_socket
+        # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
+        self._control_plane = control_plane or {}
+        self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -128,6 +133,8 @@ class RunProcess(Actor):
         match message:
             case ("event", counter, kind, node_id, payload):
                 self._counter = counter
+                if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
+                    self._shelf.record(run_id, node_id, payload.get("outputs") or {})
                 # Built without validation: the child is this agent's own code, and the
                 # control plane validates every frame on arrival anyway.
                 return wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,

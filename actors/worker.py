@@ -28,6 +28,7 @@ from typing import Any
 
 from actors.base import Actor, Registry, Shutdown, Snapshot
 from actors.eligibility import WorkerOffer
+from actors.errors import WorkerNotConnected
 from actors.placer_messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from protocol import worker as wire
@@ -100,6 +101,15 @@ class Adopted:
 
 
 @dataclass(frozen=True)
+class ReadRecordedOutputs:
+    """Ask: a future of what the agent keeps of one of its runs' recorded outputs (node id
+    -> outputs; None: it keeps none), or ``WorkerNotConnected`` when the agent is not here."""
+
+    run_id: str
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
 class _Check:
     pass
 
@@ -157,6 +167,8 @@ class WorkerConnection(Actor):
         # The server is stopping: frames of runs it no longer holds are not acknowledged,
         # as the next start may adopt those runs (a stop that leaves worker runs going).
         self._stopping = False
+        self._reads: dict[int, asyncio.Future[Any]] = {}  # read_outputs asked of the agent
+        self._read_no = 0
 
     async def on_start(self) -> None:
         self._schedule()
@@ -219,6 +231,8 @@ class WorkerConnection(Actor):
                 self._stopping = True
             case _Check():
                 self._check()
+            case ReadRecordedOutputs(run_id, node_id):
+                return self._read_outputs(run_id, node_id)
             case Snapshot():
                 return self._snapshot()
             case _:
@@ -268,6 +282,10 @@ class WorkerConnection(Actor):
                 self._tell_placer()
             elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
                 self._hello = self._hello.model_copy(update={"inventory": frame.inventory})
+            elif isinstance(frame, wire.Outputs):
+                waiter = self._reads.pop(frame.request, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(frame.outputs if frame.found else None)
             elif isinstance(frame, wire.RUN_FRAMES):
                 by_run.setdefault(frame.run_id, []).append(frame)
         for run_id, run_frames in by_run.items():
@@ -297,6 +315,17 @@ class WorkerConnection(Actor):
                 log.error("worker %s keeps sending frames of runs that are not its own: disconnected", self.worker)
                 self._outbox.put_nowait(Close(wire.CLOSE_PROTOCOL, "frames of runs not assigned to this worker"))
                 self._disconnect("it sent frames of runs that are not its own")
+
+    def _read_outputs(self, run_id: str, node_id: str | None) -> asyncio.Future[Any]:
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._outbox is None:
+            waiter.set_exception(WorkerNotConnected(f"worker {self.worker} is not connected; its runs' recorded "
+                                                    "outputs stay on it and can be read once it is back"))
+            return waiter
+        self._read_no += 1
+        self._reads[self._read_no] = waiter
+        self._outbox.put_nowait(wire.ReadOutputs(request=self._read_no, run_id=run_id, node_id=node_id))
+        return waiter
 
     def _want_ack(self) -> None:
         if self._unacked >= ACK_EVERY_FRAMES:
@@ -361,6 +390,10 @@ class WorkerConnection(Actor):
                 self._runs.pop(run_id, None)
 
     def _disconnect(self, why: str) -> None:
+        for waiter in self._reads.values():
+            if not waiter.done():
+                waiter.set_exception(WorkerNotConnected(f"worker {self.worker} disconnected before it answered"))
+        self._reads.clear()
         if self._outbox is not None:
             self._outbox.put_nowait(CLOSE)  # after a Close with a code, if one was put
         self._outbox = None

@@ -133,7 +133,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             url, name, credential, machine, simulated, settings.worker_kill_grace_s,
             int(settings.agent_outbox_mb * 1024 * 1024), settings.cuda_visible_devices, options.one_shot,
             options.idle_timeout_s, options.instance, options.deadline or settings.job_end_time, options.unix_socket,
-            mounts))))
+            mounts, _state_dir() / "outputs" / label, settings.recorded_outputs_keep))))
     finally:
         pid_file.unlink(missing_ok=True)
 

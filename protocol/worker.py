@@ -109,6 +109,32 @@ class Drain(_Frame):
     type: Literal["drain"] = "drain"
 
 
+class S3Bucket(BaseModel):
+    """The bucket a run's artifacts and uploads live in (TROUPE_S3_*); a worker's run gets
+    the keys with its assignment, over the worker's authenticated link."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+
+class Storage(BaseModel):
+    """Where a worker run's artifacts go once written: the control plane's own mount
+    label when the worker holds it too (both reach the same folder), else the S3 bucket,
+    else the control plane itself (transfer), up to ``transfer_max_mb`` a file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mount_label: str | None = None
+    s3: S3Bucket | None = None
+    transfer_max_mb: int = Field(default=1024, ge=0)
+
+
 class Assign(_Frame):
     """Control plane -> agent: execute this graph in a fresh process."""
 
@@ -124,6 +150,10 @@ class Assign(_Frame):
     memory_budget_mib: int | None = Field(default=None, ge=1)
     memory_total_mib: dict[str, int] = Field(default_factory=dict)  # device -> the card's total
     provenance: Literal["identity", "content"] | None = None  # record the files the run reads
+    # Keep each node's outputs on the worker, for the inspector to read through the link.
+    record_outputs: bool = False
+    # Where the run's artifacts go besides its own folder: mount, then S3, then transfer.
+    storage: Storage | None = None
 
 
 class CancelRun(_Frame):
@@ -136,6 +166,26 @@ class KillRun(_Frame):
 
     type: Literal["kill"] = "kill"
     run_id: str
+
+
+class ReadOutputs(_Frame):
+    """Control plane -> agent: the recorded outputs of one of its runs (every node's, or
+    ``node_id``'s), answered by ``Outputs`` with the same ``request``."""
+
+    type: Literal["read_outputs"] = "read_outputs"
+    request: int = Field(ge=1)
+    run_id: str
+    node_id: str | None = None
+
+
+class Outputs(_Frame):
+    """Agent -> control plane: node id -> outputs; ``found`` is false when the worker
+    keeps none for that run (never recorded, or past TROUPE_RECORDED_OUTPUTS_KEEP)."""
+
+    type: Literal["outputs"] = "outputs"
+    request: int = Field(ge=1)
+    found: bool = True
+    outputs: dict[str, Any] = Field(default_factory=dict)
 
 
 class _RunFrame(_Frame):
@@ -178,7 +228,7 @@ RUN_FRAMES = (RunEvent, RunEnded, Gap)
 
 Frame = Annotated[
     Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
-    | RunEnded | Gap,
+    | RunEnded | Gap | ReadOutputs | Outputs,
     Field(discriminator="type"),
 ]
 FRAME = TypeAdapter(Frame)

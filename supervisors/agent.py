@@ -10,11 +10,13 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
 from actors.link import Announce, Link, LinkConfig, Send, Settled
+from actors.recorded_outputs import OutputsShelf
 from actors.run_process import Cancel as RunCancel
 from actors.run_process import RunProcess
 from actors.threaded import ThreadActorRef, start_thread_actor
@@ -44,6 +46,9 @@ class AgentConfig:
     deadline: float | None = None  # when its batch job ends (epoch seconds)
     unix_socket: str | None = None  # dial the control plane through this socket (an ssh -R forward)
     mounts: dict[str, str] = field(default_factory=dict)  # storage labels: label -> path here
+    # Where this agent keeps its runs' recorded outputs, and for how many runs.
+    outputs_dir: Path | None = None
+    recorded_outputs_keep: int = 20
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -85,6 +90,8 @@ class Agent:
 
         link_holder: list[Any] = []
         one_shot = _OneShot()
+        shelf = OutputsShelf(self.config.outputs_dir, self.config.recorded_outputs_keep) \
+            if self.config.outputs_dir is not None else None
 
         def send(*frames: Any) -> None:
             for frame in frames:
@@ -101,8 +108,13 @@ class Agent:
                 if self.config.one_shot:
                     one_shot.take(frame.run_id)
                 process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts,
-                                     {"url": self.config.url, "unix_socket": self.config.unix_socket})
+                                     {"url": self.config.url, "unix_socket": self.config.unix_socket,
+                                      "credential": self.config.credential}, shelf)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
+            elif isinstance(frame, wire.ReadOutputs) and link_holder:
+                kept = shelf.read(frame.run_id, frame.node_id) if shelf is not None else None
+                link_holder[0].tell(Announce(wire.Outputs(request=frame.request, found=kept is not None,
+                                                          outputs=kept or {})))
             elif isinstance(frame, wire.CancelRun | wire.KillRun):
                 if isinstance(frame, wire.KillRun) and frame.run_id == one_shot.taken:
                     one_shot.end("interrupted")

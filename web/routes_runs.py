@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import csv
@@ -12,13 +13,14 @@ from typing import Any
 from aiohttp import web
 
 from actors.eligibility import ResolveTarget, WorkerOffer
-from actors.errors import RunNotFound
+from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
 from actors.placer import Submit
 from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun, ListRuns
 from actors.submission import build_row
+from actors.worker import ReadRecordedOutputs
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
@@ -29,6 +31,7 @@ from web.queue_state import with_queue_reasons
 from web.requests import RUN_ID, int_query, read_model, run_id_from
 
 routes = web.RouteTableDef()
+OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its recorded outputs
 
 ROW_FIELDS = (
     "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
@@ -231,7 +234,7 @@ async def run_outputs(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     row = await _get_row(svc, run_id)
-    outputs = await svc.store.read(GetOutputs(run_id))
+    outputs = await _recorded_outputs(svc, row, None)
     return json_reply({"run_id": run_id, "record_outputs": row["record_outputs"], "outputs": outputs})
 
 
@@ -240,13 +243,31 @@ async def run_node_outputs(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     node_id = request.match_info["node_id"]
-    await _get_row(svc, run_id)
-    outputs = await svc.store.read(GetOutputs(run_id, node_id))
+    row = await _get_row(svc, run_id)
+    outputs = await _recorded_outputs(svc, row, node_id)
     if node_id not in outputs:
         raise NotFound(f"run {run_id} has no recorded outputs of node {node_id!r} (was it run with "
                        "record_outputs, and is it among the newest TROUPE_RECORDED_OUTPUTS_KEEP runs?)",
                        code="outputs_not_found")
     return json_reply({"run_id": run_id, "node_id": node_id, "outputs": outputs[node_id]})
+
+
+async def _recorded_outputs(svc: Services, row: dict[str, Any], node_id: str | None) -> dict[str, Any]:
+    """In-process runs' outputs are in the database; a worker run's stay on its worker and
+    are read through its connection (503 ``worker_offline`` while it is away)."""
+    if row.get("worker") is None or not row["record_outputs"]:
+        return dict(await svc.store.read(GetOutputs(row["id"], node_id)))
+    connection = svc.registry.lookup(f"workers/{row['worker']}")
+    if connection is None:
+        raise WorkerNotConnected(f"worker {row['worker']} is not connected; run {row['id']}'s recorded outputs stay "
+                                 "on it and can be read once it is back")
+    try:
+        waiter = await connection.ask(ReadRecordedOutputs(row["id"], node_id))
+        kept = await asyncio.wait_for(waiter, OUTPUTS_READ_TIMEOUT_S)
+    except (ActorDeadError, TimeoutError) as exc:
+        raise WorkerNotConnected(f"worker {row['worker']} did not answer for run {row['id']}'s recorded outputs") \
+            from exc
+    return dict(kept or {})
 
 
 @routes.get("/api/runs/{run_id}/metrics")
