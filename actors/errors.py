@@ -149,3 +149,10 @@ class ArtifactRefused(InvalidRequest):
     not match the hash it announced: nothing is kept."""
 
     code = "artifact_refused"
+
+
+class StorageUnavailable(TroupeError):
+    """Raised when the S3 bucket could not take or give a file; nothing was recorded."""
+
+    code = "storage_unavailable"
+    http_status = 503

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef
+from subprocess_runner.artifacts import Destination, Shipper
 from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.devices import parse_device
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
@@ -114,8 +115,10 @@ def start(pool: Executor, message: Execute, loop: asyncio.AbstractEventLoop, run
 
 
 def _execute(message: Execute, courier: _Courier) -> None:
+    shipper = Shipper(message.run_id, message.run_dir, Destination("local"), courier.emit) \
+        if message.run_dir is not None else None
     ctx = ExecutionContext(
-        message.run_id, None, message.device, message.seed, Sinks(courier.emit), message.cancel,
+        message.run_id, None, message.device, message.seed, Sinks(courier.emit, shipper), message.cancel,
         deterministic=message.deterministic, run_dir=message.run_dir, provenance=message.provenance,
     )
     try:
@@ -126,6 +129,8 @@ def _execute(message: Execute, courier: _Courier) -> None:
     except BaseException as exc:  # node trouble (even sys.exit) fails its run, never the pool's thread
         log.exception("run %s: the engine failed", message.run_id)
         outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
+    if shipper is not None:
+        shipper.close()  # every artifact hashed and announced before the run ends
     # The server's runs share its process: their peak is the process's, not exact.
     ordinal = parse_device(message.device)
     outcome.peak_memory_mib = peak_mib((ordinal[1] or 0,) if ordinal and ordinal[0] == "cuda" else ())

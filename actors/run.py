@@ -16,7 +16,6 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
 from actors import executor
@@ -26,9 +25,19 @@ from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
-from actors.run_messages import Placement, Start, WorkerBack, WorkerFailed, WorkerFrames, WorkerGone, WorkerLost
+from actors.run_messages import (
+    ArtifactArrived,
+    Placement,
+    Start,
+    WorkerBack,
+    WorkerFailed,
+    WorkerFrames,
+    WorkerGone,
+    WorkerLost,
+)
 from actors.store import StoreClient
-from actors.store.events import AppendEvents, RecordArtifact, RecordOutputs
+from actors.store.artifacts import RecordArtifact
+from actors.store.events import AppendEvents, RecordOutputs
 from actors.store.memory import RecordPeak
 from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
@@ -141,6 +150,12 @@ class RunActor(Actor):
                              memory=(outcome.peak_memory_mib, False, outcome.out_of_memory))
             case Cancel(reason):
                 return self._request_stop(ev.CANCELLED, reason)
+            case ArtifactArrived(worker, node_id, kind, path, size, sha256):
+                if worker != self._worker or self._status not in (ev.RUNNING, ev.DISCONNECTED):
+                    return None
+                self._on_node_event(ev.ARTIFACT, node_id, {"kind": kind, "path": path, "backend": "transfer",
+                                                           "label": None, "size": size, "sha256": sha256})
+                return self._last_write
             case _OneShotTimeout() if self._status == ev.QUEUED:
                 self._finish(ev.INTERRUPTED, f"no one-shot agent took the run within "
                              f"{self._settings.worker_one_shot_queue_timeout_s:g} s "
@@ -248,10 +263,16 @@ class RunActor(Actor):
                                 memory_budget_mib=self._row.get("memory_budget_mib") if self._caps else None,
                                 memory_total_mib=self._caps,
                                 provenance=(self._row.get("options") or {}).get("provenance"),
-                                record_outputs=bool(self._row.get("record_outputs")))
+                                record_outputs=bool(self._row.get("record_outputs")),
+                                storage=self._storage())
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
+
+    def _storage(self) -> wire.Storage:
+        settings = self._settings
+        return wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
+                            s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
 
     def _devices(self) -> list[str]:
         """The run's devices in their order: ``target.devices`` when it names several."""
@@ -400,7 +421,7 @@ class RunActor(Actor):
             return
         payload, encoded, refused = ev.admit_event(kind, payload)
         if refused is None and remote and kind == ev.ARTIFACT:
-            refused = _outside_run_dir(payload["path"])
+            refused = ev.worker_artifact_problem(payload)
         if refused is not None:
             log.warning("run %s: refused a %s event of node %s: %s", self.run_id, kind, node_id, refused)
             self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {refused}",
@@ -415,8 +436,9 @@ class RunActor(Actor):
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None and not remote:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
-        elif kind == ev.ARTIFACT:
-            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), str(payload.get("path"))))
+        elif kind == ev.ARTIFACT and payload.get("backend") is not None:  # stored whole: listed
+            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), payload["path"],
+                                       payload["backend"], payload.get("label"), payload["size"], payload["sha256"]))
 
         self._emit(kind, node_id, payload, encoded)
 
@@ -438,15 +460,6 @@ class RunActor(Actor):
         self._last_write = self._store.write(op)
 
 
-
-
-def _outside_run_dir(path: str) -> str | None:
-    """Why a worker's artifact path is refused: it must name a file inside the run's own
-    directory, relative to it (a worker never points the control plane elsewhere)."""
-    pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or "\\" in path or ".." in pure.parts:
-        return f"a worker's artifact path must be relative to the run's directory and stay in it, got {path[:200]!r}"
-    return None
 
 
 @dataclass(frozen=True)

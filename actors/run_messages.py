@@ -64,3 +64,18 @@ class WorkerFrames:
 
     worker: str
     frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]
+
+
+@dataclass(frozen=True)
+class ArtifactArrived:
+    """Ask, from the route a worker transfers an artifact through: the whole file is in the
+    run's folder and its sha256 matched. The reply is the future of the row's write (the
+    route answers the worker once it committed), or None when the run is no longer
+    executing on ``worker`` (the file is then not the run's to keep)."""
+
+    worker: str
+    node_id: str | None
+    kind: str
+    path: str
+    size: int
+    sha256: str

@@ -8,8 +8,10 @@ emit ``(type, node_id, payload)`` and never a seq.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 from protocol import jsonsafe
@@ -24,7 +26,10 @@ METRIC = "metric"
 LOG = "log"
 WARNING = "warning"
 RUN_FINISHED = "run_finished"
-ARTIFACT = "artifact"  # a file the run wrote: {"kind", "path"}
+ARTIFACT = "artifact"  # a file the run wrote, once stored: {"kind", "path", "backend", "label", "size", "sha256"}
+# Where an artifact's bytes live: the run's folder here (written here, or sent here by a
+# worker), a storage label's folder, or the S3 bucket.
+ARTIFACT_BACKENDS = ("local", "transfer", "mount", "s3")
 # What executed a worker's run, from its child: {fingerprint, fingerprint_digest,
 # fingerprint_source}. A fact stored on the run, not an event of its log, so the event
 # sequence of a default submission stays as it was (DESIGN invariant 1).
@@ -108,9 +113,41 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
                 payload = {**payload, "value": float(value)}
             except OverflowError:
                 return payload, f"metric {name}: value is too large for a float"
-    elif kind == ARTIFACT and not isinstance(payload.get("path"), str):
-        return payload, "an artifact needs a path"
+    elif kind == ARTIFACT:
+        return payload, _artifact_problem(payload)
     return payload, None
+
+
+def _artifact_problem(payload: dict[str, Any]) -> str | None:
+    if not isinstance(payload.get("path"), str) or not payload["path"]:
+        return "an artifact needs a path"
+    backend, size, sha256 = payload.get("backend"), payload.get("size"), payload.get("sha256")
+    if backend is None and size is None and sha256 is None:
+        return None  # announced, not stored (an exported script's own log)
+    if backend not in ARTIFACT_BACKENDS:
+        return f"an artifact's backend must be one of {', '.join(ARTIFACT_BACKENDS)}, got {str(backend)[:40]!r}"
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return "an artifact's size must be a non-negative integer"
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        return "an artifact's sha256 must be 64 lowercase hex digits"
+    return None
+
+
+def outside_run_dir(path: str) -> str | None:
+    """Why a worker's artifact path is refused: it must name a file inside the run's own
+    directory, relative to it (a worker never points the control plane elsewhere)."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or "\\" in path or ".." in pure.parts or len(path) > 1024:
+        return f"a worker's artifact path must be relative to the run's directory and stay in it, got {path[:200]!r}"
+    return None
+
+
+def worker_artifact_problem(payload: dict[str, Any]) -> str | None:
+    """A worker announces only what it stored itself (a storage label, the bucket); what
+    it transfers is recorded by the control plane when the file arrives whole."""
+    if payload.get("backend") not in ("mount", "s3"):
+        return f"a worker announces an artifact stored on a mount or in S3, not {payload.get('backend')!r}"
+    return outside_run_dir(payload["path"])
 
 
 class Event(dict[str, Any]):

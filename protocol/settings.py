@@ -13,6 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from protocol.worker import S3Bucket
+
 DEFAULT_PORT = 8765
 
 
@@ -83,6 +87,8 @@ class Settings:
     # Inside a SLURM job: when it ends (SLURM_JOB_END_TIME, epoch seconds).
     job_end_time: float | None = None
     transfer_max_mb: int = 256  # the most a worker run fetches of its uploads (transfer backend)
+    # The S3 / MinIO bucket uploads and worker artifacts go to (TROUPE_S3_*); None: off.
+    s3: S3Bucket | None = None
     warnings: tuple[str, ...] = ()
 
     @property
@@ -167,6 +173,7 @@ class Settings:
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,
+            s3=reader.bucket() if reader.flag("TROUPE_S3_ENABLED", False) else None,
             warnings=tuple(warnings),
         )
 
@@ -216,6 +223,20 @@ class _Reader:
             return False
         self._warnings.append(f"{name}={raw!r} is not 1 or 0; using {int(default)}")
         return default
+
+    def bucket(self) -> S3Bucket | None:
+        """TROUPE_S3_ENABLED is on: the bucket it names (keys left unset come from the
+        usual AWS places: the environment, ~/.aws), or None with a warning."""
+        env = {key: self._env.get(f"TROUPE_S3_{key.upper()}", "").strip() or None for key in (
+            "bucket", "prefix", "endpoint_url", "region", "access_key_id", "secret_access_key")}
+        prefix = (env.pop("prefix") or "").strip("/")
+        try:
+            return S3Bucket.model_validate({**env, "prefix": f"{prefix}/" if prefix else ""})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            self._warnings.append(f"TROUPE_S3_ENABLED is on but TROUPE_S3_{str(first['loc'][0]).upper()} is not "
+                                  f"usable ({first['msg']}), so S3 stays off")
+            return None
 
     def limit(self, name: str, default: int) -> int:
         # A limit below 1 would leave a queue that can never drain, so it counts as 1.

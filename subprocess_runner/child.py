@@ -22,6 +22,8 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     for node in assign["graph"].get("nodes", []):  # resources.env (XLA_FLAGS...): before any import reads it
         os.environ.update((node.get("resources") or {}).get("env") or {})
 
+    from protocol.worker import Storage
+    from subprocess_runner.artifacts import Shipper, destination
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
     from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
@@ -41,13 +43,11 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
             counter += 1
             conn.send((kind, counter, *message))
 
-    # The run's files live in a directory of its own; artifacts are reported relative
-    # to it (the control plane refuses a worker's path that points anywhere else).
+    # The run's files live in a directory of its own; its artifacts are stored from there
+    # (their paths relative to it: the control plane refuses one that points elsewhere).
     run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
 
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        if kind == "artifact" and Path(str(payload.get("path", ""))).is_relative_to(run_dir):
-            payload = {**payload, "path": str(Path(payload["path"]).relative_to(run_dir))}
         send("event", kind, node_id, payload)
 
     emit("environment", None, execution_facts(RUN_PROCESS))  # this process is what executes the run
@@ -69,21 +69,24 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
         totals = assign.get("memory_total_mib") or {}
         apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
                   lambda message: emit("log", None, {"message": message}))
+    mounts = dict(assign.get("mounts") or {})
+    control_plane = assign.get("control_plane") or {}
+    storage = Storage.model_validate(assign["storage"]) if assign.get("storage") else None
+    shipper = Shipper(assign["run_id"], run_dir, destination(storage, mounts, control_plane), emit)
     try:
-        mounts = dict(assign.get("mounts") or {})
-        control_plane = assign.get("control_plane") or {}
         if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
             cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
             mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
-                                                 control_plane.get("unix_socket")))
+                                                 control_plane.get("unix_socket"), storage.s3 if storage else None))
         graph = prepare_executable_graph(resolve_mounts(assign["graph"], mounts))
-        ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit), cancel,
+        ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"))
         outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it
         outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
+    shipper.close()  # its artifacts are stored (or warned about) before its end is reported
     error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
     if out_of_memory and budget:
         error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"

@@ -14,8 +14,12 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from subprocess_runner.digest import file_sha256
+
+if TYPE_CHECKING:
+    from subprocess_runner.artifacts import Shipper
 from subprocess_runner.errors import RunCancelled
 
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
@@ -47,8 +51,11 @@ class Sinks:
     """Run-scoped event sinks, shared by every node of one run: ``emit`` plus the step
     counters of each metric series (steps accumulate across calls and nodes)."""
 
-    def __init__(self, emit: Emit) -> None:
+    def __init__(self, emit: Emit, artifacts: Shipper | None = None) -> None:
         self.emit = emit
+        # Stores the run's artifacts where they belong before announcing them; None: an
+        # artifact is announced where it was written (an exported script).
+        self.artifacts = artifacts
         self._steps: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -110,11 +117,7 @@ class ExecutionContext:
         stat = path.stat()
         record: dict[str, Any] = {"kind": kind, "ref": str(path), "size": stat.st_size, "mode": self.provenance}
         if self.provenance == "content":
-            digest = hashlib.sha256()
-            with path.open("rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            record["sha256"] = digest.hexdigest()
+            record["sha256"] = file_sha256(path)
         else:
             record["mtime"] = stat.st_mtime
         self.sinks.emit("provenance", self.node_id, record)
@@ -128,8 +131,12 @@ class ExecutionContext:
         return folder
 
     def artifact(self, kind: str, path: Path | str) -> None:
-        """Announces a file the run wrote, so the control plane lists it on the run."""
-        self.sinks.emit("artifact", self.node_id, {"kind": kind, "path": str(path)})
+        """Announces a file the run wrote, so the control plane lists it on the run once
+        it is stored (hashed, and sent on from a worker), off this node's thread."""
+        if self.sinks.artifacts is not None:
+            self.sinks.artifacts.submit(self.node_id, kind, Path(path))
+        else:
+            self.sinks.emit("artifact", self.node_id, {"kind": kind, "path": str(path)})
 
     @property
     def cancelled(self) -> bool:

@@ -3,10 +3,12 @@ reads (``upload:<file id>``) from the control plane, into a cache named by conte
 
 A file's id is the head of its sha256, so what arrives is checked against it: a copy
 that does not match (cut short, corrupted) is thrown away and fetched again, and never
-used. Fetched files stay in the cache for the next run that reads them."""
+used. Fetched files stay in the cache for the next run that reads them. With S3 on,
+uploads are taken from the bucket instead, checked the same way."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
 import os
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.unix_http import UnixHTTPConnection
+from protocol.worker import S3Bucket
 
 ATTEMPTS = 3
 _CHUNK = 1 << 20
@@ -27,12 +30,21 @@ def upload_ids(graph: Mapping[str, Any]) -> set[str]:
             if isinstance(value := (node.get("params") or {}).get("path"), str) and value.startswith("upload:")}
 
 
-def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: str | None = None) -> Path:
-    """Makes every upload the graph reads present in ``cache`` (checked); returns it."""
+def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: str | None = None,
+                  bucket: S3Bucket | None = None) -> Path:
+    """Makes every upload the graph reads present in ``cache`` (checked); returns it.
+    With a bucket, an upload is taken from there when it is in it (uploaded while S3
+    was on), else from the control plane."""
     cache.mkdir(parents=True, exist_ok=True)
     for file_id in sorted(upload_ids(graph)):
-        if not (cache / file_id).is_file():
-            _fetch(file_id, url, cache, unix_socket)
+        if (cache / file_id).is_file():
+            continue
+        if bucket is not None:
+            from subprocess_runner.s3 import get_file, upload_key
+
+            if asyncio.run(get_file(bucket, upload_key(bucket, file_id), cache / file_id, file_id)):
+                continue
+        _fetch(file_id, url, cache, unix_socket)
     return cache
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,11 @@ class Server:
         status, reply = self.client.request("GET", path)
         assert status == 200, (path, status, reply)
         return reply
+
+    def download(self, path: str) -> bytes:
+        """The bytes of a GET that answers a file (an artifact, an upload's content)."""
+        with urllib.request.urlopen(self.url + path, timeout=60) as response:
+            return response.read()  # type: ignore[no-any-return]
 
     def events_until_finished(self, run_id: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Follows the run's stream until ``run_finished``; returns every event."""

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from actors.base import Exit
 from web import (
+    routes_artifacts,
     routes_editor,
     routes_export,
     routes_files,
@@ -69,6 +70,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_workers.routes)
     app.add_routes(routes_flavors.routes)
     app.add_routes(routes_files.routes)
+    app.add_routes(routes_artifacts.routes)
     app.add_routes(ws_worker.routes)
     app.router.add_post(LOGIN_LINKS_PATH, _login_link)
     if (STATIC / "index.html").exists():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +25,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _SELF_AUTHENTICATED = frozenset({"/api/workers/credentials"})
+_WORKER_ARTIFACT = re.compile(r"/api/runs/[0-9a-f]{32}/artifacts")
 LOGIN_LINKS_PATH = "/api/login-links"  # the session token only, never a page's cookie
+
+
+def _self_authenticated(request: web.Request) -> bool:
+    """The credential exchange proves itself with the enrollment token, and a worker's
+    artifact transfer with the worker's credential (their handlers check)."""
+    return request.path in _SELF_AUTHENTICATED or (
+        request.method == "PUT" and _WORKER_ARTIFACT.fullmatch(request.path) is not None)
 
 
 def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -55,8 +64,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                 f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS "
                 "to reach this server by that name"
             )
-        # The credential exchange proves itself with the enrollment token.
-        if request.method not in _SAFE_METHODS and request.path not in _SELF_AUTHENTICATED:
+        if request.method not in _SAFE_METHODS and not _self_authenticated(request):
             header = request.headers.get("Authorization", "")
             scheme, _, token = header.partition(" ")
             # A header of non-UTF-8 bytes compares unequal; it never raises.

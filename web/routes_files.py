@@ -1,6 +1,7 @@
 """``/api/files``: files uploaded for runs to read as ``upload:<file id>``. The bytes are
 streamed to ``TROUPE_HOME/files`` and hashed on the way in; the file's id is the head of
-its sha256, so the same content uploaded twice is one file."""
+its sha256, so the same content uploaded twice is one file. With S3 on, each upload is
+also put in the bucket (before its row is written), where workers take it from."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 from aiohttp import BodyPartReader, web
 
-from actors.errors import FileNotFound
+from actors.errors import FileNotFound, StorageUnavailable
 from actors.store.files import AddFile, DeleteFile, ListFiles
 from protocol.errors import InvalidRequest, PayloadTooLarge
+from protocol.worker import S3Bucket
 from web.context import services
 from web.errors import json_reply
 from web.requests import hex_id
@@ -52,9 +54,23 @@ async def upload(request: web.Request) -> web.Response:
     finally:
         Path(temporary).unlink(missing_ok=True)
     name = Path(part.filename or "upload").name[:255]
+    if svc.settings.s3 is not None:  # workers take it from the bucket; this copy serves runs here
+        await _to_bucket(svc.settings.s3, folder / file_id, file_id, sha256)
     row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256}))
     return json_reply({"file_id": row["id"], "name": row["name"], "size": row["size"], "sha256": row["sha256"],
                        "ref": f"upload:{row['id']}"}, status=201)
+
+
+async def _to_bucket(bucket: S3Bucket, path: Path, file_id: str, sha256: str) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from subprocess_runner.s3 import put_file, upload_key
+
+    try:
+        await put_file(bucket, path, upload_key(bucket, file_id), sha256)
+    except (BotoCoreError, ClientError) as exc:
+        raise StorageUnavailable(f"the file could not be stored in the bucket {bucket.bucket}: {exc}; nothing was "
+                                 "recorded, send it again once the bucket answers") from exc
 
 
 @routes.get("/api/files")

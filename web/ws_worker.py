@@ -28,7 +28,7 @@ from web.context import Services, services
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
 HELLO_TIMEOUT_S = 10.0
-_LOOPBACK = ("127.0.0.1", "::1")
+LOOPBACK = ("127.0.0.1", "::1")  # peers the session token is accepted from
 
 
 async def _refuse(ws: web.WebSocketResponse, code: str, reason: str, final: bool = True) -> web.WebSocketResponse:
@@ -46,7 +46,7 @@ async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[
         return None, "the agent sent no credential"
     peer = request.remote or ""
     if hmac.compare_digest(secret.encode("utf-8", "surrogateescape"), svc.token.encode()):
-        if peer not in _LOOPBACK:
+        if peer not in LOOPBACK:
             return None, ("the session token is accepted only from this machine (a loopback peer); enroll this "
                           "agent with a join command (POST /api/workers/enrollments)")
         if hello.machine_id != host_machine_id():  # same machine: a loopback peer *and* its machine id
@@ -54,6 +54,11 @@ async def _who(svc: Services, request: web.Request, hello: wire.Hello) -> tuple[
                           f"id {hello.machine_id[:80]!r} is not the server's; enroll it with a join command")
         problem = worker_name_problem(hello.name)  # a same-machine agent may use the session token
         return (None, problem) if problem else (hello.name, "")
+    return await credential_owner(svc, secret)
+
+
+async def credential_owner(svc: Services, secret: str) -> tuple[str | None, str]:
+    """The worker a credential was issued to, or None with the reason it is refused."""
     try:
         secret.encode()
     except UnicodeEncodeError:

@@ -1,4 +1,4 @@
-"""A run's log: its events, metric points, recorded node outputs and artifacts.
+"""A run's log: its events, metric points and recorded node outputs.
 
 Events arrive already numbered by their RunActor; appending a seq twice is a no-op, so
 a retried or replayed write is harmless.
@@ -13,7 +13,7 @@ from typing import Any
 
 import apsw
 
-from actors.store.table import Session, Table
+from actors.store.table import Table
 from protocol import events as ev
 
 # Messages: writes --------------------------------------------------------------
@@ -39,14 +39,6 @@ class RecordOutputs:
     node_id: str
     outputs: Mapping[str, Any]
     keep_runs: int = 20
-
-
-@dataclass(frozen=True)
-class RecordArtifact:
-    run_id: str
-    node_id: str | None
-    kind: str
-    path: str
 
 
 # Messages: reads ---------------------------------------------------------------
@@ -180,26 +172,9 @@ def get_outputs(conn: apsw.Connection, run_id: str, node_id: str | None) -> dict
     return {str(n): json.loads(str(o)) for n, o in conn.execute(query, args)}
 
 
-def artifacts(conn: apsw.Connection, run_id: str) -> list[dict[str, Any]]:
-    return [
-        {"node_id": n, "kind": k, "path": p, "created_at": c}
-        for n, k, p, c in conn.execute(
-            "SELECT node_id, kind, path, created_at FROM artifacts WHERE run_id = ? ORDER BY rowid", (run_id,)
-        )
-    ]
-
-
-def _record_artifact(s: Session, op: RecordArtifact) -> None:
-    s.conn.execute(
-        "INSERT INTO artifacts(run_id, node_id, kind, path, created_at) VALUES (?, ?, ?, ?, ?)",
-        (op.run_id, op.node_id, op.kind, op.path, ev.utc_now()),
-    )
-
-
 WRITES: Table = {
     AppendEvents: lambda s, op: append_events(s.conn, op.run_id, op.events, op.counter),
     RecordOutputs: lambda s, op: record_outputs(s.conn, op.run_id, op.node_id, op.outputs, op.keep_runs),
-    RecordArtifact: _record_artifact,
 }
 READS: Table = {
     GetEvents: lambda s, m: get_events(s.conn, m.run_id, m.after, m.tail, m.cap_bytes),

@@ -16,7 +16,8 @@ import apsw
 
 from actors.errors import RunNotFound, RunStillActive
 from actors.store import studies
-from actors.store.events import append_events, artifacts, get_events
+from actors.store.artifacts import artifacts
+from actors.store.events import append_events, get_events
 from actors.store.table import Session, Table
 from protocol import events as ev
 

@@ -253,6 +253,29 @@ MIGRATIONS: tuple[str, ...] = (
         created_at TEXT NOT NULL
     );
     """,
+    # 13: an artifact says where its bytes live (backend local, mount, transfer or s3; the
+    # mount label or the bucket) with its size and sha256, and has an id of its own. A row
+    # is written only once the whole file is stored. Rows of earlier versions keep their
+    # absolute path, backend NULL.
+    """
+    CREATE TABLE artifacts_13 (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        node_id TEXT,
+        kind TEXT NOT NULL,
+        path TEXT NOT NULL,
+        backend TEXT,
+        label TEXT,
+        size INTEGER,
+        sha256 TEXT,
+        created_at TEXT NOT NULL
+    );
+    INSERT INTO artifacts_13(run_id, node_id, kind, path, created_at)
+        SELECT run_id, node_id, kind, path, created_at FROM artifacts ORDER BY rowid;
+    DROP TABLE artifacts;
+    ALTER TABLE artifacts_13 RENAME TO artifacts;
+    CREATE INDEX artifacts_run ON artifacts(run_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -86,7 +86,11 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/../../escape.pt"}),
                ("metric", {"name": "loss", "step": 2**63, "value": 1.0}),
                ("metric", {"name": "loss", "step": 1, "value": "high"}),
-               ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt"})]
+               # A worker's transfer is recorded by the control plane on arrival, never announced.
+               ("artifact", {"kind": "checkpoint", "path": "checkpoints/claimed.pt", "backend": "transfer",
+                             "size": 3, "sha256": "a" * 64}),
+               ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt", "backend": "mount",
+                             "label": "data", "size": 3, "sha256": "a" * 64})]
         for counter, (kind, payload) in enumerate(bad, start=1):
             await ws.send_str(wire.RunEvent(run_id=run_id, counter=counter, kind=kind, payload=payload)
                               .model_dump_json())
@@ -97,7 +101,7 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
     events = shared_server.get(f"/api/runs/{run_id}/events")["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     rejected = [e["payload"] for e in events if e["payload"].get("code") == "event_rejected"]
-    assert len(rejected) == 4
+    assert len(rejected) == 5
     artifacts = shared_server.get(f"/api/runs/{run_id}")["artifacts"]
     assert [a["path"] for a in artifacts] == ["checkpoints/last.pt"]
 

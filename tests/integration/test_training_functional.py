@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import subprocess
-from pathlib import Path
 
 from tests.helpers import EXAMPLES, REPO, base_env, troupe_cmd
 
@@ -38,9 +38,12 @@ def test_digits_trains_to_ninety_percent_through_troupe_run(make_server):
     row = server.get(f"/api/runs/{run_id}")
     assert row["final_loss"] == series(server, run_id, "val_loss")[-1]
     checkpoints = [a for a in row["artifacts"] if a["kind"] == "checkpoint"]
-    assert [Path(a["path"]).name for a in checkpoints] == ["trainer-epoch-5.pt", "trainer-epoch-10.pt"]
-    assert all(Path(a["path"]).is_file() for a in checkpoints)
-    assert Path(checkpoints[0]["path"]).parent == server.home / "runs" / run_id / "checkpoints"
+    assert [a["path"] for a in checkpoints] == ["checkpoints/trainer-epoch-5.pt", "checkpoints/trainer-epoch-10.pt"]
+    for artifact in checkpoints:  # hashed off the training's thread, listed once stored
+        on_disk = (server.home / "runs" / run_id / artifact["path"]).read_bytes()
+        assert (artifact["backend"], artifact["size"]) == ("local", len(on_disk))
+        assert artifact["sha256"] == hashlib.sha256(on_disk).hexdigest()
+        assert server.download(f"/api/runs/{run_id}/artifacts/{artifact['id']}") == on_disk
 
 
 def test_a_seeded_run_is_reproducible_and_another_seed_is_not(make_server):

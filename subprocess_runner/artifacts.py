@@ -1,0 +1,170 @@
+"""Storing a run's artifacts, off the training's path: a node writes its checkpoint into
+the run's folder and announces it (``ctx.artifact``); a thread of the run then hashes it
+and stores it where it belongs, and only then is the ``artifact`` event emitted, with the
+backend, size and sha256. A file that could not be stored whole is never announced as
+an artifact: its run gets a warning instead.
+
+Where an artifact goes (``destination``): an in-process run's stays in its folder on the
+control plane (``local``). A worker run's goes to the control plane's own storage label
+when this worker holds it too (``mount``: both machines reach that folder), else to the
+S3 bucket when one is configured (``s3``), else to the control plane over the worker's
+credential (``transfer``: the control plane checks it on arrival and records it
+itself, so its run emits nothing for it). The run waits for the stores still going
+before it reports its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import queue
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from protocol.unix_http import UnixHTTPConnection
+from protocol.worker import S3Bucket, Storage
+from subprocess_runner.digest import copy_hashing, file_sha256
+
+log = logging.getLogger("troupe.artifacts")
+
+ATTEMPTS = 3
+MOUNT_FOLDER = "troupe-artifacts"  # under a storage label: <label>/troupe-artifacts/<run id>/<path>
+# The header a transfer carries the file's sha256 in (the control plane checks it).
+SHA256_HEADER = "X-Troupe-Sha256"
+Emit = Callable[[str, str | None, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Destination:
+    backend: str  # local | mount | s3 | transfer
+    label: str | None = None  # mount: the storage label; s3: the bucket
+    root: Path | None = None  # mount: the label's folder on this machine
+    bucket: S3Bucket | None = None
+    control_plane: Mapping[str, Any] | None = None  # transfer: url, unix_socket, credential
+    max_bytes: int | None = None  # transfer: the most one file may be
+
+
+def destination(storage: Storage | None, mounts: Mapping[str, str], control_plane: Mapping[str, Any]) -> Destination:
+    """A worker run's: mount first, then S3, then transfer."""
+    if storage is not None and storage.mount_label and storage.mount_label in mounts:
+        return Destination("mount", storage.mount_label, root=Path(mounts[storage.mount_label]))
+    if storage is not None and storage.s3 is not None:
+        return Destination("s3", storage.s3.bucket, bucket=storage.s3)
+    limit = storage.transfer_max_mb if storage is not None else None
+    return Destination("transfer", control_plane=control_plane,
+                       max_bytes=limit * 1024 * 1024 if limit is not None else None)
+
+
+class Shipper:
+    """One run's artifact stores, in the order they were announced, on one thread."""
+
+    def __init__(self, run_id: str, run_dir: Path, where: Destination, emit: Emit) -> None:
+        self._run_id = run_id
+        self._run_dir = run_dir
+        self._where = where
+        self._emit = emit
+        self._queue: queue.SimpleQueue[tuple[str | None, str, Path] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, node_id: str | None, kind: str, path: Path) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=f"artifacts-{self._run_id[:8]}", daemon=True)
+                self._thread.start()
+        self._queue.put((node_id, kind, path))
+
+    def close(self) -> None:
+        """Waits for every store announced so far (the run ends after them)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            node_id, kind, path = item
+            try:
+                stored = self._store(node_id, kind, path)
+            except Exception as exc:  # one artifact that fails never fails the run
+                log.warning("run %s: artifact %s was not stored: %s", self._run_id, path, exc)
+                self._emit("warning", node_id, {"message": f"artifact {path.name} was not stored "
+                                                           f"({self._where.backend}): {exc}; it stays at {path}",
+                                                "code": "artifact_not_stored"})
+                continue
+            if stored is not None:
+                self._emit("artifact", node_id, {"kind": kind, **stored})
+
+    def _store(self, node_id: str | None, kind: str, path: Path) -> dict[str, Any] | None:
+        """Stores one file; returns what its event says, or None when the control plane
+        records it itself (transfer)."""
+        where = self._where
+        relative = _relative(path, self._run_dir)
+        if relative is None and where.backend != "local":
+            raise ValueError(f"a worker run's artifact must be inside the run's folder {self._run_dir}")
+        shown = relative or str(path)
+        if where.backend == "mount":
+            assert where.root is not None
+            size, sha256 = copy_hashing(path, where.root / MOUNT_FOLDER / self._run_id / shown)
+            return {"path": shown, "backend": "mount", "label": where.label, "size": size, "sha256": sha256}
+        size, sha256 = path.stat().st_size, file_sha256(path)
+        if where.backend == "s3":
+            from subprocess_runner.s3 import artifact_key, put_file
+
+            assert where.bucket is not None
+            asyncio.run(put_file(where.bucket, path, artifact_key(where.bucket, self._run_id, shown), sha256))
+            return {"path": shown, "backend": "s3", "label": where.label, "size": size, "sha256": sha256}
+        if where.backend == "transfer":
+            if where.max_bytes is not None and size > where.max_bytes:
+                raise ValueError(f"it is {size / 1e6:.0f} MB, over the control plane's {where.max_bytes // 2**20} "
+                                 "MiB a transfer (TROUPE_UPLOAD_MAX_MB); give the worker the control plane's "
+                                 "storage label, or configure S3")
+            self._transfer(path, {"path": shown, "kind": kind, "node": node_id or ""}, size, sha256)
+            return None
+        return {"path": shown, "backend": "local", "label": None, "size": size, "sha256": sha256}
+
+    def _transfer(self, path: Path, query: dict[str, str], size: int, sha256: str) -> None:
+        """PUTs the file to the control plane, which keeps it only if all of it arrived
+        with this hash; a cut-short or refused attempt is tried again."""
+        control = self._where.control_plane or {}
+        parsed = urllib.parse.urlsplit(str(control.get("url", "")))
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        target = f"/api/runs/{self._run_id}/artifacts?{urllib.parse.urlencode(query)}"
+        problem = ""
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(attempt)
+            unix_socket = control.get("unix_socket")
+            conn = (UnixHTTPConnection(unix_socket, host, port, 60.0) if unix_socket
+                    else http.client.HTTPConnection(host, port, timeout=60.0))
+            try:
+                with path.open("rb") as body:
+                    conn.request("PUT", target, body=body, headers={
+                        "Content-Length": str(size), SHA256_HEADER: sha256, "Content-Type": "application/octet-stream",
+                        "Authorization": f"Bearer {control.get('credential', '')}"})
+                    response = conn.getresponse()
+                    answer = response.read(4096).decode("utf-8", "replace")
+                if response.status == 201:
+                    return
+                problem = f"the control plane answered {response.status}: {answer[:300]}"
+                if response.status in (401, 404, 409, 413):
+                    break  # trying again cannot help
+            except (OSError, http.client.HTTPException) as exc:
+                problem = f"the transfer was cut short: {exc}"
+            finally:
+                conn.close()
+        raise OSError(problem)
+
+
+def _relative(path: Path, run_dir: Path) -> str | None:
+    try:
+        return PurePosixPath(path.resolve().relative_to(run_dir.resolve())).as_posix()
+    except ValueError:
+        return None

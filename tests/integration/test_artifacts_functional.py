@@ -1,0 +1,118 @@
+"""Artifacts of worker runs come back (issue 16, point 1): through the control plane
+(transfer), onto the control plane's own storage label when the worker holds it too
+(mount), each row with its backend, size and sha256, and listed only once its file is
+whole: a transfer cut short, or one whose bytes do not match, leaves no file and no row."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import urllib.parse
+
+from tests.helpers import sleeper
+from tests.integration.test_training_functional import quick_digits
+from tests.integration.test_workers_functional import enroll, read_until, start_agent
+
+CHECKPOINTS = ["checkpoints/trainer-epoch-1.pt", "checkpoints/trainer-epoch-2.pt"]
+
+
+def trained_on(server, worker: str) -> tuple[str, list[dict]]:
+    run_id = server.submit(quick_digits(epochs=2, checkpoint_every=1), target={"worker": worker})["run_id"]
+    events = server.events_until_finished(run_id, timeout=180)
+    assert events[-1]["payload"]["status"] == "succeeded", events[-3:]
+    artifacts = server.get(f"/api/runs/{run_id}")["artifacts"]
+    assert [a["path"] for a in artifacts] == CHECKPOINTS
+    announced = [e["payload"] for e in events if e["type"] == "artifact"]
+    assert [(a["path"], a["sha256"]) for a in announced] == [(a["path"], a["sha256"]) for a in artifacts]
+    for artifact in artifacts:
+        body = server.download(f"/api/runs/{run_id}/artifacts/{artifact['id']}")
+        assert (len(body), hashlib.sha256(body).hexdigest()) == (artifact["size"], artifact["sha256"])
+    return run_id, artifacts
+
+
+def test_a_worker_runs_checkpoints_come_back_by_transfer_and_by_mount(make_server, tmp_path):
+    shared = tmp_path / "nas"
+    shared.mkdir()
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_MOUNT_PATH=str(shared))
+    far = start_agent(server, tmp_path / "far", enroll(server, name="far")["command"], machine="far")
+    near = start_agent(server, tmp_path / "near", enroll(server, name="near")["command"] + f" --mount data={shared}",
+                       machine="near")
+    try:
+        read_until(far, "connected as far")
+        read_until(near, "connected as near")
+        run_id, artifacts = trained_on(server, "far")
+        assert {(a["backend"], a["label"]) for a in artifacts} == {("transfer", None)}
+        assert (server.home / "runs" / run_id / CHECKPOINTS[0]).is_file()
+        run_id, artifacts = trained_on(server, "near")
+        assert {(a["backend"], a["label"]) for a in artifacts} == {("mount", "data")}
+        copied = shared / "troupe-artifacts" / run_id / CHECKPOINTS[1]
+        assert hashlib.sha256(copied.read_bytes()).hexdigest() == artifacts[1]["sha256"]
+    finally:
+        for agent in (far, near):
+            agent.terminate()
+            agent.wait(30)
+
+
+def _put(server, run_id: str, path: str, body: bytes, sha256: str, length: int | None = None,
+         token: str | None = None) -> tuple[int, bytes]:
+    """A worker's PUT by hand; ``length`` larger than the body: the sender stops midway."""
+    parsed = urllib.parse.urlsplit(server.url)
+    head = (f"PUT /api/runs/{run_id}/artifacts?{urllib.parse.urlencode({'path': path, 'kind': 'checkpoint'})} "
+            f"HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token or server.token}\r\n"
+            f"X-Troupe-Sha256: {sha256}\r\nContent-Length: {length or len(body)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as conn:
+        conn.sendall(head.encode() + body)
+        if length is not None and length > len(body):
+            conn.shutdown(socket.SHUT_WR)  # cut short: the rest never comes
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    status = int(reply.split(b" ", 2)[1]) if reply else 0
+    return status, reply
+
+
+def test_a_transfer_cut_short_or_corrupted_leaves_no_row(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    other = enroll(server, name="gpu-b")
+    try:
+        read_until(agent, "connected as gpu-a")
+        run_id = server.submit(sleeper(60), target={"worker": "gpu-a"})["run_id"]
+        server.wait_status(run_id, "running")
+        body = bytes(range(256)) * 4096  # 1 MiB
+        good = hashlib.sha256(body).hexdigest()
+        status, _ = _put(server, run_id, "checkpoints/cut.pt", body[: len(body) // 2], good, length=len(body))
+        assert status in (0, 400)  # the reply may not reach a sender that stopped sending
+        status, reply = _put(server, run_id, "checkpoints/bad.pt", body[:-1] + b"x", good)
+        assert status == 400 and b"artifact_refused" in reply
+        status, reply = _put(server, run_id, "../escape.pt", body, good)
+        assert status == 400 and b'"?path"' in reply
+        credential = _credential(server, other)
+        status, reply = _put(server, run_id, "checkpoints/theirs.pt", body, good, token=credential)
+        assert status == 401 and b"does not execute this run" in reply
+        assert server.get(f"/api/runs/{run_id}")["artifacts"] == []
+        folder = server.home / "runs" / run_id / "checkpoints"
+        assert sorted(p.name for p in folder.iterdir()) == []  # no partial file left behind
+        status, reply = _put(server, run_id, "checkpoints/whole.pt", body, good)
+        assert status == 201, reply
+        listed = server.get(f"/api/runs/{run_id}")["artifacts"]
+        assert [(a["path"], a["backend"], a["size"], a["sha256"]) for a in listed] == [
+            ("checkpoints/whole.pt", "transfer", len(body), good)]
+        assert server.download(f"/api/runs/{run_id}/artifacts/{listed[0]['id']}") == body
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+        server.events_until_finished(run_id, timeout=60)
+        status, reply = _put(server, run_id, "checkpoints/late.pt", body, good)
+        assert status == 409 and b"run_not_executing" in reply
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    status, reply = server.client.request("GET", f"/api/runs/{run_id}/artifacts/999")
+    assert (status, reply["error"]["code"]) == (404, "artifact_not_found")
+
+
+def _credential(server, enrollment: dict) -> str:
+    token = enrollment["command"].split("--token ")[1].split()[0]
+    status, reply = server.anonymous.request("POST", "/api/workers/credentials",
+                                             {"token": token, "machine_id": "machine-b"})
+    assert status == 201, reply
+    return str(reply["credential"])

@@ -1,0 +1,194 @@
+"""``/api/runs/{id}/artifacts``: a worker sends a run's artifact here (transfer backend),
+and anyone reads one wherever it lives.
+
+The PUT is the worker's: its credential (or, from this machine, the session token)
+names the worker the run executes on. The bytes go to a temporary file in the run's
+folder, hashed on the way; only when all of them arrived and the hash is the one the
+worker announced is the file renamed into place and its row written (by the run's
+actor, which also logs the ``artifact`` event). Anything less leaves no file and no row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from actors.eligibility import INSTANCE_MARK
+from actors.errors import (
+    ArtifactNotFound,
+    ArtifactRefused,
+    ArtifactUnreachable,
+    RunNotFound,
+)
+from actors.run_messages import ArtifactArrived
+from actors.store.artifacts import GetArtifact
+from actors.store.runs import GetRun
+from protocol import events as ev
+from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unauthorized
+from subprocess_runner.artifacts import MOUNT_FOLDER, SHA256_HEADER
+from web.context import Services, services
+from web.errors import json_reply
+from web.requests import run_id_from
+from web.ws_worker import LOOPBACK, credential_owner
+
+routes = web.RouteTableDef()
+_CHUNK = 1 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@routes.put("/api/runs/{run_id}/artifacts")
+async def receive_artifact(request: web.Request) -> web.Response:
+    svc = services(request)
+    run_id = run_id_from(request)
+    path, sha256, size = _announced(request, svc.settings.upload_max_mb)
+    row = await svc.store.read(GetRun(run_id))
+    if row is None:
+        raise RunNotFound(f"no run {run_id}")
+    worker = row.get("worker")
+    await _authorize(svc, request, worker)
+    run = svc.registry.lookup(f"runs/{run_id}")
+    if worker is None or run is None or row["status"] not in (ev.RUNNING, ev.DISCONNECTED):
+        raise StateConflict(f"run {run_id} is not executing on a worker; an artifact is sent while its run executes",
+                            code="run_not_executing")
+    folder = svc.settings.home / "runs" / run_id
+    final = folder / path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.")
+    try:
+        digest, received = hashlib.sha256(), 0
+        with os.fdopen(handle, "wb") as out:
+            try:
+                async for chunk in request.content.iter_chunked(_CHUNK):
+                    received += len(chunk)
+                    if received > size:
+                        break
+                    digest.update(chunk)
+                    out.write(chunk)
+            except (OSError, ValueError, web.HTTPException) as exc:  # the sender went away mid-file
+                raise ArtifactRefused(f"the transfer of {path} was cut short: {exc}") from exc
+        if received != size or digest.hexdigest() != sha256:
+            raise ArtifactRefused(f"{path}: {received} of {size} bytes arrived, sha256 {digest.hexdigest()[:16]}... "
+                                  f"(announced {sha256[:16]}...); nothing was kept", pointer=f"/{SHA256_HEADER}")
+        os.replace(temporary, final)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    written = await run.ask(ArtifactArrived(worker, request.query.get("node") or None,
+                                            request.query.get("kind") or "file", path, size, sha256))
+    if written is None:
+        final.unlink(missing_ok=True)
+        raise StateConflict(f"run {run_id} ended while {path} arrived; it was not kept", code="run_not_executing")
+    await written
+    return json_reply({"run_id": run_id, "path": path, "size": size, "sha256": sha256}, status=201)
+
+
+def _announced(request: web.Request, max_mb: int) -> tuple[str, str, int]:
+    path = request.query.get("path", "")
+    problem = ev.outside_run_dir(path)
+    if problem is not None:
+        raise InvalidRequest(problem, pointer="?path")
+    sha256 = request.headers.get(SHA256_HEADER, "")
+    if not _SHA256.fullmatch(sha256):
+        raise InvalidRequest(f"the {SHA256_HEADER} header must carry the file's sha256 (64 lowercase hex digits)",
+                             pointer=f"/{SHA256_HEADER}")
+    size = request.content_length
+    if size is None:
+        raise InvalidRequest("send the artifact with a Content-Length", pointer="/Content-Length")
+    if size > max_mb * 1024 * 1024:
+        raise PayloadTooLarge(f"the artifact is over {max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
+    return path, sha256, size
+
+
+async def _authorize(svc: Services, request: web.Request, worker: str | None) -> None:
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise Unauthorized("an artifact is sent by the run's worker, with its credential")
+    given = secret.encode("utf-8", "surrogateescape")
+    if hmac.compare_digest(given, svc.token.encode()) and (request.remote or "") in LOOPBACK:
+        return  # an agent on this machine uses the session token
+    owner, reason = await credential_owner(svc, secret)
+    if owner is None:
+        raise Unauthorized(reason)
+    if worker is None or owner != worker.split(INSTANCE_MARK)[0]:
+        raise Unauthorized(f"worker {owner} does not execute this run")
+
+
+@routes.get("/api/runs/{run_id}/artifacts/{artifact_id}")
+async def read_artifact(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    run_id = run_id_from(request)
+    raw = request.match_info["artifact_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise ArtifactNotFound(f"{raw[:40]!r} is not an artifact id (a number from the run's artifacts)")
+    found = await svc.store.read(GetArtifact(run_id, int(raw)))
+    if found is None:
+        raise ArtifactNotFound(f"run {run_id} has no artifact {raw}")
+    name = Path(found["path"]).name
+    headers = {"Content-Disposition": f'attachment; filename="{_quoted(name)}"',
+               "Content-Type": "application/octet-stream"}
+    if found["sha256"]:
+        headers["X-Troupe-Sha256"] = found["sha256"]
+    if found["backend"] == "s3":
+        return await _stream_from_bucket(svc, request, run_id, found, headers)
+    where = _local_file(svc, run_id, found)
+    if not where.is_file():
+        raise ArtifactNotFound(f"artifact {raw} of run {run_id} is listed, but its file {where} is gone "
+                               "(removed by hand, or with its run's folder)", code="artifact_gone")
+    return web.FileResponse(where, headers=headers)
+
+
+def _local_file(svc: Services, run_id: str, found: dict[str, Any]) -> Path:
+    settings = svc.settings
+    if found["backend"] == "mount":
+        if found["label"] != settings.mount_label or settings.mount_path is None:
+            raise ArtifactUnreachable(
+                f"this artifact lives under the storage label {found['label']!r}, which this server does not mount "
+                "(TROUPE_MOUNT_LABEL and TROUPE_MOUNT_PATH); read it on a machine that does")
+        return settings.mount_path / MOUNT_FOLDER / run_id / found["path"]
+    run_dir = settings.home / "runs" / run_id
+    path = Path(found["path"])
+    if path.is_absolute():  # a row from before artifacts had a backend
+        if not path.resolve().is_relative_to(run_dir.resolve()):
+            raise ArtifactUnreachable(f"artifact {found['id']} names {path}, outside its run's folder")
+        return path
+    return run_dir / path
+
+
+async def _stream_from_bucket(svc: Services, request: web.Request, run_id: str, found: dict[str, Any],
+                              headers: dict[str, str]) -> web.StreamResponse:
+    from subprocess_runner.s3 import artifact_key, stream
+
+    bucket = svc.settings.s3
+    if bucket is None or bucket.bucket != found["label"]:
+        raise ArtifactUnreachable(f"this artifact is in the bucket {found['label']!r}, which this server is not "
+                                  "configured for (TROUPE_S3_ENABLED, TROUPE_S3_BUCKET)")
+    response = web.StreamResponse(headers=headers)
+    if found["size"] is not None:
+        response.content_length = found["size"]
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    chunks = stream(bucket, artifact_key(bucket, run_id, found["path"]))
+    try:
+        first = await anext(chunks, b"")  # a missing object fails here, before the status is sent
+    except ClientError as exc:
+        raise ArtifactNotFound(f"artifact {found['id']} of run {run_id} is listed, but the bucket answered: {exc}",
+                               code="artifact_gone") from exc
+    except BotoCoreError as exc:
+        raise ArtifactUnreachable(f"the bucket {bucket.bucket} cannot be reached: {exc}") from exc
+    await response.prepare(request)
+    await response.write(first)
+    async for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _quoted(name: str) -> str:
+    return "".join(c if c.isprintable() and c not in '"\\' else "_" for c in name)[:200]
