@@ -133,7 +133,8 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
 
 def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str, settings: Settings) -> None:
     """A named worker must hold every label the graph reads from; ``any`` skips those that
-    do not. Uploads reach any worker by transfer, within TROUPE_TRANSFER_MAX_MB."""
+    do not. Uploads reach any worker by transfer, within TROUPE_TRANSFER_MAX_MB, or from
+    the S3 bucket when one is configured."""
     document = graph_doc.model_dump(mode="json", exclude_none=True)
     uploads = [settings.home / "files" / file_id for file_id in upload_ids(document)]
     missing = [path.name for path in uploads if not path.is_file()]
@@ -141,7 +142,7 @@ def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str, settings: 
         raise InvalidRequest(f"no uploaded file {missing[0]!r} (GET /api/files lists them)", pointer=f"{prefix}/nodes",
                              code="file_not_found")
     total = sum(path.stat().st_size for path in uploads)
-    if total > settings.transfer_max_mb * 1024 * 1024:
+    if total > settings.transfer_max_mb * 1024 * 1024 and settings.s3 is None:  # with S3, from the bucket
         raise InvalidRequest(f"the uploads this graph reads are {total / 2**20:.1f} MB, over the "
                              f"{settings.transfer_max_mb} MB a worker run fetches (TROUPE_TRANSFER_MAX_MB); put the "
                              "files on a label the worker mounts", pointer=f"{prefix}/nodes", code="upload_too_large")

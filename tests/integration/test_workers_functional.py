@@ -23,6 +23,7 @@ def agent_env(server, tmp_path: Path, machine: str = "machine-1", cards: tuple[d
     env = base_env(server.home, **settings)
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # fetched uploads: each agent its own
     env["TROUPE_SIMULATED_INVENTORY"] = json.dumps({"machine_id": machine, "cpus": 2, "cards": list(cards),
                                                     "mps": mps})
     return env
