@@ -89,6 +89,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,
                                        body=api.EstimateGraph, mutation=True)},
         "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
+        "/api/runs/{run_id}/artifacts/{artifact_id}": {"get": _op(
+            "An artifact's bytes, wherever it lives", None, params=(_RUN_ID, ("artifact_id", "path", "string")))},
         "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
             _RUN_ID, ("node_id", "path", "string")))},
         "/api/sweeps": {

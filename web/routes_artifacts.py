@@ -79,12 +79,15 @@ async def receive_artifact(request: web.Request) -> web.Response:
         os.replace(temporary, final)
     finally:
         Path(temporary).unlink(missing_ok=True)
-    written = await run.ask(ArtifactArrived(worker, request.query.get("node") or None,
-                                            request.query.get("kind") or "file", path, size, sha256))
-    if written is None:
-        final.unlink(missing_ok=True)
-        raise StateConflict(f"run {run_id} ended while {path} arrived; it was not kept", code="run_not_executing")
-    await written
+    try:
+        written = await run.ask(ArtifactArrived(worker, request.query.get("node") or None,
+                                                request.query.get("kind") or "file", path, size, sha256))
+        if written is None:
+            raise StateConflict(f"run {run_id} ended while {path} arrived; it was not kept", code="run_not_executing")
+        await written
+    except BaseException:
+        final.unlink(missing_ok=True)  # no row: no file either
+        raise
     return json_reply({"run_id": run_id, "path": path, "size": size, "sha256": sha256}, status=201)
 
 

@@ -51,6 +51,11 @@ def artifacts(conn: apsw.Connection, run_id: str, artifact_id: int | None = None
 
 
 def _record(s: Session, op: RecordArtifact) -> int:
+    """The same file recorded twice (a transfer retried after its answer was lost) is
+    one row."""
+    for (found,) in s.conn.execute("SELECT id FROM artifacts WHERE run_id = ? AND path = ? AND sha256 IS ?",
+                                   (op.run_id, op.path, op.sha256)):
+        return int(found)
     s.conn.execute(
         "INSERT INTO artifacts(run_id, node_id, kind, path, backend, label, size, sha256, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

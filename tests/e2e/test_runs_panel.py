@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
@@ -135,4 +138,23 @@ def test_seed_and_determinism_appear_in_the_details_only_when_set(page):
     expect(facts).to_contain_text(plain)
     expect(facts).not_to_contain_text("Seed")
     expect(facts).not_to_contain_text("Deterministic")
+    assert errors == []
+
+
+def test_an_artifact_is_listed_with_where_it_lives_and_downloads_whole(page):
+    from tests.integration.test_training_functional import quick_digits
+
+    server, tab, errors = page
+    run_id = server.submit(quick_digits(epochs=1, checkpoint_every=1))["run_id"]
+    server.wait_status(run_id, "succeeded", timeout=120)
+    listed = server.get(f"/api/runs/{run_id}")["artifacts"][0]
+    tab.locator(f'tr[data-run="{run_id}"]').click()
+    row = tab.locator("#details-artifacts .artifact").first
+    expect(row).to_contain_text("checkpoints/trainer-epoch-1.pt")
+    expect(row).to_contain_text("local")
+    with tab.expect_download() as arrived:
+        row.get_by_role("link", name="Download").click()
+    saved = arrived.value.path()
+    assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == listed["sha256"]
+    assert arrived.value.suggested_filename == "trainer-epoch-1.pt"
     assert errors == []

@@ -172,12 +172,23 @@ async function renderDetails() {
     ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
   document.getElementById("details-artifacts").replaceChildren(...run.artifacts.length ? [el("h3", {}, "Artifacts"),
     ...run.artifacts.map((a) => el("div", { class: "artifact" }, el("span", { class: "muted" }, a.kind),
-      el("code", { title: a.path }, a.path), copyButton(a.path)))] : []);
+      el("code", { title: a.sha256 ? `sha256 ${a.sha256}` : a.path }, a.path),
+      a.backend ? el("span", { class: "muted" }, `${a.backend}${a.label ? ` ${a.label}` : ""}, ${sizeText(a.size)}`) : "",
+      a.id !== undefined ? el("a", { href: `/api/runs/${runId}/artifacts/${a.id}`, download: "" }, "Download") : "",
+      copyButton(a.path)))] : []);
   document.getElementById("details-csv").href = `/api/runs/${runId}/metrics?format=csv`;
   const series = Object.entries(metrics.series);
   document.getElementById("details-charts").replaceChildren(...series.length
     ? series.map(([name, points]) => chart(name, points)) : [el("p", { class: "muted" }, "No metrics recorded.")]);
   if (!watch) document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
+}
+
+function sizeText(bytes) {
+  if (bytes === null || bytes === undefined) return "size unknown";
+  const units = ["B", "KB", "MB", "GB"];
+  let value = bytes, unit = 0;
+  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit += 1; }
+  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
 }
 
 export function renderChips() {
