@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -60,6 +61,7 @@ def _upload(server: Server, path: Path) -> str:
 
 
 def main() -> None:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)

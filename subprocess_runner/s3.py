@@ -9,6 +9,7 @@ object carries its sha256 in its metadata; a get checks what arrived against it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.worker import S3Bucket
-from subprocess_runner.digest import CHUNK, file_sha256
+from subprocess_runner.digest import CHUNK
 
 MULTIPART_BYTES = 8 * 1024 * 1024
 
@@ -52,25 +53,32 @@ async def put_file(bucket: S3Bucket, path: Path, key: str, sha256: str) -> None:
 
 async def get_file(bucket: S3Bucket, key: str, dest: Path, sha256_head: str | None = None) -> bool:
     """Fetches ``key`` into ``dest`` (whole, by a rename); False when there is no such
-    object. What arrived must hash to the object's recorded sha256 (and start with
-    ``sha256_head`` when given), else ``OSError`` and nothing is left at ``dest``."""
+    object. What arrived is hashed as it streams in and must match the object's recorded
+    sha256 (and start with ``sha256_head`` when given), else ``OSError`` and nothing is
+    left at ``dest``."""
     from botocore.exceptions import ClientError
 
     handle, temporary = tempfile.mkstemp(dir=dest.parent, prefix=".s3-")
-    os.close(handle)
     try:
-        async with _client(bucket) as s3:
-            try:
-                head = await s3.head_object(Bucket=bucket.bucket, Key=key)
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                    return False
-                raise
-            await s3.download_file(bucket.bucket, key, temporary, Config=_transfer_config())
-        digest = file_sha256(Path(temporary))
-        expected = (head.get("Metadata") or {}).get("sha256")
-        if (expected and digest != expected) or (sha256_head and not digest.startswith(sha256_head)):
-            raise OSError(f"s3://{bucket.bucket}/{key} arrived with the wrong content (sha256 {digest[:16]}...)")
+        digest = hashlib.sha256()
+        with os.fdopen(handle, "wb") as out:
+            async with _client(bucket) as s3:
+                try:
+                    found = await s3.get_object(Bucket=bucket.bucket, Key=key)
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                        return False
+                    raise
+                body = found["Body"]
+                try:
+                    while chunk := await body.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                finally:
+                    body.close()
+        got, expected = digest.hexdigest(), (found.get("Metadata") or {}).get("sha256")
+        if (expected and got != expected) or (sha256_head and not got.startswith(sha256_head)):
+            raise OSError(f"s3://{bucket.bucket}/{key} arrived with the wrong content (sha256 {got[:16]}...)")
         os.replace(temporary, dest)
         return True
     finally:
