@@ -185,3 +185,32 @@ def test_add_a_worker_over_ssh_from_the_dialog_and_see_why_it_failed(open_page, 
         assert errors == []
     finally:
         sshd.stop()
+
+
+def test_the_inspector_reads_a_worker_runs_outputs_through_its_connection(open_page, tmp_path):
+    server, tab, errors = open_page(TROUPE_WORKER_HEARTBEAT_S="1")
+    command = server.client.request("POST", "/api/workers/enrollments", {"name": "gpu-a"})[1]["command"]
+    agent = start_agent(server, tmp_path, command)
+    try:
+        read_until(agent, "connected as gpu-a")
+        tab.reload()
+        tab.locator("#editor-status").get_by_text("nodes").wait_for()
+        tab.locator("#examples").select_option("hello")
+        tab.get_by_role("button", name="Queue on…").click()
+        dialog = tab.locator("dialog[open]")
+        dialog.locator('select[name="target"]').select_option("gpu-a")
+        dialog.locator('input[name="record_outputs"]').check()
+        confirm(tab, "Queue")
+        run = server.get("/api/runs?limit=1")["runs"][0]
+        assert server.events_until_finished(run["id"], timeout=60)[-1]["payload"]["status"] == "succeeded"
+        tab.locator('g[data-node="s"] text.title').click()
+        expect(tab.locator("#node-outputs")).to_contain_text('"sum": 5')
+        expect(tab.locator("#node-outputs")).to_contain_text(f"run {run['id'][:8]}")
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    server.poll_until(lambda: server.get("/api/workers")["workers"][0]["state"] == "disconnected")
+    tab.locator('g[data-node="a"] text.title').click()
+    tab.locator('g[data-node="s"] text.title').click()
+    expect(tab.locator("#node-outputs")).to_contain_text("is not connected")
+    assert [e for e in errors if "503" not in e] == []

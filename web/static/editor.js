@@ -10,7 +10,7 @@ const session = crypto.randomUUID().replace(/-/g, "");
 let graph = { version: 1, name: "untitled", settings: { device: "cpu" }, nodes: [], edges: [] };
 let canvas = null;
 let info = null;
-let outputsRun = null; // the newest finished Run of this page, whose outputs the inspector shows
+let outputsRun = null; // the newest Run (or run queued keeping outputs) whose outputs the inspector shows
 let listWorkers = async () => [];
 
 export function currentGraph() {
@@ -208,7 +208,8 @@ async function inspect() {
   if (outputsRun) {
     try {
       const reply = await api("GET", `/api/runs/${outputsRun}/outputs/${node.id}`);
-      outputs.replaceChildren(el("h3", {}, "Outputs (the last Run)"), el("pre", {}, JSON.stringify(reply.outputs, null, 2)));
+      outputs.replaceChildren(el("h3", {}, `Outputs (run ${outputsRun.slice(0, 8)})`),
+        el("pre", {}, JSON.stringify(reply.outputs, null, 2)));
     } catch (error) {
       outputs.replaceChildren(el("p", { class: "muted" }, `No recorded outputs: ${error.message}`));
     }
@@ -366,6 +367,8 @@ async function queueDialog() {
         el("label", {}, el("input", { name: "wait", type: "checkbox" }), " wait for room if the card is busy"),
         el("p", { class: "muted", id: "budget-note" })));
     }
+    form.append(el("label", {}, el("input", { name: "record_outputs", type: "checkbox" }),
+      " keep node outputs, for the inspector (on a worker they stay there, read while it is connected)"));
     form.append(el("p", { class: "explain", id: "queue-explain" }, "…"));
     form.addEventListener("change", () => explain(form));
     explain(form);
@@ -377,7 +380,9 @@ async function queueDialog() {
       if (target) options.target = target === "one-shot" ? { pool: "one-shot" } : { worker: target };
       if (target && form.elements.memory_gib.value) options.target.memory_gib = Number(form.elements.memory_gib.value);
       if (target && form.elements.wait.checked) options.target.wait = true;
+      if (form.elements.record_outputs.checked) options.record_outputs = true;
       const reply = await api("POST", "/api/runs", { graph: currentGraph(), name: graph.name, options });
+      if (options.record_outputs) outputsRun = reply.run_id;  // the inspector shows this run's outputs
       status(`queued ${reply.run_id.slice(0, 8)} on ${reply.queue_key}`
         + (reply.queue_position ? `, #${reply.queue_position} in queue` : ""));
       document.querySelector('.tab[data-tab="runs"]').click();
