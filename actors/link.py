@@ -39,8 +39,8 @@ class LinkConfig:
     on_final: Callable[[int, str], None]  # exit code, reason
     on_frame: Callable[[Any], None] = lambda frame: None  # assign, cancel and read frames go here
     outbox_bytes: int = 64 * 1024 * 1024
-    # An awaitable factory of each card's free memory (UUID -> MiB), sent with each heartbeat.
-    free_memory: Callable[[], Any] | None = None
+    # An awaitable factory of each heartbeat (each card's free memory, the warm pool).
+    heartbeat: Callable[[], Any] | None = None
     # Dial through this Unix socket (an ``ssh -R`` session's forward) instead of TCP.
     unix_socket: str | None = None
 
@@ -261,8 +261,8 @@ class Link(Actor):
     async def _beat(self, ws: aiohttp.ClientWebSocketResponse, every: float, numbers: wire.Numbering) -> None:
         while not ws.closed:
             await asyncio.sleep(every)
-            free = await self._config.free_memory() if self._config.free_memory is not None else {}
-            await ws.send_str(wire.dump_frame(wire.Heartbeat(free_mib=free), numbers.next()))
+            beat = await self._config.heartbeat() if self._config.heartbeat is not None else wire.Heartbeat()
+            await ws.send_str(wire.dump_frame(beat, numbers.next()))
 
 
 def _forward_gone(exc: BaseException) -> bool:

@@ -1,7 +1,8 @@
 """RunProcess (agent side): one spawned child executing one run.
 
-The child is a fresh interpreter (multiprocessing *spawn*); a reader thread turns its
-pipe messages into frames for the link. Cancel is cooperative first (a message down the
+The child is an interpreter of its own (multiprocessing *spawn*), started for the run or
+taken from the agent's warm pool; either way it executes this run only. A reader thread
+turns its pipe messages into frames for the link. Cancel is cooperative first (a message down the
 pipe), then a kill after ``kill_grace_s``. A child that dies without reporting (a
 segfault, an OOM kill) fails only its run, with the exit signal in the error.
 """
@@ -18,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from actors.base import Actor
+from actors.base import Actor, ActorRef
 from actors.recorded_outputs import OutputsShelf
+from actors.threaded import ThreadActorRef
+from actors.warm_pool import Take
 from protocol import events as ev
 from protocol import worker as wire
 
@@ -48,13 +51,14 @@ class _Exited:
 class RunProcess(Actor):
     def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
                  mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
-                 shelf: OutputsShelf | None = None) -> None:
+                 shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
         # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
         self._control_plane = control_plane or {}
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
+        self._pool = pool  # warm children (``--warm N``), when the agent keeps any
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -66,14 +70,19 @@ class RunProcess(Actor):
     async def on_start(self) -> None:
         from subprocess_runner import child
 
-        context = multiprocessing.get_context("spawn")
-        parent, child_end = context.Pipe()
-        self._conn = parent
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane}
-        self._process = context.Process(target=child.main, args=(child_end, assign),
-                                        name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
-        self._process.start()
-        child_end.close()
+        warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
+        if warm is not None:
+            self._process, self._conn = warm.process, warm.conn
+            self._conn.send(assign)
+        else:
+            context = multiprocessing.get_context("spawn")
+            parent, child_end = context.Pipe()
+            self._conn = parent
+            self._process = context.Process(target=child.main, args=(child_end, assign),
+                                            name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
+            self._process.start()
+            child_end.close()
         loop = asyncio.get_running_loop()
         threading.Thread(target=self._read, args=(loop,), name=f"pipe-{self._assign.run_id[:8]}",
                          daemon=True).start()
@@ -149,3 +158,9 @@ class RunProcess(Actor):
         if self._process is not None and self._process.is_alive():
             log.warning("killing the process of run %s", self._assign.run_id)
             self._process.kill()
+
+
+def _sets_env(assign: dict[str, Any]) -> bool:
+    """A node that sets environment variables (``resources.env``, such as XLA_FLAGS) needs
+    them before anything is imported: its run starts in a fresh child."""
+    return any((node.get("resources") or {}).get("env") for node in assign["graph"].get("nodes", []))

@@ -167,6 +167,7 @@ class WorkerConnection(Actor):
         # The server is stopping: frames of runs it no longer holds are not acknowledged,
         # as the next start may adopt those runs (a stop that leaves worker runs going).
         self._stopping = False
+        self._warm: wire.WarmPool | None = None  # the agent's warm pool, as its last heartbeat said
         self._reads: dict[int, asyncio.Future[Any]] = {}  # read_outputs asked of the agent
         self._read_no = 0
 
@@ -277,6 +278,7 @@ class WorkerConnection(Actor):
             if isinstance(frame, wire.Heartbeat):
                 self._flush_acks(always=True)
                 self._note_free_memory(frame.free_mib)
+                self._warm = frame.warm
             elif isinstance(frame, wire.Drain) and not self._draining:
                 self._draining = True  # its agent is stopping: no new runs, the running ones finish
                 self._tell_placer()
@@ -433,6 +435,7 @@ class WorkerConnection(Actor):
                        "running": sum(1 for on in self._runs.values() if on == device)}
                       for device, (physical, limit) in (self._devices().items() if hello else [])],
             "running_runs": sorted(self._runs),
+            "warm_pool": self._warm.model_dump() if self._warm is not None and self._outbox is not None else None,
         }
 
     def _inventory_now(self) -> dict[str, Any] | None:

@@ -102,6 +102,7 @@ class StartOptions:
     unix_socket: str | None = None  # dial through this socket (an ssh -R forward)
     foreground: bool = False  # else detached, its output in a log file
     mounts: tuple[str, ...] = ()  # LABEL=PATH
+    warm: int = 0  # run children kept started, torch imported
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
@@ -133,7 +134,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             url, name, credential, machine, simulated, settings.worker_kill_grace_s,
             int(settings.agent_outbox_mb * 1024 * 1024), settings.cuda_visible_devices, options.one_shot,
             options.idle_timeout_s, options.instance, options.deadline or settings.job_end_time, options.unix_socket,
-            mounts, _state_dir() / "outputs" / label, settings.recorded_outputs_keep))))
+            mounts, _state_dir() / "outputs" / label, settings.recorded_outputs_keep,
+            0 if options.one_shot else options.warm))))
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -192,6 +192,9 @@ def agent_start(
         "--foreground", help="stay attached to this terminal (a one-shot agent always does)")] = False,
     mount: Annotated[list[str] | None, typer.Option(
         help="LABEL=PATH, repeatable: storage this machine has, reported to the control plane")] = None,
+    warm: Annotated[int, typer.Option(
+        min=0, max=64, help="keep N run processes started, torch imported, so a run need not wait for them "
+                            "(each holds a few hundred MB)")] = 0,
 ) -> None:
     """Start a worker agent; it goes on in the background unless --foreground."""
     from cli.agent_cmd import StartOptions
@@ -200,7 +203,7 @@ def agent_start(
 
     try:
         code = run_agent(url, token, name, load_simulated_inventory(), StartOptions(
-            one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ())))
+            one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ()), warm))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -84,10 +84,22 @@ class Refused(_Frame):
     final: bool = True
 
 
+class WarmPool(BaseModel):
+    """The agent's pool of warm run children (``--warm N``): how many it keeps, how many
+    are ready now, and the memory they hold (None where it cannot be read)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int = Field(ge=0)
+    ready: int = Field(ge=0)
+    rss_mib: int | None = Field(default=None, ge=0)
+
+
 class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
     # Free memory of each card now (NVML UUID -> MiB): a shared card admits by it.
     free_mib: dict[str, int] = Field(default_factory=dict)
+    warm: WarmPool | None = None
 
 
 class Ack(_Frame):

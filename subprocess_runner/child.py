@@ -1,11 +1,16 @@
-"""The entry point of a run child: one fresh interpreter per worker run (multiprocessing
-*spawn*). It sets the card order and visibility before anything can import torch, runs
-the graph with the same engine as the control plane, and sends every event up the pipe.
-It never learns where the database is."""
+"""The entry point of a run child: one interpreter per worker run (multiprocessing
+*spawn*), started for the run (``main``) or earlier, by the agent's warm pool (``warm``),
+with torch imported but CUDA untouched. Either way it sets the card order and visibility
+before anything can initialise CUDA, runs the graph with the same engine as the control
+plane, sends every event up the pipe, and exits: a child never takes a second run. It
+never learns where the database is."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import sys
 import tempfile
 import threading
 from multiprocessing.connection import Connection
@@ -14,8 +19,47 @@ from typing import Any
 
 import platformdirs
 
+# What a warm child imports before any run takes it: the run child's own modules, torch
+# and the torch pack's code (the digits example's data loader with it).
+WARM_MODULES = ("torch", "torch.nn", "subprocess_runner.engine", "subprocess_runner.catalog",
+                "subprocess_runner.fingerprint", "subprocess_runner.artifacts", "subprocess_runner.transfer",
+                "subprocess_runner.packs._torch_train", "subprocess_runner.packs._torch_data", "sklearn.datasets")
 
-def main(conn: Connection, assign: dict[str, Any]) -> None:
+
+def warm(conn: Connection) -> None:
+    """A warm pool's child: imports what runs need, says ``ready``, and waits for one run
+    (or None: the pool closes). CUDA stays untouched until the run has set its cards, so
+    the child is exactly what a fresh one would be once ``main`` starts; a child that
+    finds CUDA initialised says ``unfit`` and exits instead."""
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    from subprocess_runner.seeding import cap_threads
+
+    cap_threads()
+    for name in WARM_MODULES:
+        with contextlib.suppress(ImportError):  # not installed here: a run that needs it fails itself
+            importlib.import_module(name)
+    problem = cuda_touched()
+    conn.send(("unfit", problem) if problem else ("ready", os.getpid()))
+    if problem:
+        return
+    try:
+        assign = conn.recv()
+    except (EOFError, OSError):
+        return
+    if assign is not None:
+        main(conn, assign, warm=True)
+
+
+def cuda_touched() -> str | None:
+    """Why this process may no longer take a run's cards: CUDA is initialised already,
+    so CUDA_VISIBLE_DEVICES would be read too late."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised before a run chose its cards"
+    return None
+
+
+def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
@@ -50,7 +94,8 @@ def main(conn: Connection, assign: dict[str, Any]) -> None:
     def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         send("event", kind, node_id, payload)
 
-    emit("environment", None, execution_facts(RUN_PROCESS))  # this process is what executes the run
+    # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
+    emit("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(), "started_warm": warm})
     cancel = threading.Event()
 
     def listen() -> None:

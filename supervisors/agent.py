@@ -20,6 +20,7 @@ from actors.recorded_outputs import OutputsShelf
 from actors.run_process import Cancel as RunCancel
 from actors.run_process import RunProcess
 from actors.threaded import ThreadActorRef, start_thread_actor
+from actors.warm_pool import Stats, WarmPool
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
@@ -49,6 +50,7 @@ class AgentConfig:
     # Where this agent keeps its runs' recorded outputs, and for how many runs.
     outputs_dir: Path | None = None
     recorded_outputs_keep: int = 20
+    warm: int = 0  # run children kept started, torch imported (``--warm N``)
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -109,7 +111,7 @@ class Agent:
                     one_shot.take(frame.run_id)
                 process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts,
                                      {"url": self.config.url, "unix_socket": self.config.unix_socket,
-                                      "credential": self.config.credential}, shelf)
+                                      "credential": self.config.credential}, shelf, pool)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
             elif isinstance(frame, wire.ReadOutputs) and link_holder:
                 kept = shelf.read(frame.run_id, frame.node_id) if shelf is not None else None
@@ -123,13 +125,16 @@ class Agent:
                     running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
 
         runs: Supervisor[ActorRef] = Supervisor("runs")
+        pool = root.start_child(ChildSpec("warm-pool", lambda: WarmPool(self.config.warm).start(registry))) \
+            if self.config.warm > 0 else None
 
-        async def free_memory() -> dict[str, int]:
+        async def heartbeat() -> wire.Heartbeat:
             found = await inventory.ask(Probe())
-            return {card.uuid: card.memory_free_mib for card in found.cards}
+            return wire.Heartbeat(free_mib={card.uuid: card.memory_free_mib for card in found.cards},
+                                  warm=await pool.ask(Stats()) if pool is not None else None)
 
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
-                                 self.config.outbox_bytes, free_memory, self.config.unix_socket)
+                                 self.config.outbox_bytes, heartbeat, self.config.unix_socket)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),

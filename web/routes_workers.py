@@ -77,7 +77,7 @@ async def list_workers(request: web.Request) -> web.Response:
                 "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
                 "missing_node_types": [], "version": None, "one_shot": False, "machine_id": row["machine_id"],
                 "devices": [], "mounts": {},
-                "inventory": None, "slots": [], "running_runs": []}
+                "inventory": None, "slots": [], "running_runs": [], "warm_pool": None}
         failed = svc.failed_workers.get(row["name"])
         if failed is not None and live is None:
             snapshot = {**snapshot, "state": "failed", "failed_reason": failed}

@@ -15,12 +15,25 @@ from tests.integration.test_single_node_parity import canonical
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
 
 
+@pytest.fixture(params=[0, 2], ids=["cold", "warm"])
+def warm(request):
+    """Every guarantee of a fresh run child holds for one from the warm pool (--warm)."""
+    return request.param
+
+
+def wait_warm(server, name: str, ready: int) -> None:
+    server.poll_until(lambda: ((worker_state(server, name) or {}).get("warm_pool") or {}).get("ready") == ready,
+                      timeout=60)
+
+
 @pytest.fixture
-def worker(make_server, tmp_path):
+def worker(make_server, tmp_path, warm):
     """A server with one connected agent named gpu-a (one simulated card)."""
     server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_WORKER_RESUME_GRACE_S="2")
-    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"] + f" --warm {warm}")
     read_until(agent, "connected as gpu-a")
+    if warm:
+        wait_warm(server, "gpu-a", warm)
     yield server, agent
     if agent.poll() is None:
         agent.terminate()
@@ -31,7 +44,7 @@ def target(**extra):
     return {"worker": "gpu-a", **extra}
 
 
-def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker):
+def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker, warm):
     server, _ = worker
     remote = server.submit(hello(), target=target())
     assert remote["queue_key"] == "gpu-a/cpu" and remote["device"] == "cpu"
@@ -44,7 +57,10 @@ def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker):
     assert local_form["run"][0]["payload"].pop("queue_key") == "cpu"
     assert remote_form == local_form  # the same vocabulary and order, whoever executes
     assert [e["seq"] for e in remote_events] == list(range(1, len(remote_events) + 1))
-    assert server.get(f"/api/runs/{remote['run_id']}")["final_loss"] == 5.0
+    row = server.get(f"/api/runs/{remote['run_id']}")
+    assert row["final_loss"] == 5.0
+    facts = row["execution_facts"]  # taken in the run's own process, warm or not
+    assert (facts["fingerprint_source"], facts["started_warm"]) == ("run_process", bool(warm))
 
 
 def test_target_devices_win_and_a_missing_card_falls_back_with_a_warning(worker):
@@ -73,14 +89,14 @@ def _children(pid: int) -> list[int]:
 
 
 def _executing_child(server, agent, run_id: str) -> list[int]:
-    """The spawned process of a worker run, once its first node executes."""
+    """The process of a worker run (the agent's child), once its first node executes."""
     server.wait_status(run_id, "running")
     for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=30):
         if kind == "run_event" and data["type"] == "node_started":
             break
-    spawned = [c for c in _children(agent.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
-    assert spawned
-    return spawned
+    pid = server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"]
+    assert pid in _children(agent.pid) and "spawn" in Path(f"/proc/{pid}/cmdline").read_text()
+    return [pid]
 
 
 def test_a_child_killed_by_a_signal_fails_only_its_run(worker):
@@ -108,11 +124,14 @@ def test_cancel_reaches_the_run_on_its_worker(worker):
     assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "cancelled"
 
 
-def test_a_run_that_ignores_cancel_is_killed_after_the_kill_grace(make_server, tmp_path):
-    server = make_server()
-    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"], TROUPE_WORKER_KILL_GRACE_S="1")
+def test_a_run_that_ignores_cancel_is_killed_after_the_kill_grace(make_server, tmp_path, warm):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"] + f" --warm {warm}",
+                        TROUPE_WORKER_KILL_GRACE_S="1")
     try:
         read_until(agent, "connected as gpu-a")
+        if warm:
+            wait_warm(server, "gpu-a", warm)
         run_id = server.submit(sleeper(seconds=60), target=target())["run_id"]
         spawned = _executing_child(server, agent, run_id)
         for pid in spawned:
@@ -159,11 +178,7 @@ def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for
 def test_a_returning_agent_is_told_to_kill_what_the_server_no_longer_holds(worker):
     server, agent = worker
     run_id = server.submit(sleeper(seconds=120), target=target())["run_id"]
-    server.wait_status(run_id, "running")
-    for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=30):
-        if kind == "run_event" and data["type"] == "node_started":
-            break
-    (child,) = [c for c in _children(agent.pid) if "spawn" in Path(f"/proc/{c}/cmdline").read_text()]
+    (child,) = _executing_child(server, agent, run_id)
     agent.send_signal(signal.SIGSTOP)  # the agent falls silent; its child keeps running
     try:
         events = server.events_until_finished(run_id)
