@@ -6,7 +6,13 @@ submitted ``--runs`` times each way, alternating (one worker run, one in-process
 
 - worker: ``POST /api/runs`` with ``options.target.worker = "bench"`` (queue ``bench/cpu``);
   the agent executes each run in a fresh spawned interpreter;
+- warm: the same on a second agent, ``bench-warm``, started with ``--warm 2``: each run
+  takes a child that has torch imported already (only runs that did count; before each,
+  the bench waits until the agent reports a ready child);
 - in-process: the same graph with no target (queue ``cpu``), run in the server's process.
+
+Then ``examples/digits_mlp.json`` ``--digits`` times each way: submit -> its first epoch's
+``train_loss`` (the run pays ``import torch`` unless its child was warm).
 
 One keep-alive connection; the clock starts before the POST and stops when
 ``GET /api/runs/{id}/stream`` delivers ``run_started``, then ``run_finished``. Median and
@@ -51,7 +57,8 @@ from tests.faultproxy import FaultProxy
 WORKER = "bench"
 INVENTORY = {"machine_id": "bench-machine", "cpus": 2, "cards": []}
 CHILD_IMPORTS = "import cli.main, subprocess_runner.child, subprocess_runner.context, subprocess_runner.engine"
-MODES = ("worker", "in-process")
+WARM = "bench-warm"
+MODES = ("worker", "warm", "in-process")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -66,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--relay-events", type=int, default=20_000,
                         help="events of the relay-rate run, 0 to skip (default 20000)")
     parser.add_argument("--relay-runs", type=int, default=3, help="relay-rate runs each way (default 3)")
+    parser.add_argument("--digits", type=int, default=3, help="digits runs timed to their first epoch, each way")
     args = parser.parse_args(argv)
     if not (1 <= args.runs <= 10_000 and 0 <= args.warmup <= 100 and 1 <= args.floor_samples <= 100):
         parser.error("--runs must be 1..10000, --warmup 0..100, --floor-samples 1..100")
@@ -75,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WORKER
+def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WORKER, extra: tuple[str, ...] = ()
                 ) -> tuple[subprocess.Popen[bytes], Path, float]:
     """Starts ``troupe agent start`` and waits for its "connected as NAME" line."""
     env = environ()
@@ -90,7 +98,7 @@ def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WOR
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", name,
-         "--foreground"],
+         "--foreground", *extra],
         cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
     log.close()
@@ -104,7 +112,7 @@ def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WOR
 
 
 def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float, name: str = WORKER,
-                      via: int | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+                      via: int | None = None, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Path]:
     """Enrolls ``name`` and starts its agent, dialing the server's port (or ``via``, a proxy's)."""
     status, reply = conn.request("POST", "/api/workers/enrollments", json.dumps({"name": name}).encode())
     if status != 201:
@@ -112,7 +120,7 @@ def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float, name: st
     url = f"http://{HOST}:{port}"
     if f"--url {url} " not in reply["command"]:
         raise BenchError(f"the join command is not for {url}: {reply['command']}")
-    proc, log_path, start_s = start_agent(f"http://{HOST}:{via or port}", reply["token"], tmp, timeout, name)
+    proc, log_path, start_s = start_agent(f"http://{HOST}:{via or port}", reply["token"], tmp, timeout, name, extra)
     deadline = time.monotonic() + timeout
     while True:
         _, body = conn.request("GET", "/api/workers")
@@ -151,12 +159,49 @@ def one_run(conn: Conn, body: bytes, queue_key: str) -> dict[str, Any]:
         "finished": t_finished - t0,
         "ok": finished["payload"].get("status") == "succeeded",
         "srv_run": ts_seconds(finished["ts"]) - ts_seconds(started["ts"]),
+        "run_id": reply["run_id"],
     }
     if "node_started" in seen:
         row["srv_first_node"] = ts_seconds(seen["node_started"][1]["ts"]) - ts_seconds(started["ts"])
     if "run_queued" in seen:
         row["srv_queue"] = ts_seconds(started["ts"]) - ts_seconds(seen["run_queued"][1]["ts"])
     return row
+
+
+def wait_for_warm_child(conn: Conn, timeout: float) -> None:
+    """Until the warm agent's last heartbeat reports a ready child (untimed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _, body = conn.request("GET", "/api/workers")
+        pool = next((w.get("warm_pool") for w in body["workers"] if w["name"] == WARM), None) or {}
+        if pool.get("ready", 0) >= 1:
+            return
+        time.sleep(0.05)
+    raise BenchError(f"{WARM} reported no ready warm child within {timeout}s")
+
+
+def started_warm(conn: Conn, run_id: str) -> bool:
+    _, row = conn.request("GET", f"/api/runs/{run_id}")
+    return bool((row.get("execution_facts") or {}).get("started_warm"))
+
+
+def first_epoch(conn: Conn, body: bytes, side: Conn) -> tuple[float, str]:
+    """Submit -> the first ``train_loss`` metric event, client time; and the run id. The
+    run is then cancelled (through ``side``: ``conn`` is busy with the stream) and
+    followed to its end."""
+    t0, elapsed = time.perf_counter(), 0.0
+    status, reply = conn.request("POST", "/api/runs", body)
+    if status != 201:
+        raise BenchError(f"POST /api/runs answered {status}: {reply}")
+    for kind, data in conn.stream(f"/api/runs/{reply['run_id']}/stream"):
+        if kind == "run_event" and data["type"] == "metric" and data["payload"].get("name") == "train_loss":
+            elapsed = elapsed or time.perf_counter() - t0
+            side.request("POST", f"/api/runs/{reply['run_id']}/cancel")
+        if kind == "run_event" and data["type"] == "run_finished":
+            break
+    if not elapsed:
+        raise BenchError(f"digits run {reply['run_id']} ended before its first epoch")
+    return elapsed, str(reply["run_id"])
 
 
 def interpreter_floor(samples: int, pycache: Path) -> dict[str, list[float]]:
@@ -181,21 +226,30 @@ def main(argv: list[str] | None = None) -> int:
 
     time_limit(args.max_seconds)
     graph = json.loads((REPO / "examples" / "hello.json").read_text())
-    bodies = {
-        "worker": (json.dumps({"graph": graph, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
-        "in-process": (json.dumps({"graph": graph}).encode(), "cpu"),
-    }
+    digits = json.loads((REPO / "examples" / "digits_mlp.json").read_text())
+
+    def bodies_of(doc: dict[str, Any]) -> dict[str, tuple[bytes, str]]:
+        return {
+            "worker": (json.dumps({"graph": doc, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
+            "warm": (json.dumps({"graph": doc, "options": {"target": {"worker": WARM}}}).encode(), f"{WARM}/cpu"),
+            "in-process": (json.dumps({"graph": doc}).encode(), "cpu"),
+        }
+
+    bodies, digits_bodies = bodies_of(graph), bodies_of(digits)
+    epochs: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cold_in_warm = 0
     info = machine()
     command = (f".venv/bin/python bench/worker.py --runs {args.runs} --warmup {args.warmup} --cuts {args.cuts} "
-               f"--cut-seconds {args.cut_seconds:g} --relay-events {args.relay_events} --relay-runs {args.relay_runs}"
+               f"--cut-seconds {args.cut_seconds:g} --relay-events {args.relay_events} --relay-runs {args.relay_runs} "
+               f"--digits {args.digits}"
                + (f" --floor-samples {args.floor_samples}" if args.floor_samples != 10 else ""))
     print(f"troupe worker benchmark  {info['date']}")
     print(f"machine: {info['nproc']} cores ({info['cpu']}), python {info['python']}, linux {info['kernel']}")
     print(info["free"])
-    print(f"settings: --runs {args.runs} --warmup {args.warmup} (alternating worker / in-process runs)")
+    print(f"settings: --runs {args.runs} --warmup {args.warmup} (alternating worker / warm / in-process runs)")
     print()
     rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    relay: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    relay: dict[str, list[dict[str, float]]] = {mode: [] for mode in ("worker", "in-process")}
     resumed: list[float] = []
     with tempfile.TemporaryDirectory(prefix="troupe-worker-", ignore_cleanup_errors=True) as name:
         tmp = Path(name)
@@ -204,19 +258,33 @@ def main(argv: list[str] | None = None) -> int:
         server = start_server(home, cpu_slots=2, timeout=60.0, extra_env={"TROUPE_WORKER_HEARTBEAT_S": "1"})
         print(f"server pid {server.pid} on {HOST}:{server.port}, started in {server.start_s:.2f} s")
         conn = Conn(server.port, server.token, args.timeout)
+        side = Conn(server.port, server.token, args.timeout)
         agent: subprocess.Popen[bytes] | None = None
         try:
             agent, agent_log = enroll_and_attach(conn, server.port, tmp, args.timeout)
+            warm_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, WARM, extra=("--warm", "2"))
             steal0, t0 = steal_s(), time.perf_counter()
             for i in range(args.warmup + args.runs):
                 for mode in MODES:
+                    if mode == "warm":
+                        wait_for_warm_child(conn, args.timeout)
                     row = one_run(conn, *bodies[mode])
+                    if mode == "warm" and not started_warm(conn, row["run_id"]):
+                        cold_in_warm += 1  # the pool was empty after all: not a warm figure
+                        continue
                     if i >= args.warmup:
                         rows[mode].append(row)
+            for _ in range(args.digits):
+                for mode in MODES:
+                    if mode == "warm":
+                        wait_for_warm_child(conn, args.timeout)
+                    elapsed, run_id = first_epoch(conn, digits_bodies[mode][0], side)
+                    if mode != "warm" or started_warm(conn, run_id):
+                        epochs[mode].append(elapsed)
             print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
                   f"CPU steal {steal_s() - steal0:.2f} s")
             for _ in range(args.relay_runs if args.relay_events else 0):
-                for mode in MODES:
+                for mode in ("worker", "in-process"):
                     relay[mode].append(_replay.relay_rate(conn, args.relay_events,
                                                           WORKER if mode == "worker" else None, args.timeout))
             if args.cuts:
@@ -230,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
                     proxy.close()
         finally:
             conn.close()
+            side.close()
+            if "warm_agent" in locals():
+                stop_server_proc(warm_agent, 30.0)
             if agent is not None:
                 code = stop_server_proc(agent, 30.0)
                 print(f"stopped the agent with SIGTERM (exit {code})")
@@ -257,20 +328,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  (the imports: {CHILD_IMPORTS}; PYTHONDONTWRITEBYTECODE={dont_write!r})")
     print()
     print("Summary (ms; p99 nearest rank; ratio = worker / in-process)")
-    print(f"  {'figure':<30}{'worker':>10}{'in-process':>12}{'ratio':>8}")
+    print(f"  {'figure':<30}{'worker':>10}{'warm':>10}{'in-process':>12}{'ratio':>8}{'warm ratio':>12}")
     for key, label in (("started", "submit -> run_started"), ("finished", "submit -> run_finished")):
         for stat in ("median", "p99"):
-            w, p = (summary([r[key] for r in rows[mode]])[stat] for mode in MODES)
-            print(f"  {label + ' ' + stat:<30}{w:10.2f}{p:12.2f}{w / p:8.2f}")
+            w, h, p = (summary([r[key] for r in rows[mode]])[stat] for mode in MODES)
+            print(f"  {label + ' ' + stat:<30}{w:10.2f}{h:10.2f}{p:12.2f}{w / p:8.2f}{h / p:12.2f}")
+    if all(epochs.values()):
+        w, h, p = (summary(epochs[mode])["median"] for mode in MODES)
+        print(f"  {'digits: submit -> epoch 1':<30}{w:10.2f}{h:10.2f}{p:12.2f}{w / p:8.2f}{h / p:12.2f}"
+              f"   (median of {args.digits})")
+    print(f"  warm runs that found the pool empty (left out): {cold_in_warm}")
     if relay["worker"]:
-        w, p = (sorted(r["rate"] for r in relay[mode])[len(relay[mode]) // 2] for mode in MODES)
+        w, p = (sorted(r["rate"] for r in relay[mode])[len(relay[mode]) // 2] for mode in ("worker", "in-process"))
         print(f"  {'events/s relayed, median':<30}{w:10.0f}{p:12.0f}{w / p:8.2f}"
               f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted)")
     if resumed:
         print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(resumed))}"
               f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.25, 0.5, then every 1 s)")
     failures = {mode: sum(not r["ok"] for r in rows[mode]) for mode in MODES}
-    print(f"  runs not succeeded: worker {failures['worker']}, in-process {failures['in-process']}")
+    print(f"  runs not succeeded: worker {failures['worker']}, warm {failures['warm']}, "
+          f"in-process {failures['in-process']}")
     print()
     print(f"reproduce, from the repository root: {command}")
     return 1 if any(failures.values()) else 0

@@ -40,12 +40,14 @@ def execution_facts(source: str) -> dict[str, Any]:
 
 def fingerprint() -> dict[str, Any]:
     env = process_env(FINGERPRINT_ENV)
-    return {**_static(), "accelerators": list(probe_accelerators(env["CUDA_VISIBLE_DEVICES"])), "env": env}
+    return {**static_facts(), "accelerators": list(probe_accelerators(env["CUDA_VISIBLE_DEVICES"])), "env": env}
 
 
 @functools.lru_cache(maxsize=1)
-def _static() -> dict[str, Any]:
-    """What cannot change while this process lives (its code and its libraries)."""
+def static_facts() -> dict[str, Any]:
+    """What cannot change while this process lives (its code and its libraries). A warm
+    child takes them before it waits for a run: the code it imported then is the code
+    that executes, even if the checkout changes meanwhile."""
     catalog = load_catalog()
     return {
         "schema": SCHEMA,
