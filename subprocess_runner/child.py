@@ -78,6 +78,7 @@ def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
     from protocol.worker import Storage
     from subprocess_runner.artifacts import Shipper, destination
     from subprocess_runner.context import ExecutionContext, Sinks
+    from subprocess_runner.ddp import plan_for, when_stuck
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
     from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
     from subprocess_runner.mounts import resolve as resolve_mounts
@@ -132,10 +133,15 @@ def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
             cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
             mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
                                                  control_plane.get("unix_socket"), storage.s3 if storage else None))
-        graph = prepare_executable_graph(resolve_mounts(assign["graph"], mounts))
+        resolved = resolve_mounts(assign["graph"], mounts)
+        graph = prepare_executable_graph(resolved)
+        ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
+                       bool(assign.get("deterministic")))
+        if ddp is not None:
+            when_stuck(lambda error: _end_now(send, error))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
-                               provenance=assign.get("provenance"))
+                               provenance=assign.get("provenance"), ddp=ddp)
         outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it
@@ -145,3 +151,10 @@ def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
     if out_of_memory and budget:
         error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
     send("ended", outcome.status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
+
+
+def _end_now(send: Any, error: str) -> None:
+    """A DDP rank died and the loop is stuck in a collective: the run ends failed now,
+    reported before this process leaves (the agent sees the end, then the exit)."""
+    send("ended", "failed", error, None, None, False)
+    os._exit(1)

@@ -20,6 +20,7 @@ from subprocess_runner.digest import file_sha256
 
 if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
+    from subprocess_runner.ddp import DdpPlan
 from subprocess_runner.errors import RunCancelled
 
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
@@ -81,6 +82,7 @@ class ExecutionContext:
         run_dir: Path | None = None,
         threads: int | None = None,
         provenance: str | None = None,
+        ddp: DdpPlan | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -96,6 +98,9 @@ class ExecutionContext:
         self.threads = threads
         # ``identity`` or ``content``: what a node that reads a dataset or weights records.
         self.provenance = provenance
+        # A worker run's DDP plan (two or more cards): a loop with strategy ddp trains
+        # as this rank of the run's group. None everywhere else.
+        self.ddp = ddp
 
     @property
     def node_seed(self) -> int | None:
@@ -107,6 +112,7 @@ class ExecutionContext:
         return ExecutionContext(
             self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
             deterministic=self.deterministic, run_dir=self.run_dir, threads=threads, provenance=self.provenance,
+            ddp=self.ddp,
         )
 
     def reading(self, kind: str, path: Path) -> None:

@@ -13,26 +13,28 @@ from subprocess_runner.packs._torch_models import LossSpec, OptimizerSpec, defau
 from subprocess_runner.packs._torch_runtime import prepare
 
 
-def _loss_fn(inputs: dict[str, Any], data: Loader) -> torch.nn.Module:
+def loss_fn_of(inputs: dict[str, Any], data: Loader) -> torch.nn.Module:
     spec: LossSpec = inputs.get("loss") or default_loss(data.data.task)
     return spec.build()
 
 
-def _target(loss_fn: torch.nn.Module, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def target_of(loss_fn: torch.nn.Module, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     if isinstance(loss_fn, torch.nn.CrossEntropyLoss):
         return y
     return y.float().reshape(out.shape)
 
 
-def _measure(model: torch.nn.Module, loader: Loader, loss_fn: torch.nn.Module, ctx: Any) -> tuple[float, float | None]:
+def measure(model: torch.nn.Module, loader: Loader, loss_fn: torch.nn.Module, ctx: Any) -> tuple[float, float | None]:
     """Mean loss and, for classification, accuracy over a loader."""
     model.eval()
     total, correct, count = 0.0, 0, 0
+    device = next(model.parameters(), torch.empty(0)).device  # a DDP rank's card
     with torch.no_grad():
         for x, y in loader:
             ctx.check_cancelled()
+            x, y = x.to(device), y.to(device)
             out = model(x)
-            total += loss_fn(out, _target(loss_fn, y, out)).item() * len(x)
+            total += loss_fn(out, target_of(loss_fn, y, out)).item() * len(x)
             if loader.data.task == "classification":
                 correct += int((out.argmax(dim=1) == y).sum())
             count += len(x)
@@ -49,7 +51,11 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
     val: Loader | None = inputs.get("val")
     spec: OptimizerSpec = inputs.get("optimizer") or OptimizerSpec("adam", 1e-3, 0.0)
     optimizer = spec.build(model.parameters())
-    loss_fn = _loss_fn(inputs, train)
+    loss_fn = loss_fn_of(inputs, train)
+    if params["strategy"] == "ddp" and getattr(ctx, "ddp", None) is not None:
+        from subprocess_runner.packs._torch_ddp import train_ddp
+
+        return train_ddp(ctx, model, train, val, spec, loss_fn, params)
     if params["strategy"] == "ddp":
         ctx.warning("strategy ddp needs a multi-card worker run; training in this one process instead",
                     code="ddp_not_available")
@@ -62,7 +68,7 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
             ctx.check_cancelled()  # between batches: a cancel never waits for a whole epoch
             optimizer.zero_grad()
             out = model(x)
-            loss = loss_fn(out, _target(loss_fn, y, out))
+            loss = loss_fn(out, target_of(loss_fn, y, out))
             loss.backward()
             optimizer.step()
             total += loss.item() * len(x)
@@ -70,7 +76,7 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
         train_loss = total / max(count, 1)
         ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs)
         if val is not None:
-            val_loss, val_accuracy = _measure(model, val, loss_fn, ctx)
+            val_loss, val_accuracy = measure(model, val, loss_fn, ctx)
             ctx.metric("val_loss", val_loss, step=epoch, epoch=epoch, epochs=epochs)
             if val_accuracy is not None:
                 ctx.metric("val_accuracy", val_accuracy, step=epoch, epoch=epoch, epochs=epochs)
@@ -85,7 +91,7 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
 def evaluate(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     prepare(ctx)
     data: Loader = inputs["data"]
-    loss, accuracy = _measure(inputs["model"], data, _loss_fn(inputs, data), ctx)
+    loss, accuracy = measure(inputs["model"], data, loss_fn_of(inputs, data), ctx)
     ctx.metric("eval_loss", loss)
     if accuracy is not None:
         ctx.metric("eval_accuracy", accuracy)
