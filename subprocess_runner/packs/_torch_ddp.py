@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from subprocess_runner import ddp
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_models import OptimizerSpec
-from subprocess_runner.packs._torch_train import measure, target_of
+from subprocess_runner.packs._torch_train import end_epoch, target_of
 
 
 def train_ddp(ctx: Any, model: torch.nn.Module, train: Loader, val: Loader | None, spec: OptimizerSpec,
@@ -66,17 +66,7 @@ def _train(ctx: Any, group: ddp.Group, model: torch.nn.Module, train: Loader, va
         dist.all_reduce(sums)  # every rank's rows: the epoch's loss is the group's
         train_loss = float(sums[0] / sums[1].clamp(min=1))
         if lead:
-            ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs, ranks=group.world)
-            if val is not None:
-                val_loss, val_accuracy = measure(model, val, loss_fn, ctx)
-                ctx.metric("val_loss", val_loss, step=epoch, epoch=epoch, epochs=epochs)
-                if val_accuracy is not None:
-                    ctx.metric("val_accuracy", val_accuracy, step=epoch, epoch=epoch, epochs=epochs)
-            every = params["checkpoint_every"]
-            if every and (epoch % every == 0 or epoch == epochs):
-                path = ctx.files("checkpoints") / f"{ctx.node_id}-epoch-{epoch}.pt"
-                torch.save(model.state_dict(), path)
-                ctx.artifact("checkpoint", path)
+            end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss, ranks=group.world)
     digests: list[Any] = [None] * group.world
     dist.all_gather_object(digests, ddp.weights_digest(model))
     if lead:

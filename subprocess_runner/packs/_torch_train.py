@@ -74,18 +74,25 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
             total += loss.item() * len(x)
             count += len(x)
         train_loss = total / max(count, 1)
-        ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs)
-        if val is not None:
-            val_loss, val_accuracy = measure(model, val, loss_fn, ctx)
-            ctx.metric("val_loss", val_loss, step=epoch, epoch=epoch, epochs=epochs)
-            if val_accuracy is not None:
-                ctx.metric("val_accuracy", val_accuracy, step=epoch, epoch=epoch, epochs=epochs)
-        every = params["checkpoint_every"]
-        if every and (epoch % every == 0 or epoch == epochs):
-            path = ctx.files("checkpoints") / f"{ctx.node_id}-epoch-{epoch}.pt"
-            torch.save(model.state_dict(), path)
-            ctx.artifact("checkpoint", path)
+        end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss)
     return {"model": model, "train_loss": train_loss}
+
+
+def end_epoch(ctx: Any, model: torch.nn.Module, val: Loader | None, loss_fn: torch.nn.Module,
+              params: dict[str, Any], epoch: int, train_loss: float, **extra: Any) -> None:
+    """An epoch's report: its training loss, validation, and a checkpoint when due."""
+    epochs = params["epochs"]
+    ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs, **extra)
+    if val is not None:
+        val_loss, val_accuracy = measure(model, val, loss_fn, ctx)
+        ctx.metric("val_loss", val_loss, step=epoch, epoch=epoch, epochs=epochs)
+        if val_accuracy is not None:
+            ctx.metric("val_accuracy", val_accuracy, step=epoch, epoch=epoch, epochs=epochs)
+    every = params["checkpoint_every"]
+    if every and (epoch % every == 0 or epoch == epochs):
+        path = ctx.files("checkpoints") / f"{ctx.node_id}-epoch-{epoch}.pt"
+        torch.save(model.state_dict(), path)
+        ctx.artifact("checkpoint", path)
 
 
 def evaluate(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
