@@ -96,7 +96,9 @@ def test_a_node_waiting_for_cpus_holds_no_slot_of_its_run(make_server):
     events = server.events_until_finished(waiter)
     assert events[-1]["payload"]["status"] == "succeeded"
     order = [(e["type"], e["node_id"]) for e in events if e["node_id"]]
-    assert order.index(("node_queued", "needs")) < order.index(("node_finished", "quick"))
+    # It waited for the cpus (whether the ledger's answer or the 0 s node came first is a
+    # race), and its run's one slot went to the other node meanwhile.
+    assert ("node_queued", "needs") in order
     assert order.index(("node_finished", "quick")) < order.index(("node_started", "needs"))
     # ... and "quick" ran while the holder still held the cpus, not after.
     quick_done = next(e["ts"] for e in events if e["type"] == "node_finished" and e["node_id"] == "quick")
