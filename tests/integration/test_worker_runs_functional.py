@@ -15,10 +15,14 @@ from tests.integration.test_single_node_parity import canonical
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
 
 
-@pytest.fixture(params=[0, 2], ids=["cold", "warm"])
+@pytest.fixture
 def warm(request):
-    """Every guarantee of a fresh run child holds for one from the warm pool (--warm)."""
-    return request.param
+    """Warm children the agent keeps (--warm); 0 unless a test asks for both ways."""
+    return getattr(request, "param", 0)
+
+
+# Every guarantee of a fresh run child holds for one from the warm pool: these run both ways.
+BOTH_WAYS = pytest.mark.parametrize("warm", [0, 2], ids=["cold", "warm"], indirect=True)
 
 
 def wait_warm(server, name: str, ready: int) -> None:
@@ -44,6 +48,7 @@ def target(**extra):
     return {"worker": "gpu-a", **extra}
 
 
+@BOTH_WAYS
 def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker, warm):
     server, _ = worker
     remote = server.submit(hello(), target=target())
@@ -63,6 +68,7 @@ def test_a_worker_run_gives_the_same_events_as_an_in_process_run(worker, warm):
     assert (facts["fingerprint_source"], facts["started_warm"]) == ("run_process", bool(warm))
 
 
+@BOTH_WAYS
 def test_target_devices_win_and_a_missing_card_falls_back_with_a_warning(worker):
     server, _ = worker
     on_card = server.submit(hello(), device="cpu", target=target(devices=["cuda:0"]))
@@ -99,6 +105,7 @@ def _executing_child(server, agent, run_id: str) -> list[int]:
     return [pid]
 
 
+@BOTH_WAYS
 def test_a_child_killed_by_a_signal_fails_only_its_run(worker):
     server, agent = worker
     doomed = server.submit(sleeper(seconds=60), target=target())["run_id"]
@@ -116,6 +123,7 @@ def test_a_child_killed_by_a_signal_fails_only_its_run(worker):
     assert server.events_until_finished(after)[-1]["payload"]["status"] == "succeeded"
 
 
+@BOTH_WAYS
 def test_cancel_reaches_the_run_on_its_worker(worker):
     server, _ = worker
     run_id = server.submit(sleeper(seconds=60), target=target())["run_id"]
@@ -124,6 +132,7 @@ def test_cancel_reaches_the_run_on_its_worker(worker):
     assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "cancelled"
 
 
+@BOTH_WAYS
 def test_a_run_that_ignores_cancel_is_killed_after_the_kill_grace(make_server, tmp_path, warm):
     server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
     agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"] + f" --warm {warm}",
@@ -175,6 +184,7 @@ def test_a_lost_worker_ends_its_run_interrupted_and_an_offline_one_is_waited_for
         again.wait(30)
 
 
+@BOTH_WAYS
 def test_a_returning_agent_is_told_to_kill_what_the_server_no_longer_holds(worker):
     server, agent = worker
     run_id = server.submit(sleeper(seconds=120), target=target())["run_id"]
