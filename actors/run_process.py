@@ -73,9 +73,13 @@ class RunProcess(Actor):
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
-            self._process, self._conn = warm.process, warm.conn
-            self._conn.send(assign)
-        else:
+            try:
+                warm.conn.send(assign)
+                self._process, self._conn = warm.process, warm.conn
+            except OSError:  # it died after the pool handed it over: start one cold
+                warm.conn.close()
+                warm = None
+        if warm is None:
             context = multiprocessing.get_context("spawn")
             parent, child_end = context.Pipe()
             self._conn = parent

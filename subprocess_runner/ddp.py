@@ -180,10 +180,11 @@ def rank_main(plan: DdpPlan, node_id: str) -> None:
     from subprocess_runner.engine import execute_graph, prepare_executable_graph
 
     graph = prepare_executable_graph(feeding(plan.graph, node_id))
-    ctx = ExecutionContext(plan.run_id, None, f"cuda:{plan.rank}" if plan.cuda else "cpu", plan.seed,
-                           Sinks(lambda kind, node, payload: None), deterministic=plan.deterministic,
-                           run_dir=Path(tempfile.mkdtemp(prefix=f"troupe-ddp-{plan.rank}-")), ddp=plan)
-    outcome = execute_graph(graph, ctx, max_parallel=1, deterministic=plan.deterministic)
+    with tempfile.TemporaryDirectory(prefix=f"troupe-ddp-{plan.rank}-") as scratch:  # its files are not the run's
+        ctx = ExecutionContext(plan.run_id, None, f"cuda:{plan.rank}" if plan.cuda else "cpu", plan.seed,
+                               Sinks(lambda kind, node, payload: None), deterministic=plan.deterministic,
+                               run_dir=Path(scratch), ddp=plan)
+        outcome = execute_graph(graph, ctx, max_parallel=1, deterministic=plan.deterministic)
     os._exit(0 if outcome.status == "succeeded" else 1)
 
 
