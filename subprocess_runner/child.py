@@ -22,9 +22,10 @@ import platformdirs
 # What a warm child imports before any run takes it: the run child's own modules, torch
 # and the torch pack's code (the digits example's data loader with it). torch._dynamo is
 # what a torch optimizer imports when it is made: 2.6 s of a first epoch on a small CPU.
-WARM_MODULES = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "subprocess_runner.engine",
-                "subprocess_runner.catalog", "subprocess_runner.fingerprint", "subprocess_runner.artifacts",
-                "subprocess_runner.transfer", "subprocess_runner.packs._torch_train",
+WARM_MODULES = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "protocol.worker", "subprocess_runner.engine",
+                "subprocess_runner.catalog", "subprocess_runner.context", "subprocess_runner.fingerprint",
+                "subprocess_runner.artifacts", "subprocess_runner.transfer", "subprocess_runner.memory",
+                "subprocess_runner.mounts", "subprocess_runner.ddp", "subprocess_runner.packs._torch_train",
                 "subprocess_runner.packs._torch_data", "sklearn.datasets")
 
 
@@ -46,7 +47,7 @@ def warm(conn: Connection) -> None:
 
     static_facts()  # what this child's code is, taken now (it is what will execute)
     probe_cuda_cards()  # NVML's list of the machine's cards (CUDA stays untouched)
-    load_catalog()
+    catalog = load_catalog()
     problem = cuda_touched()
     conn.send(("unfit", problem) if problem else ("ready", os.getpid()))
     if problem:
@@ -56,7 +57,7 @@ def warm(conn: Connection) -> None:
     except (EOFError, OSError):
         return
     if assign is not None:
-        main(conn, assign, warm=True)
+        main(conn, assign, catalog)
 
 
 def cuda_touched() -> str | None:
@@ -68,7 +69,10 @@ def cuda_touched() -> str | None:
     return None
 
 
-def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
+def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> None:
+    """Executes one run. ``warm_catalog``: the node catalog a warm child loaded while it
+    waited (None: a child started for this run)."""
+    warm = warm_catalog is not None
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
@@ -134,7 +138,7 @@ def main(conn: Connection, assign: dict[str, Any], warm: bool = False) -> None:
             mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
                                                  control_plane.get("unix_socket"), storage.s3 if storage else None))
         resolved = resolve_mounts(assign["graph"], mounts)
-        graph = prepare_executable_graph(resolved)
+        graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
                        bool(assign.get("deterministic")))
         if ddp is not None:
