@@ -51,7 +51,8 @@ class _Exited:
 class RunProcess(Actor):
     def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
                  mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
-                 shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None) -> None:
+                 shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
+                 ddp_cpu_ranks: int = 0) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
@@ -59,6 +60,7 @@ class RunProcess(Actor):
         self._control_plane = control_plane or {}
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
         self._pool = pool  # warm children (``--warm N``), when the agent keeps any
+        self._ddp_cpu_ranks = ddp_cpu_ranks  # test-only: DDP ranks on the CPU
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -70,7 +72,8 @@ class RunProcess(Actor):
     async def on_start(self) -> None:
         from subprocess_runner import child
 
-        assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane}
+        assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane,
+                  "ddp_cpu_ranks": self._ddp_cpu_ranks}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:

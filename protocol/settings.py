@@ -55,6 +55,8 @@ class Settings:
     worker_kill_grace_s: float = 10.0
     # On an agent: MiB of run frames kept until the control plane acknowledges them.
     agent_outbox_mb: float = 64.0
+    # On an agent, for tests only: DDP ranks on the CPU (gloo) for every run; 0: off.
+    ddp_cpu_ranks: int = 0
     # How long a run for a one-shot agent waits for one before it ends interrupted.
     worker_one_shot_queue_timeout_s: float = 86400.0
     # Queued runs stay queued across a restart, in their order (default: interrupted).
@@ -154,6 +156,7 @@ class Settings:
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
             agent_outbox_mb=reader.number("TROUPE_AGENT_OUTBOX_MB", 64.0),
+            ddp_cpu_ranks=reader.integer("TROUPE_DDP_CPU_RANKS", 0, minimum=0),
             worker_one_shot_queue_timeout_s=reader.number("TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S", 86400.0),
             run_queue_restore=reader.flag("TROUPE_RUN_QUEUE_RESTORE", False),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),

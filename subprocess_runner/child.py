@@ -140,7 +140,7 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
         resolved = resolve_mounts(assign["graph"], mounts)
         graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
-                       bool(assign.get("deterministic")))
+                       bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))
         if ddp is not None:
             when_stuck(lambda error: _end_now(send, error))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,

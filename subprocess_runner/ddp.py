@@ -33,7 +33,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-TEST_CPU_RANKS = "TROUPE_DDP_CPU_RANKS"
 RENDEZVOUS_TIMEOUT_S = 180.0  # the other ranks start cold: an interpreter, torch, their feeding nodes
 WATCH_S = 0.2
 DEATH_GRACE_S = 2.0  # after killing the others, how long the loop has to fail by itself
@@ -59,15 +58,15 @@ class DdpPlan:
 
 
 def plan_for(devices: list[str], graph: dict[str, Any], run_id: str, run_dir: Path, seed: int | None,
-             deterministic: bool) -> DdpPlan | None:
-    """A worker run's plan: one rank per CUDA card when it holds two or more, or the
-    test-only CPU ranks; None otherwise (the loop trains in one process)."""
+             deterministic: bool, cpu_ranks: int = 0) -> DdpPlan | None:
+    """A worker run's plan: one rank per CUDA card when it holds two or more, or
+    ``cpu_ranks`` on the CPU (the agent's test-only TROUPE_DDP_CPU_RANKS); None otherwise
+    (the loop trains in one process)."""
     cards = [d for d in devices if d.startswith("cuda")]
-    forced = os.environ.get(TEST_CPU_RANKS, "")
     if len(cards) >= 2:
         world, cuda = len(cards), True
-    elif forced.isdigit() and int(forced) >= 2:
-        world, cuda = int(forced), False
+    elif cpu_ranks >= 2:
+        world, cuda = cpu_ranks, False
     else:
         return None
     shuffle = seed if seed is not None else int.from_bytes(os.urandom(4), "big")

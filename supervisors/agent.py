@@ -51,6 +51,7 @@ class AgentConfig:
     outputs_dir: Path | None = None
     recorded_outputs_keep: int = 20
     warm: int = 0  # run children kept started, torch imported (``--warm N``)
+    ddp_cpu_ranks: int = 0  # test-only (TROUPE_DDP_CPU_RANKS): DDP ranks on the CPU
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -111,7 +112,8 @@ class Agent:
                     one_shot.take(frame.run_id)
                 process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts,
                                      {"url": self.config.url, "unix_socket": self.config.unix_socket,
-                                      "credential": self.config.credential}, shelf, pool)
+                                      "credential": self.config.credential}, shelf, pool,
+                                     self.config.ddp_cpu_ranks)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
             elif isinstance(frame, wire.ReadOutputs) and link_holder:
                 kept = shelf.read(frame.run_id, frame.node_id) if shelf is not None else None
