@@ -6,27 +6,21 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
 from cli.errors import CliError, NoServer
-from protocol.unix_http import UnixHTTPConnection
+from protocol.unix_http import connect
 
 
 class Client:
     def __init__(self, url: str, token: str | None, unix_socket: str | None = None) -> None:
         self.url = url.rstrip("/")
-        parsed = urllib.parse.urlsplit(self.url)
-        self._host = parsed.hostname or "127.0.0.1"
-        self._port = parsed.port or 80
         self._token = token
         self._unix_socket = unix_socket
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self._unix_socket is not None:
-            return UnixHTTPConnection(self._unix_socket, self._host, self._port, timeout)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        return connect(self.url, self._unix_socket, timeout)
 
     def _headers(self, body: bytes | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import urllib.parse
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -16,3 +17,13 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self._path)
+
+
+def connect(url: str, unix_socket: str | None, timeout: float | None) -> http.client.HTTPConnection:
+    """A connection to the control plane at ``url``: through ``unix_socket`` when there
+    is one (an SSH session's forward), else over TCP."""
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    if unix_socket is not None:
+        return UnixHTTPConnection(unix_socket, host, port, timeout)
+    return http.client.HTTPConnection(host, port, timeout=timeout)

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from protocol.unix_http import UnixHTTPConnection
+from protocol.unix_http import connect
 from protocol.worker import S3Bucket, Storage
 from subprocess_runner.digest import copy_hashing, file_sha256
+from subprocess_runner.transfer import ATTEMPTS
 
 log = logging.getLogger("troupe.artifacts")
 
-ATTEMPTS = 3
 MOUNT_FOLDER = "troupe-artifacts"  # under a storage label: <label>/troupe-artifacts/<run id>/<path>
 # The header a transfer carries the file's sha256 in (the control plane checks it).
 SHA256_HEADER = "X-Troupe-Sha256"
@@ -134,16 +134,12 @@ class Shipper:
         """PUTs the file to the control plane, which keeps it only if all of it arrived
         with this hash; a cut-short or refused attempt is tried again."""
         control = self._where.control_plane or {}
-        parsed = urllib.parse.urlsplit(str(control.get("url", "")))
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
         target = f"/api/runs/{self._run_id}/artifacts?{urllib.parse.urlencode(query)}"
         problem = ""
         for attempt in range(ATTEMPTS):
             if attempt:
                 time.sleep(attempt)
-            unix_socket = control.get("unix_socket")
-            conn = (UnixHTTPConnection(unix_socket, host, port, 60.0) if unix_socket
-                    else http.client.HTTPConnection(host, port, timeout=60.0))
+            conn = connect(str(control.get("url", "")), control.get("unix_socket"), 60.0)
             try:
                 with path.open("rb") as body:
                     conn.request("PUT", target, body=body, headers={

@@ -13,12 +13,11 @@ import hashlib
 import http.client
 import os
 import tempfile
-import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol.unix_http import UnixHTTPConnection
+from protocol.unix_http import connect
 from protocol.worker import S3Bucket
 
 ATTEMPTS = 3
@@ -49,12 +48,9 @@ def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: 
 
 
 def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None:
-    parsed = urllib.parse.urlsplit(url)
-    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     problem = ""
     for _ in range(ATTEMPTS):
-        conn = (UnixHTTPConnection(unix_socket, host, port, 60.0) if unix_socket
-                else http.client.HTTPConnection(host, port, timeout=60.0))
+        conn = connect(url, unix_socket, 60.0)
         handle, temporary = tempfile.mkstemp(dir=cache, prefix=".fetch-")
         try:
             conn.request("GET", f"/api/files/{file_id}/content")
