@@ -12,10 +12,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from protocol.worker import S3Bucket
+if TYPE_CHECKING:  # the wire models load pydantic: only a server with S3 on needs them
+    from protocol.worker import S3Bucket
 
 DEFAULT_PORT = 8765
 
@@ -230,6 +230,10 @@ class _Reader:
     def bucket(self) -> S3Bucket | None:
         """TROUPE_S3_ENABLED is on: the bucket it names (keys left unset come from the
         usual AWS places: the environment, ~/.aws), or None with a warning."""
+        from pydantic import ValidationError
+
+        from protocol.worker import S3Bucket
+
         env = {key: self._env.get(f"TROUPE_S3_{key.upper()}", "").strip() or None for key in (
             "bucket", "prefix", "endpoint_url", "region", "access_key_id", "secret_access_key")}
         prefix = (env.pop("prefix") or "").strip("/")

@@ -57,3 +57,13 @@ def test_a_slurm_jobs_end_is_read_once_with_the_settings(tmp_path):
     bad = Settings.from_env({"SLURM_JOB_END_TIME": "soon"}, default_home=tmp_path)
     assert bad.job_end_time is None and any("SLURM_JOB_END_TIME" in w for w in bad.warnings)
     assert Settings.from_env({}, default_home=tmp_path).job_end_time is None
+
+
+def test_s3_is_on_only_with_a_usable_bucket_and_says_why_not(tmp_path):
+    on = Settings.from_env({"TROUPE_S3_ENABLED": "1", "TROUPE_S3_BUCKET": "lab-bucket", "TROUPE_S3_PREFIX": "/runs/"},
+                           default_home=tmp_path)
+    assert on.s3 is not None and (on.s3.bucket, on.s3.prefix) == ("lab-bucket", "runs/") and on.warnings == ()
+    for env in ({"TROUPE_S3_ENABLED": "1"}, {"TROUPE_S3_ENABLED": "1", "TROUPE_S3_BUCKET": "x"}):
+        off = Settings.from_env(env, default_home=tmp_path)
+        assert off.s3 is None and "TROUPE_S3_BUCKET" in off.warnings[0] and "S3 stays off" in off.warnings[0]
+    assert Settings.from_env({"TROUPE_S3_BUCKET": "lab-bucket"}, default_home=tmp_path).s3 is None  # off by default
