@@ -42,3 +42,30 @@ def test_a_label_reference_is_read_where_each_machine_mounts_it(make_server, tmp
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def test_placement_counts_every_label_a_graph_reads(make_server, tmp_path):
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    for folder in (data, scratch):
+        folder.mkdir()
+        (folder / "train.csv").write_text(ROWS)
+    two = graph(node("a", "torch.CSVDataset", path="data:train.csv", target="y"),
+                node("b", "torch.CSVDataset", path="scratch:train.csv", target="y"))
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    one = start_agent(server, tmp_path / "one", enroll(server, name="one")["command"] + f" --mount data={data}",
+                      machine="one")
+    both = start_agent(server, tmp_path / "both", enroll(server, name="both")["command"]
+                       + f" --mount data={data} --mount scratch={scratch}", machine="both")
+    try:
+        read_until(one, "connected as one")
+        read_until(both, "connected as both")
+        lacking = server.submit(two, expect=400, target={"worker": "one"})["error"]
+        assert lacking["code"] == "worker_lacks_mount" and "scratch" in lacking["message"]
+        for _ in range(3):  # never on the worker with only one of the two labels
+            run_id = server.submit(two, target={"worker": "any"})["run_id"]
+            assert server.events_until_finished(run_id, timeout=90)[-1]["payload"]["status"] == "succeeded"
+            assert server.get(f"/api/runs/{run_id}")["worker"] == "both"
+    finally:
+        for agent in (one, both):
+            agent.terminate()
+            agent.wait(30)
