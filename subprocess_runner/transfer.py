@@ -9,7 +9,7 @@ uploads are taken from the bucket instead, checked the same way."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import functools
 import http.client
 import os
 import tempfile
@@ -19,9 +19,9 @@ from typing import Any
 
 from protocol.unix_http import connect
 from protocol.worker import S3Bucket
+from subprocess_runner.digest import CHUNK, pour
 
 ATTEMPTS = 3
-_CHUNK = 1 << 20
 
 
 def upload_ids(graph: Mapping[str, Any]) -> set[str]:
@@ -57,15 +57,12 @@ def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None
             response = conn.getresponse()
             if response.status != 200:
                 raise FileNotFoundError(f"the control plane answered {response.status} for upload {file_id}")
-            digest = hashlib.sha256()
             with os.fdopen(handle, "wb") as out:
-                while chunk := response.read(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-            if digest.hexdigest()[:32] == file_id:
+                _, sha256 = pour(iter(functools.partial(response.read, CHUNK), b""), out)
+            if sha256[:32] == file_id:
                 os.replace(temporary, cache / file_id)
                 return
-            problem = f"upload {file_id} arrived with the wrong content (sha256 {digest.hexdigest()[:16]}...)"
+            problem = f"upload {file_id} arrived with the wrong content (sha256 {sha256[:16]}...)"
         except (OSError, http.client.HTTPException) as exc:
             problem = f"upload {file_id} could not be fetched: {exc}"
         finally:

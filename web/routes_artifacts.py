@@ -10,7 +10,6 @@ actor, which also logs the ``artifact`` event). Anything less leaves no file and
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
@@ -33,13 +32,13 @@ from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unauthorized
 from subprocess_runner.artifacts import MOUNT_FOLDER, SHA256_HEADER
+from subprocess_runner.digest import CHUNK, pour_async
 from web.context import Services, services
 from web.errors import json_reply
 from web.requests import run_id_from
 from web.ws_worker import LOOPBACK, credential_owner
 
 routes = web.RouteTableDef()
-_CHUNK = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -62,19 +61,13 @@ async def receive_artifact(request: web.Request) -> web.Response:
     final.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.")
     try:
-        digest, received = hashlib.sha256(), 0
         with os.fdopen(handle, "wb") as out:
             try:
-                async for chunk in request.content.iter_chunked(_CHUNK):
-                    received += len(chunk)
-                    if received > size:
-                        break
-                    digest.update(chunk)
-                    out.write(chunk)
+                received, got = await pour_async(request.content.iter_chunked(CHUNK), out, size)
             except (OSError, ValueError, web.HTTPException) as exc:  # the sender went away mid-file
                 raise ArtifactRefused(f"the transfer of {path} was cut short: {exc}") from exc
-        if received != size or digest.hexdigest() != sha256:
-            raise ArtifactRefused(f"{path}: {received} of {size} bytes arrived, sha256 {digest.hexdigest()[:16]}... "
+        if received != size or got != sha256:
+            raise ArtifactRefused(f"{path}: {received} of {size} bytes arrived, sha256 {got[:16]}... "
                                   f"(announced {sha256[:16]}...); nothing was kept", pointer=f"/{SHA256_HEADER}")
         os.replace(temporary, final)
     finally:
@@ -137,7 +130,7 @@ async def read_artifact(request: web.Request) -> web.StreamResponse:
     headers = {"Content-Disposition": f'attachment; filename="{_quoted(name)}"',
                "Content-Type": "application/octet-stream"}
     if found["sha256"]:
-        headers["X-Troupe-Sha256"] = found["sha256"]
+        headers[SHA256_HEADER] = found["sha256"]
     if found["backend"] == "s3":
         return await _stream_from_bucket(svc, request, run_id, found, headers)
     where = _local_file(svc, run_id, found)

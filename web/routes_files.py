@@ -5,9 +5,9 @@ also put in the bucket (before its row is written), where workers take it from."
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import BodyPartReader, web
@@ -16,12 +16,17 @@ from actors.errors import FileNotFound, StorageUnavailable
 from actors.store.files import AddFile, DeleteFile, ListFiles
 from protocol.errors import InvalidRequest, PayloadTooLarge
 from protocol.worker import S3Bucket
+from subprocess_runner.digest import CHUNK, pour_async
 from web.context import services
 from web.errors import json_reply
 from web.requests import hex_id
 
 routes = web.RouteTableDef()
-_CHUNK = 1 << 20
+
+
+async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    while chunk := await part.read_chunk(CHUNK):
+        yield chunk
 
 
 @routes.post("/api/files")
@@ -38,17 +43,12 @@ async def upload(request: web.Request) -> web.Response:
     folder = svc.settings.home / "files"
     folder.mkdir(parents=True, exist_ok=True)
     limit = svc.settings.upload_max_mb * 1024 * 1024
-    digest, size = hashlib.sha256(), 0
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".upload-")
     try:
         with os.fdopen(handle, "wb") as out:
-            while chunk := await part.read_chunk(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
-                digest.update(chunk)
-                out.write(chunk)
-        sha256 = digest.hexdigest()
+            size, sha256 = await pour_async(_chunks(part), out, limit)
+        if size > limit:
+            raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
         file_id = sha256[:32]
         os.replace(temporary, folder / file_id)
     finally:
