@@ -104,8 +104,8 @@ class WarmPool(Actor):
         while len(self._ready) + self._starting < self._size:
             self._starting += 1
             started = loop.run_in_executor(None, _start_child, self._closed)
-            started.add_done_callback(
-                lambda future: self.ref.tell(_Warmed(None if future.exception() else future.result())))
+            started.add_done_callback(lambda future: self.ref.tell(
+                _Warmed(None if future.cancelled() or future.exception() else future.result())))
 
 
 def _start_child(closed: threading.Event) -> WarmChild | None:

@@ -113,9 +113,10 @@ def print_summary(rounds: list[dict[str, Any]]) -> None:
         tv = _median([get(f) for f in ts])
         sv = _median([get(f) for f in ss]) if ss else None
         ratios[name] = [get(r["troupe"]) / get(r["tsp"]) for r in both]
+        sv_text = f"{sv:10.2f}" if sv else f"{'-':>10}"
         ratio = f"{_median(ratios[name]):8.2f}" if both else f"{'-':>8}"
         mark = "" if check is None else ("meets target" if check(tv) else "MISSES target")
-        print(f"  {name:<24}{tv:10.2f}{f'{sv:10.2f}' if sv else f'{chr(45):>10}'}{ratio}  {target:<9} {mark}")
+        print(f"  {name:<24}{tv:10.2f}{sv_text}{ratio}  {target:<9} {mark}")
     for name, key in (("RSS idle (MB)", "idle_rss"), ("RSS after drain (MB)", "drain_rss")):
         tv = _median([float(f[key]) for f in ts])
         target = f"<= {TARGET_IDLE_RSS_MB:g}" if key == "idle_rss" else ""

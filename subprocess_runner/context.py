@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from subprocess_runner.digest import file_sha256
+from subprocess_runner.errors import RunCancelled
 
 if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
     from subprocess_runner.ddp import DdpPlan
-from subprocess_runner.errors import RunCancelled
 
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
 # into persisted events, ``troupe exec`` prints them.

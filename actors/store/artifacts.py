@@ -25,10 +25,10 @@ class RecordArtifact:
     node_id: str | None
     kind: str
     path: str
-    backend: str | None = None
-    label: str | None = None
-    size: int | None = None
-    sha256: str | None = None
+    backend: str
+    label: str | None
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def artifacts(conn: apsw.Connection, run_id: str, artifact_id: int | None = None
 def _record(s: Session, op: RecordArtifact) -> int:
     """The same file recorded twice (a transfer retried after its answer was lost) is
     one row."""
-    for (found,) in s.conn.execute("SELECT id FROM artifacts WHERE run_id = ? AND path = ? AND sha256 IS ?",
+    for (found,) in s.conn.execute("SELECT id FROM artifacts WHERE run_id = ? AND path = ? AND sha256 = ?",
                                    (op.run_id, op.path, op.sha256)):
         return int(found)
     s.conn.execute(
