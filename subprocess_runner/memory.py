@@ -33,7 +33,8 @@ def peak_mib(cuda_ordinals: Sequence[int] = ()) -> int:
     used, else the process's resident-set peak."""
     cuda = _cuda()
     if cuda is not None and cuda_ordinals:
-        return sum(int(cuda.max_memory_allocated(i)) for i in cuda_ordinals) // _MIB
+        # Rounded up: a small model's peak is under a MiB, and 0 would read as "not measured".
+        return -(-sum(int(cuda.max_memory_allocated(i)) for i in cuda_ordinals) // _MIB)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss) // (_MIB if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
 

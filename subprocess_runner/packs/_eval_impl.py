@@ -104,7 +104,7 @@ def batch_inference(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) ->
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from subprocess_runner.packs._torch_runtime import prepare
+    from subprocess_runner.packs._torch_runtime import model_device, prepare
 
     prepare(ctx)
     model, data = inputs["model"], inputs["data"]
@@ -127,7 +127,7 @@ def batch_inference(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) ->
             if callable(generate):
                 results.extend(generate(x, **settings))
             else:
-                out = model(x)
+                out = model(x.to(model_device(model))).cpu()
                 results.append(out.argmax(dim=1) if data.data.task == "classification" else out)
     if results and all(isinstance(r, torch.Tensor) for r in results) and not callable(generate):
         return {"predictions": torch.cat(results)}

@@ -28,6 +28,30 @@ def prepare(ctx: Any) -> None:
         seed_torch(ctx.node_seed, ctx.deterministic)
 
 
+def train_device(ctx: Any) -> torch.device:
+    """Where a loop trains: the run's device when torch here can use it. A card the
+    server believes in but torch cannot reach (a simulated inventory, a CPU build of
+    torch beside a driver) trains on the CPU, and the run log says so."""
+    name = str(getattr(ctx, "device", None) or "cpu")
+    kind, _, index = name.partition(":")
+    usable = kind == "cpu"
+    if kind == "cuda":
+        usable = torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
+    elif kind == "mps":
+        usable = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if usable:
+        return torch.device(name)
+    ctx.warning(f"device {name} is not usable by torch in this process; training on cpu", code="device_fallback")
+    return torch.device("cpu")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights are: its inputs go there (the cpu for a model without
+    torch parameters)."""
+    parameters = getattr(model, "parameters", None)
+    return next(parameters(), torch.empty(0)).device if callable(parameters) else torch.device("cpu")
+
+
 def generator(ctx: Any) -> torch.Generator | None:
     """A generator for shuffling that a seeded run makes the same every time."""
     if ctx.node_seed is None:

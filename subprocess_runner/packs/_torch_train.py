@@ -10,7 +10,7 @@ import torch
 
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_models import LossSpec, OptimizerSpec, default_loss
-from subprocess_runner.packs._torch_runtime import prepare
+from subprocess_runner.packs._torch_runtime import model_device, prepare, train_device
 
 
 def loss_fn_of(inputs: dict[str, Any], data: Loader) -> torch.nn.Module:
@@ -28,7 +28,7 @@ def measure(model: torch.nn.Module, loader: Loader, loss_fn: torch.nn.Module, ct
     """Mean loss and, for classification, accuracy over a loader."""
     model.eval()
     total, correct, count = 0.0, 0, 0
-    device = next(model.parameters(), torch.empty(0)).device  # a DDP rank's card
+    device = model_device(model)  # the run's card, or a DDP rank's
     with torch.no_grad():
         for x, y in loader:
             ctx.check_cancelled()
@@ -48,6 +48,8 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
     prepare(ctx)
     model: torch.nn.Module = inputs["model"]
     train: Loader = inputs["train"]
+    if params["strategy"] != "ddp" or getattr(ctx, "ddp", None) is None:
+        model.to(train_device(ctx))  # before the optimizer takes its parameters (a no-op on the cpu)
     val: Loader | None = inputs.get("val")
     spec: OptimizerSpec = inputs.get("optimizer") or OptimizerSpec("adam", 1e-3, 0.0)
     optimizer = spec.build(model.parameters())
@@ -61,11 +63,13 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
                     code="ddp_not_available")
     epochs = params["epochs"]
     train_loss = float("nan")
+    device = model_device(model)
     for epoch in range(1, epochs + 1):
         model.train()
         total, count = 0.0, 0
         for x, y in train:
             ctx.check_cancelled()  # between batches: a cancel never waits for a whole epoch
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             out = model(x)
             loss = loss_fn(out, target_of(loss_fn, y, out))
@@ -111,10 +115,11 @@ def predict(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[st
     data: Loader = inputs["data"]
     model.eval()
     outputs = []
+    device = model_device(model)
     with torch.no_grad():
         for x, _ in data:
             ctx.check_cancelled()
-            out = model(x)
+            out = model(x.to(device)).cpu()
             outputs.append(out.argmax(dim=1) if data.data.task == "classification" else out)
     return {"predictions": torch.cat(outputs) if outputs else torch.empty(0)}
 
