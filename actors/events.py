@@ -1,29 +1,77 @@
 """The event hub: fans committed events out to stream subscribers.
 
 The store's client tells the hub what each batch committed (``Committed``); the hub turns
-those writes into a run's events and the global stream's changes. A subscriber is an
-``asyncio.Queue`` owned by an SSE handler. The handler subscribes
-first, then replays from the store, then takes live items, dropping seqs it already
-sent: no gap and no duplicate at the hand-over. When the hub stops, or a subscriber
-falls too far behind, the subscriber gets ``RESET`` and replays from the store again.
+those writes into a run's events and the global stream's changes. A subscriber is a
+``Feed`` owned by an SSE handler. The handler subscribes first, then replays from the
+store, then takes live items, dropping seqs it already sent: no gap and no duplicate at
+the hand-over. When the hub stops, the subscriber gets ``RESET`` and replays from the
+store again. A subscriber whose feed holds more than ``MAX_BACKLOG_BYTES`` (its reader
+stopped reading) is dropped and gets ``LAGGED``: its handler tells the client where to
+resume from and ends the stream, so a stalled reader holds a bounded amount of memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor
+from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
 from actors.store.runs import DeleteRun, InsertRun, Prune, UpdateRun
 from actors.store.studies import UpdateStudy
 
 RESET = object()
-# A subscriber more than this many items behind is cut loose (it replays from the
-# store), so one stalled browser tab cannot grow the control plane's memory.
-MAX_BACKLOG = 10_000
+LAGGED = object()
+# A subscriber further behind than this is cut loose (it resumes from the store on its
+# next request), so one stalled browser tab cannot grow the control plane's memory.
+MAX_BACKLOG_BYTES = 512 * 1024
+BURST_BYTES = 256 * 1024  # the most a handler takes (and writes) at once
+_CHANGE_BYTES = 256  # what a row change (created, status) weighs, about
+_EVENT_BYTES = 400  # what an event weighs beside its payload: the frame around it, its dict
+
+
+class Feed:
+    """A subscriber's queue, bounded by the bytes it holds. The hub puts, the handler
+    takes; both run on the event loop's thread."""
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[Any, int]] = deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+
+    def put(self, item: Any, size: int = 0) -> bool:
+        """False, and nothing kept, when the item would take the feed past its bound."""
+        if self._bytes + size > MAX_BACKLOG_BYTES and size:
+            return False
+        self._items.append((item, size))
+        self._bytes += size
+        self._ready.set()
+        return True
+
+    async def burst(self, wait_s: float) -> list[Any]:
+        """The items waiting now, up to ``BURST_BYTES`` of them (written as one chunk),
+        after waiting up to ``wait_s`` for the first; an empty list means none came."""
+        if not self._items:
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), wait_s)
+            except TimeoutError:
+                return []
+        items: list[Any] = []
+        taken = 0
+        while self._items and (not items or taken + self._items[0][1] <= BURST_BYTES):
+            item, size = self._items.popleft()
+            items.append(item)
+            taken += size
+        self._bytes -= taken
+        return items
+
+    def qsize(self) -> int:
+        return len(self._items)
 
 
 @dataclass(frozen=True)
@@ -31,7 +79,7 @@ class Subscribe:
     """``follows``: run ids whose events the queue gets, and None for every run's changes
     (the Runs panel's stream; a run's stream follows both, as changes move its place)."""
 
-    queue: asyncio.Queue[Any]
+    queue: Feed
     follows: tuple[str | None, ...] = (None,)
     # Whether the subscriber's client is still connected: the count of subscribers is
     # exact when read, even before a handler notices that its client left.
@@ -40,7 +88,7 @@ class Subscribe:
 
 @dataclass(frozen=True)
 class Unsubscribe:
-    queue: asyncio.Queue[Any]
+    queue: Feed
 
 
 @dataclass(frozen=True)
@@ -55,14 +103,19 @@ class SubscriberCount:
     pass
 
 
+def _weight(event: Any) -> int:
+    encoded = getattr(event, "payload_json", None)
+    return _EVENT_BYTES + (len(encoded) if encoded is not None else _CHANGE_BYTES)
+
+
 class EventHub(Actor):
     def __init__(self, name: str = "events") -> None:
         super().__init__(name)
-        self._by_run: dict[str, set[asyncio.Queue[Any]]] = {}
-        self._global: set[asyncio.Queue[Any]] = set()
+        self._by_run: dict[str, set[Feed]] = {}
+        self._global: set[Feed] = set()
         # What each subscriber follows: run ids, and None for every run's changes.
-        self._where: dict[asyncio.Queue[Any], set[str | None]] = {}
-        self._liveness: dict[asyncio.Queue[Any], Callable[[], bool]] = {}
+        self._where: dict[Feed, set[str | None]] = {}
+        self._liveness: dict[Feed, Callable[[], bool]] = {}
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -88,7 +141,11 @@ class EventHub(Actor):
             case AppendEvents(run_id, events):
                 for queue in list(self._by_run.get(run_id, ())):
                     for event in events:
-                        self._offer(queue, event)
+                        if not self._offer(queue, event, _weight(event)):
+                            break
+            case RecordLateArtifact(artifact):  # an ended run's file that came late: its event
+                for queue in list(self._by_run.get(artifact.run_id, ())):
+                    self._offer(queue, result, _weight(result))
             case InsertRun(row):
                 self._change({"kind": "created", "run_id": row["id"], "status": row["status"],
                               "queue_key": row["queue_key"], "lane": row["lane"], "name": row.get("name")})
@@ -106,16 +163,16 @@ class EventHub(Actor):
     def _change(self, change: Mapping[str, Any]) -> None:
         """A committed change of a run row (created, status), for the global stream."""
         for queue in list(self._global):
-            self._offer(queue, change)
+            self._offer(queue, change, _CHANGE_BYTES)
 
-    def _offer(self, queue: asyncio.Queue[Any], item: Any) -> None:
-        if queue.qsize() >= MAX_BACKLOG:
-            self._drop(queue)
-            queue.put_nowait(RESET)
-            return
-        queue.put_nowait(item)
+    def _offer(self, queue: Feed, item: Any, size: int) -> bool:
+        if queue.put(item, size):
+            return True
+        self._drop(queue)
+        queue.put(LAGGED)
+        return False
 
-    def _drop(self, queue: asyncio.Queue[Any]) -> None:
+    def _drop(self, queue: Feed) -> None:
         self._liveness.pop(queue, None)
         for run_id in self._where.pop(queue, set()):
             if run_id is None:
@@ -128,7 +185,7 @@ class EventHub(Actor):
 
     def _reset_all(self) -> None:
         for queue in list(self._where):
-            queue.put_nowait(RESET)
+            queue.put(RESET)
         self._where.clear()
         self._liveness.clear()
         self._by_run.clear()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,8 @@ class Execute:
     # The editor session's node cache: interactive runs of an editor only.
     cache: SessionCache | None = None
     provenance: str | None = None  # ``identity`` or ``content``: files read are recorded
+    # A resumed run: node id -> {"weights", "state"} paths of the checkpoint it continues from.
+    resume: Mapping[str, Mapping[str, str]] | None = None
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -120,6 +123,7 @@ def _execute(message: Execute, courier: _Courier) -> None:
     ctx = ExecutionContext(
         message.run_id, None, message.device, message.seed, Sinks(courier.emit, shipper), message.cancel,
         deterministic=message.deterministic, run_dir=message.run_dir, provenance=message.provenance,
+        resume=message.resume,
     )
     try:
         outcome = execute_graph(

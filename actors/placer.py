@@ -15,6 +15,7 @@ WorkerPlacement (``placement.py``); it also places the runs for target ``any``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections import deque
@@ -29,7 +30,7 @@ from actors.ledger import Policy
 from actors.placement import WorkerPlacement
 from actors.placer_messages import Admit, CardMemory, CardPolicy, Reannounce, Released, WorkerOffline, WorkerOnline
 from actors.queue import Enqueue, Occupying, Readmit
-from actors.run_messages import Placement, Start
+from actors.run_messages import Discard, Placement, Start
 from actors.store import StoreClient
 from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
@@ -311,6 +312,7 @@ class Placer(Actor):
         row["enqueue_seq"] = self._next_seq
         committed = self._store.write(InsertRun(row, attempt))
         self._start_run(row, graph)
+        committed.add_done_callback(functools.partial(self._discard_unless_stored, (row["id"],)))
         return row["id"], committed
 
     def _submit_sweep(self, sweep: Mapping[str, Any], variants: tuple[Mapping[str, Any], ...],
@@ -324,7 +326,18 @@ class Placer(Actor):
         committed = self._store.write(CreateSweep(sweep, variants, tuple(rows)))
         for row, (_, graph) in zip(rows, runs, strict=True):
             self._start_run(row, graph)
+        committed.add_done_callback(functools.partial(self._discard_unless_stored, tuple(r["id"] for r in rows)))
         return committed
+
+    def _discard_unless_stored(self, run_ids: tuple[str, ...], committed: asyncio.Future[Any]) -> None:
+        """Runs start before their rows commit (the hot path); runs whose rows could not
+        be stored were refused to the submitter, so they go without a trace."""
+        if committed.cancelled() or committed.exception() is None:
+            return
+        for run_id in run_ids:
+            run = self._registry.lookup(f"runs/{run_id}")
+            if run is not None:
+                run.tell(Discard())
 
     def _start_run(self, row: dict[str, Any], graph: ExecutableGraph) -> None:
         run_id, key, lane, seeded = row["id"], row["queue_key"], row["lane"], row.get("seed") is not None

@@ -10,6 +10,7 @@ limit-1 key for that moment; nothing runs twice).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from actors.placer_messages import Released
 from actors.queue import Occupying, Release
 from actors.run_messages import (
     ArtifactArrived,
+    Discard,
     Placement,
     Start,
     WorkerBack,
@@ -36,13 +38,14 @@ from actors.run_messages import (
     WorkerLost,
 )
 from actors.store import StoreClient
-from actors.store.artifacts import RecordArtifact
+from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
 from actors.store.events import AppendEvents, RecordOutputs
 from actors.store.memory import RecordPeak
 from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
+from protocol.errors import DiskFull
 from protocol.settings import Settings
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
@@ -68,6 +71,33 @@ class ReportOccupancy:
 @dataclass(frozen=True)
 class _OneShotTimeout:
     """A run for a one-shot agent has waited for one as long as it may."""
+
+
+@dataclass(frozen=True)
+class _Unwritten:
+    """A write of this run did not fit on a full disk: it is tried again."""
+
+    op: Any
+
+
+@dataclass(frozen=True)
+class _RetryWrites:
+    """Time to try the writes that did not fit again."""
+
+
+@dataclass(frozen=True)
+class _Written:
+    """Every write sent so far has an outcome: a finished run may stop once none is left
+    to retry, and not before (a run is never left active without an owner)."""
+
+
+_RETRY_FIRST_S = 0.5
+_RETRY_MAX_S = 30.0
+
+
+def _retry_if_full(ref: Any, op: Any, future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and isinstance(future.exception(), DiskFull):
+        ref.tell(_Unwritten(op))
 
 
 class RunActor(Actor):
@@ -107,6 +137,12 @@ class RunActor(Actor):
         self._frames = 0
         self._last_write: asyncio.Future[Any] | None = None
         self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
+        # Writes a full disk refused, in order, and when they are tried again.
+        self._unwritten: list[Any] = []
+        self._retry_scheduled = False
+        self._backoff = _RETRY_FIRST_S
+        self._finishing = False
+        self._discarded = False
 
     async def on_start(self) -> None:
         if self._row.get("adopting"):
@@ -124,6 +160,12 @@ class RunActor(Actor):
             asyncio.get_running_loop().call_later(max(0.0, self._settings.worker_one_shot_queue_timeout_s - waited),
                                                   self.ref.tell, _OneShotTimeout())
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
+        resumed: dict[str, Any] = self._row.get("resumed_from") or {}
+        for node_id, plan in resumed.get("nodes", {}).items():  # what it continues from, by content
+            for part in ("weights", "state"):
+                self._emit(ev.PROVENANCE, node_id, {
+                    "kind": "checkpoint", "ref": f"run:{resumed['run_id']}/artifacts/{plan[f'{part}_id']}",
+                    "mode": "content", "sha256": plan[f"{part}_sha256"], "epoch": plan["epoch"], "resume": part})
         for warning in self._row.get("warnings", ()):  # a text, or a message with its code and node
             found = dict(warning) if isinstance(warning, dict) else {"message": warning}
             self._emit(ev.WARNING, found.pop("node_id", None), found)
@@ -162,6 +204,26 @@ class RunActor(Actor):
                              "(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S)", None, reason="one_shot_queue_timeout")
             case _OneShotTimeout():
                 pass  # it started meanwhile
+            case _Unwritten(op):
+                self._unwritten.append(op)
+                if not self._retry_scheduled:
+                    self._retry_scheduled = True
+                    asyncio.get_running_loop().call_later(self._backoff, self.ref.tell, _RetryWrites())
+                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
+            case _RetryWrites():
+                ops, self._unwritten = self._unwritten, []
+                self._retry_scheduled = False
+                for op in ops:
+                    self._send(op)
+                if self._finishing:
+                    self._stop_when_written()
+            case _Written():
+                if self._last_write is not None and not self._last_write.done():
+                    return None  # a retried write is still on its way; its own _Written follows
+                if self._finishing and not self._unwritten and not self._retry_scheduled:
+                    self.stop_self("finished")
+            case Discard():
+                self._discard()
             case Shutdown(leave_worker_runs):
                 if leave_worker_runs and (self._worker is not None or self._status == ev.QUEUED):
                     self.stop_self("left for the next start")  # its row stays as it is
@@ -236,6 +298,7 @@ class RunActor(Actor):
                 cpu_gate=self._cpu_gate(),
                 cache=self._editor_cache(),
                 provenance=(self._row.get("options") or {}).get("provenance"),
+                resume=_local_resume(self._row.get("resumed_from")),
             ),
             asyncio.get_running_loop(),
             self.ref,
@@ -264,7 +327,7 @@ class RunActor(Actor):
                                 memory_total_mib=self._caps,
                                 provenance=(self._row.get("options") or {}).get("provenance"),
                                 record_outputs=bool(self._row.get("record_outputs")),
-                                storage=self._storage())
+                                storage=self._storage(), resume=_remote_resume(self._row.get("resumed_from")))
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
@@ -343,7 +406,25 @@ class RunActor(Actor):
         self._emit(ev.RUN_FINISHED, None, payload)
         if self._settings.run_retention_keep_last >= 0:
             self._write(Prune(self._settings.run_retention_keep_last))
-        self.stop_self("finished")
+        self._finishing = True
+        self._flush_events()
+        self._stop_when_written()
+
+    def _stop_when_written(self) -> None:
+        """Stops once the final writes are stored: a write a full disk refused is tried
+        again, with a growing pause, until it is (the run keeps no slot meanwhile)."""
+        if self._last_write is None:
+            self.stop_self("finished")
+            return
+        self._last_write.add_done_callback(lambda _: self.ref.tell(_Written()))
+
+    def _discard(self) -> None:
+        self._discarded = True
+        self._outbox.clear()
+        self._cancel.set()
+        self._release()
+        self._status = ev.FAILED
+        self.stop_self("not stored")
 
     def _record_peak(self, status: str, memory: tuple[int | None, bool, bool] | None) -> None:
         """An exact peak on a worker's cards becomes the next budget of the same graph on
@@ -420,8 +501,8 @@ class RunActor(Actor):
             self._write(UpdateRun(self.run_id, {"execution_facts": payload}))
             return
         payload, encoded, refused = ev.admit_event(kind, payload)
-        if refused is None and remote and kind == ev.ARTIFACT:
-            refused = ev.worker_artifact_problem(payload)
+        if refused is None and remote and kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING):
+            refused = ev.worker_artifact_problem(payload, pending=kind == ev.ARTIFACT_PENDING)
         if refused is not None:
             log.warning("run %s: refused a %s event of node %s: %s", self.run_id, kind, node_id, refused)
             self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {refused}",
@@ -436,9 +517,15 @@ class RunActor(Actor):
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None and not remote:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
-        elif kind == ev.ARTIFACT and payload.get("backend") is not None:  # stored whole: listed
+        elif kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING) and payload.get("backend") is not None:  # listed
             self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), payload["path"],
-                                       payload["backend"], payload.get("label"), payload["size"], payload["sha256"]))
+                                       payload["backend"], payload.get("label"), payload["size"], payload["sha256"],
+                                       PENDING if kind == ev.ARTIFACT_PENDING else STORED))
+        elif kind == ev.WARNING and str(payload.get("code", "")).startswith("artifact_") and payload.get("path"):
+            # A file the run wrote that could not be kept is listed failed, never lost silently.
+            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind") or "file"), str(payload["path"]),
+                                       "transfer" if self._worker else "local", None, None, None, FAILED,
+                                       str(payload.get("message"))[:500]))
 
         self._emit(kind, node_id, payload, encoded)
 
@@ -452,14 +539,40 @@ class RunActor(Actor):
         if self._outbox:
             events, self._outbox = tuple(self._outbox), []
             counter = self._applied if self._worker is not None else None
-            self._last_write = self._store.write(AppendEvents(self.run_id, events, counter))
+            self._send(AppendEvents(self.run_id, events, counter))
 
     def _write(self, op: Any) -> None:
         # Events emitted so far go first, so rows and events reach the disk in order.
         self._flush_events()
+        self._send(op)
+
+    def _send(self, op: Any) -> None:
+        if self._discarded:
+            return
         self._last_write = self._store.write(op)
+        self._last_write.add_done_callback(functools.partial(_retry_if_full, self.ref, op))
 
 
+
+
+def _local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | None:
+    """The checkpoint files of a resumed in-process run, on this machine."""
+    if not resumed:
+        return None
+    return {node: {"weights": plan["weights_path"], "state": plan["state_path"]}
+            for node, plan in resumed["nodes"].items()}
+
+
+def _remote_resume(resumed: dict[str, Any] | None) -> dict[str, wire.ResumeFiles]:
+    """Where a worker's child fetches the checkpoint of a resumed run from."""
+    if not resumed:
+        return {}
+    old = resumed["run_id"]
+    return {node: wire.ResumeFiles(epoch=plan["epoch"], weights=f"/api/runs/{old}/artifacts/{plan['weights_id']}",
+                                   weights_sha256=plan["weights_sha256"],
+                                   state=f"/api/runs/{old}/artifacts/{plan['state_id']}",
+                                   state_sha256=plan["state_sha256"])
+            for node, plan in resumed["nodes"].items()}
 
 
 @dataclass(frozen=True)

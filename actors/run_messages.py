@@ -24,6 +24,12 @@ class Start:
 
 
 @dataclass(frozen=True)
+class Discard:
+    """From the placer: the run's row could not be stored (a full disk), so the run was
+    refused to its submitter and must leave no trace: it stops, writing nothing."""
+
+
+@dataclass(frozen=True)
 class WorkerGone:
     """The run's worker disconnected; it may come back within the grace."""
 

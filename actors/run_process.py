@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.artifact_outbox import Flush, Wake
 from actors.base import Actor, ActorRef
 from actors.recorded_outputs import OutputsShelf
 from actors.threaded import ThreadActorRef
@@ -26,6 +27,7 @@ from actors.warm_pool import Take
 from protocol import events as ev
 from protocol import worker as wire
 
+ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
 log = logging.getLogger("troupe.agent")
 
 
@@ -52,7 +54,8 @@ class RunProcess(Actor):
     def __init__(self, assign: wire.Assign, send: Callable[..., None], kill_grace_s: float = 10.0,
                  mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
                  shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
-                 ddp_cpu_ranks: int = 0) -> None:
+                 ddp_cpu_ranks: int = 0, artifact_outbox: dict[str, Any] | None = None,
+                 uploader: ActorRef | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
@@ -61,6 +64,9 @@ class RunProcess(Actor):
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
         self._pool = pool  # warm children (``--warm N``), when the agent keeps any
         self._ddp_cpu_ranks = ddp_cpu_ranks  # test-only: DDP ranks on the CPU
+        # The agent's artifact outbox ({"folder", "bytes"}) and the actor that uploads from it.
+        self._artifact_outbox = artifact_outbox
+        self._uploader = uploader
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._ended = False
@@ -73,7 +79,7 @@ class RunProcess(Actor):
         from subprocess_runner import child
 
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane,
-                  "ddp_cpu_ranks": self._ddp_cpu_ranks}
+                  "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:
@@ -120,7 +126,16 @@ class RunProcess(Actor):
         run_id = self._assign.run_id
         match message:
             case _FromChild(messages):
-                self._send(*(self._frame(message) for message in messages))
+                # A warm child handed over before it finished its imports says so once.
+                frames = [self._frame(message) for message in messages if message[0] != "warm"]
+                ended = [f for f in frames if isinstance(f, wire.RunEnded)]
+                if ended and self._uploader is not None:
+                    self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
+                    # The run's files go up first (while the control plane answers), so a run
+                    # that ended has its artifacts stored, or says which are still pending.
+                    await (await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id)))
+                    frames = list(ended)
+                self._send(*frames)
             case _Exited(code):
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
@@ -149,6 +164,8 @@ class RunProcess(Actor):
         match message:
             case ("event", counter, kind, node_id, payload):
                 self._counter = counter
+                if kind == ev.ARTIFACT_PENDING and self._uploader is not None:
+                    self._uploader.tell(Wake())  # it is in the outbox: send it on
                 if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
                     self._shelf.record(run_id, node_id, payload.get("outputs") or {})
                 # Built without validation: the child is this agent's own code, and the

@@ -24,13 +24,14 @@ from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store import StoreClient
 from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
-from actors.submission import build_row
+from actors.submission import build_row, share_base, shared_base
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.graph import Graph
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.studies import attempt_seed
+from subprocess_runner.sweeps import with_params
 
 log = logging.getLogger("troupe.study")
 
@@ -153,7 +154,10 @@ class StudyActor(Actor):
 
     async def _start_attempt(self, spec: dict[str, Any], variant: int, repeat: int, attempt: int,
                              name: str | None) -> None:
-        graph = Graph.model_validate(spec["variants"][variant]["graph"])
+        chosen = spec["variants"][variant]
+        base = spec.get("base_graph")
+        document = with_params(base, chosen["params"]) if base is not None else chosen["graph"]  # older studies
+        graph = Graph.model_validate(document)
         options = RunOptions.model_validate(spec.get("options") or {})
         placer = self._registry.lookup("placer")
         if placer is None:
@@ -165,6 +169,8 @@ class StudyActor(Actor):
             await read_flavors(self._store, graph, options), seed=attempt_seed(spec.get("seed"), repeat),
             study_id=self.study_id,
         )
+        if base is not None:
+            share_base(row, shared_base(base), document, chosen["params"])
         record = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt,
                   "run_id": row["id"]}
         _, committed = await placer.ask(Submit(row, executable, record))

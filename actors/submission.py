@@ -110,6 +110,20 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
     return row, graph
 
 
+def shared_base(base: dict[str, Any]) -> tuple[str, str]:
+    """The digest and text a sweep's or a study's runs store their base graph under."""
+    text = json.dumps(base, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest(), text
+
+
+def share_base(row: dict[str, Any], base: tuple[str, str], graph: dict[str, Any], params: dict[str, Any]) -> None:
+    """The run keeps the variant's graph, whose unchanged nodes are the base's own, and
+    is stored as its params over the base, which is stored once."""
+    if row["graph"] == graph:  # as submitted (a flavor or a mount could make them differ)
+        row["graph"] = graph
+        row["shared_graph"] = (*base, params)
+
+
 def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph:
     """A run in this server: its label references become this server's paths."""
     document = graph_doc.model_dump(mode="json", exclude_none=True)
@@ -160,18 +174,22 @@ def graph_digest(graph_json: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# Graphs prepared lately, by their document: a queue of the same job (a CLI loop, a
-# script, a retried study attempt) validates and binds its graph once. A prepared graph
-# is never changed by a run (the engine hands each node a copy of its params).
+# Graphs prepared lately, by their document's digest: a queue of the same job (a CLI
+# loop, a script, a retried study attempt) validates and binds its graph once. A prepared
+# graph is never changed by a run (the engine hands each node a copy of its params). Only
+# small documents are kept: the cache is for the hot path, and must not hold large ones.
 _PREPARED: OrderedDict[tuple[str, str, int], tuple[ExecutableGraph, str]] = OrderedDict()
 _PREPARED_MAX = 64
+_PREPARED_DOC_BYTES = 64 * 1024
 
 
 def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[ExecutableGraph, dict[str, Any]]:
     """The executable graph and the document as stored, from the cache when the same
     document was prepared against the same catalog before."""
     text = graph_doc.model_dump_json(exclude_none=True)
-    key = (text, prefix, id(catalog))
+    if len(text) > _PREPARED_DOC_BYTES:
+        return prepare_executable_graph(graph_doc, catalog, prefix), json.loads(text)
+    key = (hashlib.sha256(text.encode()).hexdigest(), prefix, id(catalog))
     found = _PREPARED.get(key)
     if found is None:
         found = (prepare_executable_graph(graph_doc, catalog, prefix), text)

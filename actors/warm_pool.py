@@ -3,10 +3,16 @@
 A worker run spends most of its first second in a fresh interpreter importing torch and
 the engine. With ``troupe agent start --warm N`` the agent keeps N children that did this
 already (``subprocess_runner.child.warm``) and hands one to each run that comes; the pool
-then starts another in the background. A child takes one run and exits, so a run in a
-warm child is as isolated as one in a fresh child. With the pool empty (or a run that
-sets environment variables of its own, which must be set before torch is imported) the
-run's child is started cold, as without a pool.
+starts another the moment one is taken. A child takes one run and exits, so a run in a
+warm child is as isolated as one in a fresh child.
+
+A child is *ready* once torch and the engine are imported (about 1.5 s after its start)
+and *warm* once the rest is (torch._dynamo and the data loaders, about 2 s more; it says
+so on its pipe). A ready child goes to any run; one of core nodes alone starts at once
+beside the last imports, another waits for them in the child (it would import torch
+cold anyway). A warm child is given first. With none to give (or for a run that sets
+environment variables of its own, which must be set before torch is imported) the run's
+child is started cold, as without a pool.
 
 Starting a child (``Process.start``) and waiting for its ``ready`` block, so both run on
 a thread; the agent's loop only learns the result.
@@ -43,7 +49,7 @@ class WarmChild:
 
 @dataclass(frozen=True)
 class Take:
-    """Ask: a ready child (now the asker's), or None when none is ready."""
+    """Ask: a ready child (now the asker's), a warm one first, or None: start one cold."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class WarmPool(Actor):
         super().__init__("warm-pool")
         self._size = size
         self._ready: list[WarmChild] = []
+        self._warm: set[int] = set()  # pids of ready children that said they are warm
         self._starting = 0
         self._closed = threading.Event()  # seen by the threads that start children
 
@@ -79,14 +86,9 @@ class WarmPool(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case Take():
-                while self._ready:
-                    child = self._ready.pop(0)
-                    if child.process.is_alive():
-                        self._fill()
-                        return child
-                    _dismiss(child)
+                child = self._take()
                 self._fill()
-                return None
+                return child
             case _Warmed(child):
                 self._starting -= 1
                 if child is not None:
@@ -98,6 +100,20 @@ class WarmPool(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _take(self) -> WarmChild | None:
+        for child in list(self._ready):
+            if not child.process.is_alive():
+                self._ready.remove(child)
+                _dismiss(child)
+            elif child.process.pid not in self._warm and _said_warm(child):
+                self._warm.add(child.process.pid)
+        warm = [c for c in self._ready if c.process.pid in self._warm]
+        chosen = warm[0] if warm else (self._ready[0] if self._ready else None)
+        if chosen is not None:
+            self._ready.remove(chosen)
+            self._warm.discard(chosen.process.pid)
+        return chosen
 
     def _fill(self) -> None:
         loop = asyncio.get_running_loop()
@@ -131,6 +147,14 @@ def _start_child(closed: threading.Event) -> WarmChild | None:
         _dismiss(found)
         return None
     return found
+
+
+def _said_warm(child: WarmChild) -> bool:
+    """Whether the child said ``warm`` on its pipe (read without waiting)."""
+    try:
+        return bool(child.conn.poll()) and child.conn.recv()[0] == "warm"
+    except (EOFError, OSError):
+        return False
 
 
 def _dismiss(child: WarmChild) -> None:

@@ -168,6 +168,8 @@ class WorkerConnection(Actor):
         # as the next start may adopt those runs (a stop that leaves worker runs going).
         self._stopping = False
         self._warm: wire.WarmPool | None = None  # the agent's warm pool, as its last heartbeat said
+        # Its artifact outbox, as the last heartbeat said: a full one takes no new runs.
+        self._artifacts: wire.ArtifactOutboxUsage | None = None
         self._reads: dict[int, asyncio.Future[Any]] = {}  # read_outputs asked of the agent
         self._read_no = 0
 
@@ -279,6 +281,11 @@ class WorkerConnection(Actor):
                 self._flush_acks(always=True)
                 self._note_free_memory(frame.free_mib)
                 self._warm = frame.warm
+                full = frame.artifact_outbox is not None and frame.artifact_outbox.full
+                was_full = self._artifacts is not None and self._artifacts.full
+                self._artifacts = frame.artifact_outbox
+                if full != was_full:
+                    self._tell_placer()  # a full outbox takes no new runs; one with room again does
             elif isinstance(frame, wire.Drain) and not self._draining:
                 self._draining = True  # its agent is stopping: no new runs, the running ones finish
                 self._tell_placer()
@@ -354,7 +361,8 @@ class WorkerConnection(Actor):
                             mounts=frozenset(self._hello.mounts))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
-        placer.tell(WorkerOnline(offer, self._devices(), self._draining, cards))
+        paused = self._draining or (self._artifacts is not None and self._artifacts.full)
+        placer.tell(WorkerOnline(offer, self._devices(), paused, cards))
 
     def _note_free_memory(self, free_mib: dict[str, int]) -> None:
         """Tells the placer a card's free memory when it moved by a step or more since it
@@ -436,6 +444,7 @@ class WorkerConnection(Actor):
                       for device, (physical, limit) in (self._devices().items() if hello else [])],
             "running_runs": sorted(self._runs),
             "warm_pool": self._warm.model_dump() if self._warm is not None and self._outbox is not None else None,
+            "artifact_outbox": self._artifacts.model_dump() if self._artifacts is not None else None,
         }
 
     def _inventory_now(self) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,7 +49,26 @@ class Client:
 
     def stream(self, path: str, read_timeout: float | None = None) -> Iterator[tuple[str, Any]]:
         """Yields ``(event, data)`` of a server-sent event stream; ``socket.timeout``
-        propagates when no byte came within ``read_timeout``."""
+        propagates when no byte came within ``read_timeout``. A reader the server finds
+        too far behind is told where to resume (``stream_lagged``): the stream is opened
+        again from there, and the caller sees one stream without a gap."""
+        while True:
+            lagged = None
+            for kind, data in self._stream_once(path, read_timeout):
+                if kind == "stream_lagged":
+                    lagged = data
+                    break
+                yield kind, data
+            if lagged is None:
+                return
+            resume = lagged.get("resume_after")
+            if resume is not None:
+                parts = urllib.parse.urlsplit(path)
+                query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "after"]
+                path = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(
+                    [*query, ("after", str(resume))])))
+
+    def _stream_once(self, path: str, read_timeout: float | None) -> Iterator[tuple[str, Any]]:
         conn = self._connection(read_timeout)
         try:
             conn.request("GET", path, headers={"Accept": "text/event-stream"})

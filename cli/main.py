@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -77,9 +77,23 @@ def run(
     port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
 ) -> None:
     """Submit a graph to the running server and follow it to its result."""
+    from cli.run_cmd import submit_and_follow
+
+    options = {
+        "device": device, "seed": seed, "deterministic": deterministic or None,
+        "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
+    }
+    try:
+        code = submit_and_follow(_client(host, port), graph, options, name, not wait, timeout)
+    except CliError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+def _client(host: str | None, port: int | None) -> Any:
+    """The running server of this TROUPE_HOME (or the one named), with its session token."""
     from cli.client import Client
     from cli.config import load_settings
-    from cli.run_cmd import submit_and_follow
     from cli.session import read_session
 
     settings = load_settings()
@@ -87,12 +101,24 @@ def run(
     url = session.get("url") or settings.url
     if host or port:
         url = f"http://{host or settings.host}:{port or settings.port}"
-    options = {
-        "device": device, "seed": seed, "deterministic": deterministic or None,
-        "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
-    }
+    return Client(url, session.get("token"))
+
+
+@app.command()
+def rerun(
+    run_id: Annotated[str, typer.Argument(help="the run to queue again")],
+    resume: Annotated[bool, typer.Option("--resume", help="continue each TrainingLoop from its newest "
+                                                          "checkpoint instead of starting over")] = False,
+    wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
+    timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
+    host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
+    port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
+) -> None:
+    """Queue a run again with its graph, options and target; --resume goes on from its last checkpoint."""
+    from cli.run_cmd import rerun_and_follow
+
     try:
-        code = submit_and_follow(Client(url, session.get("token")), graph, options, name, not wait, timeout)
+        code = rerun_and_follow(_client(host, port), run_id, resume, not wait, timeout)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -36,7 +36,19 @@ def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: 
     body: dict[str, Any] = {"graph": graph, "options": {k: v for k, v in options.items() if v is not None}}
     if name:
         body["name"] = name
-    status, reply = client.request("POST", "/api/runs", body)
+    return queued(client, client.request("POST", "/api/runs", body), f"Graph           {Path(path).name}", detach,
+                  timeout)
+
+
+def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, timeout: float | None) -> int:
+    """``troupe rerun``: the run queued again (from its newest checkpoint with ``resume``)."""
+    answer = client.request("POST", f"/api/runs/{run_id}/rerun", {"resume": True} if resume else {})
+    return queued(client, answer, f"{'Resumes' if resume else 'Again from'}       {run_id}", detach, timeout)
+
+
+def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, timeout: float | None) -> int:
+    """Says what was queued and follows it (unless ``detach``)."""
+    status, reply = answer
     if status != 201:
         error = (reply or {}).get("error", {}) if isinstance(reply, dict) else {}
         where = f" at {error['pointer']}" if error.get("pointer") else ""
@@ -45,7 +57,7 @@ def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: 
     run_id = reply["run_id"]
     print("=== Run submitted ===")
     print(f"  Run ID          {run_id}")
-    print(f"  Graph           {Path(path).name}")
+    print(f"  {origin}")
     print(f"  Device          {reply['device']}")
     print(f"  Status          {reply['status']}")
     for warning in reply.get("warnings", []):

@@ -13,8 +13,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
+from protocol.numbers import INTEGRAL, Integer
 
 SEED_MAX = 2**32 - 1
+# A device as the document states it; the server also takes other case and spaces.
+DEVICE_PATTERN = r"^(cpu|auto|cuda|mps)(:[0-9]{1,3})?$"
 
 
 class Target(BaseModel):
@@ -45,12 +48,16 @@ class Target(BaseModel):
 
 
 class RunOptions(BaseModel):
-    """How a run is to be executed; every field is optional."""
+    """How a run is to be executed; every field is optional. An interactive run names
+    its editor session."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
+        "if": {"required": ["lane"], "properties": {"lane": {"const": "interactive"}}},
+        "then": {"required": ["editor_session"], "properties": {"editor_session": {"type": "string"}}}})
 
-    device: str | None = Field(default=None, max_length=64, description="cpu | auto | cuda | cuda:N | mps")
-    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    device: str | None = Field(default=None, max_length=64, description="cpu | auto | cuda | cuda:N | mps",
+                               json_schema_extra={"pattern": DEVICE_PATTERN})
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX), INTEGRAL] | None = None
     deterministic: StrictBool = False
     record_outputs: StrictBool = False
     lane: Literal["queued", "interactive"] = "queued"
@@ -77,7 +84,7 @@ class ExportGraph(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     graph: Graph
-    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX), INTEGRAL] | None = None
     deterministic: StrictBool = False
 
 
@@ -92,8 +99,8 @@ class EstimateGraph(BaseModel):
 
 
 class Estimate(BaseModel):
-    estimate_mib: int = Field(description="what the run's cards would hold, the CUDA context included")
-    budget_mib: int = Field(description="the part to give as target.memory_gib: the server adds the context")
+    estimate_mib: Integer = Field(description="what the run's cards would hold, the CUDA context included")
+    budget_mib: Integer = Field(description="the part to give as target.memory_gib: the server adds the context")
     cards: int
     basis: str
     parts: dict[str, float]
@@ -151,15 +158,30 @@ class RunDetail(RunRow):
     artifacts: list[dict[str, Any]]
     graph: dict[str, Any]
     worker: str | None = None
-    memory_budget_mib: int | None = Field(default=None, description="its budget on a shared card, MiB")
+    memory_budget_mib: Annotated[int, Field(description="its budget on a shared card, MiB"), INTEGRAL] | None = None
     memory_budget_source: Literal["declared", "measured"] | None = Field(
         default=None, description="declared (target.memory_gib) or measured (the graph's last peak + 20%)")
-    peak_memory_mib: int | None = Field(default=None, description="the most memory the run used, MiB")
+    peak_memory_mib: Annotated[int, Field(description="the most memory the run used, MiB"), INTEGRAL] | None = None
     peak_memory_exact: bool | None = Field(
         default=None, description="true from a worker run's own process; false in the server, whose runs share one")
     out_of_memory: bool = False
     execution_facts: dict[str, Any] | None = Field(
         default=None, description="what executed the run: {fingerprint, fingerprint_digest, fingerprint_source}")
+    rerun_of: str | None = Field(default=None, description="the run this one was made again from")
+    reruns: list[str] = Field(default_factory=list, description="the runs made again from this one, oldest first")
+    resumed_from: dict[str, Any] | None = Field(
+        default=None, description="the checkpoint this run continues from: {run_id, artifact_id, epoch, sha256}")
+    resume_point: dict[str, Any] | None = Field(
+        default=None, description="an ended run's newest complete checkpoint: {epoch, nodes, until}")
+
+
+class RerunRequest(BaseModel):
+    """Body of ``POST /api/runs/{id}/rerun``: ``{}`` runs it again from the start;
+    ``resume`` continues each TrainingLoop from its newest complete checkpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    resume: StrictBool = False
 
 
 class RunList(BaseModel):
@@ -256,7 +278,7 @@ class NewEnrollment(BaseModel):
 
     name: WorkerName = None
     ttl_s: float = Field(default=86400, gt=0, le=365 * 86400)
-    uses: int = Field(default=1, ge=1, le=1000)
+    uses: Integer = Field(default=1, ge=1, le=1000)
 
 
 class SshWorker(BaseModel):
@@ -269,7 +291,7 @@ class SshWorker(BaseModel):
     # Never an option to ssh: no leading dash, no spaces.
     host: str = Field(pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\-\[\]]{0,252}$")
     user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,31}$")
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: Annotated[int, Field(ge=1, le=65535), INTEGRAL] | None = None
     identity_file: str | None = Field(default=None, min_length=1, max_length=4096,
                                       description="a private key on the control plane's machine")
     known_hosts_file: str | None = Field(default=None, min_length=1, max_length=4096,
@@ -286,7 +308,7 @@ class CardSharing(BaseModel):
 
     sharing: Literal["exclusive", "memory"] = Field(
         description="exclusive: count its slots; memory: admit runs while their budgets fit")
-    reserved_mib: int = Field(default=0, ge=0, le=2**31,
+    reserved_mib: Integer = Field(default=0, ge=0, le=2**31,
                               description="memory never promised to runs (the desktop, another user)")
 
 

@@ -88,6 +88,22 @@ class PayloadTooLarge(TroupeError):
     http_status = 413
 
 
+class RequestTimeout(TroupeError):
+    """Raised when a request's body did not arrive within the read deadline; the
+    connection is closed after the answer, so a slow sender holds nothing."""
+
+    code = "request_timeout"
+    http_status = 408
+
+
+class DiskFull(TroupeError):
+    """Raised when the disk under the database or the files is full: what could not be
+    written is refused, nothing else. 507 Insufficient Storage."""
+
+    code = "disk_full"
+    http_status = 507
+
+
 class CapacityRefused(TroupeError):
     """Raised when the server refuses work it has no room for right now, instead of
     letting it wait silently (interactive lane limits, the seed gate)."""

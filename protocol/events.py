@@ -11,7 +11,6 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 from protocol import jsonsafe
@@ -27,6 +26,8 @@ LOG = "log"
 WARNING = "warning"
 RUN_FINISHED = "run_finished"
 ARTIFACT = "artifact"  # a file the run wrote, once stored: {"kind", "path", "backend", "label", "size", "sha256"}
+# A worker run's file kept in its agent's artifact outbox, not stored yet: the same fields.
+ARTIFACT_PENDING = "artifact_pending"
 # Where an artifact's bytes live: the run's folder here (written here, or sent here by a
 # worker), a storage label's folder, or the S3 bucket.
 ARTIFACT_BACKENDS = ("local", "transfer", "mount", "s3")
@@ -40,7 +41,7 @@ PROVENANCE = "provenance"
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
-     ARTIFACT, NODE_QUEUED, PROVENANCE}
+     ARTIFACT, ARTIFACT_PENDING, NODE_QUEUED, PROVENANCE}
 )
 # What node code (in-process or in a worker's run child) may emit.
 NODE_LEVEL = VOCABULARY - RUN_LEVEL
@@ -113,7 +114,7 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
                 payload = {**payload, "value": float(value)}
             except OverflowError:
                 return payload, f"metric {name}: value is too large for a float"
-    elif kind == ARTIFACT:
+    elif kind in (ARTIFACT, ARTIFACT_PENDING):
         return payload, _artifact_problem(payload)
     return payload, None
 
@@ -133,19 +134,37 @@ def _artifact_problem(payload: dict[str, Any]) -> str | None:
     return None
 
 
+_MAX_NAME_BYTES = 255  # a file name's limit on Linux and macOS file systems
+
+
 def outside_run_dir(path: str) -> str | None:
     """Why a worker's artifact path is refused: it must name a file inside the run's own
-    directory, relative to it (a worker never points the control plane elsewhere)."""
-    pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or "\\" in path or ".." in pure.parts or len(path) > 1024:
-        return f"a worker's artifact path must be relative to the run's directory and stay in it, got {path[:200]!r}"
+    directory, relative to it (a worker never points the control plane elsewhere). Each
+    segment is a plain name: no empty one, no ``.`` or ``..`` (``.`` alone would name the
+    run's folder itself), no control character, none longer than a file system allows."""
+    shown = repr(path[:200])
+    if not path or len(path) > 1024:
+        return f"an artifact path must name a file in the run's folder in 1 to 1024 characters, got {shown}"
+    if path.startswith("/") or "\\" in path:
+        return f"an artifact path is relative to the run's folder, with / between folders, got {shown}"
+    for segment in path.split("/"):
+        if segment in ("", ".", ".."):
+            return f"an artifact path must stay in the run's folder and name a file, got {shown}"
+        if any(ord(c) < 32 or ord(c) == 127 for c in segment):
+            return f"an artifact path may not hold control characters, got {shown}"
+        if len(segment.encode("utf-8", "surrogateescape")) > _MAX_NAME_BYTES:
+            return f"each name in an artifact path is at most {_MAX_NAME_BYTES} bytes, got {shown}"
     return None
 
 
-def worker_artifact_problem(payload: dict[str, Any]) -> str | None:
+def worker_artifact_problem(payload: dict[str, Any], pending: bool = False) -> str | None:
     """A worker announces only what it stored itself (a storage label, the bucket); what
-    it transfers is recorded by the control plane when the file arrives whole."""
-    if payload.get("backend") not in ("mount", "s3"):
+    it transfers is recorded by the control plane when the file arrives whole, and is
+    announced pending (in its outbox) before."""
+    if pending:
+        if payload.get("backend") != "transfer":
+            return f"a pending artifact is one the worker transfers, not {payload.get('backend')!r}"
+    elif payload.get("backend") not in ("mount", "s3"):
         return f"a worker announces an artifact stored on a mount or in S3, not {payload.get('backend')!r}"
     return outside_run_dir(payload["path"])
 

@@ -9,6 +9,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from protocol.numbers import INTEGRAL
+
 _RAM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNIT_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 FLAVOR_NAME = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
@@ -24,16 +26,20 @@ def ram_mb(value: int | str) -> int:
     if match is None:
         raise ValueError(f"ram {value!r} is not a size: give MB as a number, or a text such as '2G' or '512M'")
     mb = float(match.group(1)) * _UNIT_MB[match.group(2).lower()]
-    if mb < 1:
-        raise ValueError(f"ram {value!r} is under 1 MB")
-    return round(mb)
+    if mb <= 0:
+        raise ValueError(f"ram {value!r} is no memory at all")
+    return max(1, round(mb))  # a size under 1 MB is 1 MB
 
 
 def _ram(value: int | str | None) -> int | None:
     return None if value is None else ram_mb(value)
 
 
-Ram = Annotated[int | str | None, AfterValidator(_ram), Field(default=None, description="MB, or '2G' / '512M'")]
+# The text form as the OpenAPI document states it (a lookahead: not every digit zero);
+# the server reads it with ``_RAM``, which says the same.
+_RAM_TEXT = r"^\s*(?=[^1-9]*[1-9])\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
+Ram = Annotated[Annotated[int, Field(ge=1), INTEGRAL] | Annotated[str, Field(json_schema_extra={"pattern": _RAM_TEXT})]
+                | None, AfterValidator(_ram), Field(default=None, description="MB, or '2G' / '512M'")]
 
 
 class FlavorSizes(BaseModel):
@@ -41,8 +47,8 @@ class FlavorSizes(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    cpus: int | None = Field(default=None, ge=1, le=4096)
-    gpus: int | None = Field(default=None, ge=0, le=64)
+    cpus: Annotated[int, Field(ge=1, le=4096), INTEGRAL] | None = None
+    gpus: Annotated[int, Field(ge=0, le=64), INTEGRAL] | None = None
     memory_gib: float | None = Field(default=None, gt=0, le=1_000_000, description="the budget on a shared card")
     ram: Ram = None
     duration_s: float | None = Field(default=None, ge=0, description="expected; recorded and shown, not a limit")

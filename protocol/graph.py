@@ -6,13 +6,29 @@ and the ports fit is the catalog's business (``subprocess_runner.validation``).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from protocol.flavors import FLAVOR_NAME, Ram
+from protocol.numbers import INTEGRAL
 
 GRAPH_VERSION: Literal[1] = 1
+# What an editor keeps beside a node (its place on the canvas), and a graph's settings:
+# small by nature, so their encoded size is capped.
+LAYOUT_BYTES = 4096
+SETTINGS_BYTES = 65_536
+
+
+def _encoded_at_most(limit: int) -> AfterValidator:
+    def check(value: Any) -> Any:
+        plain = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        if plain is not None and len(json.dumps(plain, default=str)) > limit:
+            raise ValueError(f"is over {limit} bytes as JSON")
+        return value
+
+    return AfterValidator(check)
 
 
 class NodeResources(BaseModel):
@@ -23,8 +39,8 @@ class NodeResources(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    cpus: int | None = Field(default=None, ge=1, le=4096)
-    gpus: int | None = Field(default=None, ge=0, le=64)
+    cpus: Annotated[int, Field(ge=1, le=4096), INTEGRAL] | None = None
+    gpus: Annotated[int, Field(ge=0, le=64), INTEGRAL] | None = None
     ram: Ram = None
     flavor: str | None = Field(default=None, pattern=FLAVOR_NAME)
     duration_s: float | None = Field(default=None, ge=0, description="how long the node is expected to take")
@@ -42,7 +58,7 @@ class Node(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     resources: NodeResources | None = None
     # Editors keep layout beside the node; the engine ignores it.
-    position: dict[str, Any] | None = None
+    position: Annotated[dict[str, Any] | None, _encoded_at_most(LAYOUT_BYTES)] = None
 
 
 class Edge(BaseModel):
@@ -71,6 +87,6 @@ class Graph(BaseModel):
 
     version: Literal[1] = GRAPH_VERSION
     name: str | None = None
-    settings: GraphSettings = Field(default_factory=GraphSettings)
+    settings: Annotated[GraphSettings, _encoded_at_most(SETTINGS_BYTES)] = Field(default_factory=GraphSettings)
     nodes: list[Node] = Field(default_factory=list, max_length=5000)
     edges: list[Edge] = Field(default_factory=list, max_length=20000)

@@ -55,6 +55,8 @@ class Settings:
     worker_kill_grace_s: float = 10.0
     # On an agent: MiB of run frames kept until the control plane acknowledges them.
     agent_outbox_mb: float = 64.0
+    # On an agent: GiB of its runs' files kept on disk until the control plane has them.
+    agent_artifact_outbox_gib: float = 20.0
     # On an agent, for tests only: DDP ranks on the CPU (gloo) for every run; 0: off.
     ddp_cpu_ranks: int = 0
     # How long a run for a one-shot agent waits for one before it ends interrupted.
@@ -67,6 +69,10 @@ class Settings:
     # Cpus lent to nodes that declare them, and the thread cap of in-process runs.
     cpus: int = 1
     max_request_bytes: int = 16 * 1024 * 1024
+    # How long a JSON body may take to arrive whole, and a streamed file may stall.
+    request_read_timeout_s: float = 30.0
+    # How long a stream's reader may take no bytes before it is disconnected.
+    stream_write_timeout_s: float = 30.0
     # Node outputs kept between two Runs of one editor session, in MiB over every
     # session (0: no cache).
     editor_cache_mb: int = 512
@@ -156,11 +162,14 @@ class Settings:
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
             agent_outbox_mb=reader.number("TROUPE_AGENT_OUTBOX_MB", 64.0),
+            agent_artifact_outbox_gib=reader.number("TROUPE_AGENT_ARTIFACT_OUTBOX_GIB", 20.0),
             ddp_cpu_ranks=reader.integer("TROUPE_DDP_CPU_RANKS", 0, minimum=0),
             worker_one_shot_queue_timeout_s=reader.number("TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S", 86400.0),
             run_queue_restore=reader.flag("TROUPE_RUN_QUEUE_RESTORE", False),
             recorded_outputs_keep=reader.integer("TROUPE_RECORDED_OUTPUTS_KEEP", 20, minimum=0),
             max_request_bytes=reader.integer("TROUPE_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024),
+            request_read_timeout_s=reader.number("TROUPE_REQUEST_READ_TIMEOUT_S", 30.0) or 30.0,
+            stream_write_timeout_s=reader.number("TROUPE_STREAM_WRITE_TIMEOUT_S", 30.0) or 30.0,
             editor_cache_mb=reader.integer("TROUPE_EDITOR_CACHE_MB", 512, minimum=0),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
             allowed_hosts=tuple(

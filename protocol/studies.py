@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.api import SEED_MAX, RunOptions
 from protocol.graph import Graph
+from protocol.numbers import INTEGRAL, Integer
 from protocol.sweeps import SweepSpec
 
 
@@ -39,8 +40,8 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    max_runs: int | None = Field(default=None, ge=0)
-    max_parallel_runs: int | None = Field(default=None, ge=1)
+    max_runs: Annotated[int, Field(ge=0), INTEGRAL] | None = None
+    max_parallel_runs: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     max_run_seconds: float | None = Field(default=None, gt=0)
     max_active_seconds: float | None = Field(default=None, gt=0)
 
@@ -48,17 +49,30 @@ class Budget(BaseModel):
 class SubmitStudy(BaseModel):
     """Body of ``POST /api/studies``: ``variants`` or a ``sweep_spec`` that makes them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
+        "oneOf": [{"required": ["variants"], "not": {"required": ["sweep_spec"]}},
+                  {"required": ["sweep_spec"], "not": {"required": ["variants"]}}]})
 
     name: str | None = Field(default=None, max_length=200)
     base_graph: Graph
     variants: list[StudyVariant] | None = Field(default=None, min_length=1, max_length=1000)
     sweep_spec: SweepSpec | None = None
-    repeats: int = Field(default=1, ge=1, le=1000)
-    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    repeats: Integer = Field(default=1, ge=1, le=1000)
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX), INTEGRAL] | None = None
     objective: StudyObjective
     budget: Budget = Field(default_factory=Budget)
     options: RunOptions = Field(default_factory=RunOptions)
+
+
+class PluginJob(BaseModel):
+    """Body of ``POST /api/plugins/{plugin_id}/jobs`` as the OpenAPI document states it:
+    the one kind of job, a study, and the study's own body as its spec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["study"]
+    spec: SubmitStudy
+    idempotency_key: str = Field(min_length=1, max_length=200)
 
 
 class ResumeStudy(BaseModel):

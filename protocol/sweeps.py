@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from protocol.api import SEED_MAX, RunOptions
 from protocol.graph import Graph
+from protocol.numbers import INTEGRAL, Integer
+
+# The most points a range may ask for, whatever TROUPE_MAX_SWEEP_DOMAIN says: an int
+# range's points may round to few values, but never more than this many are computed.
+MAX_RANGE_COUNT = 10_000
 
 
 class SweepRange(BaseModel):
@@ -16,9 +21,9 @@ class SweepRange(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    min: float
-    max: float
-    count: int = Field(ge=1)
+    min: float = Field(allow_inf_nan=False)
+    max: float = Field(allow_inf_nan=False)
+    count: Integer = Field(ge=1, le=MAX_RANGE_COUNT)
     scale: Literal["linear", "log"] = "linear"
     type: Literal["float", "int"] | None = None
 
@@ -39,8 +44,8 @@ class SweepSpec(BaseModel):
 
     method: Literal["grid", "random"]
     params: list[SweepParam] = Field(min_length=1)
-    samples: int | None = Field(default=None, ge=1)
-    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    samples: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX), INTEGRAL] | None = None
 
 
 class Objective(BaseModel):

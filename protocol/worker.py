@@ -95,11 +95,23 @@ class WarmPool(BaseModel):
     rss_mib: int | None = Field(default=None, ge=0)
 
 
+class ArtifactOutboxUsage(BaseModel):
+    """The agent's artifact outbox: files kept until the control plane has them. A full
+    one takes no new runs until uploads free room."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bytes: int = Field(ge=0)
+    entries: int = Field(ge=0)
+    full: bool = False
+
+
 class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
     # Free memory of each card now (NVML UUID -> MiB): a shared card admits by it.
     free_mib: dict[str, int] = Field(default_factory=dict)
     warm: WarmPool | None = None
+    artifact_outbox: ArtifactOutboxUsage | None = None
 
 
 class Ack(_Frame):
@@ -147,6 +159,18 @@ class Storage(BaseModel):
     transfer_max_mb: int = Field(default=1024, ge=0)
 
 
+class ResumeFiles(BaseModel):
+    """One TrainingLoop's checkpoint: where the control plane serves each file, and its sha256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epoch: int
+    weights: str  # /api/runs/<run>/artifacts/<id>
+    weights_sha256: str
+    state: str
+    state_sha256: str
+
+
 class Assign(_Frame):
     """Control plane -> agent: execute this graph in a fresh process."""
 
@@ -166,6 +190,9 @@ class Assign(_Frame):
     record_outputs: bool = False
     # Where the run's artifacts go besides its own folder: mount, then S3, then transfer.
     storage: Storage | None = None
+    # A resumed run: node id -> the checkpoint it continues from, fetched from the control
+    # plane and checked against its sha256 before the graph starts.
+    resume: dict[str, ResumeFiles] = Field(default_factory=dict)
 
 
 class CancelRun(_Frame):

@@ -11,6 +11,11 @@ S3 bucket when one is configured (``s3``), else to the control plane over the wo
 credential (``transfer``: the control plane checks it on arrival and records it
 itself, so its run emits nothing for it). The run waits for the stores still going
 before it reports its end.
+
+A transfer goes through the agent's artifact outbox (``subprocess_runner.outbox``) when
+the agent gives one: the file is kept there and announced ``artifact_pending``, and the
+agent uploads it, again and again if need be, even after the run ended or the agent was
+killed; the control plane marks it stored when all of it arrived.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from typing import Any
 
 from protocol.unix_http import connect
 from protocol.worker import S3Bucket, Storage
+from subprocess_runner import outbox
 from subprocess_runner.digest import copy_hashing, file_sha256
+from subprocess_runner.outbox import OutboxFull
 from subprocess_runner.transfer import ATTEMPTS
 
 log = logging.getLogger("troupe.artifacts")
@@ -48,17 +55,23 @@ class Destination:
     bucket: S3Bucket | None = None
     control_plane: Mapping[str, Any] | None = None  # transfer: url, unix_socket, credential
     max_bytes: int | None = None  # transfer: the most one file may be
+    outbox: Path | None = None  # transfer: the agent's artifact outbox, when it keeps one
+    outbox_bytes: int = 0  # its size limit
 
 
-def destination(storage: Storage | None, mounts: Mapping[str, str], control_plane: Mapping[str, Any]) -> Destination:
-    """A worker run's: mount first, then S3, then transfer."""
+def destination(storage: Storage | None, mounts: Mapping[str, str], control_plane: Mapping[str, Any],
+                outbox: Mapping[str, Any] | None = None) -> Destination:
+    """A worker run's: mount first, then S3, then transfer (through the outbox when the
+    agent keeps one: ``{"folder", "bytes"}``)."""
     if storage is not None and storage.mount_label and storage.mount_label in mounts:
         return Destination("mount", storage.mount_label, root=Path(mounts[storage.mount_label]))
     if storage is not None and storage.s3 is not None:
         return Destination("s3", storage.s3.bucket, bucket=storage.s3)
     limit = storage.transfer_max_mb if storage is not None else None
     return Destination("transfer", control_plane=control_plane,
-                       max_bytes=limit * 1024 * 1024 if limit is not None else None)
+                       max_bytes=limit * 1024 * 1024 if limit is not None else None,
+                       outbox=Path(outbox["folder"]) if outbox else None,
+                       outbox_bytes=int(outbox["bytes"]) if outbox else 0)
 
 
 class Shipper:
@@ -95,12 +108,14 @@ class Shipper:
                 stored = self._store(node_id, kind, path)
             except Exception as exc:  # one artifact that fails never fails the run
                 log.warning("run %s: artifact %s was not stored: %s", self._run_id, path, exc)
+                code = "artifact_outbox_full" if isinstance(exc, OutboxFull) else "artifact_not_stored"
                 self._emit("warning", node_id, {"message": f"artifact {path.name} was not stored "
                                                            f"({self._where.backend}): {exc}; it stays at {path}",
-                                                "code": "artifact_not_stored"})
+                                                "code": code, "path": _relative(path, self._run_dir) or str(path),
+                                                "kind": kind})
                 continue
             if stored is not None:
-                self._emit("artifact", node_id, {"kind": kind, **stored})
+                self._emit(stored.pop("event", "artifact"), node_id, {"kind": kind, **stored})
 
     def _store(self, node_id: str | None, kind: str, path: Path) -> dict[str, Any] | None:
         """Stores one file; returns what its event says, or None when the control plane
@@ -114,6 +129,11 @@ class Shipper:
             assert where.root is not None
             size, sha256 = copy_hashing(path, where.root / MOUNT_FOLDER / self._run_id / shown)
             return {"path": shown, "backend": "mount", "label": where.label, "size": size, "sha256": sha256}
+        if where.backend == "transfer" and where.outbox is not None:
+            self._check_size(path.stat().st_size)
+            entry = outbox.put(where.outbox, self._run_id, path, shown, kind, node_id, where.outbox_bytes)
+            return {"event": "artifact_pending", "path": shown, "backend": "transfer", "label": None,
+                    "size": entry.size, "sha256": entry.sha256}
         size, sha256 = path.stat().st_size, file_sha256(path)
         if where.backend == "s3":
             from subprocess_runner.s3 import artifact_key, put_file
@@ -122,13 +142,17 @@ class Shipper:
             asyncio.run(put_file(where.bucket, path, artifact_key(where.bucket, self._run_id, shown), sha256))
             return {"path": shown, "backend": "s3", "label": where.label, "size": size, "sha256": sha256}
         if where.backend == "transfer":
-            if where.max_bytes is not None and size > where.max_bytes:
-                raise ValueError(f"it is {size / 1e6:.0f} MB, over the control plane's {where.max_bytes // 2**20} "
-                                 "MiB a transfer (TROUPE_UPLOAD_MAX_MB); give the worker the control plane's "
-                                 "storage label, or configure S3")
+            self._check_size(size)
             self._transfer(path, {"path": shown, "kind": kind, "node": node_id or ""}, size, sha256)
             return None
         return {"path": shown, "backend": "local", "label": None, "size": size, "sha256": sha256}
+
+    def _check_size(self, size: int) -> None:
+        limit = self._where.max_bytes
+        if limit is not None and size > limit:
+            raise ValueError(f"it is {size / 1e6:.0f} MB, over the control plane's {limit // 2**20} MiB a "
+                             "transfer (TROUPE_UPLOAD_MAX_MB); give the worker the control plane's storage label, "
+                             "or configure S3")
 
     def _transfer(self, path: Path, query: dict[str, str], size: int, sha256: str) -> None:
         """PUTs the file to the control plane, which keeps it only if all of it arrived

@@ -19,14 +19,21 @@ from typing import Any
 
 import platformdirs
 
-# What a warm child imports before any run takes it: the run child's own modules, torch
-# and the torch pack's code (the digits example's data loader with it). torch._dynamo is
-# what a torch optimizer imports when it is made: 2.6 s of a first epoch on a small CPU.
-WARM_MODULES = ("torch", "torch.nn", "torch.optim", "torch._dynamo", "protocol.worker", "subprocess_runner.engine",
+# What a warm child imports before it says ``ready``: the run child's own modules, torch
+# and the torch pack's code (about 1.5 s from its start on a small CPU).
+WARM_MODULES = ("torch", "torch.nn", "torch.optim", "protocol.worker", "subprocess_runner.engine",
                 "subprocess_runner.catalog", "subprocess_runner.context", "subprocess_runner.fingerprint",
                 "subprocess_runner.artifacts", "subprocess_runner.transfer", "subprocess_runner.memory",
                 "subprocess_runner.mounts", "subprocess_runner.ddp", "subprocess_runner.packs._torch_train",
-                "subprocess_runner.packs._torch_data", "sklearn.datasets")
+                "subprocess_runner.packs._torch_data")
+# What it imports after, while it waits (about 1.9 s more), then saying ``warm``:
+# torch._dynamo, which a torch optimizer imports when it is made, and the digits
+# example's data loader. A run that comes meanwhile waits for these first (two threads
+# importing torch at once could meet half-made modules), except a run of core nodes
+# alone, which imports nothing more and starts at once beside them.
+WARM_LATER_MODULES = ("torch._dynamo", "sklearn.datasets")
+# One writer of the pipe at a time: the run's events, or the warm child's "warm".
+_PIPE = threading.Lock()
 
 
 def warm(conn: Connection) -> None:
@@ -38,9 +45,7 @@ def warm(conn: Connection) -> None:
     from subprocess_runner.seeding import cap_threads
 
     cap_threads()
-    for name in WARM_MODULES:
-        with contextlib.suppress(ImportError):  # not installed here: a run that needs it fails itself
-            importlib.import_module(name)
+    _import_all(WARM_MODULES)
     from subprocess_runner.catalog import load_catalog
     from subprocess_runner.devices import probe_cuda_cards
     from subprocess_runner.fingerprint import static_facts
@@ -52,12 +57,37 @@ def warm(conn: Connection) -> None:
     conn.send(("unfit", problem) if problem else ("ready", os.getpid()))
     if problem:
         return
+    handed = threading.Event()
+
+    def import_later() -> None:
+        _import_all(WARM_LATER_MODULES)
+        with _PIPE, contextlib.suppress(OSError):
+            if not handed.is_set():  # the pool reads it; a run's reader never sees it
+                conn.send(("warm", os.getpid()))
+
+    later = threading.Thread(target=import_later, name="warm-later", daemon=True)
+    later.start()
     try:
         assign = conn.recv()
     except (EOFError, OSError):
         return
     if assign is not None:
+        with _PIPE:
+            handed.set()
+        if not core_only(assign["graph"]):
+            later.join()  # (these leave CUDA untouched: they were imported before the check once)
         main(conn, assign, catalog)
+
+
+def core_only(graph: dict[str, Any]) -> bool:
+    """A graph of core nodes alone imports nothing a warm child has yet to import."""
+    return all(str(node.get("type", "")).startswith("core.") for node in graph.get("nodes", ()))
+
+
+def _import_all(names: tuple[str, ...]) -> None:
+    for name in names:
+        with contextlib.suppress(ImportError):  # not installed here: a run that needs it fails itself
+            importlib.import_module(name)
 
 
 def cuda_touched() -> str | None:
@@ -87,12 +117,12 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
     from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
     from subprocess_runner.mounts import resolve as resolve_mounts
     from subprocess_runner.seeding import cap_threads
-    from subprocess_runner.transfer import fetch_uploads, upload_ids
+    from subprocess_runner.transfer import fetch_resume, fetch_uploads, upload_ids
 
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
-    lock = threading.Lock()
+    lock = _PIPE
     counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
 
     def send(kind: str, *message: Any) -> None:
@@ -131,12 +161,15 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
     mounts = dict(assign.get("mounts") or {})
     control_plane = assign.get("control_plane") or {}
     storage = Storage.model_validate(assign["storage"]) if assign.get("storage") else None
-    shipper = Shipper(assign["run_id"], run_dir, destination(storage, mounts, control_plane), emit)
+    shipper = Shipper(assign["run_id"], run_dir, destination(storage, mounts, control_plane,
+                                                             assign.get("artifact_outbox")), emit)
     try:
         if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
             cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
             mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
                                                  control_plane.get("unix_socket"), storage.s3 if storage else None))
+        resume = fetch_resume(assign["resume"], control_plane.get("url", ""), run_dir / "resume",
+                              control_plane.get("unix_socket")) if assign.get("resume") else None
         resolved = resolve_mounts(assign["graph"], mounts)
         graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
@@ -145,7 +178,7 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
             when_stuck(lambda error: _end_now(send, error))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
-                               provenance=assign.get("provenance"), ddp=ddp)
+                               provenance=assign.get("provenance"), ddp=ddp, resume=resume)
         outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                 deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it

@@ -40,7 +40,10 @@ import json
 import sys
 import uuid
 
-from subprocess_runner.seeding import cap_threads
+try:
+    from subprocess_runner.seeding import cap_threads
+except ModuleNotFoundError:  # run by a Python without troupe
+    sys.exit("{needs}")
 
 cap_threads()  # before torch or numpy are imported, as troupe exec does
 
@@ -78,9 +81,14 @@ def script_name(graph: dict[str, Any]) -> str:
 
 
 def generate_script(graph: dict[str, Any], seed: int | None = None, deterministic: bool = False) -> str:
-    """The script's text; ``graph`` should have been validated by the caller."""
+    """The script's text; ``graph`` should have been validated by the caller. Every user
+    string lands in it as data: the name in the docstring JSON-quoted (each quote,
+    backslash and control character escaped, so it can never close the docstring), the
+    graph as a Python literal (``repr`` of each string)."""
     return _TEMPLATE.format(
-        title=f"The troupe graph {graph.get('name') or 'graph'!r}",
+        title=f"The troupe graph {json.dumps(str(graph.get('name') or 'graph'))}",
+        needs=f"this script runs graph nodes with troupe {__version__}'s runtime: install troupe (pip install "
+              "troupe) into the Python that runs it, or run it with the Python of troupe's own environment",
         version=__version__,
         filename=script_name(graph),
         # A Python literal, readable and editable; JSON's true/null become True/None.

@@ -12,7 +12,7 @@ import hashlib
 import json
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,7 @@ class ExecutionContext:
         threads: int | None = None,
         provenance: str | None = None,
         ddp: DdpPlan | None = None,
+        resume: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -101,6 +102,9 @@ class ExecutionContext:
         # A worker run's DDP plan (two or more cards): a loop with strategy ddp trains
         # as this rank of the run's group. None everywhere else.
         self.ddp = ddp
+        # A resumed run: node id -> {"weights", "state"}, the files of the checkpoint each
+        # TrainingLoop continues from. None for a run that starts from the beginning.
+        self.resume = resume
 
     @property
     def node_seed(self) -> int | None:
@@ -112,8 +116,12 @@ class ExecutionContext:
         return ExecutionContext(
             self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
             deterministic=self.deterministic, run_dir=self.run_dir, threads=threads, provenance=self.provenance,
-            ddp=self.ddp,
+            ddp=self.ddp, resume=self.resume,
         )
+
+    def resume_point(self) -> Mapping[str, str] | None:
+        """The checkpoint this node continues from (``weights``, ``state`` paths), if any."""
+        return (self.resume or {}).get(self.node_id or "")
 
     def reading(self, kind: str, path: Path) -> None:
         """A node reads ``path`` (``dataset``, ``checkpoint``): with provenance on, what it

@@ -17,7 +17,7 @@ from typing import Any
 
 # A reference: ``label:relative/path``. Only a node's ``path`` param holds one, and a
 # one-letter "label" is a Windows drive, never a reference.
-_REF = re.compile(r"^([a-z0-9][a-z0-9_.-]{1,63}):(?!//)(.+)$")
+_REF = re.compile(r"([a-z0-9][a-z0-9_.-]{1,63}):(?!//)(.+)")
 FILE_PARAMS = ("path",)
 
 
@@ -27,7 +27,7 @@ def labels_of(graph: Mapping[str, Any]) -> set[str]:
     for node in graph.get("nodes", []):
         for name in FILE_PARAMS:
             value = (node.get("params") or {}).get(name)
-            match = _REF.match(value) if isinstance(value, str) else None
+            match = _REF.fullmatch(value) if isinstance(value, str) else None
             if match:
                 found.add(match.group(1))
     return found
@@ -41,7 +41,7 @@ def resolve(graph: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, An
         params = dict(node.get("params") or {})
         for name in FILE_PARAMS:
             value = params.get(name)
-            match = _REF.match(value) if isinstance(value, str) else None
+            match = _REF.fullmatch(value) if isinstance(value, str) else None
             if match:
                 params[name] = str(_inside(mounts, match.group(1), match.group(2), node.get("id")))
         nodes.append({**node, "params": params})

@@ -3,7 +3,6 @@ variants from their attempts."""
 
 from __future__ import annotations
 
-import copy
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -11,10 +10,11 @@ from typing import Any
 from protocol.studies import SubmitStudy
 from protocol.sweeps import Objective, SubmitSweep
 from subprocess_runner.catalog import Catalog
-from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep
+from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep, with_params
 from subprocess_runner.validation import check_param
 
 SEED_MODULUS = 2**32
+MAX_ATTEMPTS = 10_000  # variants x repeats: the runs a study may ever make
 _REDUCE: dict[str, Callable[[list[float]], float]] = {
     "mean": statistics.fmean, "median": statistics.median, "min": min, "max": max,
 }
@@ -32,18 +32,25 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
         objective = Objective(metric=body.objective.metric, direction=body.objective.direction)
         sweep = SubmitSweep(base_graph=body.base_graph, sweep_spec=body.sweep_spec, objective=objective)
         compiled = compile_sweep(sweep, catalog, limits)
+        if len(compiled.variants) * body.repeats > MAX_ATTEMPTS:
+            raise SweepInvalid(f"{len(compiled.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} "
+                               "runs", pointer="/repeats")
         return [{"name": ", ".join(f"{k}={v}" for k, v in v.params.items()), "params": v.params, "graph": v.graph}
                 for v in compiled.variants]
     assert body.variants is not None
     base = body.base_graph.model_dump(mode="json", exclude_none=True)
     nodes = {n.id: n for n in body.base_graph.nodes}
+    # One study may be large in variants and repeats, but never in attempts.
+    if len(body.variants) * body.repeats > MAX_ATTEMPTS:
+        raise SweepInvalid(f"{len(body.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} runs",
+                           pointer="/repeats")
     out, names = [], set()
     for i, variant in enumerate(body.variants):
         where = f"/variants/{i}"
         if variant.name in names:
             raise SweepInvalid(f"variant name {variant.name!r} is used twice", pointer=f"{where}/name")
         names.add(variant.name)
-        graph, params = copy.deepcopy(base), {}
+        params = {}
         for j, entry in enumerate(variant.params):
             at = f"{where}/params/{j}"
             node = nodes.get(entry.node_id)
@@ -54,11 +61,8 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
             if param is None or param.type == "secret":
                 raise SweepInvalid(f"node {entry.node_id} has no settable param {entry.param!r}",
                                    pointer=f"{at}/param", node_id=entry.node_id)
-            value = check_param(param, entry.value, f"{at}/value", entry.node_id)
-            target = next(n for n in graph["nodes"] if n["id"] == entry.node_id)
-            target.setdefault("params", {})[entry.param] = value
-            params[f"{entry.node_id}.{entry.param}"] = value
-        out.append({"name": variant.name, "params": params, "graph": graph})
+            params[f"{entry.node_id}.{entry.param}"] = check_param(param, entry.value, f"{at}/value", entry.node_id)
+        out.append({"name": variant.name, "params": params, "graph": with_params(base, params)})
     return out
 
 

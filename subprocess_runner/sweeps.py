@@ -8,10 +8,10 @@ refuse a sweep; they never truncate one.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import random
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ class CompiledSweep:
     domains: list[dict[str, Any]]  # [{"key", "node_id", "param", "values"}]
     total_combinations: int
     variants: list[Variant]
+    base: dict[str, Any]  # the base graph document every variant's graph shares
 
 
 class SweepInvalid(InvalidRequest):
@@ -54,7 +55,10 @@ class SweepInvalid(InvalidRequest):
     code = "sweep_invalid"
 
 
-def _expand_range(spec: SweepRange, param_type: str, where: str) -> list[Any]:
+def _expand_range(spec: SweepRange, param_type: str, where: str, max_domain: int) -> list[Any]:
+    """The range's values, refused before they are built when they would be more than
+    ``max_domain``: a float range has ``count`` of them; an int range keeps its distinct
+    rounded points, counted as they come, so no more than ``max_domain + 1`` are held."""
     kind = spec.type or param_type
     if kind not in ("int", "float"):
         raise SweepInvalid(f"a range needs an int or float param, this one is {param_type}", pointer=where)
@@ -62,16 +66,36 @@ def _expand_range(spec: SweepRange, param_type: str, where: str) -> list[Any]:
         raise SweepInvalid("range min is above max", pointer=f"{where}/min")
     if spec.scale == "log" and spec.min <= 0:
         raise SweepInvalid("a log range needs a positive min", pointer=f"{where}/min")
+    too_many = f"values; the limit is {max_domain} (TROUPE_MAX_SWEEP_DOMAIN)"
+    if kind == "float":
+        if spec.count > max_domain:
+            raise SweepInvalid(f"the range asks for {spec.count} {too_many}", pointer=f"{where}/count")
+        return list(_points(spec))
+    span = round_half_away(spec.max) - round_half_away(spec.min) + 1
+    if spec.scale == "linear" and min(spec.count, span) > max_domain:
+        # Linear points closer than 1 apart reach every integer between the rounded ends,
+        # and points 1 or more apart round to distinct integers: counted, not built.
+        raise SweepInvalid(f"the range rounds to more than {max_domain} distinct {too_many}", pointer=f"{where}/count")
+    distinct: dict[int, None] = {}
+    for point in _points(spec):
+        distinct[round_half_away(point)] = None
+        if len(distinct) > max_domain:
+            raise SweepInvalid(f"the range rounds to more than {max_domain} distinct {too_many}",
+                               pointer=f"{where}/count")
+    return list(distinct)  # distinct, in order
+
+
+def _points(spec: SweepRange) -> Iterator[float]:
     if spec.count == 1:
-        points = [spec.min]
-    elif spec.scale == "log":
+        yield spec.min
+        return
+    if spec.scale == "log":
         low, high = math.log10(spec.min), math.log10(spec.max)
-        points = [10 ** (low + i * (high - low) / (spec.count - 1)) for i in range(spec.count)]
-    else:
-        points = [spec.min + i * (spec.max - spec.min) / (spec.count - 1) for i in range(spec.count)]
-    if kind == "int":
-        return list(dict.fromkeys(round_half_away(p) for p in points))  # distinct, in order
-    return points
+        for i in range(spec.count):
+            yield 10 ** (low + i * (high - low) / (spec.count - 1))
+        return
+    for i in range(spec.count):
+        yield spec.min + i * (spec.max - spec.min) / (spec.count - 1)
 
 
 def round_half_away(value: float) -> int:
@@ -106,7 +130,7 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
             seen.append(value)
     else:
         assert entry.range is not None
-        values, at = _expand_range(entry.range, param.type, f"{where}/range"), f"{where}/range"
+        values, at = _expand_range(entry.range, param.type, f"{where}/range", limits.max_domain), f"{where}/range"
     if len(values) > limits.max_domain:
         raise SweepInvalid(f"{len(values)} values for {entry.node_id}.{entry.param}; the limit is "
                            f"{limits.max_domain} (TROUPE_MAX_SWEEP_DOMAIN)", pointer=at)
@@ -149,6 +173,20 @@ def _combinations(body: SubmitSweep, domains: list[dict[str, Any]], limits: Swee
     return combos
 
 
+def with_params(base: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The base graph document with ``params`` (``"node.param"`` -> value) set. Only the
+    nodes that change are new dicts; the others are the base's own, shared by every
+    variant (graph documents are never changed in place), so many variants of a large
+    graph cost one copy of it."""
+    by_node: dict[str, dict[str, Any]] = {}
+    for key, value in params.items():
+        node_id, _, param = key.rpartition(".")
+        by_node.setdefault(node_id, {})[param] = value
+    nodes = [{**n, "params": {**(n.get("params") or {}), **by_node[n["id"]]}} if n["id"] in by_node else n
+             for n in base["nodes"]]
+    return {**base, "nodes": nodes}
+
+
 def compile_sweep(body: SubmitSweep, catalog: Catalog, limits: SweepLimits) -> CompiledSweep:
     spec, options = body.sweep_spec, body.options
     if options.seed is not None:
@@ -174,12 +212,8 @@ def compile_sweep(body: SubmitSweep, catalog: Catalog, limits: SweepLimits) -> C
     base = body.base_graph.model_dump(mode="json", exclude_none=True)
     variants = []
     for index, combo in enumerate(combos):
-        graph = copy.deepcopy(base)
-        for domain, value in zip(domains, combo, strict=True):
-            target = next(n for n in graph["nodes"] if n["id"] == domain["node_id"])
-            target.setdefault("params", {})[domain["param"]] = value
         seed = (spec.seed + index) % SEED_MODULUS if body.seed_variants and spec.seed is not None else None
         params = {d["key"]: value for d, value in zip(domains, combo, strict=True)}
-        variants.append(Variant(index, params, graph, seed))
+        variants.append(Variant(index, params, with_params(base, params), seed))
     # Exactly this many runs will ever exist for the sweep.
-    return CompiledSweep(domains, len(variants), variants)
+    return CompiledSweep(domains, len(variants), variants, base)

@@ -13,7 +13,7 @@ import functools
 import http.client
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,24 +48,50 @@ def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: 
 
 
 def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None:
+    fetch_checked(f"/api/files/{file_id}/content", cache / file_id, lambda sha256: sha256[:32] == file_id,
+                  url, unix_socket, f"upload {file_id}")
+
+
+def fetch_checked(path: str, target: Path, fits: Callable[[str], bool], url: str, unix_socket: str | None,
+                  what: str) -> None:
+    """GETs ``path`` from the control plane into ``target``, kept only when its sha256
+    ``fits``; a cut or a wrong copy is tried again."""
     problem = ""
     for _ in range(ATTEMPTS):
         conn = connect(url, unix_socket, 60.0)
-        handle, temporary = tempfile.mkstemp(dir=cache, prefix=".fetch-")
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".fetch-")
         try:
-            conn.request("GET", f"/api/files/{file_id}/content")
+            conn.request("GET", path)
             response = conn.getresponse()
             if response.status != 200:
-                raise FileNotFoundError(f"the control plane answered {response.status} for upload {file_id}")
+                raise FileNotFoundError(f"the control plane answered {response.status} for {what}")
             with os.fdopen(handle, "wb") as out:
                 _, sha256 = pour(iter(functools.partial(response.read, CHUNK), b""), out)
-            if sha256[:32] == file_id:
-                os.replace(temporary, cache / file_id)
+            if fits(sha256):
+                os.replace(temporary, target)
                 return
-            problem = f"upload {file_id} arrived with the wrong content (sha256 {sha256[:16]}...)"
+            problem = f"{what} arrived with the wrong content (sha256 {sha256[:16]}...)"
         except (OSError, http.client.HTTPException) as exc:
-            problem = f"upload {file_id} could not be fetched: {exc}"
+            problem = f"{what} could not be fetched: {exc}"
         finally:
             conn.close()
             Path(temporary).unlink(missing_ok=True)
     raise OSError(f"{problem} ({ATTEMPTS} attempts)")
+
+
+def fetch_resume(resume: Mapping[str, Mapping[str, Any]], url: str, folder: Path,
+                 unix_socket: str | None = None) -> dict[str, dict[str, str]]:
+    """A resumed worker run's checkpoints, fetched into ``folder`` and checked: node id ->
+    {"weights", "state"} paths, as the TrainingLoop reads them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    found: dict[str, dict[str, str]] = {}
+    for node_id, files in resume.items():
+        paths = {}
+        for part in ("weights", "state"):
+            target = folder / f"{node_id}-{part}.pt"
+            expected = str(files[f"{part}_sha256"])
+            fetch_checked(str(files[part]), target, expected.__eq__, url, unix_socket,
+                          f"the {part} of {node_id}'s checkpoint (epoch {files['epoch']})")
+            paths[part] = str(target)
+        found[node_id] = paths
+    return found

@@ -23,6 +23,10 @@ def _types_fit(source: str, target: str) -> bool:
 INT_PARAM_MAX = 2**53
 
 
+# A param value is a setting, not data: a sweep's or a study's runs each keep their own.
+MAX_STRING_PARAM = 65_536
+
+
 def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
     """Returns the value as the node will receive it, or raises with a reason."""
 
@@ -53,6 +57,9 @@ def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
     elif kind in ("string", "secret"):
         if not isinstance(value, str):
             raise bad(f"must be a string, got {type(value).__name__}")
+        if len(value) > MAX_STRING_PARAM:
+            raise bad(f"is {len(value)} characters; a param holds at most {MAX_STRING_PARAM} (a large input "
+                      "belongs in a file: upload it and give its upload: reference)")
     elif kind == "select":
         if value not in param.options:
             raise bad(f"must be one of {list(param.options)}, got {value!r}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.artifact_outbox import ArtifactOutbox, Flush, Usage, Wake
 from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
 from actors.link import Announce, Link, LinkConfig, Send, Settled
@@ -52,6 +53,9 @@ class AgentConfig:
     recorded_outputs_keep: int = 20
     warm: int = 0  # run children kept started, torch imported (``--warm N``)
     ddp_cpu_ranks: int = 0  # test-only (TROUPE_DDP_CPU_RANKS): DDP ranks on the CPU
+    # Where runs' artifacts wait until the control plane has them, and how much it holds.
+    artifact_outbox: Path | None = None
+    artifact_outbox_bytes: int = 20 * 2**30
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -83,6 +87,8 @@ class Agent:
             finished.set()
 
         async def hello() -> wire.Hello:
+            if artifacts is not None:
+                artifacts.tell(Wake())  # (re)connected: the control plane may be back
             found = await inventory.ask(Probe())
             running = [name.removeprefix("run/") for name in registry.names("run/")]
             return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
@@ -93,6 +99,18 @@ class Agent:
 
         link_holder: list[Any] = []
         one_shot = _OneShot()
+        control_plane = {"url": self.config.url, "unix_socket": self.config.unix_socket,
+                         "credential": self.config.credential}
+        artifacts: ActorRef | None = None
+        outbox_spec: dict[str, Any] | None = None
+        if self.config.artifact_outbox is not None:
+            folder, limit = self.config.artifact_outbox, self.config.artifact_outbox_bytes
+            started = root.start_child(ChildSpec("artifact-outbox", lambda: ArtifactOutbox(
+                folder, limit, control_plane).start(registry)))
+            assert isinstance(started, ActorRef)
+            artifacts, outbox_spec = started, {"folder": str(folder), "bytes": limit}
+            # What an earlier agent here left (killed, or its control plane away) goes first.
+            await (await started.ask(Flush()))
         shelf = OutputsShelf(self.config.outputs_dir, self.config.recorded_outputs_keep) \
             if self.config.outputs_dir is not None else None
 
@@ -110,10 +128,8 @@ class Agent:
                     return
                 if self.config.one_shot:
                     one_shot.take(frame.run_id)
-                process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts,
-                                     {"url": self.config.url, "unix_socket": self.config.unix_socket,
-                                      "credential": self.config.credential}, shelf, pool,
-                                     self.config.ddp_cpu_ranks)
+                process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts, control_plane, shelf,
+                                     pool, self.config.ddp_cpu_ranks, outbox_spec, artifacts)
                 runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
             elif isinstance(frame, wire.ReadOutputs) and link_holder:
                 kept = shelf.read(frame.run_id, frame.node_id) if shelf is not None else None
@@ -132,8 +148,12 @@ class Agent:
 
         async def heartbeat() -> wire.Heartbeat:
             found = await inventory.ask(Probe())
+            usage = None
+            if artifacts is not None:
+                held, entries, full = await artifacts.ask(Usage())
+                usage = wire.ArtifactOutboxUsage(bytes=held, entries=entries, full=full)
             return wire.Heartbeat(free_mib={card.uuid: card.memory_free_mib for card in found.cards},
-                                  warm=await pool.ask(Stats()) if pool is not None else None)
+                                  warm=await pool.ask(Stats()) if pool is not None else None, artifact_outbox=usage)
 
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
                                  self.config.outbox_bytes, heartbeat, self.config.unix_socket)

@@ -140,6 +140,14 @@ class Server:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout)
 
+    def rss_mib(self) -> float:
+        """The server process's resident memory now, in MiB (Linux /proc)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS for the server process")
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from html import escape as html_escape
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from web import (
     routes_flavors,
     routes_meta,
     routes_plugins,
+    routes_rerun,
     routes_runs,
     routes_studies,
     routes_sweeps,
@@ -27,7 +29,7 @@ from web import (
 )
 from web.context import SERVICES, Services
 from web.errors import LOGIN_LINKS_PATH, guard, json_reply
-from web.limits import HEADER_TIMEOUT_S, AcceptGuard
+from web.limits import HEADER_TIMEOUT_S, AcceptGuard, MalformedRequests
 
 STATIC = Path(__file__).parent / "static"
 
@@ -60,6 +62,7 @@ def build_app(svc: Services) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=svc.settings.max_request_bytes)
     app[SERVICES] = svc
     app.add_routes(routes_runs.routes)
+    app.add_routes(routes_rerun.routes)
     app.add_routes(streams.routes)
     app.add_routes(routes_meta.routes)
     app.add_routes(routes_export.routes)
@@ -97,6 +100,9 @@ class WebService:
 
     async def start(self) -> int:
         app = build_app(self._svc)
+        server_log = logging.getLogger("aiohttp.server")
+        if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
+            server_log.addFilter(MalformedRequests())
         # Short shutdown timeout: SSE handlers end when the hub resets them.
         # keepalive_timeout runs from the connection's start: one that sends no complete
         # request header within it is closed (web/limits.py).

@@ -7,6 +7,7 @@ logged with its traceback.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import re
@@ -14,10 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from protocol import jsonsafe
-from protocol.errors import HostNotAllowed, PayloadTooLarge, TroupeError, Unauthorized
+from protocol.errors import DiskFull, HostNotAllowed, InvalidRequest, PayloadTooLarge, TroupeError, Unauthorized
 from web.context import services
+from web.limits import refuse_announced
 
 log = logging.getLogger("troupe.web")
 
@@ -58,12 +61,23 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     handler with its errors turned into replies."""
     svc = services(request)
     try:
+        response = await _guarded(request, handler, svc)
+    except (TroupeError, OSError) as exc:
+        response = _error_reply(exc, svc)
+    if response.status >= 400 and request.body_exists and not request.content.is_eof():
+        response.force_close()  # a body left unread is never drained: the connection goes
+    return response
+
+
+async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.StreamResponse:
+    try:
         allowed = _LOOPBACK | {svc.settings.host.lower()} | set(svc.settings.allowed_hosts)
         if _host_name(request.host) not in allowed:
             raise HostNotAllowed(
                 f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS "
                 "to reach this server by that name"
             )
+        refuse_announced(request, svc.settings)  # before a byte of it is read
         if request.method not in _SAFE_METHODS and not _self_authenticated(request):
             header = request.headers.get("Authorization", "")
             scheme, _, token = header.partition(" ")
@@ -78,19 +92,31 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
                     "(`troupe open` makes a new one)"
                 )
         return await handler(request)
-    except TroupeError as exc:
-        return error_response(exc)
+    except HttpProcessingError as exc:  # a body aiohttp could not parse (a broken multipart form)
+        raise InvalidRequest(f"the request body is malformed: {' '.join(str(exc.message).split())[:200]}",
+                             pointer="") from None
     except web.HTTPRequestEntityTooLarge:
-        return error_response(
-            PayloadTooLarge(
-                f"the request body is over {svc.settings.max_request_bytes} bytes (TROUPE_MAX_REQUEST_BYTES)"
-            )
-        )
+        raise PayloadTooLarge(
+            f"the request body is over {svc.settings.max_request_bytes} bytes (TROUPE_MAX_REQUEST_BYTES)") from None
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
             code = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else "http_error"
             return json_reply({"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc))
         raise
+
+
+def _error_reply(exc: Exception, svc: Any) -> web.Response:
+    if isinstance(exc, TroupeError):
+        return error_response(exc)
+    assert isinstance(exc, OSError)
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise exc
+    return error_response(disk_full(exc))
+
+
+def disk_full(exc: OSError) -> DiskFull:
+    return DiskFull(f"the disk under this server's files is full ({exc.strerror}); nothing of this request was "
+                    "kept. Free some space (delete finished runs, or files in TROUPE_HOME) and send it again")
 
 
 def _allow(exc: web.HTTPException) -> dict[str, str]:

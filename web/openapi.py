@@ -11,21 +11,26 @@ from pydantic.json_schema import models_json_schema
 from protocol import api
 from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
-from protocol.studies import ResumeStudy, SubmitStudy
+from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
+from web.routes_runs import CURSOR_PATTERN, MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
 
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
-    api.EstimateGraph, api.Estimate,
+    api.EstimateGraph, api.Estimate, api.RerunRequest,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
-    SubmitSweep, SubmitStudy, ResumeStudy, Flavor, FlavorUpdate,
+    SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate,
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _FORMAT = {"type": "string", "enum": ["json", "csv"]}
-_STATUS = {"type": "string", "enum": sorted(ALL_STATES)}
+_STATUS = {"type": "string", "enum": ["", *sorted(ALL_STATES)], "description": "empty: every status"}
+_HEX_ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+_UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"], "additionalProperties": False,
+    "properties": {"file": {"type": "string", "format": "binary"}}}}}}
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -59,29 +64,63 @@ _RUN_ID = ("run_id", "path", "string")
 _SESSION = ("session", "path", "string")
 
 
+def _closed_pattern_maps(node: Any) -> None:
+    """A dict whose keys have a pattern takes no other key; pydantic states the pattern
+    (``patternProperties``) but not that."""
+    if isinstance(node, dict):
+        if "patternProperties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for value in node.values():
+            _closed_pattern_maps(value)
+    elif isinstance(node, list):
+        for value in node:
+            _closed_pattern_maps(value)
+
+
+def _server_limits(schemas: dict[str, Any], limits: tuple[int, int, int]) -> None:
+    """The limits this server was started with, stated where a request meets them."""
+    max_runs, max_params, max_domain = limits
+    defs = schemas.get("$defs", {})
+    if "SweepSpec" in defs:
+        defs["SweepSpec"]["properties"]["params"]["maxItems"] = max_params
+        samples = defs["SweepSpec"]["properties"]["samples"]["anyOf"][0]
+        samples["maximum"] = max_runs
+    if "SweepParam" in defs:
+        defs["SweepParam"]["properties"]["values"]["anyOf"][0]["maxItems"] = max_domain
+
+
 @functools.lru_cache(maxsize=4)
-def openapi_document(version: str) -> dict[str, Any]:
+def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -> dict[str, Any]:
+    """The document; ``limits`` are the server's (max sweep runs, params, domain)."""
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
+    _server_limits(schemas, limits)
+    _closed_pattern_maps(schemas)
     paths = {
         "/api/runs": {
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
             "get": _op("List runs, newest first", api.RunList, params=(
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
-                ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}), ("cursor", "query", "string"))),
+                ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+                ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}))),
         },
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
             "delete": _op("Delete a finished run", None, params=(_RUN_ID,), mutation=True),
         },
         "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},
+        "/api/runs/{run_id}/rerun": {"post": {**_op(
+            "Queue the run again, from the start or (resume) from its newest checkpoint", api.RunCreated,
+            status="201", params=(_RUN_ID,), mutation=True),
+            "requestBody": {"required": False, **_json(api.RerunRequest)}}},
         "/api/runs/{run_id}/events": {"get": _op("A page of a run's events", api.EventPage, params=(
-            _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {**_SEQ, "minimum": 1})))},
+            _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {"type": "integer", "minimum": 1,
+                                                                  "maximum": MAX_TAIL})))},
         "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, params=(
             _RUN_ID, ("after", "query", _SEQ)))},
         "/api/runs/{run_id}/provenance": {"get": _op("The dataset and weight files the run read (with provenance on)",
                                                      None, params=(_RUN_ID,))},
         "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs", None,
-                                                      params=(_RUN_ID, ("against", "query", "string")))},
+                                                      params=(_RUN_ID, ("against", "query", _HEX_ID)))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
             _RUN_ID, ("format", "query", _FORMAT)))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
@@ -118,7 +157,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", None, params=(
             ("study_id", "path", "string"),), body=ResumeStudy, mutation=True)},
         "/api/plugins/{plugin_id}/jobs": {
-            "post": _op("Create a plugin job (idempotent per key)", None, status="201", params=(
+            "post": _op("Create a plugin job (idempotent per key)", None, status="201", body=PluginJob, params=(
                 ("plugin_id", "path", "string"),), mutation=True),
             "get": _op("A plugin's jobs", None, params=(("plugin_id", "path", "string"),)),
         },
@@ -141,8 +180,8 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
                                                   params=(("name", "path", "string"),), mutation=True)},
         "/api/files": {"get": _op("Every uploaded file", None),
-                       "post": _op("Upload a file (multipart, field file) for runs to read as upload:<id>", None,
-                                   status="201", mutation=True)},
+                       "post": {**_op("Upload a file (multipart, field file) for runs to read as upload:<id>", None,
+                                      status="201", mutation=True), "requestBody": _UPLOAD}},
         "/api/files/{file_id}/content": {"get": _op("An uploaded file's bytes", None,
                                                     params=(("file_id", "path", "string"),))},
         "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,

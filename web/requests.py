@@ -10,9 +10,11 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from protocol.errors import InvalidRequest, NotFound, pointer_from_path
+from web.context import services
+from web.limits import read_body
 
 Model = TypeVar("Model", bound=BaseModel)
-RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would let a trailing newline in
 # Deeper than any graph needs; deeper still would only reach recursion limits further in.
 MAX_DEPTH = 64
 # The largest seq, step or cursor a query may name (SQLite's INTEGER is 64-bit).
@@ -20,11 +22,11 @@ MAX_INT_QUERY = 2**62
 
 
 async def read_model(request: web.Request, model: type[Model]) -> Model:
-    raw = await request.read()
+    raw = await read_body(request, services(request).settings)
     if not raw:
         raise InvalidRequest("the request needs a JSON body", pointer="")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json)
     except RecursionError:
         raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer="",
                              code="too_deep") from None
@@ -37,6 +39,12 @@ async def read_model(request: web.Request, model: type[Model]) -> Model:
         return model.model_validate(body)
     except ValidationError as exc:
         raise _invalid(exc, body) from None
+
+
+def _not_json(token: str) -> Any:
+    # Python's json reads NaN and Infinity; JSON has no such numbers, and a client that
+    # sends them would be told later, in words about a value it never sent.
+    raise ValueError(f"{token} is not a JSON number")
 
 
 def _check_depth(body: Any) -> None:
@@ -90,7 +98,7 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
 def hex_id(request: web.Request, kind: str) -> str:
     """The ``{kind}_id`` of the path; 404 ``{kind}_not_found`` unless it is 32 lowercase hex."""
     value = request.match_info[f"{kind}_id"]
-    if not RUN_ID.match(value):
+    if not RUN_ID.fullmatch(value):
         raise NotFound(f"{value!r} is not a {kind} id (32 lowercase hex characters)", code=f"{kind}_not_found")
     return value
 

@@ -10,6 +10,7 @@ actor, which also logs the ``artifact`` event). Anything less leaves no file and
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import re
@@ -27,14 +28,15 @@ from actors.errors import (
     RunNotFound,
 )
 from actors.run_messages import ArtifactArrived
-from actors.store.artifacts import GetArtifact
+from actors.store.artifacts import GetArtifact, RecordArtifact, RecordLateArtifact
 from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unauthorized
 from subprocess_runner.artifacts import MOUNT_FOLDER, SHA256_HEADER
 from subprocess_runner.digest import CHUNK, pour_async
 from web.context import Services, services
-from web.errors import json_reply
+from web.errors import disk_full, json_reply
+from web.limits import paced
 from web.requests import run_id_from
 from web.ws_worker import LOOPBACK, credential_owner
 
@@ -52,19 +54,22 @@ async def receive_artifact(request: web.Request) -> web.Response:
         raise RunNotFound(f"no run {run_id}")
     worker = row.get("worker")
     await _authorize(svc, request, worker)
-    run = svc.registry.lookup(f"runs/{run_id}")
-    if worker is None or run is None or row["status"] not in (ev.RUNNING, ev.DISCONNECTED):
-        raise StateConflict(f"run {run_id} is not executing on a worker; an artifact is sent while its run executes",
+    if worker is None:
+        raise StateConflict(f"run {run_id} did not execute on a worker; only a worker sends its run's artifacts",
                             code="run_not_executing")
-    folder = svc.settings.home / "runs" / run_id
-    final = folder / path
-    final.parent.mkdir(parents=True, exist_ok=True)
+    # A run still held takes it through its actor; one that ended (the file waited in its
+    # worker's outbox while the control plane was away) is written here.
+    run = svc.registry.lookup(f"runs/{run_id}") if row["status"] in (ev.RUNNING, ev.DISCONNECTED) else None
+    final = _placed(svc.settings.home / "runs" / run_id, path)
     handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.")
     try:
         with os.fdopen(handle, "wb") as out:
             try:
-                received, got = await pour_async(request.content.iter_chunked(CHUNK), out, size)
+                received, got = await pour_async(
+                    paced(request.content.iter_chunked(CHUNK), svc.settings.request_read_timeout_s), out, size)
             except (OSError, ValueError, web.HTTPException) as exc:  # the sender went away mid-file
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise disk_full(exc) from exc
                 raise ArtifactRefused(f"the transfer of {path} was cut short: {exc}") from exc
         if received != size or got != sha256:
             raise ArtifactRefused(f"{path}: {received} of {size} bytes arrived, sha256 {got[:16]}... "
@@ -72,16 +77,37 @@ async def receive_artifact(request: web.Request) -> web.Response:
         os.replace(temporary, final)
     finally:
         Path(temporary).unlink(missing_ok=True)
+    node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
     try:
-        written = await run.ask(ArtifactArrived(worker, request.query.get("node") or None,
-                                                request.query.get("kind") or "file", path, size, sha256))
-        if written is None:
-            raise StateConflict(f"run {run_id} ended while {path} arrived; it was not kept", code="run_not_executing")
-        await written
+        written = await run.ask(ArtifactArrived(worker, node, kind, path, size, sha256)) if run is not None else None
+        if written is None:  # no actor holds the run (any more): the store writes row and event
+            await svc.store.write(RecordLateArtifact(RecordArtifact(run_id, node, kind, path, "transfer", None, size,
+                                                                    sha256)))
+        else:
+            await written
     except BaseException:
         final.unlink(missing_ok=True)  # no row: no file either
         raise
     return json_reply({"run_id": run_id, "path": path, "size": size, "sha256": sha256}, status=201)
+
+
+def _placed(folder: Path, path: str) -> Path:
+    """Where an artifact goes: under the run's folder through real folders only, never
+    through a link or a file of that name, and never onto a folder or a link."""
+    here = folder
+    here.mkdir(parents=True, exist_ok=True)
+    *parents, name = path.split("/")
+    for part in parents:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            raise ArtifactRefused(f"{path}: {part!r} is a file or a link in the run's folder, not a folder",
+                                  pointer="?path", code="artifact_path_conflict")
+        here.mkdir(exist_ok=True)
+    final = here / name
+    if final.is_symlink() or final.is_dir():
+        raise ArtifactRefused(f"{path}: a folder or a link of that name is in the run's folder",
+                              pointer="?path", code="artifact_path_conflict")
+    return final
 
 
 def _announced(request: web.Request, max_mb: int) -> tuple[str, str, int]:
@@ -133,14 +159,14 @@ async def read_artifact(request: web.Request) -> web.StreamResponse:
         headers[SHA256_HEADER] = found["sha256"]
     if found["backend"] == "s3":
         return await _stream_from_bucket(svc, request, run_id, found, headers)
-    where = _local_file(svc, run_id, found)
+    where = local_file(svc, run_id, found)
     if not where.is_file():
         raise ArtifactNotFound(f"artifact {raw} of run {run_id} is listed, but its file {where} is gone "
                                "(removed by hand, or with its run's folder)", code="artifact_gone")
     return web.FileResponse(where, headers=headers)
 
 
-def _local_file(svc: Services, run_id: str, found: dict[str, Any]) -> Path:
+def local_file(svc: Services, run_id: str, found: dict[str, Any]) -> Path:
     settings = svc.settings
     if found["backend"] == "mount":
         if found["label"] != settings.mount_label or settings.mount_path is None:
@@ -150,11 +176,11 @@ def _local_file(svc: Services, run_id: str, found: dict[str, Any]) -> Path:
         return settings.mount_path / MOUNT_FOLDER / run_id / found["path"]
     run_dir = settings.home / "runs" / run_id
     path = Path(found["path"])
-    if path.is_absolute():  # a row from before artifacts had a backend
-        if not path.resolve().is_relative_to(run_dir.resolve()):
-            raise ArtifactUnreachable(f"artifact {found['id']} names {path}, outside its run's folder")
-        return path
-    return run_dir / path
+    where = path if path.is_absolute() else run_dir / path  # absolute: a row from before artifacts had a backend
+    # A link inside the run's folder is never followed out of it.
+    if not where.resolve().is_relative_to(run_dir.resolve()):
+        raise ArtifactUnreachable(f"artifact {found['id']} names {found['path']}, which leads outside its run's folder")
+    return where
 
 
 async def _stream_from_bucket(svc: Services, request: web.Request, run_id: str, found: dict[str, Any],

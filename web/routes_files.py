@@ -19,6 +19,7 @@ from protocol.worker import S3Bucket
 from subprocess_runner.digest import CHUNK, pour_async
 from web.context import services
 from web.errors import json_reply
+from web.limits import paced
 from web.requests import hex_id
 
 routes = web.RouteTableDef()
@@ -46,7 +47,7 @@ async def upload(request: web.Request) -> web.Response:
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".upload-")
     try:
         with os.fdopen(handle, "wb") as out:
-            size, sha256 = await pour_async(_chunks(part), out, limit)
+            size, sha256 = await pour_async(paced(_chunks(part), svc.settings.request_read_timeout_s), out, limit)
         if size > limit:
             raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
         file_id = sha256[:32]

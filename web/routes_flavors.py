@@ -8,7 +8,7 @@ from aiohttp import web
 
 from actors.errors import FlavorNotFound
 from actors.store.flavors import CreateFlavor, DeleteFlavor, ListFlavors, ReplaceFlavor
-from protocol.errors import InvalidRequest
+from protocol.errors import StateConflict
 from protocol.flavors import Flavor, FlavorUpdate
 from web.context import services
 from web.errors import json_reply
@@ -46,8 +46,9 @@ async def replace_flavor(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     body = await read_model(request, FlavorUpdate)
     if body.name is not None and body.name != name:
-        raise InvalidRequest(f"the body names flavor {body.name!r} but the path {name!r}; a flavor is renamed by "
-                             "creating the new name and deleting the old", pointer="/name", code="name_mismatch")
+        # 409: the body is well formed, but it describes another flavor than the one addressed.
+        raise StateConflict(f"the body names flavor {body.name!r} but the path {name!r}; a flavor is renamed by "
+                            "creating the new name and deleting the old", pointer="/name", code="name_mismatch")
     return json_reply(await services(request).store.write(ReplaceFlavor({**body.model_dump(), "name": name})))
 
 

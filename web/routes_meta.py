@@ -109,7 +109,10 @@ async def nodes(request: web.Request) -> web.Response:
 
 @routes.get("/api/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return json_reply(openapi_document(services(request).version))
+    svc = services(request)
+    settings = svc.settings
+    return json_reply(openapi_document(svc.version, (settings.max_sweep_runs, settings.max_sweep_params,
+                                                     settings.max_sweep_domain)))
 
 
 @routes.get("/metrics")

@@ -28,7 +28,7 @@ from web.requests import read_model
 from web.routes_studies import create_study
 
 routes = web.RouteTableDef()
-_PLUGIN_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_PLUGIN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 
 # kind -> builds the study row of a job from its spec (validating it: 400 on a mistake)
 JobKind = Callable[[Services, dict[str, Any], str], Awaitable[dict[str, Any]]]
@@ -68,7 +68,7 @@ class SubmitJob(BaseModel):
 
 def _plugin_id(request: web.Request) -> str:
     plugin_id = request.match_info["plugin_id"]
-    if not _PLUGIN_ID.match(plugin_id):
+    if not _PLUGIN_ID.fullmatch(plugin_id):
         raise NotFound(f"{plugin_id!r} is not a plugin id (lowercase letters, digits, '.', '_', '-')",
                        code="plugin_not_found")
     return plugin_id

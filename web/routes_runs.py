@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import csv
 import io
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +30,8 @@ from web.queue_state import with_queue_reasons
 from web.requests import RUN_ID, int_query, read_model, run_id_from
 
 routes = web.RouteTableDef()
+TRAINING_LOOP = "torch.TrainingLoop"
+MAX_TAIL = 100_000  # the most events ?tail= may ask for (a page is cut by bytes anyway)
 OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its recorded outputs
 
 ROW_FIELDS = (
@@ -43,19 +44,55 @@ def public_row(row: dict[str, Any]) -> dict[str, Any]:
     return {**{k: row[k] for k in ROW_FIELDS}, "queue_reason": row.get("queue_reason")}
 
 
-def detail_row(row: dict[str, Any]) -> dict[str, Any]:
+def detail_row(row: dict[str, Any], keep_last: int = -1) -> dict[str, Any]:
     detail = public_row(row)
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
         error_detail=row["error_detail"], warnings=warning_texts(row["warnings"]), artifacts=row["artifacts"],
         graph=row["graph"],
         worker=row.get("worker"), **{k: row.get(k) for k in _MEMORY_FIELDS},
+        rerun_of=row.get("rerun_of"), reruns=row.get("reruns") or [],
+        resumed_from=_public_resume(row.get("resumed_from")),
+        resume_point=_resume_point(row, keep_last),
     )
     return detail
 
 
 _MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib", "peak_memory_exact", "out_of_memory",
                   "execution_facts")
+
+
+def resume_points(row: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any], dict[str, Any]]]:
+    """Each TrainingLoop's newest complete checkpoint: node id -> (epoch, weights row,
+    state row), from the run's stored artifacts."""
+    stored = {a["path"]: a for a in row.get("artifacts") or () if (a.get("state") or "stored") == "stored"}
+    points: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+    for node in (n for n in row["graph"].get("nodes", ()) if n.get("type") == TRAINING_LOOP):
+        pattern = re.compile(rf"checkpoints/{re.escape(node['id'])}-epoch-(\d+)\.pt")
+        for path, weights in stored.items():
+            found = pattern.fullmatch(path)
+            state = stored.get(f"checkpoints/{node['id']}-epoch-{found[1]}.state.pt") if found else None
+            if found and state is not None and int(found[1]) > points.get(node["id"], (0,))[0]:
+                points[node["id"]] = (int(found[1]), weights, state)
+    return points
+
+
+def _resume_point(row: dict[str, Any], keep_last: int) -> dict[str, Any] | None:
+    """Where a run that ended can be resumed from, and until when."""
+    points = resume_points(row) if row["status"] not in ev.ACTIVE_STATES else {}
+    if not points:
+        return None
+    kept = (f"while it is among the newest {keep_last} runs (TROUPE_RUN_RETENTION_KEEP_LAST)" if keep_last >= 0
+            else "as long as it is not deleted")
+    return {"epoch": min(epoch for epoch, _, _ in points.values()), "nodes": {n: p[0] for n, p in points.items()},
+            "until": kept}
+
+
+def _public_resume(resumed: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a resumed run continues from, as the API shows it (not where its files lie)."""
+    if not resumed:
+        return None
+    return {k: resumed[k] for k in ("run_id", "artifact_id", "epoch", "sha256")}
 
 
 def warning_texts(warnings: list[Any]) -> list[str]:
@@ -82,35 +119,36 @@ async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = No
 
 @routes.post("/api/runs")
 async def submit_run(request: web.Request) -> web.Response:
-    svc = services(request)
     body = await read_model(request, SubmitRun)
-    row, graph = run_row(svc, body.graph, body.name, body.options,
-                         worker=await worker_of(svc, body.options, body.graph),
-                         flavors=await read_flavors(svc.store, body.graph, body.options))
+    return json_reply(await queue_run(services(request), body.graph, body.name, body.options), status=201)
+
+
+async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions,
+                    **extra: Any) -> dict[str, Any]:
+    """Validates and queues one run, as ``POST /api/runs`` answers it."""
+    row, graph = run_row(svc, graph_doc, name, options, worker=await worker_of(svc, options, graph_doc),
+                         flavors=await read_flavors(svc.store, graph_doc, options), **extra)
     run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
     position = await committed
-    reply = {
-        "run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
-        "lane": row["lane"], "queue_position": position, "warnings": warning_texts(row["warnings"]),
-    }
-    return json_reply(reply, status=201)
+    return {"run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
+            "lane": row["lane"], "queue_position": position, "warnings": warning_texts(row["warnings"])}
+
+
+# A page of runs ends before the run of this enqueue sequence: digits, opaque to clients.
+CURSOR_PATTERN = r"^([0-9]{1,18})?$"
 
 
 def _decode_cursor(raw: str | None) -> int | None:
     if not raw:
         return None
-    try:
-        text = base64.urlsafe_b64decode(raw.encode() + b"=" * (-len(raw) % 4)).decode()
-        kind, _, value = text.partition(":")
-        if kind != "runs" or not value.isdigit() or len(value) > 18:
-            raise ValueError(text)  # 18 digits: below SQLite's 64-bit INTEGER
-        return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidRequest("cursor is not one this server handed out", pointer="?cursor") from None
+    if raw.isascii() and raw.isdigit() and len(raw) <= 18:  # 18 digits: below SQLite's 64-bit INTEGER
+        return int(raw)
+    raise InvalidRequest("cursor is not one this server handed out (pass next_cursor back as it came)",
+                         pointer="?cursor")
 
 
 def _encode_cursor(seq: int | None) -> str | None:
-    return None if seq is None else base64.urlsafe_b64encode(f"runs:{seq}".encode()).decode().rstrip("=")
+    return None if seq is None else str(seq)
 
 
 @routes.get("/api/runs")
@@ -142,7 +180,7 @@ async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
 async def get_run(request: web.Request) -> web.Response:
     svc = services(request)
     row = (await with_queue_reasons(svc, [await _get_row(svc, run_id_from(request))]))[0]
-    return json_reply(detail_row(row))
+    return json_reply(detail_row(row, svc.settings.run_retention_keep_last))
 
 
 @routes.get("/api/runs/{run_id}/fingerprint")
@@ -157,7 +195,7 @@ async def fingerprint(request: web.Request) -> web.Response:
     reply: dict[str, Any] = {"run_id": row["id"], **facts}
     other_id = request.query.get("against")
     if other_id is not None:
-        if not RUN_ID.match(other_id):
+        if not RUN_ID.fullmatch(other_id):
             raise InvalidRequest(f"{other_id[:80]!r} is not a run id (32 lowercase hex characters)",
                                  pointer="?against")
         other = await _get_row(svc, other_id)
@@ -219,9 +257,7 @@ async def run_events(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     after = int_query(request, "after", default=0) or 0
-    tail = int_query(request, "tail", minimum=1)
-    if tail is not None and "after" in request.query:
-        raise InvalidRequest("use either ?after= or ?tail=, not both", pointer="?tail")
+    tail = int_query(request, "tail", minimum=1, maximum=MAX_TAIL)  # with ?after=: the last N after it
     await _get_row(svc, run_id)
     events, next_cursor = await svc.store.read(
         GetEvents(run_id, after=after, tail=tail, cap_bytes=svc.settings.run_events_response_cap_bytes)

@@ -58,7 +58,10 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
                   body.options, "/base_graph", worker, flavors)
     return {
         "id": uuid.uuid4().hex, "name": body.name or body.base_graph.name or "study", "state": "running",
-        "spec": {"variants": variants, "repeats": body.repeats, "seed": body.seed,
+        # The base graph once; each variant is its params over it.
+        "spec": {"base_graph": body.base_graph.model_dump(mode="json", exclude_none=True),
+                 "variants": [{"name": v["name"], "params": v["params"]} for v in variants],
+                 "repeats": body.repeats, "seed": body.seed,
                  "objective": body.objective.model_dump(mode="json"),
                  "options": body.options.model_dump(mode="json", exclude_none=True)},
         "budget": body.budget.model_dump(mode="json", exclude_none=True), "plugin_id": plugin_id,

@@ -13,6 +13,7 @@ from actors.placer import SubmitSweep as PlacerSubmitSweep
 from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
+from actors.submission import share_base, shared_base
 from protocol import events as ev
 from protocol.errors import NotFound
 from protocol.graph import Graph
@@ -43,9 +44,11 @@ async def submit_sweep(request: web.Request) -> web.Response:
     runs, variants = [], []
     worker = await worker_of(svc, body.options, body.base_graph)  # a target applies to every variant
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
+    base = shared_base(compiled.base)
     for variant in compiled.variants:
         row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
                              worker, flavors, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
+        share_base(row, base, variant.graph, variant.params)
         runs.append((row, graph))
         variants.append({"index": variant.index, "run_id": row["id"], "params": variant.params, "seed": variant.seed})
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),

@@ -1,8 +1,11 @@
 """Server-sent event streams: one run's events, and every run's changes.
 
 Subscribe first, replay from the store second, live third, skipping seqs already sent:
-the hand-over has no gap and no duplicate. A ``RESET`` from the hub (it restarted, or we
-fell behind) is answered by subscribing and replaying again from the last seq sent.
+the hand-over has no gap and no duplicate. A ``RESET`` from the hub (it restarted) is
+answered by subscribing and replaying again from the last seq sent. A reader too far
+behind (``LAGGED``) is told where to resume (``stream_lagged``) and the stream ends; one
+that takes no bytes for ``TROUPE_STREAM_WRITE_TIMEOUT_S`` is disconnected. A run stream resumes from
+``?after=`` or from the ``Last-Event-ID`` a reconnecting EventSource sends.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.events import RESET, Subscribe, Unsubscribe
+from actors.events import BURST_BYTES, LAGGED, RESET, Feed, Subscribe, Unsubscribe
 from actors.store.runs import QueuePosition, ReadStream
 from protocol import events as ev
 from protocol import jsonsafe
@@ -30,6 +33,7 @@ async def _open_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
+    response.force_close()  # a stream that ends ends its connection: a reader waiting on it learns at once
     await response.prepare(request)
     return response
 
@@ -52,17 +56,40 @@ def _event_frame(event: dict[str, Any]) -> bytes:
     return f"id: {event['seq']}\nevent: run_event\ndata: {ev.event_json(event)}\n\n".encode()
 
 
-async def _burst(queue: asyncio.Queue[Any]) -> list[Any]:
-    """The next item and every item already behind it: a burst is written as one chunk,
-    one socket write, however many events it holds. Waits up to ``KEEPALIVE_S`` for the
-    first; an empty list means none came."""
+async def _send(request: web.Request, response: web.StreamResponse, data: bytes, eof: bool = False) -> None:
+    """Writes (or ends the stream) within the deadline, or drops the connection: a reader
+    that stopped reading must not keep what is written to it."""
     try:
-        items = [await asyncio.wait_for(queue.get(), KEEPALIVE_S)]
+        async with asyncio.timeout(services(request).settings.stream_write_timeout_s):
+            if eof:
+                await response.write_eof()
+            else:
+                await response.write(data)
     except TimeoutError:
-        return []
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("the client took nothing for the write deadline") from None
+
+
+def _let_go(request: web.Request) -> None:
+    """After a stream ended: a connection whose reader still has not taken what was
+    written is dropped once the write deadline passes, with what it holds."""
+    transport = request.transport
+    if transport is None:
+        return
+
+    def drop() -> None:
+        if transport.get_write_buffer_size() > 0:
+            transport.abort()
+
+    asyncio.get_running_loop().call_later(services(request).settings.stream_write_timeout_s, drop)
+
+
+def _lagged(resume_after: int | None) -> bytes:
+    return _frame("stream_lagged", {
+        "resume_after": resume_after,
+        "message": "this reader fell too far behind the events; open the stream again"
+                   + (f" with ?after={resume_after}" if resume_after is not None else "")})
 
 
 class _RunStream:
@@ -70,7 +97,7 @@ class _RunStream:
         self.svc, self.request, self.run_id = svc, request, run_id
         self.response: web.StreamResponse | None = None  # opened once the run is known
         self.last = after
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.queue = Feed()
         self.finished = False
         self.position: int | None = None
 
@@ -82,7 +109,8 @@ class _RunStream:
     async def replay(self) -> None:
         """Sends the stored events after the last one sent, then the queue position; a
         run that is not there (any more) is a 404 before the stream opens."""
-        cap = self.svc.settings.run_events_response_cap_bytes
+        # Small pages: a page waits in memory while a slow reader takes it.
+        cap = min(self.svc.settings.run_events_response_cap_bytes, BURST_BYTES) or BURST_BYTES
         while True:
             found = await self.svc.store.read(ReadStream(self.run_id, after=self.last, cap_bytes=cap))
             if found is None and self.response is None:
@@ -92,6 +120,7 @@ class _RunStream:
                 return
             events, next_after, position = found
             chunks = [self.event_frame(event) for event in events]
+            del events, found  # only the frames wait for the reader
             if next_after is None:
                 if not self.finished:
                     chunks.append(self.position_frame(position))
@@ -122,17 +151,20 @@ class _RunStream:
     async def _write(self, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
         if data:
-            await (await self.open()).write(data)
+            await _send(self.request, await self.open(), data)
 
     async def live(self) -> None:
         while not self.finished:
-            items = await _burst(self.queue)
+            items = await self.queue.burst(KEEPALIVE_S)
             if not items:
                 await self._write([b": keepalive\n\n"])
                 continue
             chunks: list[bytes] = []
             moved = False  # a row changed: this run's queue position may have moved
             for item in items:
+                if item is LAGGED:
+                    await self._write([*chunks, _lagged(self.last)])
+                    return
                 if item is RESET:
                     await self._write(chunks)
                     chunks, moved = [], False
@@ -155,17 +187,22 @@ class _RunStream:
 @routes.get("/api/runs/{run_id}/stream")
 async def run_stream(request: web.Request) -> web.StreamResponse:
     svc = services(request)
-    stream = _RunStream(svc, request, run_id_from(request), int_query(request, "after", default=0) or 0)
+    after = int_query(request, "after", default=0) or 0
+    resumed = request.headers.get("Last-Event-ID", "")
+    if resumed.isdigit() and len(resumed) < 18:  # an EventSource reconnecting says where it was
+        after = max(after, int(resumed))
+    stream = _RunStream(svc, request, run_id_from(request), after)
     try:
         await stream.subscribe()
         await stream.replay()  # a 404 when there is no such run
         response = await stream.open()
         await stream.live()
-        await response.write_eof()
+        await _send(request, response, b"", eof=True)
     except (ConnectionError, asyncio.CancelledError):
         pass  # the client left: nothing to say about it
     finally:
         await stream.close()
+        _let_go(request)
     # A client that left before the stream opened gets nothing (aiohttp drops it).
     return stream.response if stream.response is not None else web.Response(status=204)
 
@@ -173,30 +210,36 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
 @routes.get("/api/stream")
 async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     svc = services(request)
-    queue: asyncio.Queue[Any] = asyncio.Queue()
+    queue = Feed()
     response = await _open_sse(request)
     hub = svc.actor("events")
     try:
         await hub.ask(Subscribe(queue, (None,), _connected(request)))
-        await response.write(_frame("hello", {"server_started_at": svc.started_at}))
+        await _send(request, response, _frame("hello", {"server_started_at": svc.started_at}))
         while True:
-            items = await _burst(queue)
+            items = await queue.burst(KEEPALIVE_S)
             if not items:
-                await response.write(b": keepalive\n\n")
+                await _send(request, response, b": keepalive\n\n")
                 continue
             chunks: list[bytes] = []
             for item in items:
+                if item is LAGGED:  # the client refetches the list, then follows again
+                    chunks.append(_lagged(None))
+                    break
                 if item is RESET:
                     # The hub restarted: the client refetches the list, then follows again.
                     chunks.append(_frame("reset", {}))
                     await svc.actor("events").ask(Subscribe(queue, (None,), _connected(request)))
                     continue
                 chunks.append(_frame("run", item))
-            await response.write(b"".join(chunks))
+            await _send(request, response, b"".join(chunks))
+            if chunks and chunks[-1].startswith(b"event: stream_lagged"):
+                break
     except (ConnectionError, asyncio.CancelledError):
         pass  # the client left
     finally:
         live_hub = svc.registry.lookup("events")
         if live_hub is not None:
             live_hub.tell(Unsubscribe(queue))
+        _let_go(request)
     return response

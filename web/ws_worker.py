@@ -10,7 +10,7 @@ import hmac
 import logging
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from actors.base import Snapshot
@@ -106,8 +106,12 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
         async for message in ws:
+            if message.type == WSMsgType.BINARY:  # the protocol is JSON text: a binary frame is a broken peer
+                log.warning("worker %s sent a binary frame: closing its socket", name)
+                await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames are JSON text")
+                break
             if message.type != WSMsgType.TEXT:
-                continue
+                break  # an error on the socket: the connection is over
             try:
                 frames = wire.parse_frames(message.data)
                 for frame in frames:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,10 @@ from actors.store import artifacts, events, files, flavors, memory, runs, studie
 from actors.store.schema import open_database
 from actors.store.table import Session, Table
 from actors.threaded import ThreadActor
-from protocol.errors import TroupeError
+from protocol.errors import DiskFull, TroupeError
 
 log = logging.getLogger("troupe.store")
+FULL_LOG_S = 30.0
 
 # Applied once per process, before the first connection (apsw's own advice).
 apsw.bestpractice.apply(apsw.bestpractice.recommended)
@@ -55,6 +57,8 @@ class StoreActor(ThreadActor):
         self._conn: apsw.Connection | None = None
         self._session: Session | None = None
         self._inode: int | None = None
+        self._full_said = -FULL_LOG_S
+        self._full_unsaid = 0
 
     def on_start(self) -> None:
         try:
@@ -123,38 +127,79 @@ class StoreActor(ThreadActor):
         """Applies the batch straight through; only when an op fails is the batch rolled
         back and applied again with a savepoint per op, so that op fails alone. Ops are
         deterministic on the database, so the second pass does what the first would
-        have done, minus the failing op."""
+        have done, minus the failing op. A full disk (where SQLite may drop the whole
+        transaction itself) applies each op in its own transaction instead: what fits
+        is kept, and each op that did not fit fails alone with ``DiskFull``."""
         self._check_file()
         session = self.session
         handlers = [self._write_handler(op) for op in ops]
         conn = session.conn
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 results = [handler(session, op) for handler, op in zip(handlers, ops, strict=True)]
             except Exception as exc:
-                if self.is_broken(exc):
+                if self.is_broken(exc) or isinstance(exc, apsw.FullError):
                     raise
-                conn.execute("ROLLBACK")
+                self._rollback()
                 conn.execute("BEGIN IMMEDIATE")
                 results = [self._apply_alone(session, handler, op) for handler, op in zip(handlers, ops, strict=True)]
             conn.execute("COMMIT")
+        except apsw.FullError:
+            self._rollback()
+            return [self._apply_in_own_transaction(session, handler, op)
+                    for handler, op in zip(handlers, ops, strict=True)]
         except BaseException:
-            if not conn.getautocommit():
-                conn.execute("ROLLBACK")
+            self._rollback()
             raise
         return results
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled the transaction back itself (a full disk does): then
+        # there is nothing to roll back, and saying so would hide the real error.
+        conn = self.session.conn
+        if not conn.getautocommit():
+            conn.execute("ROLLBACK")
 
     def _apply_alone(self, session: Session, handler: Any, op: Any) -> Any:
         try:
             with session.conn:  # a savepoint: one bad op rolls back alone
                 return handler(session, op)
         except Exception as exc:  # whatever one op raises, the others commit
-            if self.is_broken(exc):
+            if self.is_broken(exc) or isinstance(exc, apsw.FullError):
                 raise
             if not isinstance(exc, TroupeError):
                 log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
             return exc
+
+    def _apply_in_own_transaction(self, session: Session, handler: Any, op: Any) -> Any:
+        conn = session.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            result = handler(session, op)
+            conn.execute("COMMIT")
+            return result
+        except Exception as exc:
+            self._rollback()
+            if self.is_broken(exc):
+                raise
+            if isinstance(exc, apsw.FullError):
+                self._say_full(type(op).__name__)
+                return DiskFull(f"the disk under the database ({self._db_path.parent}) is full; this change was not "
+                                "saved. Free some space (delete finished runs or files in TROUPE_HOME)")
+            if not isinstance(exc, TroupeError):
+                log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
+            return exc
+
+    def _say_full(self, op_name: str) -> None:
+        """One line per ``FULL_LOG_S`` however many writes a full disk refuses."""
+        now = time.monotonic()
+        if now - self._full_said < FULL_LOG_S:
+            self._full_unsaid += 1
+            return
+        log.warning("the disk under %s is full: %s and %d more writes since the last such line were not saved; "
+                    "they are tried again once there is room", self._db_path, op_name, self._full_unsaid)
+        self._full_said, self._full_unsaid = now, 0
 
     @staticmethod
     def _write_handler(op: Any) -> Any:

@@ -1,8 +1,9 @@
 """A run's artifacts: the files it wrote (checkpoints, saved models), each row saying
 where the bytes live (``local``/``transfer``: under the run's folder here; ``mount``: a
 storage label's folder; ``s3``: the bucket), its path relative to there, size and
-sha256. A row is written only once its file is whole where it lives, so a listed
-artifact can always be read in full. Called only from the store's thread."""
+sha256, and its state: ``stored`` once its file is whole where it lives (only then can
+it be read), ``pending`` while a worker's outbox still holds it, ``failed`` with the
+reason when it could not be kept. Called only from the store's thread."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 
 import apsw
 
+from actors.store.events import append_events
 from actors.store.table import Session, Table
 from protocol import events as ev
 
-_COLUMNS = ("id", "node_id", "kind", "path", "backend", "label", "size", "sha256", "created_at")
+_COLUMNS = ("id", "node_id", "kind", "path", "backend", "label", "size", "sha256", "created_at", "state", "reason")
+STORED, PENDING, FAILED = "stored", "pending", "failed"
 
 # Messages ----------------------------------------------------------------------
 
@@ -27,8 +30,19 @@ class RecordArtifact:
     path: str
     backend: str
     label: str | None
-    size: int
-    sha256: str
+    size: int | None
+    sha256: str | None
+    state: str = STORED
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordLateArtifact:
+    """A worker's file that arrived after its run ended (kept in its outbox while the
+    control plane was away): the row is stored and the run's ``artifact`` event written
+    with the next seq, here, since no RunActor holds the run any more. Replies the event."""
+
+    artifact: RecordArtifact
 
 
 @dataclass(frozen=True)
@@ -51,17 +65,33 @@ def artifacts(conn: apsw.Connection, run_id: str, artifact_id: int | None = None
 
 
 def _record(s: Session, op: RecordArtifact) -> int:
-    """The same file recorded twice (a transfer retried after its answer was lost) is
-    one row."""
-    for (found,) in s.conn.execute("SELECT id FROM artifacts WHERE run_id = ? AND path = ? AND sha256 = ?",
-                                   (op.run_id, op.path, op.sha256)):
+    """One row per file of a run: the same file recorded twice (a transfer retried after
+    its answer was lost) is one row, and a pending or failed one becomes what it is now."""
+    for found, state in s.conn.execute("SELECT id, state FROM artifacts WHERE run_id = ? AND path = ? "
+                                       "ORDER BY id DESC LIMIT 1", (op.run_id, op.path)):
+        if state != STORED or op.state == STORED:
+            s.conn.execute("UPDATE artifacts SET node_id = ?, kind = ?, backend = ?, label = ?, size = ?, sha256 = ?, "
+                           "state = ?, reason = ? WHERE id = ?",
+                           (op.node_id, op.kind, op.backend, op.label, op.size, op.sha256, op.state, op.reason, found))
         return int(found)
     s.conn.execute(
-        "INSERT INTO artifacts(run_id, node_id, kind, path, backend, label, size, sha256, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (op.run_id, op.node_id, op.kind, op.path, op.backend, op.label, op.size, op.sha256, ev.utc_now()),
+        "INSERT INTO artifacts(run_id, node_id, kind, path, backend, label, size, sha256, created_at, state, reason) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (op.run_id, op.node_id, op.kind, op.path, op.backend, op.label, op.size, op.sha256, ev.utc_now(), op.state,
+         op.reason),
     )
     return int(s.conn.last_insert_rowid())
+
+
+def _record_late(s: Session, op: RecordLateArtifact) -> dict[str, Any]:
+    row = op.artifact
+    _record(s, row)
+    (last,), = s.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (row.run_id,))
+    payload = {"kind": row.kind, "path": row.path, "backend": row.backend, "label": row.label, "size": row.size,
+               "sha256": row.sha256, "late": True}
+    event = ev.make_event(int(last) + 1, ev.ARTIFACT, row.node_id, payload, 0)
+    append_events(s.conn, row.run_id, (event,))
+    return event
 
 
 def _get(s: Session, m: GetArtifact) -> dict[str, Any] | None:
@@ -69,5 +99,5 @@ def _get(s: Session, m: GetArtifact) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-WRITES: Table = {RecordArtifact: _record}
+WRITES: Table = {RecordArtifact: _record, RecordLateArtifact: _record_late}
 READS: Table = {GetArtifact: _get}

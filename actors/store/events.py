@@ -104,22 +104,18 @@ def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[s
 def get_events(
     conn: apsw.Connection, run_id: str, after: int, tail: int | None, cap_bytes: int
 ) -> tuple[list[dict[str, Any]], int | None]:
-    """A page of events and the ``after`` to ask for next when the byte cap cut it."""
+    """A page of events and the ``after`` to ask for next when the byte cap cut it:
+    those after ``after``, or with ``tail`` the last ``tail`` of those. Rows are read
+    only as far as the page goes."""
+    found: Any
     if tail is not None:
-        found = list(
-            conn.execute(
-                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
-                (run_id, tail),
-            )
-        )
-        found.reverse()
+        found = conn.execute(
+            "SELECT * FROM (SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? "
+            "ORDER BY seq DESC LIMIT ?) ORDER BY seq", (run_id, after, tail))
     else:
-        found = list(
-            conn.execute(
-                "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
-                (run_id, after),
-            )
-        )
+        found = conn.execute(
+            "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, after))
     events: list[dict[str, Any]] = []
     used = 0
     for seq, kind, ts, node_id, payload in found:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from actors.store.artifacts import artifacts
 from actors.store.events import append_events, get_events
 from actors.store.table import Session, Table
 from protocol import events as ev
+from subprocess_runner.sweeps import with_params
 
 # Messages: writes --------------------------------------------------------------
 
@@ -122,10 +124,11 @@ RUN_COLUMNS = (
     "record_outputs", "graph", "options", "warnings", "enqueue_seq", "created_at", "started_at",
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
-    "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts",
+    "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts", "graph_base", "rerun_of",
+    "resumed_from",
 )
-_JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts")
-UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at"}
+_JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts", "resumed_from")
+UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at", "graph", "graph_base"}
 
 _TERMINAL = "('succeeded', 'failed', 'cancelled', 'interrupted')"
 
@@ -147,6 +150,35 @@ _FINAL_LOSS = """
          ORDER BY m.seq DESC LIMIT 1))
 """
 _SELECT = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
+
+
+class _Bases:
+    """Decoded base graphs by digest, a few at a time (a sweep's runs are read together)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._found: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._size = size
+
+    def get(self, conn: apsw.Connection, digest: str) -> dict[str, Any]:
+        found = self._found.get(digest)
+        if found is None:
+            text = conn.execute("SELECT graph FROM graph_bases WHERE digest = ?", (digest,)).fetchall()
+            found = json.loads(str(text[0][0])) if text else {"nodes": [], "edges": []}
+            self._found[digest] = found
+            if len(self._found) > self._size:
+                self._found.popitem(last=False)
+        self._found.move_to_end(digest)
+        return found
+
+
+_BASES = _Bases()
+
+
+def _whole_graph(conn: apsw.Connection, row: dict[str, Any]) -> dict[str, Any]:
+    """A run of a sweep or a study stores its params over a shared base graph."""
+    if row.get("graph_base"):
+        row["graph"] = with_params(_BASES.get(conn, row["graph_base"]), row["graph"] or {})
+    return row
 
 
 def _row(values: tuple[Any, ...]) -> dict[str, Any]:
@@ -174,10 +206,17 @@ def _encode(key: str, value: Any) -> Any:
 
 
 def insert_run(conn: apsw.Connection, row: Mapping[str, Any]) -> None:
-    keys = [k for k in RUN_COLUMNS if k in row]
+    """``row["shared_graph"]``, when given, is ``(digest, base text, params)``: the base is
+    stored once for every run that names it, and the run's graph column holds its params."""
+    values = {k: row[k] for k in RUN_COLUMNS if k in row}
+    shared = row.get("shared_graph")
+    if shared is not None:
+        digest, text, params = shared
+        conn.execute("INSERT OR IGNORE INTO graph_bases(digest, graph) VALUES (?, ?)", (digest, text))
+        values.update(graph=params, graph_base=digest)
     conn.execute(
-        f"INSERT OR IGNORE INTO runs({', '.join(keys)}) VALUES ({', '.join('?' for _ in keys)})",
-        tuple(_encode(k, row[k]) for k in keys),
+        f"INSERT OR IGNORE INTO runs({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
+        tuple(_encode(k, v) for k, v in values.items()),
     )
 
 
@@ -199,8 +238,10 @@ def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
     found = conn.execute(f"{_SELECT} WHERE r.id = ?", (run_id,)).fetchall()
     if not found:
         return None
-    row = _row(found[0])
+    row = _whole_graph(conn, _row(found[0]))
     row["artifacts"] = artifacts(conn, run_id)
+    row["reruns"] = [str(r) for (r,) in conn.execute("SELECT id FROM runs WHERE rerun_of = ? ORDER BY enqueue_seq",
+                                                     (run_id,))]
     return row
 
 
@@ -217,7 +258,7 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
         args.append(query.before_seq)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     rows = [
-        _row(v)
+        _whole_graph(conn, _row(v))
         for v in conn.execute(f"{_SELECT}{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
     ]
     if len(rows) > query.limit:
@@ -367,6 +408,8 @@ def _delete_runs(s: Session, run_ids: list[str]) -> None:
     # Sweep and study results are harvested first: their tables outlive their runs.
     s.runs_ended(run_ids)
     s.conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
+    s.conn.execute("DELETE FROM graph_bases WHERE NOT EXISTS "
+                   "(SELECT 1 FROM runs WHERE runs.graph_base = graph_bases.digest)")
 
 
 def _remove_run_dir(s: Session, run_id: str, keep_checkpoints: bool) -> None:

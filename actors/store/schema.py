@@ -276,6 +276,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE artifacts_13 RENAME TO artifacts;
     CREATE INDEX artifacts_run ON artifacts(run_id);
     """,
+    # 14: the runs of a sweep or a study share their base graph, stored once by digest;
+    # such a run's graph column holds only its params ("node.param" -> value).
+    """
+    CREATE TABLE graph_bases (digest TEXT PRIMARY KEY, graph TEXT NOT NULL) WITHOUT ROWID;
+    ALTER TABLE runs ADD COLUMN graph_base TEXT;
+    CREATE INDEX runs_graph_base ON runs(graph_base) WHERE graph_base IS NOT NULL;
+    """,
+    # 15: a run made again from another (rerun_of), and one that continues another's
+    # training from a checkpoint (resumed_from: {run_id, artifact_id, epoch, sha256, nodes}).
+    """
+    ALTER TABLE runs ADD COLUMN rerun_of TEXT;
+    ALTER TABLE runs ADD COLUMN resumed_from TEXT;
+    CREATE INDEX runs_rerun_of ON runs(rerun_of) WHERE rerun_of IS NOT NULL;
+    """,
+    # 16: an artifact's state: pending (kept in a worker's outbox, on its way), stored, or
+    # failed (with the reason); rows from before are stored.
+    """
+    ALTER TABLE artifacts ADD COLUMN state TEXT NOT NULL DEFAULT 'stored';
+    ALTER TABLE artifacts ADD COLUMN reason TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -124,7 +124,7 @@ PACK = Pack(
             "core.Ticker",
             _ticker,
             outputs=(Port("value", "float"),),
-            params=(Param("count", "int", default=10, min=1, max=10_000_000),
+            params=(Param("count", "int", default=10, min=1, max=1_000_000),
                     Param("interval", "float", default=0.1, min=0, max=3600),
                     Param("name", "string", default="tick")),
             description="Records the points 1..count of series `name`, one every `interval` seconds.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -157,4 +158,28 @@ def test_an_artifact_is_listed_with_where_it_lives_and_downloads_whole(page):
     saved = arrived.value.path()
     assert hashlib.sha256(Path(saved).read_bytes()).hexdigest() == listed["sha256"]
     assert arrived.value.suggested_filename == "trainer-epoch-1.pt"
+    assert errors == []
+
+
+def test_a_run_is_made_again_and_a_stopped_training_resumed_from_the_page(page):
+    from tests.integration.test_training_functional import quick_digits
+
+    server, tab, errors = page
+    graph = quick_digits(epochs=4, checkpoint_every=1)
+    run_id = server.submit(graph, seed=3)["run_id"]
+    for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=120):
+        if kind == "run_event" and data["type"] == "artifact" and data["payload"]["path"].endswith("epoch-2.state.pt"):
+            server.client.request("POST", f"/api/runs/{run_id}/cancel")
+        if kind == "run_event" and data["type"] == "run_finished":
+            break
+    tab.locator(f'tr[data-run="{run_id}"]').click()
+    expect(tab.locator("#details-facts")).to_contain_text("Can be resumed")
+    resume = tab.locator("#details-again").get_by_role("button", name=re.compile(r"Resume from epoch \d"))
+    resume.click()
+    server.wait_until(lambda: server.get(f"/api/runs/{run_id}")["reruns"] != [])
+    resumed = server.get(f"/api/runs/{run_id}")["reruns"][0]
+    assert server.events_until_finished(resumed, timeout=120)[-1]["payload"]["status"] == "succeeded"
+    assert server.get(f"/api/runs/{resumed}")["resumed_from"]["run_id"] == run_id
+    tab.locator("#details-again").get_by_role("button", name="Run again").click()
+    server.wait_until(lambda: len(server.get(f"/api/runs/{run_id}")["reruns"]) == 2)
     assert errors == []

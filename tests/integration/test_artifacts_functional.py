@@ -20,9 +20,11 @@ def trained_on(server, worker: str) -> tuple[str, list[dict]]:
     run_id = server.submit(quick_digits(epochs=2, checkpoint_every=1), target={"worker": worker})["run_id"]
     events = server.events_until_finished(run_id, timeout=180)
     assert events[-1]["payload"]["status"] == "succeeded", events[-3:]
-    artifacts = server.get(f"/api/runs/{run_id}")["artifacts"]
+    everything = server.get(f"/api/runs/{run_id}")["artifacts"]
+    artifacts = [a for a in everything if a["kind"] == "checkpoint"]  # beside each, its training state
     assert [a["path"] for a in artifacts] == CHECKPOINTS
-    announced = [e["payload"] for e in events if e["type"] == "artifact"]
+    assert {a["state"] for a in everything} == {"stored"}
+    announced = [e["payload"] for e in events if e["type"] == "artifact" and e["payload"]["kind"] == "checkpoint"]
     assert [(a["path"], a["sha256"]) for a in announced] == [(a["path"], a["sha256"]) for a in artifacts]
     for artifact in artifacts:
         body = server.download(f"/api/runs/{run_id}/artifacts/{artifact['id']}")
@@ -101,8 +103,15 @@ def test_a_transfer_cut_short_or_corrupted_leaves_no_row(make_server, tmp_path):
         assert server.download(f"/api/runs/{run_id}/artifacts/{listed[0]['id']}") == body
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
         server.events_until_finished(run_id, timeout=60)
+        # A file its worker kept while the control plane was away still comes after the
+        # run ended: stored, with its artifact event after the run's last.
         status, reply = _put(server, run_id, "checkpoints/late.pt", body, good)
-        assert status == 409 and b"run_not_executing" in reply
+        assert status == 201, reply
+        late = server.get(f"/api/runs/{run_id}")["artifacts"][-1]
+        assert (late["path"], late["state"], late["sha256"]) == ("checkpoints/late.pt", "stored", good)
+        events = server.get(f"/api/runs/{run_id}/events")["events"]
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert events[-1]["type"] == "artifact" and events[-1]["payload"]["path"] == "checkpoints/late.pt"
     finally:
         agent.terminate()
         agent.wait(30)

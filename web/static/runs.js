@@ -166,21 +166,40 @@ async function renderDetails() {
       === "run_process" ? "the run's own process" : "this server's process"}): troupe ${fp.troupe.version}, `
       + `${fp.python}, torch ${fp.torch.version || "not installed"}`]);
   }
+  if (run.rerun_of) facts.push(["Made again from", run.rerun_of]);
+  if (run.resumed_from) facts.push(["Resumes", `${run.resumed_from.run_id} from epoch ${run.resumed_from.epoch}`]);
+  if (run.reruns && run.reruns.length) facts.push(["Made again as", run.reruns.join(", ")]);
+  if (run.resume_point) facts.push(["Can be resumed", `from epoch ${run.resume_point.epoch}, ${run.resume_point.until}`]);
   facts.push(["Error", run.error || ""]);
   if (run.error_detail) facts.push(["Error detail", run.error_detail]);
   document.getElementById("details-facts").replaceChildren(
     ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
+  document.getElementById("details-again").replaceChildren(...ACTIVE.has(run.status) ? [] : [
+    el("button", { onclick: () => again(run.id, false) }, "Run again"),
+    ...run.resume_point ? [el("button", { onclick: () => again(run.id, true) },
+      `Resume from epoch ${run.resume_point.epoch}`)] : []]);
   document.getElementById("details-artifacts").replaceChildren(...run.artifacts.length ? [el("h3", {}, "Artifacts"),
-    ...run.artifacts.map((a) => el("div", { class: "artifact" }, el("span", { class: "muted" }, a.kind),
+    ...run.artifacts.map((a) => el("div", { class: `artifact ${a.state || "stored"}`, "data-state": a.state || "stored" },
+      el("span", { class: "muted" }, a.kind),
       el("code", { title: a.sha256 ? `sha256 ${a.sha256}` : a.path }, a.path),
       a.backend ? el("span", { class: "muted" }, `${a.backend}${a.label ? ` ${a.label}` : ""}, ${sizeText(a.size)}`) : "",
-      a.id !== undefined ? el("a", { href: `/api/runs/${runId}/artifacts/${a.id}`, download: "" }, "Download") : "",
+      a.state === "pending" ? el("span", { class: "state" }, "pending: on its worker, on its way") : "",
+      a.state === "failed" ? el("span", { class: "state failed", title: a.reason || "" }, `failed: ${a.reason || ""}`) : "",
+      a.id !== undefined && (a.state || "stored") === "stored"
+        ? el("a", { href: `/api/runs/${runId}/artifacts/${a.id}`, download: "" }, "Download") : "",
       copyButton(a.path)))] : []);
   document.getElementById("details-csv").href = `/api/runs/${runId}/metrics?format=csv`;
   const series = Object.entries(metrics.series);
   document.getElementById("details-charts").replaceChildren(...series.length
     ? series.map(([name, points]) => chart(name, points)) : [el("p", { class: "muted" }, "No metrics recorded.")]);
   if (!watch) document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
+}
+
+async function again(runId, resume) {
+  await act(resume ? "Resume" : "Run again", async () => {
+    const made = await api("POST", `/api/runs/${runId}/rerun`, resume ? { resume: true } : {});
+    showMessage(`Queued ${made.run_id}${resume ? " (resumed)" : ""}`);
+  });
 }
 
 function sizeText(bytes) {

@@ -1,0 +1,97 @@
+"""A full disk (issue 25, point 4), made real: the server's home is a small tmpfs the test
+mounts and fills. What does not fit is refused with ``disk_full`` (507), nothing else
+fails with it, and a run whose final write did not fit is not left active: its writes
+are tried again and it ends as it ended once there is room, its event log whole."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import hello, sleeper
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MB tmpfs, or a skip saying why there is none (CI runs as root: there is)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {made.stderr.strip() or made.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+def _upload(server, data: bytes) -> tuple[int, dict]:
+    parsed = urllib.parse.urlsplit(server.url)
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\n\r\n" + data
+            + b"\r\n--b--\r\n")
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+    conn.request("POST", "/api/files", body=body, headers={
+        "Authorization": f"Bearer {server.token}", "Content-Type": "multipart/form-data; boundary=b"})
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    return response.status, reply
+
+
+def _queue(server, key: str) -> dict:
+    return next(q for q in server.get("/api/queues")["queues"] if q["queue_key"] == key)
+
+
+def _metric(server, name: str, labels: str) -> float:
+    _status, text = server.client.request("GET", "/metrics")
+    for line in str(text).splitlines():
+        if line.startswith(f"{name}{{") and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_refuses_what_does_not_fit_and_strands_no_run(make_server, small_disk):
+    server = make_server(home=small_disk / "home")
+    running = server.submit(sleeper(2))["run_id"]
+    server.wait_status(running, "running")
+    filler = _fill(small_disk)
+    try:
+        # The run ends while nothing fits: it stays what it last was, and is not lost.
+        refused = server.submit(hello(), expect=507)["error"]
+        assert refused["code"] == "disk_full" and "cannot rollback" not in refused["message"], refused
+        status, reply = _upload(server, b"x" * 4 * 1024 * 1024)
+        assert (status, reply["error"]["code"]) == (507, "disk_full"), reply
+        # The run ends (its slot is free) while its final write cannot be saved.
+        server.poll_until(lambda: _queue(server, "cpu")["running"] == 0, timeout=30)
+        assert server.get(f"/api/runs/{running}")["status"] == "running"
+    finally:
+        filler.unlink()
+    # Once there is room, the run's writes go through: it ends as it ended, log whole.
+    events = server.events_until_finished(running, timeout=60)
+    assert events[-1]["payload"]["status"] == "succeeded"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    server.wait_until(lambda: server.get(f"/api/runs/{running}")["status"] == "succeeded")
+    assert _queue(server, "cpu")["running"] == 0
+    assert _metric(server, "troupe_runs", 'state="running"') == 0  # /metrics agrees with the row
+    assert server.client.request("DELETE", f"/api/runs/{running}")[0] == 200
+    assert server.submit(hello())["status"] == "queued"  # and the server goes on
+    log = "".join(server.output)
+    assert "Traceback" not in log and "cannot rollback" not in log, log[-3000:]

@@ -1,0 +1,112 @@
+"""Rerun and resume (issue 26, points 2 and 3), through the real server: a run queued
+again from another, linked both ways; a seeded deterministic training stopped after an
+epoch and resumed from its checkpoint ends exactly, to the last bit, where the same
+training run without a stop ends; and each refusal leaves nothing queued."""
+
+from __future__ import annotations
+
+from tests.helpers import hello, sleeper
+from tests.integration.test_training_functional import quick_digits, series
+from tests.integration.test_workers_functional import enroll, read_until, start_agent
+
+EPOCHS = 6
+
+
+def _cancel_after_epoch(server, run_id: str, epoch: int) -> None:
+    """Cancels the run once the checkpoint of ``epoch`` is stored (its training state is
+    the last of its two files)."""
+    for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=180):
+        if kind != "run_event":
+            continue
+        if data["type"] == "artifact" and data["payload"]["path"] == f"checkpoints/trainer-epoch-{epoch}.state.pt":
+            server.client.request("POST", f"/api/runs/{run_id}/cancel")
+        if data["type"] == "run_finished":
+            return
+
+
+def _ending(server, run_id: str) -> dict[str, list[float]]:
+    return {name: series(server, run_id, name) for name in ("train_loss", "val_loss", "eval_loss", "eval_accuracy")}
+
+
+def test_a_rerun_is_a_new_run_linked_both_ways(make_server):
+    server = make_server()
+    graph = hello()
+    graph["name"] = "greeting"
+    first = server.submit(graph)["run_id"]
+    assert server.events_until_finished(first)[-1]["payload"]["status"] == "succeeded"
+    status, again = server.client.request("POST", f"/api/runs/{first}/rerun", {})
+    assert status == 201 and again["status"] == "queued" and again["run_id"] != first, again
+    assert server.events_until_finished(again["run_id"])[-1]["payload"]["status"] == "succeeded"
+    row = server.get(f"/api/runs/{again['run_id']}")
+    assert (row["rerun_of"], row["name"], row["resumed_from"]) == (first, "greeting", None)
+    assert server.get(f"/api/runs/{first}")["reruns"] == [again["run_id"]]
+    # Refusals leave nothing queued: no checkpoint, an active run, an unknown run.
+    runs_before = len(server.get("/api/runs")["runs"])
+    status, reply = server.client.request("POST", f"/api/runs/{first}/rerun", {"resume": True})
+    assert (status, reply["error"]["code"]) == (409, "no_checkpoint"), reply
+    busy = server.submit(sleeper(30))["run_id"]
+    status, reply = server.client.request("POST", f"/api/runs/{busy}/rerun", {"resume": True})
+    assert (status, reply["error"]["code"]) == (409, "run_active"), reply
+    status, reply = server.client.request("POST", f"/api/runs/{'0' * 32}/rerun", {})
+    assert (status, reply["error"]["code"]) == (404, "run_not_found")
+    status, reply = server.client.request("POST", f"/api/runs/{first}/rerun", {"resume": "yes"})
+    assert (status, reply["error"]["pointer"]) == (400, "/resume")
+    assert len(server.get("/api/runs")["runs"]) == runs_before + 1  # only the sleeper
+    server.client.request("POST", f"/api/runs/{busy}/cancel")
+
+
+def test_a_stopped_training_resumed_ends_exactly_where_one_without_a_stop_ends(make_server):
+    server = make_server()
+    graph = quick_digits(epochs=EPOCHS, checkpoint_every=1)
+    straight = server.submit(graph, seed=11, deterministic=True)["run_id"]
+    assert server.events_until_finished(straight, timeout=240)[-1]["payload"]["status"] == "succeeded"
+
+    stopped = server.submit(graph, seed=11, deterministic=True)["run_id"]
+    _cancel_after_epoch(server, stopped, 3)
+    assert server.get(f"/api/runs/{stopped}")["status"] == "cancelled"
+    done = len(series(server, stopped, "train_loss"))
+    assert 3 <= done < EPOCHS
+    status, resumed = server.client.request("POST", f"/api/runs/{stopped}/rerun", {"resume": True})
+    assert status == 201, resumed
+    events = server.events_until_finished(resumed["run_id"], timeout=240)
+    assert events[-1]["payload"]["status"] == "succeeded", events[-3:]
+    row = server.get(f"/api/runs/{resumed['run_id']}")
+    point = row["resumed_from"]
+    weights = next(a for a in server.get(f"/api/runs/{stopped}")["artifacts"] if a["id"] == point["artifact_id"])
+    assert point["run_id"] == stopped and point["epoch"] >= 3 and point["sha256"] == weights["sha256"]
+    assert weights["path"] == f"checkpoints/trainer-epoch-{point['epoch']}.pt"
+    # Its series go on from the next epoch, and end to the last bit as the straight run's.
+    epochs = [e["payload"]["epoch"] for e in events if e["type"] == "metric" and e["payload"]["name"] == "train_loss"]
+    assert epochs == list(range(point["epoch"] + 1, EPOCHS + 1))
+    straight_end, resumed_end = _ending(server, straight), _ending(server, resumed["run_id"])
+    assert resumed_end["train_loss"] == straight_end["train_loss"][point["epoch"]:]
+    assert resumed_end["val_loss"] == straight_end["val_loss"][point["epoch"]:]
+    assert resumed_end["eval_loss"] == straight_end["eval_loss"] and resumed_end["eval_accuracy"] == \
+        straight_end["eval_accuracy"]
+    provenance = [e["payload"] for e in events if e["type"] == "provenance"]
+    assert any(p.get("sha256") == weights["sha256"] for p in provenance), provenance
+
+
+def test_a_worker_training_resumed_on_its_worker_ends_exactly_as_one_without_a_stop(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    try:
+        read_until(agent, "connected as gpu-a")
+        on_worker = {"worker": "gpu-a"}
+        graph = quick_digits(epochs=EPOCHS, checkpoint_every=1)
+        straight = server.submit(graph, seed=11, deterministic=True, target=on_worker)["run_id"]
+        assert server.events_until_finished(straight, timeout=240)[-1]["payload"]["status"] == "succeeded"
+        stopped = server.submit(graph, seed=11, deterministic=True, target=on_worker)["run_id"]
+        _cancel_after_epoch(server, stopped, 2)  # its files came through the worker's outbox
+        status, resumed = server.client.request("POST", f"/api/runs/{stopped}/rerun", {"resume": True})
+        assert status == 201 and resumed["queue_key"] == "gpu-a/cpu", resumed
+        assert server.events_until_finished(resumed["run_id"], timeout=240)[-1]["payload"]["status"] == "succeeded"
+        point = server.get(f"/api/runs/{resumed['run_id']}")["resumed_from"]
+        assert point["epoch"] >= 2
+        straight_end, resumed_end = _ending(server, straight), _ending(server, resumed["run_id"])
+        assert resumed_end["train_loss"] == straight_end["train_loss"][point["epoch"]:]
+        assert resumed_end["eval_loss"] == straight_end["eval_loss"]
+        assert resumed_end["eval_accuracy"] == straight_end["eval_accuracy"]
+    finally:
+        agent.terminate()
+        agent.wait(30)

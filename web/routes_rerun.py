@@ -1,0 +1,89 @@
+"""``POST /api/runs/{id}/rerun``: a run made again, from the start or from where its
+training stopped.
+
+A rerun queues a new run with the old one's graph, options and target, through the same
+checks as ``POST /api/runs``; it joins no sweep or study and spends no budget. With
+``resume``, each TrainingLoop of the graph continues from its newest complete checkpoint
+(weights and training state both stored, their files there with the sha256 recorded),
+and its metrics go on from the next epoch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from actors.store.runs import GetRun
+from protocol import events as ev
+from protocol.api import RerunRequest, RunOptions
+from protocol.errors import NotFound, StateConflict
+from protocol.graph import Graph
+from subprocess_runner.digest import file_sha256
+from web.context import Services, services
+from web.errors import json_reply
+from web.requests import read_model, run_id_from
+from web.routes_artifacts import local_file
+from web.routes_runs import queue_run, resume_points
+
+routes = web.RouteTableDef()
+
+@routes.post("/api/runs/{run_id}/rerun")
+async def rerun(request: web.Request) -> web.Response:
+    svc = services(request)
+    old_id = run_id_from(request)
+    body = await read_model(request, RerunRequest) if request.can_read_body else RerunRequest()
+    row = await svc.store.read(GetRun(old_id))
+    if row is None:
+        raise NotFound(f"no run {old_id}", code="run_not_found")
+    extra: dict[str, Any] = {"rerun_of": old_id}
+    if body.resume:
+        if row["status"] in ev.ACTIVE_STATES:
+            raise StateConflict(f"run {old_id} is {row['status']}; a run is resumed once it has ended",
+                                code="run_active")
+        extra["resumed_from"] = await _resume_plan(svc, row)
+    reply = await queue_run(svc, Graph.model_validate(row["graph"]), row["name"], rerun_options(row), **extra)
+    return json_reply(reply, status=201)
+
+
+def rerun_options(row: dict[str, Any]) -> RunOptions:
+    """The old run's options, as a standalone queued run: its seed (a sweep's variant
+    keeps its own), target and device; never an editor's lane."""
+    options = dict(row.get("options") or {})
+    if row.get("seed") is not None:
+        options["seed"] = row["seed"]
+    options.pop("editor_session", None)
+    options["lane"] = ev.LANE_QUEUED
+    return RunOptions.model_validate(options)
+
+
+async def _resume_plan(svc: Services, row: dict[str, Any]) -> dict[str, Any]:
+    points = resume_points(row)
+    if not points:
+        raise StateConflict(f"run {row['id']} has no complete checkpoint to resume from (a TrainingLoop with "
+                            "checkpoint_every writes one per epoch)", code="no_checkpoint")
+    nodes: dict[str, Any] = {}
+    for node_id, (epoch, weights, state) in points.items():
+        plan: dict[str, Any] = {"epoch": epoch}
+        for part, artifact in (("weights", weights), ("state", state)):
+            plan.update({f"{part}_id": artifact["id"], f"{part}_sha256": artifact["sha256"],
+                         f"{part}_path": await _checked(svc, row["id"], artifact)})
+        nodes[node_id] = plan
+    first_node, first = next(iter(nodes.items()))
+    return {"run_id": row["id"], "artifact_id": first["weights_id"], "epoch": first["epoch"],
+            "sha256": first["weights_sha256"], "node_id": first_node, "nodes": nodes}
+
+
+async def _checked(svc: Services, run_id: str, artifact: dict[str, Any]) -> str | None:
+    """The checkpoint file on this machine, once its content is checked; a file that is
+    gone or changed is refused, naming it (one in the bucket is checked where it is read)."""
+    if artifact["backend"] == "s3":
+        return None
+    where = local_file(svc, run_id, artifact)
+    found = await asyncio.to_thread(lambda: file_sha256(where) if where.is_file() else None)
+    if found != artifact["sha256"]:
+        why = "is gone" if found is None else "no longer has the sha256 it was stored with"
+        raise StateConflict(f"checkpoint {artifact['path']} (artifact {artifact['id']}) of run {run_id} {why}; it "
+                            "cannot be resumed from", code="checkpoint_unavailable",
+                            details={"artifact_id": artifact["id"], "path": artifact["path"]})
+    return str(where)
