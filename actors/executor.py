@@ -26,6 +26,7 @@ from typing import Any
 
 from actors.base import ActorRef
 from subprocess_runner.artifacts import Destination, Shipper
+from subprocess_runner.console import Console
 from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.devices import parse_device
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
@@ -54,6 +55,7 @@ class Execute:
     provenance: str | None = None  # ``identity`` or ``content``: files read are recorded
     # A resumed run: node id -> {"weights", "state"} paths of the checkpoint it continues from.
     resume: Mapping[str, Mapping[str, str]] | None = None
+    console_cap_bytes: int = 0  # the run's console output kept; 0 or less: no cap
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -120,8 +122,9 @@ def start(pool: Executor, message: Execute, loop: asyncio.AbstractEventLoop, run
 def _execute(message: Execute, courier: _Courier) -> None:
     shipper = Shipper(message.run_id, message.run_dir, Destination("local"), courier.emit) \
         if message.run_dir is not None else None
+    console = Console(courier.emit, message.console_cap_bytes)
     ctx = ExecutionContext(
-        message.run_id, None, message.device, message.seed, Sinks(courier.emit, shipper), message.cancel,
+        message.run_id, None, message.device, message.seed, Sinks(courier.emit, shipper, console), message.cancel,
         deterministic=message.deterministic, run_dir=message.run_dir, provenance=message.provenance,
         resume=message.resume,
     )
@@ -133,6 +136,7 @@ def _execute(message: Execute, courier: _Courier) -> None:
     except BaseException as exc:  # node trouble (even sys.exit) fails its run, never the pool's thread
         log.exception("run %s: the engine failed", message.run_id)
         outcome = Outcome("failed", f"internal error in the engine: {type(exc).__name__}: {exc}")
+    console.close()  # what the run printed last goes before its end
     if shipper is not None:
         shipper.close()  # every artifact hashed and announced before the run ends
     # The server's runs share its process: their peak is the process's, not exact.

@@ -143,6 +143,7 @@ class RunActor(Actor):
         self._backoff = _RETRY_FIRST_S
         self._finishing = False
         self._discarded = False
+        self._epoch: Any = None  # the training epoch last written as the run's progress
 
     async def on_start(self) -> None:
         if self._row.get("adopting"):
@@ -299,6 +300,7 @@ class RunActor(Actor):
                 cache=self._editor_cache(),
                 provenance=(self._row.get("options") or {}).get("provenance"),
                 resume=_local_resume(self._row.get("resumed_from")),
+                console_cap_bytes=self._settings.run_console_cap_bytes,
             ),
             asyncio.get_running_loop(),
             self.ref,
@@ -327,7 +329,8 @@ class RunActor(Actor):
                                 memory_total_mib=self._caps,
                                 provenance=(self._row.get("options") or {}).get("provenance"),
                                 record_outputs=bool(self._row.get("record_outputs")),
-                                storage=self._storage(), resume=_remote_resume(self._row.get("resumed_from")))
+                                storage=self._storage(), resume=_remote_resume(self._row.get("resumed_from")),
+                                console_cap_bytes=max(0, self._settings.run_console_cap_bytes))
             connection.tell(AssignRun(self.run_id, frame))
         else:
             connection.tell(CancelOnWorker(self.run_id))
@@ -517,6 +520,10 @@ class RunActor(Actor):
         if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None and not remote:
             keep = self._settings.recorded_outputs_keep
             self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
+        elif kind == ev.METRIC and isinstance(payload.get("epochs"), int) and payload.get("epoch") != self._epoch:
+            # A training's place, epoch k of n, for lists and terminals (once per epoch).
+            self._epoch = payload.get("epoch")
+            self._write(UpdateRun(self.run_id, {"progress": {"epoch": self._epoch, "epochs": payload["epochs"]}}))
         elif kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING) and payload.get("backend") is not None:  # listed
             self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), payload["path"],
                                        payload["backend"], payload.get("label"), payload["size"], payload["sha256"],

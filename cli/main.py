@@ -12,12 +12,14 @@ from typing import Annotated, Any
 
 import typer
 
+from cli import terminal
 from cli.errors import EXIT_FAILED, CliError, NoServer
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    no_args_is_help=True, pretty_exceptions_enable=False,
     help="troupe: a run control plane for ML graphs.",
 )
+
 
 DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
 
@@ -273,6 +275,8 @@ def main() -> None:
         print(f"troupe: {exc.message}", file=sys.stderr)
         sys.exit(EXIT_FAILED)
 
+
+terminal.register(app, _client, _fail)
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,17 +67,18 @@ def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, t
     if detach:
         return EXIT_OK
     try:
-        return _follow(client, run_id, reply["queue_key"], timeout)
+        return follow(client, run_id, reply["queue_key"], timeout)
     except KeyboardInterrupt:
         print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
         return EXIT_INTERRUPTED
 
 
-def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -> int:
+def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     last_position: int | None = None
     after = 0
     renderer = Renderer()  # one line per epoch, whichever connection its metrics came on
+    live = LiveLine() if sys.stdout.isatty() else None  # on a terminal: epoch k/n and an ETA, in place
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -94,7 +96,11 @@ def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) 
                     continue
                 after = data["seq"]
                 for line in renderer.feed(data):
+                    if live is not None:
+                        live.clear()
                     print(line, flush=True)
+                if live is not None:
+                    live.feed(data)
                 if data["type"] == ev.RUN_FINISHED:
                     final = data["payload"].get("status")
                     print(f"\n  Result          {final}", flush=True)
@@ -105,6 +111,35 @@ def _follow(client: Client, run_id: str, queue_key: str, timeout: float | None) 
             if deadline is not None and time.monotonic() >= deadline:
                 return _timed_out(run_id, timeout)
         # The stream ended without a result (server restart): reconnect from `after`.
+
+
+class LiveLine:
+    """A training's place, rewritten in place on a terminal: ``epoch 3/10  ETA 12s``."""
+
+    def __init__(self) -> None:
+        self._shown = False
+        self._first: tuple[float, int] | None = None
+
+    def feed(self, event: dict[str, Any]) -> None:
+        payload = event.get("payload") or {}
+        if event["type"] != ev.METRIC or not isinstance(payload.get("epochs"), int):
+            return
+        epoch, epochs = int(payload.get("epoch") or 0), payload["epochs"]
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (now, epoch)
+        started, first_epoch = self._first
+        eta = ""
+        if epoch > first_epoch:
+            eta = f"  ETA {(now - started) / (epoch - first_epoch) * (epochs - epoch):.0f}s"
+        sys.stdout.write(f"\r\033[K  ⋯ {event.get('node_id')}  epoch {epoch}/{epochs}{eta}")
+        sys.stdout.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stdout.write("\r\033[K")
+            self._shown = False
 
 
 def _timed_out(run_id: str, timeout: float | None) -> int:

@@ -36,6 +36,11 @@ def start(settings: Settings) -> int:
     cap_threads(settings.cpus)
     number_cards_by_bus()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # In-process runs' prints go to their own console output; the server's go on here
+    # (its log handler took the real stderr above, before the routing).
+    from subprocess_runner.console import install
+
+    install()
     try:
         code = asyncio.run(_serve(settings))
     except Exception:

@@ -147,6 +147,7 @@ class RunRow(BaseModel):
     sweep_variant: int | None
     error: str | None
     queue_reason: QueueReason | None = Field(default=None, description="a queued run: what it waits for")
+    progress: dict[str, int] | None = Field(default=None, description="a training's place: {epoch, epochs}")
 
 
 class RunDetail(RunRow):
@@ -157,6 +158,7 @@ class RunDetail(RunRow):
     warnings: list[str]
     artifacts: list[dict[str, Any]]
     graph: dict[str, Any]
+    options: dict[str, Any] = Field(default_factory=dict, description="the options it was submitted with")
     worker: str | None = None
     memory_budget_mib: Annotated[int, Field(description="its budget on a shared card, MiB"), INTEGRAL] | None = None
     memory_budget_source: Literal["declared", "measured"] | None = Field(

@@ -37,11 +37,14 @@ ARTIFACT_BACKENDS = ("local", "transfer", "mount", "s3")
 ENVIRONMENT = "environment"
 # A file a node read, with provenance on: {kind, ref, size, mode, mtime | sha256}.
 PROVENANCE = "provenance"
+# What the run's nodes wrote to stdout or stderr: {"stream", "text"}, or {"skipped", "text"}
+# where the run's console cap cut the middle out.
+CONSOLE = "console"
 
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
-     ARTIFACT, ARTIFACT_PENDING, NODE_QUEUED, PROVENANCE}
+     ARTIFACT, ARTIFACT_PENDING, NODE_QUEUED, PROVENANCE, CONSOLE}
 )
 # What node code (in-process or in a worker's run child) may emit.
 NODE_LEVEL = VOCABULARY - RUN_LEVEL

@@ -48,6 +48,8 @@ class Settings:
     run_retention_keep_last: int = 200
     run_event_payload_cap_bytes: int = 131072
     run_events_response_cap_bytes: int = 4194304
+    # A run's console output kept (its head, then the newest tail); 0 or less: no cap.
+    run_console_cap_bytes: int = 8 * 1024 * 1024
     recorded_outputs_keep: int = 20
     worker_heartbeat_s: float = 10.0
     worker_resume_grace_s: float = 300.0
@@ -154,6 +156,7 @@ class Settings:
             run_retention_keep_last=reader.integer("TROUPE_RUN_RETENTION_KEEP_LAST", 200),
             run_event_payload_cap_bytes=reader.integer("TROUPE_RUN_EVENT_PAYLOAD_CAP_BYTES", 131072),
             run_events_response_cap_bytes=reader.integer("TROUPE_RUN_EVENTS_RESPONSE_CAP_BYTES", 4194304),
+            run_console_cap_bytes=reader.integer("TROUPE_RUN_CONSOLE_CAP_BYTES", 8 * 1024 * 1024),
             cpus=reader.limit("TROUPE_CPUS", default_cpus()),
             max_sweep_runs=reader.limit("TROUPE_MAX_SWEEP_RUNS", 32),
             max_sweep_params=reader.limit("TROUPE_MAX_SWEEP_PARAMS", 4),

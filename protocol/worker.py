@@ -193,6 +193,8 @@ class Assign(_Frame):
     # A resumed run: node id -> the checkpoint it continues from, fetched from the control
     # plane and checked against its sha256 before the graph starts.
     resume: dict[str, ResumeFiles] = Field(default_factory=dict)
+    # The run's console output kept (TROUPE_RUN_CONSOLE_CAP_BYTES); 0: no cap.
+    console_cap_bytes: int = 8 * 1024 * 1024
 
 
 class CancelRun(_Frame):

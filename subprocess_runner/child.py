@@ -111,6 +111,7 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
 
     from protocol.worker import Storage
     from subprocess_runner.artifacts import Shipper, destination
+    from subprocess_runner.console import Console, capture_descriptors
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.ddp import plan_for, when_stuck
     from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
@@ -176,11 +177,13 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
                        bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))
         if ddp is not None:
             when_stuck(lambda error: _end_now(send, error))
+        console = Console(emit, int(assign.get("console_cap_bytes") or 0))
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,
                                deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"), ddp=ddp, resume=resume)
-        outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
-                                deterministic=bool(assign.get("deterministic")))
+        with capture_descriptors(console):  # the whole process is the run's: fds 1 and 2 are its console
+            outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
+                                    deterministic=bool(assign.get("deterministic")))
     except BaseException as exc:  # the run fails; the child still reports it
         outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
     shipper.close()  # its artifacts are stored (or warned about) before its end is reported

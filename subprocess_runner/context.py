@@ -21,6 +21,7 @@ from subprocess_runner.errors import RunCancelled
 
 if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
+    from subprocess_runner.console import Console
     from subprocess_runner.ddp import DdpPlan
 
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
@@ -52,8 +53,11 @@ class Sinks:
     """Run-scoped event sinks, shared by every node of one run: ``emit`` plus the step
     counters of each metric series (steps accumulate across calls and nodes)."""
 
-    def __init__(self, emit: Emit, artifacts: Shipper | None = None) -> None:
+    def __init__(self, emit: Emit, artifacts: Shipper | None = None, console: Console | None = None) -> None:
         self.emit = emit
+        # Where the run's nodes' stdout and stderr go (subprocess_runner.console); None:
+        # they write where the process writes.
+        self.console = console
         # Stores the run's artifacts where they belong before announcing them; None: an
         # artifact is announced where it was written (an exported script).
         self.artifacts = artifacts

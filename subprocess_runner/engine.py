@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from protocol import events as ev
 from protocol.graph import Graph
 from subprocess_runner.catalog import Catalog, NodeType
+from subprocess_runner.console import routed
 from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.node_cache import SessionCache, graph_keys, private_copy
@@ -252,6 +253,8 @@ def execute_graph(
             cache.discard(keys[node_id])
             return found
 
+    console = getattr(ctx.sinks, "console", None)
+
     def run_one(node_id: str) -> dict[str, Any]:
         node = graph.nodes[node_id]
         node_ctx = ctx.for_node(node_id, threads=node_threads(node.cpus, max_parallel))
@@ -260,7 +263,8 @@ def execute_graph(
             if node.cpus is not None and cpu_gate is not None:
                 try:  # the cpus were claimed before this node took its slot
                     began = time.monotonic()
-                    result = invoke_node(node, node_ctx, inputs, deterministic)
+                    with routed(console):
+                        result = invoke_node(node, node_ctx, inputs, deterministic)
                     remember(node_id, result)
                     # Finished before its cpus go back, so the log never shows the next
                     # holder starting while this one still runs.
@@ -269,7 +273,8 @@ def execute_graph(
                     return result
                 finally:
                     cpu_gate.release(node_ctx)
-            result = invoke_node(node, node_ctx, inputs, deterministic)
+            with routed(console):  # what the node prints is its run's console output
+                result = invoke_node(node, node_ctx, inputs, deterministic)
             remember(node_id, result)
             return result
         except (Exception, RunCancelled):

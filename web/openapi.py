@@ -101,7 +101,8 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
             "get": _op("List runs, newest first", api.RunList, params=(
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
                 ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
-                ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}))),
+                ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
+                ("q", "query", {"type": "string", "maxLength": 200}))),
         },
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
@@ -121,6 +122,8 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
                                                      None, params=(_RUN_ID,))},
         "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs", None,
                                                       params=(_RUN_ID, ("against", "query", _HEX_ID)))},
+        "/api/runs/{run_id}/console": {"get": _op("What the run printed, from byte offset on (a page of 1 MiB)",
+                                                  None, params=(_RUN_ID, ("offset", "query", _SEQ)))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
             _RUN_ID, ("format", "query", _FORMAT)))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,

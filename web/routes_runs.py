@@ -36,7 +36,7 @@ OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its r
 
 ROW_FIELDS = (
     "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
-    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "error",
+    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "error", "progress",
 )
 
 
@@ -49,7 +49,7 @@ def detail_row(row: dict[str, Any], keep_last: int = -1) -> dict[str, Any]:
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
         error_detail=row["error_detail"], warnings=warning_texts(row["warnings"]), artifacts=row["artifacts"],
-        graph=row["graph"],
+        graph=row["graph"], options=row.get("options") or {},
         worker=row.get("worker"), **{k: row.get(k) for k in _MEMORY_FIELDS},
         rerun_of=row.get("rerun_of"), reruns=row.get("reruns") or [],
         resumed_from=_public_resume(row.get("resumed_from")),
@@ -163,6 +163,7 @@ async def list_runs(request: web.Request) -> web.Response:
         study_id=request.query.get("study_id") or None,
         limit=int_query(request, "limit", default=50, minimum=1, maximum=500) or 50,
         before_seq=_decode_cursor(request.query.get("cursor")),
+        search=(request.query.get("q") or "").strip()[:200] or None,
     )
     rows, next_seq = await svc.store.read(query)
     rows = await with_queue_reasons(svc, rows)
@@ -174,6 +175,27 @@ async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
     if row is None:
         raise RunNotFound(f"no run {run_id}")
     return row
+
+
+CONSOLE_PAGE_BYTES = 1024 * 1024
+
+
+@routes.get("/api/runs/{run_id}/console")
+async def get_console(request: web.Request) -> web.Response:
+    """The run's console output from byte ``offset`` on (UTF-8), a page at most 1 MiB;
+    ``next_offset`` is where the next read starts (the same while nothing more came)."""
+    svc = services(request)
+    run_id = run_id_from(request)
+    offset = int_query(request, "offset", default=0) or 0
+    await _get_row(svc, run_id)  # 404 for no such run
+    events = await svc.store.read(EventsOfType(run_id, ev.CONSOLE))
+    text = "".join(e["payload"].get("text", "") for e in events).encode("utf-8")
+    end = min(len(text), offset + CONSOLE_PAGE_BYTES)
+    while offset < end < len(text) and (text[end] & 0xC0) == 0x80:  # never cut inside a character
+        end -= 1
+    page = text[offset:end]
+    return json_reply({"text": page.decode("utf-8", "replace"), "next_offset": offset + len(page),
+                       "size": len(text)})
 
 
 @routes.get("/api/runs/{run_id}")

@@ -84,6 +84,8 @@ class ListRuns:
     study_id: str | None = None
     limit: int = 50
     before_seq: int | None = None
+    # Matches a run's name, id, node types and param values (its graph's text).
+    search: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,9 @@ RUN_COLUMNS = (
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
     "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts", "graph_base", "rerun_of",
-    "resumed_from",
+    "resumed_from", "progress",
 )
-_JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts", "resumed_from")
+_JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts", "resumed_from", "progress")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at", "graph", "graph_base"}
 
 _TERMINAL = "('succeeded', 'failed', 'cancelled', 'interrupted')"
@@ -256,6 +258,13 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
     if query.before_seq is not None:
         where.append("r.enqueue_seq < ?")
         args.append(query.before_seq)
+    if query.search:
+        like = "%" + query.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.graph")]
+        matches.append("EXISTS (SELECT 1 FROM graph_bases b WHERE b.digest = r.graph_base AND b.graph LIKE ? "
+                       "ESCAPE '\\')")
+        where.append(f"({' OR '.join(matches)})")
+        args.extend([like] * 4)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     rows = [
         _whole_graph(conn, _row(v))

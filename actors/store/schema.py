@@ -296,6 +296,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE artifacts ADD COLUMN state TEXT NOT NULL DEFAULT 'stored';
     ALTER TABLE artifacts ADD COLUMN reason TEXT;
     """,
+    # 17: a training run's progress, {"epoch", "epochs"}, from the metrics it reports.
+    """
+    ALTER TABLE runs ADD COLUMN progress TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

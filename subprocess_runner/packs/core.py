@@ -4,6 +4,7 @@ tests and examples are built on. Their names and ports are a contract (DESIGN se
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -61,7 +62,12 @@ def _ticker(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[st
 
 
 def _print(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    ctx.log(f"{params['prefix']}{inputs.get('value')!r}")
+    line = f"{params['prefix']}{inputs.get('value')!r}"
+    stream = params.get("stream", "log")
+    if stream == "log":
+        ctx.log(line)
+    else:  # a real write: the run's console output (and a terminal's, in an exported script)
+        print(line, file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
     return {}
 
 
@@ -133,8 +139,10 @@ PACK = Pack(
             "core.Print",
             _print,
             inputs=(Port("value", "any", required=False),),
-            params=(Param("prefix", "string", default=""),),
-            description="Logs its input.",
+            params=(Param("prefix", "string", default=""),
+                    Param("stream", "select", default="log", options=("log", "stdout", "stderr"),
+                          description="log: a log event; stdout or stderr: printed, kept as console output")),
+            description="Logs its input, or prints it.",
         ),
     ),
 )

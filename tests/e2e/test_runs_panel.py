@@ -183,3 +183,14 @@ def test_a_run_is_made_again_and_a_stopped_training_resumed_from_the_page(page):
     tab.locator("#details-again").get_by_role("button", name="Run again").click()
     server.wait_until(lambda: len(server.get(f"/api/runs/{run_id}")["reruns"]) == 2)
     assert errors == []
+
+
+def test_a_runs_console_output_shows_in_its_details(page):
+    from tests.integration.test_terminal_functional import talker
+
+    server, tab, errors = page
+    run_id = server.submit(talker("P", pause=0.05))["run_id"]
+    server.wait_status(run_id, "succeeded")
+    tab.locator(f'tr[data-run="{run_id}"]').click()
+    expect(tab.locator("#details-console")).to_have_text("P-1 1.0\nP-2 1.0\nP-3 1.0\n")
+    assert errors == []

@@ -129,10 +129,16 @@ async function watchRun(runId) {
   const log = document.getElementById("details-events");
   document.getElementById("details-log-title").replaceChildren("Log ", el("span", { class: "muted" }, "(replayed from the start, live)"));
   log.textContent = "";
+  const printed = document.getElementById("details-console");
+  printed.textContent = "";
   const source = new EventSource(`/api/runs/${runId}/stream?after=0`);
   watch = { source, lines: [] };
   source.addEventListener("run_event", (message) => {
     const event = JSON.parse(message.data);
+    if (event.type === "console") {  // followed live, as `troupe logs --console -f` prints it
+      printed.textContent += event.payload.text;
+      printed.scrollTop = printed.scrollHeight;
+    }
     watch.lines.push(eventLine(event));
     log.textContent = watch.lines.join("\n");
     log.scrollTop = log.scrollHeight;
@@ -142,8 +148,9 @@ async function watchRun(runId) {
 
 async function renderDetails() {
   const runId = openRun;
-  const [run, page, metrics] = await Promise.all([api("GET", `/api/runs/${runId}`),
-    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/metrics`)]);
+  const [run, page, metrics, printedSoFar] = await Promise.all([api("GET", `/api/runs/${runId}`),
+    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/metrics`),
+    api("GET", `/api/runs/${runId}/console`)]);
   if (runId !== openRun) return;
   document.getElementById("details").hidden = false;
   document.getElementById("details-title").textContent = `${run.name || run.id} — ${run.status}`;
@@ -192,7 +199,10 @@ async function renderDetails() {
   const series = Object.entries(metrics.series);
   document.getElementById("details-charts").replaceChildren(...series.length
     ? series.map(([name, points]) => chart(name, points)) : [el("p", { class: "muted" }, "No metrics recorded.")]);
-  if (!watch) document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
+  if (!watch) {
+    document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
+    document.getElementById("details-console").textContent = printedSoFar.text || "Nothing printed.";
+  }
 }
 
 async function again(runId, resume) {

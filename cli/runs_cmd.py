@@ -1,0 +1,280 @@
+"""``troupe ls / show / attach / logs / cancel / wait / rm``: the runs the server holds,
+from a terminal, through the same client and session as ``troupe run``.
+
+Human output is an aligned table or a short block; ``--json`` prints the API's own
+objects as one document. Exit codes are ``troupe run``'s: 0 ok; 1 a run failed, was
+cancelled or interrupted, or the command could not do what was asked; 130 Ctrl+C, which
+only stops following.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.parse
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from cli.client import Client
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.run_cmd import follow
+from protocol import events as ev
+
+TERMINAL = ev.TERMINAL_STATES
+
+
+def answer(reply: tuple[int, Any], what: str) -> Any:
+    """The body of a 2xx reply, or a CliError saying what the server refused and why."""
+    status, body = reply
+    if 200 <= status < 300:
+        return body
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    raise CliError(f"{what}: the server answered {status} {error.get('code', '')}: {error.get('message', body)}")
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """An aligned table, its last column left to run on."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    for row in [header, *rows]:
+        cells = [str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, str(row[-1])]).rstrip())
+    return "\n".join(lines)
+
+
+def age(stamp: str | None) -> str:
+    if not stamp:
+        return "-"
+    seconds = (datetime.now(UTC) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
+
+
+def duration(row: dict[str, Any]) -> str:
+    if not row.get("started_at"):
+        return "-"
+    start = datetime.fromisoformat(row["started_at"].replace("Z", "+00:00"))
+    end = datetime.fromisoformat(row["finished_at"].replace("Z", "+00:00")) if row.get("finished_at") \
+        else datetime.now(UTC)
+    seconds = max(0.0, (end - start).total_seconds())
+    return f"{seconds:.1f}s" if seconds < 60 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def status_of(row: dict[str, Any]) -> str:
+    if row["status"] == ev.QUEUED and row.get("queue_position"):
+        return f"queued #{row['queue_position']}"
+    return str(row["status"])
+
+
+def list_runs(client: Client, status: str | None, sweep: str | None, study: str | None, search: str | None,
+              limit: int, as_json: bool) -> int:
+    query = {k: v for k, v in (("status", status), ("sweep_id", sweep), ("study_id", study), ("q", search),
+                                ("limit", str(limit))) if v}
+    reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
+    if as_json:
+        print(json.dumps(reply, indent=2))
+        return EXIT_OK
+    rows = [[r["id"], r.get("name") or "", status_of(r), r.get("queue_key") or r.get("device") or "",
+             age(r.get("started_at")), duration(r), _progress(r), _loss(r)] for r in reply["runs"]]
+    if not rows:
+        print("no runs" + (" match" if query.keys() - {"limit"} else " yet"))
+        return EXIT_OK
+    print(table(rows, ["ID", "NAME", "STATUS", "WHERE", "STARTED", "DURATION", "PROGRESS", "FINAL LOSS"]))
+    return EXIT_OK
+
+
+def _progress(row: dict[str, Any]) -> str:
+    progress = row.get("progress") or {}
+    return f"epoch {progress['epoch']}/{progress['epochs']}" if progress.get("epochs") else "-"
+
+
+def _loss(row: dict[str, Any]) -> str:
+    if row.get("final_loss") is not None:
+        return f"{row['final_loss']:.4g}"
+    return str(row.get("final_loss_non_finite") or "-")
+
+
+def get_run(client: Client, run_id: str) -> dict[str, Any]:
+    return answer(client.request("GET", f"/api/runs/{run_id}"), f"run {run_id}")
+
+
+def show_run(client: Client, run_id: str, as_json: bool) -> int:
+    run = get_run(client, run_id)
+    if as_json:
+        print(json.dumps(run, indent=2))
+        return EXIT_OK
+    metrics = answer(client.request("GET", f"/api/runs/{run_id}/metrics"), "metrics")["series"]
+    facts = [("Run", run["id"]), ("Name", run.get("name") or ""), ("Status", status_of(run))]
+    if run.get("error"):
+        facts.append(("Error", run["error"]))
+    target = (run.get("options") or {}).get("target")
+    facts += [("Where", run.get("queue_key") or run["device"]), ("Worker", run.get("worker") or "this server")]
+    if target:
+        facts.append(("Target", json.dumps(target)))
+    if run.get("seed") is not None:
+        facts.append(("Seed", f"{run['seed']}{' (deterministic)' if run.get('deterministic') else ''}"))
+    facts += [("Created", f"{run['created_at']} ({age(run['created_at'])})"), ("Duration", duration(run))]
+    for key, label in (("sweep_id", "Sweep"), ("rerun_of", "Made again from")):
+        if run.get(key):
+            facts.append((label, run[key]))
+    if run.get("reruns"):
+        facts.append(("Made again as", ", ".join(run["reruns"])))
+    if run.get("resumed_from"):
+        point = run["resumed_from"]
+        facts.append(("Resumes", f"{point['run_id']} from epoch {point['epoch']} (sha256 {point['sha256'][:12]})"))
+    if run.get("resume_point"):
+        facts.append(("Can be resumed", f"from epoch {run['resume_point']['epoch']}, {run['resume_point']['until']}"))
+    width = max(len(k) for k, _ in facts)
+    print("\n".join(f"  {k.ljust(width)}  {v}" for k, v in facts))
+    params = [(n["id"], n["type"], json.dumps(n.get("params") or {})) for n in run.get("graph", {}).get("nodes", [])]
+    if params:
+        print("\n  Nodes\n" + _indent(table([list(p) for p in params], ["ID", "TYPE", "PARAMS"])))
+    if metrics:
+        rows = [[name, str(len(points)), _last(points)] for name, points in metrics.items()]
+        print("\n  Metrics\n" + _indent(table(rows, ["SERIES", "POINTS", "LAST"])))
+    if run.get("artifacts"):
+        rows = [[a.get("kind", ""), a["path"], a.get("state", "stored"), _size(a.get("size")),
+                 (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in run["artifacts"]]
+        print("\n  Artifacts\n" + _indent(table(rows, ["KIND", "PATH", "STATE", "SIZE", "SHA256"])))
+    return EXIT_OK
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _last(points: list[dict[str, Any]]) -> str:
+    last = points[-1]
+    value = last.get("value")
+    return f"{value:.6g} (step {last['step']})" if value is not None else f"{last.get('non_finite')}"
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for bigger in ("KB", "MB", "GB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def attach(client: Client, run_id: str, timeout: float | None) -> int:
+    run = get_run(client, run_id)
+    print(f"  Run ID          {run['id']}\n  Status          {status_of(run)}", flush=True)
+    try:
+        return follow(client, run_id, run.get("queue_key") or run["device"], timeout)
+    except KeyboardInterrupt:
+        print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
+        return EXIT_INTERRUPTED
+
+
+def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool) -> int:
+    """Log and warning events and console output, in order, each marked; or the console alone."""
+    get_run(client, run_id)
+    kinds = {ev.CONSOLE} if console_only else {ev.LOG, ev.WARNING, ev.CONSOLE}
+    try:
+        if follow_live:
+            for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=None):
+                if kind == "run_event" and data["type"] in kinds:
+                    _write_log(data, console_only)
+                if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
+                    return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
+            return EXIT_OK
+        found = [e for e in _all_events(client, run_id) if e["type"] in kinds]
+        for event in found[-tail:] if tail else found:
+            _write_log(event, console_only)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = answer(client.request("GET", f"/api/runs/{run_id}/events?after={after}"), "events")
+        events += page["events"]
+        after = page["next_cursor"]
+    return events
+
+
+def _write_log(event: dict[str, Any], console_only: bool) -> None:
+    payload = event["payload"]
+    if event["type"] == ev.CONSOLE:
+        text = payload.get("text", "")
+        if console_only:
+            (sys.stderr if payload.get("stream") == "stderr" else sys.stdout).write(text)
+        else:
+            mark = "err" if payload.get("stream") == "stderr" else "out"
+            for line in text.splitlines():
+                print(f"[{mark}] {line}")
+    elif event["type"] == ev.LOG:
+        print(f"[log] {event.get('node_id') or ''}  {payload.get('message', '')}".replace("]  ", "] "))
+    else:
+        print(f"[warning] {payload.get('message', '')}")
+    sys.stdout.flush()
+
+
+def cancel(client: Client, run_ids: Sequence[str]) -> int:
+    code = EXIT_OK
+    for run_id in run_ids:
+        status, body = client.request("POST", f"/api/runs/{run_id}/cancel")
+        if status == 200:
+            print(f"{run_id}  {body.get('status')}" + ("  (asked before)" if body.get("repeat") else ""))
+        else:
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            print(f"troupe: {run_id}: {error.get('message', body)}", file=sys.stderr)
+            code = EXIT_FAILED
+    return code
+
+
+def remove(client: Client, run_ids: Sequence[str]) -> int:
+    code = EXIT_OK
+    for run_id in run_ids:
+        status, body = client.request("DELETE", f"/api/runs/{run_id}")
+        if status == 200:
+            print(f"{run_id}  deleted")
+        else:
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            print(f"troupe: {run_id}: {error.get('message', body)}", file=sys.stderr)
+            code = EXIT_FAILED
+    return code
+
+
+def wait(client: Client, run_ids: Sequence[str], timeout: float | None) -> int:
+    """Until every run ended; 0 only when all succeeded."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    statuses: dict[str, str] = {}
+    try:
+        for run_id in run_ids:
+            get_run(client, run_id)
+        for run_id in run_ids:
+            while True:
+                run = get_run(client, run_id)
+                if run["status"] in TERMINAL:
+                    statuses[run_id] = run["status"]
+                    print(f"{run_id}  {run['status']}", flush=True)
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    print(f"troupe: stopped waiting after {timeout}s; {run_id} is {run['status']}", file=sys.stderr)
+                    return EXIT_FAILED
+                _until_status_changes(client, run_id, left)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if all(s == ev.SUCCEEDED for s in statuses.values()) else EXIT_FAILED
+
+
+def _until_status_changes(client: Client, run_id: str, within: float | None) -> None:
+    try:
+        for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=min(within or 30.0, 30.0)):
+            if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
+                return
+    except TimeoutError:
+        return

@@ -1,0 +1,167 @@
+"""The commands that look after runs, sweeps and studies from a terminal: ``ls``,
+``show``, ``attach``, ``logs``, ``cancel``, ``wait``, ``rm``, ``sweep ...``, ``study ...``.
+``cli.main`` registers them on its app (``register``); the work is in ``runs_cmd`` and
+``sweeps_cmd``. Worker management stays in the browser (docs/decisions.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from cli.errors import CliError
+
+Client = Callable[[str | None, int | None], Any]
+
+
+def _run_ids(incomplete: str) -> list[str]:
+    """Run ids for shell completion, from the running server (none when it is down)."""
+    try:
+        from cli.main import _client
+
+        status, body = _client(None, None).request("GET", "/api/runs?limit=100", timeout=2.0)
+    except Exception:  # completion never fails the shell
+        return []
+    return [r["id"] for r in (body or {}).get("runs", []) if status == 200 and r["id"].startswith(incomplete)]
+
+
+RunId = Annotated[str, typer.Argument(help="a run id", autocompletion=_run_ids)]
+RunIds = Annotated[list[str], typer.Argument(help="run ids", autocompletion=_run_ids)]
+AsJson = Annotated[bool, typer.Option("--json", help="print the API's own objects, for scripts")]
+Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
+Port = Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")]
+Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
+
+
+def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None]) -> None:
+    """Adds the commands to ``app``; ``client(host, port)`` reaches the server."""
+
+    def done(work: Callable[[], int]) -> None:
+        try:
+            code = work()
+        except CliError as exc:
+            fail(exc)
+            return
+        raise typer.Exit(code)
+
+    _runs(app, client, done)
+    sweep_app = typer.Typer(no_args_is_help=True, help="Sweeps: one graph queued as many runs, ranked.")
+    study_app = typer.Typer(no_args_is_help=True, help="Studies: variants x repeats under a server-kept budget.")
+    app.add_typer(sweep_app, name="sweep")
+    app.add_typer(study_app, name="study")
+    _sweeps(sweep_app, client, done)
+    _studies(study_app, client, done)
+
+
+def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
+    from cli import runs_cmd
+
+    @app.command(name="ls")
+    def ls_(status: Annotated[str | None, typer.Option(help="queued, running, succeeded, failed, cancelled, "
+                                                             "interrupted or disconnected")] = None,
+            sweep: Annotated[str | None, typer.Option(help="the runs of one sweep")] = None,
+            study: Annotated[str | None, typer.Option(help="the runs of one study")] = None,
+            search: Annotated[str | None, typer.Option(help="name, id, node type or param value")] = None,
+            limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+            as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """List runs, newest first."""
+        done(lambda: runs_cmd.list_runs(client(host, port), status, sweep, study, search, limit, as_json))
+
+    @app.command()
+    def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Everything about one run: status, where it ran, params, metrics, artifacts."""
+        done(lambda: runs_cmd.show_run(client(host, port), run_id, as_json))
+
+    @app.command()
+    def attach(run_id: RunId, timeout: Annotated[float | None, typer.Option(min=0)] = None, host: Host = None,
+               port: Port = None) -> None:
+        """Follow a run as `troupe run` does, to its result."""
+        done(lambda: runs_cmd.attach(client(host, port), run_id, timeout))
+
+    @app.command()
+    def logs(run_id: RunId,
+             follow: Annotated[bool, typer.Option("-f", "--follow", help="stream live until the run ends")] = False,
+             tail: Annotated[int | None, typer.Option(min=1, help="the last N entries")] = None,
+             console: Annotated[bool, typer.Option("--console", help="only what the run printed")] = False,
+             host: Host = None, port: Port = None) -> None:
+        """A run's log lines and console output, in order."""
+        done(lambda: runs_cmd.logs(client(host, port), run_id, follow, tail, console))
+
+    @app.command()
+    def cancel(run_ids: RunIds, host: Host = None, port: Port = None) -> None:
+        """Cancel runs (a queued one leaves its queue, a running one stops)."""
+        done(lambda: runs_cmd.cancel(client(host, port), run_ids))
+
+    @app.command()
+    def wait(run_ids: RunIds, timeout: Annotated[float | None, typer.Option(min=0)] = None, host: Host = None,
+             port: Port = None) -> None:
+        """Wait for runs to end; exit 0 only when all succeeded."""
+        done(lambda: runs_cmd.wait(client(host, port), run_ids, timeout))
+
+    @app.command()
+    def rm(run_ids: RunIds, host: Host = None, port: Port = None) -> None:
+        """Delete finished runs (their metrics, events and artifact rows)."""
+        done(lambda: runs_cmd.remove(client(host, port), run_ids))
+
+
+def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
+    from cli import sweeps_cmd
+
+    @app.command("start")
+    def start(spec: Spec, wait: Annotated[bool, typer.Option("--wait/--detach")] = True, as_json: AsJson = False,
+              host: Host = None, port: Port = None) -> None:
+        """Queue a sweep and follow it: done/total and the best so far."""
+        done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json))
+
+    @app.command("ls")
+    def ls_(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """List sweeps."""
+        done(lambda: sweeps_cmd.sweep_ls(client(host, port), as_json))
+
+    @app.command("show")
+    def show(sweep_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """A sweep's variants, ranked."""
+        done(lambda: sweeps_cmd.sweep_show(client(host, port), sweep_id, as_json))
+
+    @app.command("csv")
+    def csv(sweep_id: str, output: Annotated[str | None, typer.Option("-o", "--output")] = None,
+            host: Host = None, port: Port = None) -> None:
+        """A sweep's ranked variants as CSV."""
+        done(lambda: sweeps_cmd.sweep_csv(client(host, port), sweep_id, output))
+
+    @app.command("cancel")
+    def cancel(sweep_id: str, host: Host = None, port: Port = None) -> None:
+        """Cancel a sweep's active runs."""
+        done(lambda: sweeps_cmd.sweep_cancel(client(host, port), sweep_id))
+
+
+def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
+    from cli import sweeps_cmd
+
+    @app.command("start")
+    def start(spec: Spec, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Start a study; the server runs it under its budget."""
+        done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json))
+
+    @app.command("ls")
+    def ls_(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """List studies."""
+        done(lambda: sweeps_cmd.study_ls(client(host, port), as_json))
+
+    @app.command("show")
+    def show(study_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """A study's ranking and what it used."""
+        done(lambda: sweeps_cmd.study_show(client(host, port), study_id, as_json))
+
+    @app.command("resume")
+    def resume(study_id: str, max_runs: Annotated[int | None, typer.Option("--max-runs", min=0)] = None,
+               max_active_seconds: Annotated[float | None, typer.Option("--max-active-seconds", min=0)] = None,
+               host: Host = None, port: Port = None) -> None:
+        """Resume a halted study with a raised budget."""
+        done(lambda: sweeps_cmd.study_resume(client(host, port), study_id, max_runs, max_active_seconds))
+
+    @app.command("cancel")
+    def cancel(study_id: str, host: Host = None, port: Port = None) -> None:
+        """Cancel a study and its active runs."""
+        done(lambda: sweeps_cmd.study_cancel(client(host, port), study_id))

@@ -1,0 +1,212 @@
+"""A run's console: whatever its nodes write to stdout and stderr (prints, warnings,
+tracebacks, a library's progress output), kept with the run as ``console`` events.
+
+In the control plane every in-process run shares one process, so ``sys.stdout`` and
+``sys.stderr`` are replaced once (``install``) by streams that route each write to the
+console of the run whose node executes on the writing thread (``routed``), and to the
+server's own output otherwise: two runs' output never mix, and the server's logging stays
+where it was. A worker run's child owns its process, so there the file descriptors 1 and
+2 themselves are captured (``capture_descriptors``), C libraries' writes included.
+
+Output is coalesced for ``FLUSH_S`` and sent in pieces of at most ``PIECE`` characters.
+Past ``cap_bytes`` the head is kept as it came and only the newest tail (half the cap)
+is kept after it, with one event saying how many bytes were skipped in between.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import io
+import os
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+CONSOLE = "console"  # the event: {"stream": "stdout" | "stderr", "text"} or {"skipped": bytes}
+FLUSH_S = 0.1
+PIECE = 32 * 1024
+Emit = Callable[[str, str | None, dict[str, Any]], None]
+
+_route = threading.local()
+
+
+class Console:
+    """One run's console output, thread-safe: written by its nodes, sent as events."""
+
+    def __init__(self, emit: Emit, cap_bytes: int) -> None:
+        self._emit = emit
+        self._head_left = cap_bytes // 2 if cap_bytes > 0 else None  # None: no cap
+        self._tail: deque[tuple[str, str]] = deque()
+        self._tail_bytes = 0
+        self._tail_cap = cap_bytes - cap_bytes // 2
+        self._skipped = 0
+        self._pending: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def write(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._pending.append((stream, text))
+            if self._timer is None:
+                self._timer = threading.Timer(FLUSH_S, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._timer = None
+            for stream, text in _merged(pending):
+                self._keep(stream, text)
+
+    def close(self) -> None:
+        """Sends what waits, then the kept tail after the count of what was skipped."""
+        self.flush()
+        with self._lock:
+            self._closed = True
+            if self._skipped:
+                self._emit(CONSOLE, None, {"skipped": self._skipped,
+                                           "text": f"\n[... {self._skipped} bytes of console output skipped "
+                                                   "(TROUPE_RUN_CONSOLE_CAP_BYTES) ...]\n"})
+            for stream, text in _merged(list(self._tail)):
+                self._send(stream, text)
+            self._tail.clear()
+
+    def _keep(self, stream: str, text: str) -> None:
+        if self._head_left is None:
+            self._send(stream, text)
+            return
+        size = len(text.encode("utf-8", "replace"))
+        if size <= self._head_left:
+            self._head_left -= size
+            self._send(stream, text)
+            return
+        self._tail.append((stream, text))
+        self._tail_bytes += size
+        while self._tail_bytes > self._tail_cap and self._tail:
+            dropped_stream, dropped = self._tail.popleft()
+            dropped_size = len(dropped.encode("utf-8", "replace"))
+            over = self._tail_bytes - self._tail_cap
+            if dropped_size > over:  # keep the newest part of this piece
+                kept = dropped.encode("utf-8", "replace")[over:].decode("utf-8", "ignore")
+                self._tail.appendleft((dropped_stream, kept))
+                self._skipped += over
+                self._tail_bytes -= over
+                break
+            self._skipped += dropped_size
+            self._tail_bytes -= dropped_size
+
+    def _send(self, stream: str, text: str) -> None:
+        for start in range(0, len(text), PIECE):
+            self._emit(CONSOLE, None, {"stream": stream, "text": text[start:start + PIECE]})
+
+
+def _merged(pieces: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """Neighbouring writes to one stream as one text."""
+    stream: str | None = None
+    parts: list[str] = []
+    for name, text in pieces:
+        if name != stream and parts:
+            yield stream or "stdout", "".join(parts)
+            parts = []
+        stream = name
+        parts.append(text)
+    if parts:
+        yield stream or "stdout", "".join(parts)
+
+
+@contextlib.contextmanager
+def routed(console: Console | None) -> Iterator[None]:
+    """What this thread writes to sys.stdout and sys.stderr goes to ``console``."""
+    if console is None:
+        yield
+        return
+    before = getattr(_route, "console", None)
+    _route.console = console
+    try:
+        yield
+    finally:
+        _route.console = before
+
+
+class _RoutedStream(io.TextIOBase):
+    def __init__(self, name: str, real: Any) -> None:
+        super().__init__()
+        self._name = name
+        self._real = real
+
+    def write(self, text: str) -> int:
+        console = getattr(_route, "console", None)
+        if console is not None:
+            console.write(self._name, text)
+        else:
+            self._real.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._real.flush()
+
+    def fileno(self) -> int:
+        return int(self._real.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self._real.isatty())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # a property on TextIOBase's type stub
+        return str(getattr(self._real, "encoding", "utf-8"))
+
+    def writable(self) -> bool:
+        return True
+
+
+def install() -> None:
+    """Routes sys.stdout and sys.stderr of this process by thread (the control plane)."""
+    if not isinstance(sys.stdout, _RoutedStream):
+        sys.stdout = _RoutedStream("stdout", sys.stdout)
+    if not isinstance(sys.stderr, _RoutedStream):
+        sys.stderr = _RoutedStream("stderr", sys.stderr)
+
+
+@contextlib.contextmanager
+def capture_descriptors(console: Console) -> Iterator[None]:
+    """Everything written to file descriptors 1 and 2 of this process goes to ``console``
+    (a worker run's child: the whole process is the run's)."""
+    readers, saved = [], []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        sys.stdout.flush() if fd == 1 else sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        saved.append((fd, os.dup(fd)))
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        reader = threading.Thread(target=_pump, args=(read_end, name, console), name=f"console-{name}", daemon=True)
+        reader.start()
+        readers.append(reader)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        for fd, copy in saved:  # the pipes' write ends close: the readers see the end
+            os.dup2(copy, fd)
+            os.close(copy)
+        for reader in readers:
+            reader.join(5)
+        console.close()
+
+
+def _pump(read_end: int, name: str, console: Console) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split between reads stays whole
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            console.write(name, decoder.decode(chunk))
+        console.write(name, decoder.decode(b"", final=True))
