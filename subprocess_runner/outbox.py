@@ -4,9 +4,11 @@ events in memory until they are acknowledged.)
 
 One folder per artifact under ``<outbox>/<run id>/``: the file itself (``data``, a hard
 link to the run's file, or a copy where a link cannot be made) and ``entry.json``, its
-index, written last under a temporary name and renamed, so an entry is whole or is not
-there. The run child puts; the agent's ``ArtifactOutbox`` actor uploads and removes. A
-worker never writes SQLite: this folder is all it keeps.
+index. Both are made in a folder whose name starts with a dot, which is then renamed to
+its own: an entry is whole or is not there, and the agent, which reads the outbox while
+children write to it, never sees one half made. The run child puts; the agent's
+``ArtifactOutbox`` actor uploads and removes. A worker never writes SQLite: this folder
+is all it keeps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from subprocess_runner.digest import copy_hashing, file_sha256
 
 INDEX = "entry.json"
 DATA = "data"
+STALE_S = 3600.0  # a folder still being made this long after its start was left by a crash
 
 
 class OutboxFull(OSError):
@@ -53,20 +57,25 @@ def put(outbox: Path, run_id: str, source: Path, relative: str, kind: str, node_
     if used + size > limit_bytes:
         raise OutboxFull(f"the artifact outbox holds {used / 2**20:.0f} MiB of {limit_bytes / 2**30:g} GiB "
                          "(TROUPE_AGENT_ARTIFACT_OUTBOX_GIB) and has no room for this file")
-    folder = outbox / run_id / uuid.uuid4().hex
-    folder.mkdir(parents=True)
+    name = uuid.uuid4().hex
+    making, folder = outbox / run_id / f".{name}", outbox / run_id / name
+    for _ in range(5):  # the agent removes a run's folder once it is empty: make it again
+        try:
+            making.mkdir(parents=True)
+            break
+        except FileNotFoundError:
+            continue
     try:
         try:
-            os.link(source, folder / DATA)  # the same bytes, no copy; the run may delete its own name
-            sha256 = file_sha256(folder / DATA)
+            os.link(source, making / DATA)  # the same bytes, no copy; the run may delete its own name
+            sha256 = file_sha256(making / DATA)
         except OSError:  # another file system, or links refused
-            size, sha256 = copy_hashing(source, folder / DATA)
+            size, sha256 = copy_hashing(source, making / DATA)
         entry = Entry(run_id, relative, kind, node_id, size, sha256, str(folder))
-        partial = folder / f".{INDEX}.partial"
-        partial.write_text(json.dumps({k: v for k, v in asdict(entry).items() if k != "folder"}))
-        partial.replace(folder / INDEX)
+        (making / INDEX).write_text(json.dumps({k: v for k, v in asdict(entry).items() if k != "folder"}))
+        making.rename(folder)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(making, ignore_errors=True)
         raise
     return entry
 
@@ -76,16 +85,22 @@ def entries(outbox: Path) -> list[Entry]:
     found: list[tuple[float, Entry]] = []
     if not outbox.is_dir():
         return []
+    now = time.time()
     for run_folder in outbox.iterdir():
         for folder in (run_folder.iterdir() if run_folder.is_dir() else ()):
+            if folder.name.startswith("."):  # being made by a run's child (or left by a crash)
+                with contextlib.suppress(OSError):
+                    if now - folder.stat().st_mtime > STALE_S:
+                        shutil.rmtree(folder, ignore_errors=True)
+                continue
             index = folder / INDEX
             try:
                 fields = json.loads(index.read_text())
                 found.append((index.stat().st_mtime, Entry(**fields, folder=str(folder))))
             except (OSError, ValueError, TypeError):
-                shutil.rmtree(folder, ignore_errors=True)  # never finished: its put failed
+                shutil.rmtree(folder, ignore_errors=True)  # damaged: nothing could send it
         with contextlib.suppress(OSError):
-            run_folder.rmdir()  # empty once its entries are gone
+            run_folder.rmdir()  # empty once its entries are gone (a child making one keeps it)
     return [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
 
 
@@ -100,7 +115,7 @@ def usage(outbox: Path) -> int:
     """Bytes the outbox's entries hold."""
     total = 0
     if outbox.is_dir():
-        for data in outbox.glob(f"*/*/{DATA}"):
+        for data in outbox.glob(f"*/*/{DATA}"):  # (the dotted folders being made count too)
             with contextlib.suppress(OSError):
                 total += data.stat().st_size
     return total
