@@ -178,7 +178,7 @@ def _upload(entry: outbox.Entry, control: dict[str, Any]) -> tuple[int, str]:
     query = urllib.parse.urlencode({"path": entry.path, "kind": entry.kind, "node": entry.node_id or ""})
     started = time.monotonic()
     try:
-        conn = connect(str(control.get("url", "")), control.get("unix_socket"), 60.0)
+        conn = connect(str(control.get("url", "")), control.get("unix_socket"), 60.0, control.get("ca"))
     except OSError as exc:
         return 0, f"the control plane cannot be reached: {exc}"
     try:

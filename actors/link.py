@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import aiohttp
 
 from actors.base import Actor
 from protocol import worker as wire
+from protocol.tls import client_context
 
 log = logging.getLogger("troupe.agent")
 
@@ -43,6 +45,7 @@ class LinkConfig:
     heartbeat: Callable[[], Any] | None = None
     # Dial through this Unix socket (an ``ssh -R`` session's forward) instead of TCP.
     unix_socket: str | None = None
+    ca: str | None = None  # an https control plane's own certificate (``--ca``)
 
 
 @dataclass
@@ -155,15 +158,17 @@ class Link(Actor):
             self._settled.clear()
 
     async def _run(self) -> None:
-        attempt = 0
+        failures = 0  # in a row
         ws_url = self._config.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self._config.credential}"}
         connector = aiohttp.UnixConnector(path=self._config.unix_socket) if self._config.unix_socket else None
+        tls = (client_context(urllib.parse.urlsplit(ws_url).hostname or "", self._config.ca)
+               if ws_url.startswith("wss://") else True)
         async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
-                    async with session.ws_connect(ws_url, headers=headers, heartbeat=None) as ws:
-                        attempt = 0
+                    async with session.ws_connect(ws_url, headers=headers, heartbeat=None, ssl=tls) as ws:
+                        failures = 0
                         if await self._session(ws):
                             return
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -172,10 +177,11 @@ class Link(Actor):
                         # session starts a new agent, so it does not outlive the forward.
                         self._config.on_final(0, f"the SSH session's forward {self._config.unix_socket} is gone")
                         return
-                    log.warning("control plane unreachable at %s: %s", ws_url, exc)
-                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
-                attempt += 1
-                await asyncio.sleep(delay)
+                    failures += 1
+                    if failures & (failures - 1) == 0:  # failures 1, 2, 4, 8...: a log with backoff
+                        log.warning("control plane unreachable at %s: %s (attempt %d; retrying every %.2g s)",
+                                    ws_url, exc, failures, BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                await asyncio.sleep(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
 
     async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """One connection; True when the agent must stop."""

@@ -38,11 +38,12 @@ BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 TOKEN_TTL_S = 600.0
 STOP_GRACE_S = 5.0
 # What ssh or the remote agent prints when no retry can help, and how the worker says it.
+# (A host name that does not resolve is retried, as any network failure: DNS comes and
+# goes with the network a laptop is on.)
 FINAL = (
     ("Permission denied", "the remote host refused the authentication"),
     ("Host key verification failed", "the remote host's key does not match the known one"),
     ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the remote host's key changed"),
-    ("Could not resolve hostname", "the host name does not resolve"),
     ("command not found", "troupe is not found on the remote host (set remote_command)"),
     ("No such file or directory", "troupe is not found on the remote host (set remote_command)"),
     ("refused by the control plane", "the control plane refused the remote agent"),
@@ -65,10 +66,12 @@ class SshTarget:
 
 class SshSession(Actor):
     def __init__(self, target: SshTarget, control_port: int, store: StoreClient,
-                 on_failed: Callable[[str, str], None]) -> None:
+                 on_failed: Callable[[str, str], None], forward_target: str | None = None) -> None:
         super().__init__(f"ssh/{target.name}")
         self._target = target
         self._control_port = control_port
+        # What the forward reaches here: the port, or with TLS a plain-HTTP Unix socket.
+        self._forward_target = forward_target or f"127.0.0.1:{control_port}"
         self._store = store
         self._on_failed = on_failed
         self._task: asyncio.Task[None] | None = None
@@ -133,7 +136,7 @@ class SshSession(Actor):
         # session ends, rather than left dialing a forward nobody serves.
         argv = ["ssh", "-tt", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes", "-o",
                 "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3", "-R",
-                f"{socket}:127.0.0.1:{self._control_port}"]
+                f"{socket}:{self._forward_target}"]
         if target.port is not None:
             argv += ["-p", str(target.port)]
         if target.identity_file is not None:

@@ -138,8 +138,11 @@ class Close:
 class WorkerConnection(Actor):
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
                  limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
-                 catalog_digest: str = "") -> None:
+                 catalog_digest: str = "", on_spent: Callable[[str], None] = lambda name: None) -> None:
         super().__init__(f"workers/{name}")
+        # A one-shot agent that took its run and exited: it leaves the Workers list (its
+        # history stays with its run).
+        self._on_spent = on_spent
         self.worker = name
         self._registry = registry
         self._limit_for = limit_for
@@ -148,6 +151,7 @@ class WorkerConnection(Actor):
         self._catalog_types = catalog_types
         self._catalog_digest = catalog_digest
         self._runs: dict[str, str] = {}  # run id -> the device it executes on
+        self._took_a_run = False
         self._hello: wire.Hello | None = None
         self._missing: tuple[str, ...] = ()
         self._outbox: asyncio.Queue[Any] | None = None
@@ -196,6 +200,8 @@ class WorkerConnection(Actor):
                     if self._hello is not None and self._hello.one_shot and not self._runs:
                         # A one-shot agent that left with nothing in flight has exited: it
                         # will not come back, so its connection goes now, not after the grace.
+                        if self._hello.spent or self._took_a_run:
+                            self._on_spent(self.worker)
                         self.stop_self("the one-shot agent exited")
             case Persisted(run_id, counter, frames):
                 self._acks[run_id] = max(counter, self._acks.get(run_id, 0))
@@ -212,6 +218,7 @@ class WorkerConnection(Actor):
                 self.stop_self("revoked")
             case AssignRun(run_id, frame):
                 self._runs[run_id] = frame.devices[0] if frame.devices else "cpu"
+                self._took_a_run = True
                 if self._outbox is not None:
                     self._outbox.put_nowait(frame)
                 else:

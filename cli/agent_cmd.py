@@ -41,7 +41,7 @@ def _credentials_file() -> Path:
     return _config_dir() / "agent-credentials.json"
 
 
-def _read_credentials() -> dict[str, dict[str, str]]:
+def _read_credentials() -> dict[str, dict[str, Any]]:
     try:
         data = json.loads(_credentials_file().read_text())
     except (OSError, ValueError):
@@ -50,7 +50,7 @@ def _read_credentials() -> dict[str, dict[str, str]]:
 
 
 @contextlib.contextmanager
-def _credentials_locked() -> Iterator[dict[str, dict[str, str]]]:
+def _credentials_locked() -> Iterator[dict[str, dict[str, Any]]]:
     """The stored credentials, to change under an exclusive lock: the tasks of a batch
     array start together and share one home, so their read-modify-writes must not
     interleave. What the block leaves in the dict is written back whole."""
@@ -82,8 +82,8 @@ def machine_id(simulated: dict[str, Any] | None) -> str:
     return host_machine_id()
 
 
-def _enroll(url: str, token: str, name: str | None, machine: str, unix_socket: str | None) -> tuple[str, str]:
-    status, reply = Client(url, None, unix_socket).request("POST", "/api/workers/credentials",
+def _enroll(url: str, token: str, name: str | None, machine: str, options: StartOptions) -> tuple[str, str]:
+    status, reply = Client(url, None, options.unix_socket, options.ca).request("POST", "/api/workers/credentials",
                                                            {"token": token, "name": name, "machine_id": machine})
     if status != 201:
         error = reply.get("error", {}) if isinstance(reply, dict) else {}
@@ -103,6 +103,7 @@ class StartOptions:
     foreground: bool = False  # else detached, its output in a log file
     mounts: tuple[str, ...] = ()  # LABEL=PATH
     warm: int = 0  # run children kept started, torch imported
+    ca: str | None = None  # the certificate of an https control plane's own authority
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
@@ -117,7 +118,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     mounts = _mounts(options.mounts)
     if options.instance is not None and (not options.one_shot or not name):
         raise CliError("--instance is for the tasks of a batch array: give it with --one-shot and --name")
-    name, credential = _credential(url, token, name, machine, options)
+    name, credential, ca = _credential(url, token, name, machine, options)
     label = f"{name}{'#' + options.instance if options.instance else ''}"
     # A batch job's agent, and one an SSH session runs, belong to that job or session.
     if not (options.foreground or options.one_shot or options.unix_socket):
@@ -136,34 +137,36 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             options.idle_timeout_s, options.instance, options.deadline or settings.job_end_time, options.unix_socket,
             mounts, _state_dir() / "outputs" / label, settings.recorded_outputs_keep,
             0 if options.one_shot else options.warm, settings.ddp_cpu_ranks,
-            _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30)))))
+            _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30), ca))))
     finally:
         pid_file.unlink(missing_ok=True)
 
 
 def _credential(url: str, token: str | None, name: str | None, machine: str,
-                options: StartOptions) -> tuple[str, str]:
-    """The worker's name and credential: redeemed from ``token``, or stored by an earlier start."""
+                options: StartOptions) -> tuple[str, str, str | None]:
+    """The worker's name, credential and trusted certificate (``--ca``): redeemed from
+    ``token``, or stored by an earlier start (which kept its ``--ca`` too)."""
     if token and options.instance is not None:
         # The tasks of an array start together with one join command: the first to get the
         # lock redeems the token, the others use the credential it stored.
         assert name is not None
         with _credentials_locked() as stored:
             if _key(url, name) not in stored:
-                name, credential = _enroll(url, token, name, machine, options.unix_socket)
-                stored[_key(url, name)] = {"credential": credential}
-            return name, stored[_key(url, name)]["credential"]
+                name, credential = _enroll(url, token, name, machine, options)
+                stored[_key(url, name)] = {"credential": credential, "ca": options.ca}
+            return name, stored[_key(url, name)]["credential"], options.ca
     if token:
-        name, credential = _enroll(url, token, name, machine, options.unix_socket)
+        name, credential = _enroll(url, token, name, machine, options)
         with _credentials_locked() as stored:
-            stored[_key(url, name)] = {"credential": credential}
-        return name, credential
+            stored[_key(url, name)] = {"credential": credential, "ca": options.ca}
+        return name, credential, options.ca
     credentials = _read_credentials()
     known = _matching(credentials, url, name)
     if len(known) != 1:
         raise CliError(f"no stored credential for {url}" + (f" as {name}" if name else "") +
                        "; start with the join command (--token) the control plane printed")
-    return known[0].split("|", 1)[1], credentials[known[0]]["credential"]
+    entry = credentials[known[0]]
+    return known[0].split("|", 1)[1], entry["credential"], options.ca or entry.get("ca")
 
 
 def _mounts(given: tuple[str, ...]) -> dict[str, str]:

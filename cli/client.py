@@ -15,20 +15,21 @@ from protocol.unix_http import connect
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, unix_socket: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None, unix_socket: str | None = None, ca: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._token = token
+        self.token = token
         self._unix_socket = unix_socket
+        self.ca = ca  # a self-signed server's certificate (``--ca``)
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        return connect(self.url, self._unix_socket, timeout)
+        return connect(self.url, self._unix_socket, timeout, self.ca)
 
     def _headers(self, body: bytes | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
@@ -71,7 +72,7 @@ class Client:
     def _stream_once(self, path: str, read_timeout: float | None) -> Iterator[tuple[str, Any]]:
         conn = self._connection(read_timeout)
         try:
-            conn.request("GET", path, headers={"Accept": "text/event-stream"})
+            conn.request("GET", path, headers={**self._headers(None), "Accept": "text/event-stream"})
             response = conn.getresponse()
         except (ConnectionRefusedError, OSError) as exc:
             conn.close()

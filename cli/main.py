@@ -34,13 +34,17 @@ def start(
     host: Annotated[str | None, typer.Option(help="address to bind (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 8765; 0 picks a free one)", min=0, max=65535)] = None,
     examples: Annotated[Path | None, typer.Option(help="folder of example graphs to serve")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(
+        "--tls-cert", help="serve https with this certificate (PEM; with --tls-key). Agents and terminals "
+                           "trust a self-signed one with --ca")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="the certificate's private key (PEM)")] = None,
 ) -> None:
     """Start the control plane in the foreground; Ctrl+C stops it gracefully."""
     from cli.config import load_settings
     from cli.start_cmd import start as run_start
 
     try:
-        code = run_start(load_settings(host, port, examples))
+        code = run_start(load_settings(host, port, examples, tls_cert, tls_key))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -96,14 +100,18 @@ def _client(host: str | None, port: int | None) -> Any:
     """The running server of this TROUPE_HOME (or the one named), with its session token."""
     from cli.client import Client
     from cli.config import load_settings
+    from cli.logins import current
     from cli.session import read_session
 
     settings = load_settings()
     session = read_session(settings.home) or {}
-    url = session.get("url") or settings.url
     if host or port:
-        url = f"http://{host or settings.host}:{port or settings.port}"
-    return Client(url, session.get("token"))
+        return Client(f"{settings.scheme}://{host or settings.host}:{port or settings.port}", session.get("token"),
+                      ca=session.get("ca"))
+    if session:
+        return Client(session["url"], session.get("token"), ca=session.get("ca"))
+    remote = current()  # `troupe login`: a server on another machine
+    return remote or Client(settings.url, None)
 
 
 @app.command()
@@ -169,11 +177,17 @@ def export(
 
 @app.command(name="open")
 def open_(
-    browser: Annotated[bool, typer.Option("--browser/--no-browser", help="open it in a browser (default)")] = True,
+    browser: Annotated[bool | None, typer.Option("--browser/--no-browser", help="open it in this machine's browser "
+                                                 "(default: for a teacher's one-time link only)")] = None,
+    uses: Annotated[int | None, typer.Option(min=1, max=10_000, help="a class link, good for N browsers or "
+                                                                      "terminals")] = None,
+    expires: Annotated[str, typer.Option(help="how long it is good for: 90s, 30m, 2h, 1d")] = "12h",
+    read_only: Annotated[bool, typer.Option("--read-only", help="a link for a projector or a guest: reads only")]
+    = False,
 ) -> None:
-    """Log a browser in: a fresh one-time login link to the server of this TROUPE_HOME."""
-    from cli.client import Client
+    """A login link: one-time for you (the teacher), or with --uses for a class."""
     from cli.config import load_settings
+    from cli.logins import seconds
     from cli.session import read_session
 
     settings = load_settings()
@@ -181,16 +195,60 @@ def open_(
     try:
         if not session:
             raise NoServer(f"no troupe server runs on {settings.home}; start one with `troupe start`")
-        status, reply = Client(session["url"], session.get("token")).request("POST", "/api/login-links")
+        body: dict[str, Any] = {"expires_s": seconds(expires), "read_only": read_only}
+        if uses is not None:
+            body["uses"] = uses
+        status, reply = _client(None, None).request("POST", "/api/login-links", body)
         if status != 201:
             raise CliError(f"the server refused a login link ({status}): {reply}")
     except CliError as exc:
         _fail(exc)
     print(reply["login_url"])
-    if browser:
+    if reply["kind"] != "teacher":
+        print(f"  a {reply['kind']} link, good for {reply['uses']} browsers or terminals for {expires}",
+              file=sys.stderr)
+    if browser if browser is not None else reply["kind"] == "teacher":
         import webbrowser
 
         webbrowser.open(reply["login_url"])
+
+
+@app.command()
+def token() -> None:
+    """Print the bearer token this terminal uses (the server's session token here, or the
+    session `troupe login` keeps), for curl: TOKEN=$(troupe token)."""
+    client = _client(None, None)
+    if not client.token:
+        _fail(NoServer("no troupe server runs in this TROUPE_HOME and this terminal is not logged in to one; "
+                       "start one with `troupe start`, or `troupe login URL`"))
+    print(client.token)
+
+
+@app.command()
+def login(url: Annotated[str, typer.Argument(help="the login link you were given, or the server's address")],
+          token: Annotated[str | None, typer.Option(help="a teacher's session token instead of a link")] = None,
+          ca: Annotated[Path | None, typer.Option(
+              "--ca", help="trust this certificate for a server serving https with a self-signed one")] = None,
+          ) -> None:
+    """Log this terminal in to a server on another machine; later commands use it."""
+    from cli.logins import login as log_in
+
+    try:
+        raise typer.Exit(log_in(url, token, str(ca.resolve()) if ca else None))
+    except CliError as exc:
+        _fail(exc)
+
+
+@app.command()
+def logout(url: Annotated[str | None, typer.Argument(help="the server (default: the last one logged in to)")]
+           = None) -> None:
+    """Forget this terminal's session with a server."""
+    from cli.logins import logout as log_out
+
+    try:
+        raise typer.Exit(log_out(url))
+    except CliError as exc:
+        _fail(exc)
 
 
 agent_app = typer.Typer(no_args_is_help=True, help="The worker agent: dials out to a control plane, never listens.")
@@ -223,6 +281,9 @@ def agent_start(
     warm: Annotated[int, typer.Option(
         min=0, max=64, help="keep N run processes started, torch imported, so a run need not wait for them "
                             "(each holds a few hundred MB)")] = 0,
+    ca: Annotated[str | None, typer.Option(
+        "--ca", help="trust this certificate (or authority) for an https control plane with a self-signed "
+                     "certificate; kept with the credential")] = None,
 ) -> None:
     """Start a worker agent; it goes on in the background unless --foreground."""
     from cli.agent_cmd import StartOptions
@@ -231,7 +292,8 @@ def agent_start(
 
     try:
         code = run_agent(url, token, name, load_simulated_inventory(), StartOptions(
-            one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ()), warm))
+            one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ()), warm,
+            str(Path(ca).resolve()) if ca else None))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

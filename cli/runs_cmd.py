@@ -71,12 +71,13 @@ def status_of(row: dict[str, Any]) -> str:
 
 
 def list_runs(client: Client, status: str | None, sweep: str | None, study: str | None, search: str | None,
-              limit: int, as_json: bool) -> int:
+              limit: int, form: str) -> int:
+    """``form``: "table", "json" (the API's objects) or "ids" (one a line, for scripts)."""
     query = {k: v for k, v in (("status", status), ("sweep_id", sweep), ("study_id", study), ("q", search),
                                 ("limit", str(limit))) if v}
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
-    if as_json:
-        print(json.dumps(reply, indent=2))
+    if form != "table":
+        print(json.dumps(reply, indent=2) if form == "json" else "\n".join(r["id"] for r in reply["runs"]))
         return EXIT_OK
     rows = [[r["id"], r.get("name") or "", status_of(r), r.get("queue_key") or r.get("device") or "",
              age(r.get("started_at")), duration(r), _progress(r), _loss(r)] for r in reply["runs"]]

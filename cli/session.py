@@ -27,13 +27,14 @@ def read_session(home: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_session(home: Path, url: str, token: str, login_url: str | None = None) -> None:
-    """``login_url``: the one-time link that logs a browser in, as printed at start."""
+def write_session(home: Path, url: str, token: str, login_url: str | None = None, ca: str | None = None) -> None:
+    """``login_url``: the one-time link that logs a browser in, as printed at start;
+    ``ca``: the certificate an https server serves, which its own terminal trusts."""
     path = home / SESSION_FILE
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump({"url": url, "token": token, "pid": os.getpid(), "login_url": login_url}, handle)
+        json.dump({"url": url, "token": token, "pid": os.getpid(), "login_url": login_url, "ca": ca}, handle)
     os.replace(tmp, path)
 
 

@@ -29,6 +29,7 @@ def start(settings: Settings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in settings.warnings:
         log.warning("setting ignored: %s", warning)
+    _check_tls(settings)
     lock = acquire_lock(settings.home)
     soft, _ = raise_open_files()  # a flood of idle connections must not starve the server
     log.info("open-file limit %s", soft)
@@ -59,10 +60,18 @@ async def _serve(settings: Settings) -> int:
 
     plane = ControlPlane(settings, load_catalog(), __version__)
     port = await plane.start()
-    url = settings.public_url or f"http://{_display_host(settings.host)}:{port}"
-    login_url = plane.login.new_link(url)
-    write_session(settings.home, f"http://{_display_host(settings.host)}:{port}", plane.token, login_url)
+    scheme = settings.scheme
+    reached = [f"{scheme}://{_display_host(name)}:{port}" for name in plane.lan_hosts]
+    url = settings.public_url or (reached[0] if reached else f"{scheme}://{_display_host(settings.host)}:{port}")
+    login_url = await plane.login.new_link(url)
+    local = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else _display_host(settings.host)
+    write_session(settings.home, f"{scheme}://{local}:{port}", plane.token, login_url,
+                  str(settings.tls_cert) if settings.tls_cert else None)
     print(f"troupe {__version__} serving on {url}  (home {settings.home})", flush=True)
+    if reached:
+        print("Reachable on this network at: " + "  ".join(reached), flush=True)
+        print("Reads need a session here: hand out a class link with `troupe open --uses 30 --expires 2h`.",
+              flush=True)
     print(f"Open {login_url} to log this browser in (one use; `troupe open` makes another).", flush=True)
     print("Ctrl+C or `troupe stop` stops it gracefully.", flush=True)
     stop = asyncio.Event()
@@ -78,6 +87,22 @@ async def _serve(settings: Settings) -> int:
     code = await plane.serve(stop)
     print("troupe stopped.", flush=True)
     return code
+
+
+def _check_tls(settings: Settings) -> None:
+    """Both halves of TLS or neither, and a pair that loads, before anything starts."""
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise CliError("--tls-cert and --tls-key go together (TROUPE_TLS_CERT, TROUPE_TLS_KEY)")
+    if settings.tls_cert is None or settings.tls_key is None:
+        return
+    import ssl
+
+    from protocol.tls import server_context
+
+    try:
+        server_context(str(settings.tls_cert), str(settings.tls_key))
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(f"cannot serve TLS from {settings.tls_cert} and {settings.tls_key}: {exc}") from None
 
 
 def _display_host(host: str) -> str:

@@ -47,22 +47,37 @@ def sweep_start(client: Client, path: str, detach: bool, as_json: bool) -> int:
 
 
 def _follow_sweep(client: Client, sweep_id: str) -> int:
-    """done/total and the best so far, a line each time a run of the sweep ends. The
-    stream of every run's changes is opened first, then the sweep read: no end is missed."""
+    """done/total and the best so far, a line each time a run of the sweep ends."""
+
+    def outcome(sweep: dict[str, Any]) -> int | None:
+        if sweep["state"] != "finished":
+            return None
+        failed = sum(sweep["counts"].get(s, 0) for s in (ev.FAILED, ev.CANCELLED, ev.INTERRUPTED))
+        return EXIT_OK if not failed else EXIT_FAILED
+
+    return _follow(client, f"/api/sweeps/{sweep_id}", f"sweep {sweep_id}", _progress_line, outcome, 30.0)
+
+
+def _follow(client: Client, path: str, what: str, line_of: Callable[[dict[str, Any]], str],
+            outcome_of: Callable[[dict[str, Any]], int | None], every_s: float) -> int:
+    """A line each time ``path`` reads differently after a run ends, until ``outcome_of``
+    says how it ended. The stream of every run's changes is opened first, then ``path``
+    read: no end is missed. ``every_s``: read again after that long without a change
+    (a study halts a moment after its last run ends)."""
     said = ""
     while True:
         try:
-            for kind, data in client.stream("/api/stream", read_timeout=30.0):
+            for kind, data in client.stream("/api/stream", read_timeout=every_s):
                 if kind != "hello" and not (kind == "run" and data.get("status") in ev.TERMINAL_STATES):
                     continue
-                sweep = answer(client.request("GET", f"/api/sweeps/{sweep_id}"), f"sweep {sweep_id}")
-                line = _progress_line(sweep)
+                found = answer(client.request("GET", path), what)
+                line = line_of(found)
                 if line != said:
                     print(line, flush=True)
                     said = line
-                if sweep["state"] == "finished":
-                    failed = sum(sweep["counts"].get(s, 0) for s in (ev.FAILED, ev.CANCELLED, ev.INTERRUPTED))
-                    return EXIT_OK if not failed else EXIT_FAILED
+                code = outcome_of(found)
+                if code is not None:
+                    return code
         except TimeoutError:
             continue
 
@@ -75,8 +90,8 @@ def _progress_line(sweep: dict[str, Any]) -> str:
         if best else "")
 
 
-def sweep_ls(client: Client, as_json: bool) -> int:
-    return _listing(client, "sweeps", as_json, ["ID", "NAME", "STATE", "RUNS", "CREATED"],
+def sweep_ls(client: Client, form: str) -> int:
+    return _listing(client, "sweeps", form, ["ID", "NAME", "STATE", "RUNS", "CREATED"],
                     lambda s: [s.get("state", ""), str(s.get("total", ""))])
 
 
@@ -114,27 +129,48 @@ def sweep_cancel(client: Client, sweep_id: str) -> int:
     return EXIT_OK
 
 
-def study_start(client: Client, path: str, as_json: bool) -> int:
+def study_start(client: Client, path: str, as_json: bool, wait: bool = False) -> int:
+    """``wait``: follow it until it finishes, halts on its budget (both exit 0: it did
+    what it was told; ``study resume`` raises the budget) or is cancelled (exit 1)."""
     reply = answer(client.request("POST", "/api/studies", _spec(path)), f"starting the study of {path}")
     if as_json:
         print(json.dumps(reply, indent=2))
+    else:
+        print(f"  Study           {reply['id']}\n  State           {reply['state']}\n"
+              f"  Variants        {len(reply['variants'])} x {reply['repeats']} repeats", flush=True)
+        for note in reply.get("notes") or []:
+            print(f"  Note            {note['message']}", flush=True)
+    if not wait:
         return EXIT_OK
-    print(f"  Study           {reply['id']}\n  State           {reply['state']}\n"
-          f"  Variants        {len(reply['variants'])} x {reply['repeats']} repeats")
-    return EXIT_OK
+
+    def line(study: dict[str, Any]) -> str:
+        best = study["ranking"][0] if study["ranking"] else None
+        return (f"  {study['used']['runs']} runs used, {study['state']}"
+                + (f": {study['halt_reason']}" if study.get("halt_reason") else "")
+                + (f"  best {best['variant']}={best['objective_value']:.6g}" if best else ""))
+
+    def outcome(study: dict[str, Any]) -> int | None:
+        return None if study["state"] == "running" else EXIT_FAILED if study["state"] == "cancelled" else EXIT_OK
+
+    try:
+        return _follow(client, f"/api/studies/{reply['id']}", f"study {reply['id']}", line, outcome, 1.0)
+    except KeyboardInterrupt:
+        print(f"\n  stopped watching; the study goes on on the server ({reply['id']})", flush=True)
+        return EXIT_INTERRUPTED
 
 
-def study_ls(client: Client, as_json: bool) -> int:
-    return _listing(client, "studies", as_json, ["ID", "NAME", "STATE", "HALTED BECAUSE", "CREATED"],
+def study_ls(client: Client, form: str) -> int:
+    return _listing(client, "studies", form, ["ID", "NAME", "STATE", "HALTED BECAUSE", "CREATED"],
                     lambda s: [s["state"], s.get("halt_reason") or ""])
 
 
-def _listing(client: Client, what: str, as_json: bool, header: list[str],
+def _listing(client: Client, what: str, form: str, header: list[str],
              middle: Callable[[dict[str, Any]], list[str]]) -> int:
-    """``GET /api/<what>`` as a table: id, name, ``middle``'s columns, created."""
+    """``GET /api/<what>`` as a table: id, name, ``middle``'s columns, created; or
+    ``form`` "json" (the API's objects) or "ids" (one a line)."""
     reply = answer(client.request("GET", f"/api/{what}"), f"listing {what}")
-    if as_json:
-        print(json.dumps(reply, indent=2))
+    if form != "table":
+        print(json.dumps(reply, indent=2) if form == "json" else "\n".join(item["id"] for item in reply[what]))
         return EXIT_OK
     rows = [[item["id"], item.get("name") or "", *middle(item), age(item.get("created_at"))] for item in reply[what]]
     print(table(rows, header) if rows else f"no {what} yet")

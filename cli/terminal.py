@@ -29,6 +29,7 @@ def _run_ids(incomplete: str) -> list[str]:
 RunId = Annotated[str, typer.Argument(help="a run id", autocompletion=_run_ids)]
 RunIds = Annotated[list[str], typer.Argument(help="run ids", autocompletion=_run_ids)]
 AsJson = Annotated[bool, typer.Option("--json", help="print the API's own objects, for scripts")]
+Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
 Port = Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")]
 Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
@@ -64,9 +65,10 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             study: Annotated[str | None, typer.Option(help="the runs of one study")] = None,
             search: Annotated[str | None, typer.Option(help="name, id, node type or param value")] = None,
             limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
-            as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+            as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first."""
-        done(lambda: runs_cmd.list_runs(client(host, port), status, sweep, study, search, limit, as_json))
+        done(lambda: runs_cmd.list_runs(client(host, port), status, sweep, study, search, limit,
+                                        "ids" if quiet else "json" if as_json else "table"))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -115,9 +117,9 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
         done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json))
 
     @app.command("ls")
-    def ls_(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    def ls_(as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List sweeps."""
-        done(lambda: sweeps_cmd.sweep_ls(client(host, port), as_json))
+        done(lambda: sweeps_cmd.sweep_ls(client(host, port), "ids" if quiet else "json" if as_json else "table"))
 
     @app.command("show")
     def show(sweep_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -140,14 +142,17 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
     from cli import sweeps_cmd
 
     @app.command("start")
-    def start(spec: Spec, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    def start(spec: Spec, wait: Annotated[bool, typer.Option(
+                  "--wait/--detach",
+                  help="follow it until it finishes or its budget halts it (exit 0; 1 if cancelled)")]
+              = False, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
         """Start a study; the server runs it under its budget."""
-        done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json))
+        done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json, wait))
 
     @app.command("ls")
-    def ls_(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    def ls_(as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List studies."""
-        done(lambda: sweeps_cmd.study_ls(client(host, port), as_json))
+        done(lambda: sweeps_cmd.study_ls(client(host, port), "ids" if quiet else "json" if as_json else "table"))
 
     @app.command("show")
     def show(study_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

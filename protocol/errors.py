@@ -60,6 +60,14 @@ class Unauthorized(TroupeError):
     http_status = 401
 
 
+class Forbidden(TroupeError):
+    """Raised when a session may not do this: a class session managing workers, a
+    read-only one changing anything."""
+
+    code = "not_allowed"
+    http_status = 403
+
+
 class HostNotAllowed(TroupeError):
     """Raised when the request's Host is not one this server answers to."""
 

@@ -81,6 +81,9 @@ class Settings:
     stop_grace_s: float = 10.0
     allowed_hosts: tuple[str, ...] = ()
     public_url: str | None = None
+    # Serve https from this certificate and key (``--tls-cert``/``--tls-key``).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     examples_dir: Path | None = None
     # Accelerator names this server pretends to have (``cuda:0,cuda:1``), for tests and
     # demos on machines without one; their runs execute on the CPU. Off by default.
@@ -127,9 +130,13 @@ class Settings:
         return self.run_queue_max_concurrent_gpu
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @classmethod
     def from_env(
@@ -140,6 +147,8 @@ class Settings:
         host: str | None = None,
         port: int | None = None,
         examples_dir: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
     ) -> Settings:
         warnings: list[str] = []
         reader = _Reader(environ, warnings)
@@ -179,6 +188,8 @@ class Settings:
                 h.strip().lower() for h in environ.get("TROUPE_ALLOWED_HOSTS", "").split(",") if h.strip()
             ),
             public_url=environ.get("TROUPE_PUBLIC_URL") or None,
+            tls_cert=tls_cert or _path(environ.get("TROUPE_TLS_CERT")),
+            tls_key=tls_key or _path(environ.get("TROUPE_TLS_KEY")),
             examples_dir=examples_dir,
             simulated_accelerators=reader.devices("TROUPE_SIMULATED_ACCELERATORS"),
             cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
@@ -304,3 +315,7 @@ def normalise_key(key: str) -> str:
     elif device == "mps":
         device = "mps:0"
     return f"{worker}{slash}{device}"
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value).expanduser().resolve() if value else None

@@ -163,7 +163,7 @@ class Shipper:
         for attempt in range(ATTEMPTS):
             if attempt:
                 time.sleep(attempt)
-            conn = connect(str(control.get("url", "")), control.get("unix_socket"), 60.0)
+            conn = connect(str(control.get("url", "")), control.get("unix_socket"), 60.0, control.get("ca"))
             try:
                 with path.open("rb") as body:
                     conn.request("PUT", target, body=body, headers={

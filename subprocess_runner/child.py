@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -168,9 +169,12 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
         if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
             cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
             mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
-                                                 control_plane.get("unix_socket"), storage.s3 if storage else None))
+                                                 control_plane.get("unix_socket"), storage.s3 if storage else None,
+                                                 control_plane.get("credential", ""), control_plane.get("ca")))
         resume = fetch_resume(assign["resume"], control_plane.get("url", ""), run_dir / "resume",
-                              control_plane.get("unix_socket")) if assign.get("resume") else None
+                              control_plane.get("unix_socket"),
+                              control_plane.get("credential", ""),
+                              control_plane.get("ca")) if assign.get("resume") else None
         resolved = resolve_mounts(assign["graph"], mounts)
         graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
@@ -187,6 +191,9 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
     except BaseException as exc:  # the run fails; the child still reports it
         outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
     shipper.close()  # its artifacts are stored (or warned about) before its end is reported
+    # Nothing is left behind on the worker: what the run wrote is stored, or waits in the
+    # agent's outbox under links of its own.
+    shutil.rmtree(run_dir, ignore_errors=True)
     error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
     if out_of_memory and budget:
         error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"

@@ -30,10 +30,12 @@ def upload_ids(graph: Mapping[str, Any]) -> set[str]:
 
 
 def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: str | None = None,
-                  bucket: S3Bucket | None = None) -> Path:
+                  bucket: S3Bucket | None = None, credential: str = "", ca: str | None = None) -> Path:
     """Makes every upload the graph reads present in ``cache`` (checked); returns it.
     With a bucket, an upload is taken from there when it is in it (uploaded while S3
-    was on), else from the control plane."""
+    was on), else from the control plane. ``credential``: the worker's, which a control
+    plane shared over a network asks of every read; ``ca``: the authority of a
+    self-signed control plane's certificate."""
     cache.mkdir(parents=True, exist_ok=True)
     for file_id in sorted(upload_ids(graph)):
         if (cache / file_id).is_file():
@@ -43,25 +45,25 @@ def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: 
 
             if asyncio.run(get_file(bucket, upload_key(bucket, file_id), cache / file_id, file_id)):
                 continue
-        _fetch(file_id, url, cache, unix_socket)
+        fetch_checked(f"/api/files/{file_id}/content", cache / file_id, functools.partial(_named_by, file_id),
+                      url, unix_socket, f"upload {file_id}", credential, ca)
     return cache
 
 
-def _fetch(file_id: str, url: str, cache: Path, unix_socket: str | None) -> None:
-    fetch_checked(f"/api/files/{file_id}/content", cache / file_id, lambda sha256: sha256[:32] == file_id,
-                  url, unix_socket, f"upload {file_id}")
+def _named_by(file_id: str, sha256: str) -> bool:
+    return sha256[:32] == file_id
 
 
 def fetch_checked(path: str, target: Path, fits: Callable[[str], bool], url: str, unix_socket: str | None,
-                  what: str) -> None:
+                  what: str, credential: str = "", ca: str | None = None) -> None:
     """GETs ``path`` from the control plane into ``target``, kept only when its sha256
     ``fits``; a cut or a wrong copy is tried again."""
     problem = ""
     for _ in range(ATTEMPTS):
-        conn = connect(url, unix_socket, 60.0)
+        conn = connect(url, unix_socket, 60.0, ca)
         handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".fetch-")
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers={"Authorization": f"Bearer {credential}"} if credential else {})
             response = conn.getresponse()
             if response.status != 200:
                 raise FileNotFoundError(f"the control plane answered {response.status} for {what}")
@@ -80,7 +82,8 @@ def fetch_checked(path: str, target: Path, fits: Callable[[str], bool], url: str
 
 
 def fetch_resume(resume: Mapping[str, Mapping[str, Any]], url: str, folder: Path,
-                 unix_socket: str | None = None) -> dict[str, dict[str, str]]:
+                 unix_socket: str | None = None, credential: str = "",
+                 ca: str | None = None) -> dict[str, dict[str, str]]:
     """A resumed worker run's checkpoints, fetched into ``folder`` and checked: node id ->
     {"weights", "state"} paths, as the TrainingLoop reads them."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,7 +94,7 @@ def fetch_resume(resume: Mapping[str, Mapping[str, Any]], url: str, folder: Path
             target = folder / f"{node_id}-{part}.pt"
             expected = str(files[f"{part}_sha256"])
             fetch_checked(str(files[part]), target, expected.__eq__, url, unix_socket,
-                          f"the {part} of {node_id}'s checkpoint (epoch {files['epoch']})")
+                          f"the {part} of {node_id}'s checkpoint (epoch {files['epoch']})", credential, ca)
             paths[part] = str(target)
         found[node_id] = paths
     return found

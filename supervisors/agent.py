@@ -56,6 +56,7 @@ class AgentConfig:
     # Where runs' artifacts wait until the control plane has them, and how much it holds.
     artifact_outbox: Path | None = None
     artifact_outbox_bytes: int = 20 * 2**30
+    ca: str | None = None  # trusted beside the system's authorities (an https control plane's own)
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -100,7 +101,7 @@ class Agent:
         link_holder: list[Any] = []
         one_shot = _OneShot()
         control_plane = {"url": self.config.url, "unix_socket": self.config.unix_socket,
-                         "credential": self.config.credential}
+                         "credential": self.config.credential, "ca": self.config.ca}
         artifacts: ActorRef | None = None
         outbox_spec: dict[str, Any] | None = None
         if self.config.artifact_outbox is not None:
@@ -156,7 +157,7 @@ class Agent:
                                   warm=await pool.ask(Stats()) if pool is not None else None, artifact_outbox=usage)
 
         link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
-                                 self.config.outbox_bytes, heartbeat, self.config.unix_socket)
+                                 self.config.outbox_bytes, heartbeat, self.config.unix_socket, self.config.ca)
         link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
         link_holder.append(link)
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),

@@ -26,6 +26,7 @@ from typing import Any
 
 from actors.base import ActorRef, Registry, Shutdown
 from actors.cpus import CpuLedger
+from actors.eligibility import INSTANCE_MARK
 from actors.events import Committed, EventHub
 from actors.ledger import LedgerActor
 from actors.placer import Placer, Quarantine, Restore, RunSpec
@@ -37,6 +38,7 @@ from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents
 from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
 from actors.store.studies import ListStudies, UpdateStudy
+from actors.store.workers import WorkerExited
 from actors.study import StudyActor, Wake
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
@@ -51,6 +53,7 @@ from subprocess_runner.node_cache import NodeCache
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Restart, Supervisor
 from web.app import WebService
 from web.context import Services
+from web.hosts import reachable_names
 from web.login import LoginBook
 
 log = logging.getLogger("troupe.root")
@@ -74,7 +77,8 @@ class ControlPlane:
         # Set by ``troupe stop --leave-worker-runs`` before the stop: worker runs keep
         # executing and queued runs stay queued, for the next start to adopt.
         self.leave_worker_runs = False
-        self.login = LoginBook()  # browsers log in with one-time links (web/login.py)
+        self.login = LoginBook(token=self.token)  # browsers and terminals log in with links (web/login.py)
+        self.lan_hosts: tuple[str, ...] = ()  # bound beyond loopback: the names it is reached by
         # Workers whose connection actor kept crashing, with the reason (GET /api/workers).
         self.failed_workers: dict[str, str] = {}
         self.placer: ActorRef | None = None  # the live placer's ref, set by its factory
@@ -114,6 +118,8 @@ class ControlPlane:
         if self.settings.run_retention_keep_last >= 0:
             await self.store.write(Prune(self.settings.run_retention_keep_last))
         assert store_ref.is_alive
+        await self.login.load(self.store)  # sessions outlive a restart
+        self.lan_hosts = tuple(reachable_names(self.settings.host))
         self.accelerators = probe_accelerators(self.settings.cuda_visible_devices) + _simulated(self.settings)
         # Taken once per process (it reads the packs' files): not on the first run's start.
         await asyncio.to_thread(execution_facts, CONTROL_PLANE)
@@ -130,7 +136,7 @@ class ControlPlane:
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
                 node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers,
-                start_ssh=self.start_ssh,
+                start_ssh=self.start_ssh, lan_hosts=self.lan_hosts,
             )
         )
         self.port = await self.web.start()
@@ -249,9 +255,16 @@ class ControlPlane:
             settings = self.settings
             return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s,
                                     self.registry, settings.concurrency_for, frozenset(self.catalog.types),
-                                    self.catalog.digest).start(self.registry)
+                                    self.catalog.digest, self._retire).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))
+
+    def _retire(self, name: str) -> None:
+        """A one-shot agent took its run and exited: its worker leaves the list until its
+        next batch job connects (an array's instance was never listed apart from its
+        worker). Its credential stays: the next job of that worker uses it."""
+        if INSTANCE_MARK not in name:
+            self.store.write(WorkerExited(name))
 
     def start_ssh(self, target: SshTarget) -> ActorRef | None:
         """Opens the SSH session that serves ``target``'s worker; None when one is open."""
@@ -260,13 +273,14 @@ class ControlPlane:
             return None
         self.failed_workers.pop(target.name, None)
 
-        port = self.port
+        port, forward = self.port, self.web.forward_target
 
         def failed(worker: str, reason: str) -> None:
             self.failed_workers[worker] = reason
 
         return self.workers.start_child(ChildSpec(
-            name, lambda: SshSession(target, port, self.store, failed).start(self.registry), Restart.TEMPORARY))
+            name, lambda: SshSession(target, port, self.store, failed, forward).start(self.registry),
+            Restart.TEMPORARY))
 
     def _worker_failed(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         """Past the restart limit a worker shows ``failed`` with the reason; its runs are

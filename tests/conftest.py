@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +14,8 @@ def make_server(tmp_path: Path) -> Iterator[object]:
     """Starts real servers with the given TROUPE_* settings; stops them at teardown."""
     started: list[Server] = []
 
-    def make(home: Path | None = None, **settings: str) -> Server:
-        server = Server(home or tmp_path / f"home{len(started)}", **settings).start()
+    def make(home: Path | None = None, port: int = 0, preexec: Any = None, **settings: str) -> Server:
+        server = Server(home or tmp_path / f"home{len(started)}", preexec, port=port, **settings).start()
         started.append(server)
         return server
 
@@ -30,3 +31,12 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("shared"), TROUPE_SIMULATED_ACCELERATORS="cuda:0,cuda:1").start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def lan() -> Iterator[str]:
+    """A network namespace of the test's own, reaching this machine over a veth pair at
+    ``tests.lan.HOST_SIDE`` (skips with the reason where namespaces cannot be made)."""
+    from tests.lan import build_lan
+
+    yield from build_lan()

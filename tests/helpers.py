@@ -36,8 +36,9 @@ class Server:
     """``troupe start --port 0`` in its own process; ``url`` and ``token`` come from the
     session file it writes once it serves."""
 
-    def __init__(self, home: Path, preexec: Any = None, **settings: str) -> None:
+    def __init__(self, home: Path, preexec: Any = None, port: int = 0, **settings: str) -> None:
         self.home = home
+        self.port = port  # 0: a free one
         self.preexec = preexec  # run in the server's process before it starts (resource limits)
         self.env = base_env(home, **settings)
         self.proc: subprocess.Popen[str] | None = None
@@ -45,10 +46,11 @@ class Server:
         self.url = ""
         self.token = ""
         self.login_url = ""  # the one-time link that logs a browser in
+        self.ca: str | None = None  # the certificate an https server serves
 
     def start(self, timeout: float = 30.0) -> Server:
         self.proc = subprocess.Popen(
-            troupe_cmd("start", "--port", "0", "--examples", str(EXAMPLES)),
+            troupe_cmd("start", "--port", str(self.port), "--examples", str(EXAMPLES)),
             cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=self.preexec,
         )
@@ -67,15 +69,16 @@ class Server:
             raise RuntimeError("server did not start:\n" + "".join(self.output))
         session = json.loads((self.home / "session.json").read_text())
         self.url, self.token, self.login_url = session["url"], session["token"], session["login_url"]
+        self.ca = session.get("ca")
         return self
 
     @property
     def client(self) -> Client:
-        return Client(self.url, self.token)
+        return Client(self.url, self.token, ca=self.ca)
 
     @property
     def anonymous(self) -> Client:
-        return Client(self.url, None)
+        return Client(self.url, None, ca=self.ca)
 
     def submit(self, graph: dict[str, Any], expect: int = 201, **options: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"graph": graph, "options": options}

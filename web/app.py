@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from html import escape as html_escape
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from actors.base import Exit
+from protocol.tls import server_context
 from web import (
     routes_artifacts,
     routes_editor,
     routes_export,
     routes_files,
     routes_flavors,
+    routes_login,
     routes_meta,
     routes_plugins,
     routes_rerun,
@@ -28,34 +31,10 @@ from web import (
     ws_worker,
 )
 from web.context import SERVICES, Services
-from web.errors import LOGIN_LINKS_PATH, guard, json_reply
+from web.errors import guard
 from web.limits import HEADER_TIMEOUT_S, AcceptGuard, MalformedRequests
 
 STATIC = Path(__file__).parent / "static"
-
-
-async def _index(request: web.Request) -> web.StreamResponse:
-    """The page. ``?token=`` (a login link) logs the browser in with a cookie and drops
-    the token from the address bar; without the cookie the page is read-only and says
-    how to log in. The session token never goes into the page."""
-    login = request.app[SERVICES].login
-    token = request.query.get("token")
-    if token is not None:
-        cookie = login.redeem(token)
-        if cookie is not None:
-            response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
-            login.set_cookie(response, cookie)
-            return response
-    state = "in" if login.logged_in(request) else ("used" if token is not None else "out")
-    html = (STATIC / "index.html").read_text().replace(
-        '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">')
-    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
-
-
-async def _login_link(request: web.Request) -> web.Response:
-    """A fresh one-time login link (session token only: the guard refuses a cookie here)."""
-    svc = request.app[SERVICES]
-    return json_reply({"login_url": svc.login.new_link(f"{request.scheme}://{request.host}")}, status=201)
 
 
 def build_app(svc: Services) -> web.Application:
@@ -75,9 +54,9 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_files.routes)
     app.add_routes(routes_artifacts.routes)
     app.add_routes(ws_worker.routes)
-    app.router.add_post(LOGIN_LINKS_PATH, _login_link)
+    app.add_routes(routes_login.routes)
     if (STATIC / "index.html").exists():
-        app.router.add_get("/", _index)
+        app.router.add_get("/", routes_login.index)
         app.router.add_static("/static/", STATIC)
     return app
 
@@ -93,6 +72,11 @@ class WebService:
         self._accept_guard: AcceptGuard | None = None
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
         self.port: int | None = None
+        # Where an ``ssh -R`` forward reaches this server: its port, or with TLS on a
+        # plain-HTTP Unix socket of its own (the SSH session already encrypts, and an
+        # agent behind a forward speaks plain HTTP).
+        self.forward_target: str | None = None
+        self._socket_dir: Path | None = None
 
     @property
     def is_alive(self) -> bool:
@@ -110,21 +94,31 @@ class WebService:
                                      keepalive_timeout=HEADER_TIMEOUT_S)
         self._accept_guard = AcceptGuard(asyncio.get_running_loop())
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._svc.settings.host, self._svc.settings.port, reuse_address=True)
+        settings = self._svc.settings
+        tls = server_context(str(settings.tls_cert), str(settings.tls_key)) if settings.tls_cert else None
+        site = web.TCPSite(self._runner, settings.host, settings.port, reuse_address=True, ssl_context=tls)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._svc.settings.port
         self._svc.login.port = self.port
-        settings = self._svc.settings
+        self.forward_target = f"127.0.0.1:{self.port}"
+        if tls is not None:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="troupe-plane-"))  # mode 0700
+            path = str(self._socket_dir / "http.sock")
+            await web.UnixSite(self._runner, path).start()
+            self.forward_target = path
         host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+        host = self._svc.lan_hosts[0] if self._svc.lan_hosts else host  # the address a class reaches it by
         host = f"[{host}]" if ":" in host else host
-        self._svc.public_url = settings.public_url or f"http://{host}:{self.port}"
+        self._svc.public_url = settings.public_url or f"{settings.scheme}://{host}:{self.port}"
         return self.port
 
     async def stop(self, *args: Any) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         if self._accept_guard is not None:
             self._accept_guard.close()
         if not self._exited.done():

@@ -30,6 +30,9 @@ class Services:
     started_at: str = ""
     # The URL this server is reached at (TROUPE_PUBLIC_URL, else the address it bound).
     public_url: str = ""
+    # Bound beyond loopback: the names it is reached by (admitted as Host), and whether
+    # every read needs a session then.
+    lan_hosts: tuple[str, ...] = ()
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
     # Finds or starts the WorkerConnection actor of an enrolled worker.

@@ -8,7 +8,6 @@ logged with its traceback.
 from __future__ import annotations
 
 import errno
-import hmac
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -18,18 +17,27 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from protocol import jsonsafe
-from protocol.errors import DiskFull, HostNotAllowed, InvalidRequest, PayloadTooLarge, TroupeError, Unauthorized
+from protocol.errors import (
+    DiskFull,
+    Forbidden,
+    HostNotAllowed,
+    InvalidRequest,
+    PayloadTooLarge,
+    TroupeError,
+    Unauthorized,
+)
 from web.context import services
 from web.limits import refuse_announced
+from web.login import REQUEST_HEADER
 
 log = logging.getLogger("troupe.web")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_SELF_AUTHENTICATED = frozenset({"/api/workers/credentials"})
+_SELF_AUTHENTICATED = frozenset({"/api/workers/credentials", "/api/login"})  # proved by their body
 _WORKER_ARTIFACT = re.compile(r"/api/runs/[0-9a-f]{32}/artifacts")
-LOGIN_LINKS_PATH = "/api/login-links"  # the session token only, never a page's cookie
+LOGIN_LINKS_PATH = "/api/login-links"  # a teacher's session only
 
 
 def _self_authenticated(request: web.Request) -> bool:
@@ -71,26 +79,14 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.StreamResponse:
     try:
-        allowed = _LOOPBACK | {svc.settings.host.lower()} | set(svc.settings.allowed_hosts)
+        allowed = _LOOPBACK | {svc.settings.host.lower()} | set(svc.settings.allowed_hosts) | set(svc.lan_hosts)
         if _host_name(request.host) not in allowed:
             raise HostNotAllowed(
                 f"Host {request.host!r} is not allowed; add it to TROUPE_ALLOWED_HOSTS "
                 "to reach this server by that name"
             )
         refuse_announced(request, svc.settings)  # before a byte of it is read
-        if request.method not in _SAFE_METHODS and not _self_authenticated(request):
-            header = request.headers.get("Authorization", "")
-            scheme, _, token = header.partition(" ")
-            # A header of non-UTF-8 bytes compares unequal; it never raises.
-            given = token.strip().encode("utf-8", "surrogateescape")
-            bearer = scheme.lower() == "bearer" and hmac.compare_digest(given, svc.token.encode())
-            page = request.path != LOGIN_LINKS_PATH and svc.login.may_mutate(request)
-            if not (bearer or page):
-                raise Unauthorized(
-                    "this request changes state and needs 'Authorization: Bearer <token>' (the token is in "
-                    "$TROUPE_HOME/session.json), or a browser logged in with the link `troupe start` printed "
-                    "(`troupe open` makes a new one)"
-                )
+        await _authorize(request, svc)
         return await handler(request)
     except HttpProcessingError as exc:  # a body aiohttp could not parse (a broken multipart form)
         raise InvalidRequest(f"the request body is malformed: {' '.join(str(exc.message).split())[:200]}",
@@ -103,6 +99,42 @@ async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.Stre
             code = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else "http_error"
             return json_reply({"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc))
         raise
+
+
+async def _authorize(request: web.Request, svc: Any) -> None:
+    """A mutation needs a session that may make it; bound beyond loopback, a read needs a
+    session too (or a worker's credential, for the files its runs fetch)."""
+    who = svc.login.who(request)
+    if request.method not in _SAFE_METHODS:
+        if _self_authenticated(request):
+            return
+        if who is None or (who.by_cookie and not request.headers.get(REQUEST_HEADER)):
+            raise Unauthorized(
+                "this request changes state and needs 'Authorization: Bearer <token>' (the token is in "
+                "$TROUPE_HOME/session.json, or `troupe login` keeps one), or a browser logged in with the link "
+                "`troupe start` printed (`troupe open` makes a new one)")
+        if not who.may_change(request.path):
+            raise Forbidden(f"a {who.kind} session may not do this ({request.method} {request.path}); "
+                            + ("it only reads" if who.kind == "read" else "the teacher manages workers, flavors, "
+                                                                          "plugins and login links"))
+        return
+    if who is not None or not svc.lan_hosts or _public(request.path):
+        return
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secret.strip():
+        from web.ws_worker import credential_owner
+
+        owner, _ = await credential_owner(svc, secret.strip())
+        if owner is not None:
+            return  # a worker fetching an upload or a checkpoint for its run
+    raise Unauthorized("this server is reached over the network: reading it needs a session. Open the login link "
+                       "you were given, or run `troupe login URL` in a terminal", code="login_required")
+
+
+def _public(path: str) -> bool:
+    """What anyone may read: the page itself (it says how to log in) and what it needs
+    to say so."""
+    return path in ("/", "/api/info") or path.startswith("/static/")
 
 
 def _error_reply(exc: Exception, svc: Any) -> web.Response:

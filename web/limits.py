@@ -45,7 +45,7 @@ _GRAPH_ROUTES = frozenset({
     ("POST", "/api/studies"), ("POST", "/api/plugins/{plugin_id}/jobs")})
 # Files streamed to disk as they arrive: TROUPE_UPLOAD_MAX_MB, and an idle deadline.
 STREAMED_ROUTES = frozenset({("POST", "/api/files"), ("PUT", "/api/runs/{run_id}/artifacts")})
-_CREDENTIAL_ROUTES = frozenset({("POST", "/api/workers/credentials")})
+_CREDENTIAL_ROUTES = frozenset({("POST", "/api/workers/credentials"), ("POST", "/api/login")})
 
 
 class MalformedRequests(logging.Filter):

@@ -1,63 +1,140 @@
-"""Logging a browser in, as users know it from Jupyter: ``troupe start`` prints the URL
-with a one-time login token (``http://127.0.0.1:8765/?token=...``); opening it sets an
-HttpOnly, SameSite=Strict cookie and drops the token from the address bar. The page's
-mutations carry that cookie plus ``X-Troupe-Request``, a header a cross-site form cannot
-send. The page served without the cookie is read-only and says how to log in. The
-session token itself never reaches a page: on a shared classroom machine any local
-account could read it from there.
+"""Logging in, as users know it from Jupyter, for one user or a classroom.
 
-The CLI keeps using the session token of ``session.json``; ``POST /api/login-links``
-(session token only) makes a fresh link, which ``troupe open`` uses.
+``troupe start`` prints the URL with a login token (``http://host:8765/?token=...``);
+opening it sets an HttpOnly, SameSite=Strict cookie and drops the token from the
+address bar. A teacher's ``troupe open --uses 30 --expires 2h`` makes one link good for
+thirty browsers; ``--read-only`` one for a projector or a guest. Each use opens a
+session of the link's kind:
+
+* ``teacher``: everything (the server's session token is one too);
+* ``class``: runs, sweeps, studies, uploads and every read; not workers, flavors,
+  plugins, links or sessions;
+* ``read``: reads only.
+
+Links and sessions are stored by the sha256 of their secrets, so a restart mid-lesson
+logs nobody out and a copy of the database logs nobody in. The page's mutations carry
+the cookie plus ``X-Troupe-Request``, a header a cross-site form cannot send. A
+terminal logs in with ``troupe login URL`` and then sends its session secret as a
+bearer token. The session token itself never reaches a page.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
+import time
+import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
+from actors.store.logins import AddLoginLink, ListSessions, RevokeSession, SeenSessions, UseLoginLink
+
 REQUEST_HEADER = "X-Troupe-Request"
+TEACHER, CLASS, READ = "teacher", "class", "read"
+# What a class session may change: its own work. Everything else is the teacher's.
+CLASS_ROUTES = ("/api/runs", "/api/sweeps", "/api/studies", "/api/files", "/api/export", "/api/estimates",
+                "/api/editor-sessions")
+_SEEN_WRITE_S = 60.0  # how often a session's last-seen time is written
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Who:
+    """Who a request comes from: a session's kind and id (None: the session token), and
+    whether it came by the page's cookie (then a mutation needs the request header)."""
+
+    kind: str
+    session_id: str | None = None
+    by_cookie: bool = False
+
+    def may_change(self, path: str) -> bool:
+        if self.kind == TEACHER:
+            return True
+        return self.kind == CLASS and any(path == p or path.startswith(p + "/") for p in CLASS_ROUTES)
 
 
 @dataclass
 class LoginBook:
-    """One-time login tokens not yet used, and the cookies of logged-in browsers. Both
-    live only as long as the server: a restart logs every browser out."""
+    """The sessions of this server, held in memory for every request to check, written
+    through to the store. ``token``: the server's own session token (the teacher's)."""
 
     port: int = 0
-    _links: set[str] = field(default_factory=set)
-    _cookies: set[str] = field(default_factory=set)
+    token: str = ""
+    store: Any = None
+    _sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # secret hash -> row
+    _seen: dict[str, float] = field(default_factory=dict)  # session id -> last written (monotonic)
 
     @property
     def cookie_name(self) -> str:
         # Cookies are not scoped by port: two servers on one host must not share one.
         return f"troupe_session_{self.port}"
 
-    def new_link(self, base_url: str) -> str:
+    async def load(self, store: Any) -> None:
+        """The sessions the database holds (a restart keeps them)."""
+        self.store = store
+        for row in await store.read(ListSessions()):
+            if not row["revoked"]:
+                self._sessions[row["secret_hash"]] = row
+
+    async def new_link(self, base_url: str, kind: str = TEACHER, uses: int = 1, expires_s: float = 7 * 86400) -> str:
         token = secrets.token_urlsafe(24)
-        self._links.add(token)
+        await self.store.write(AddLoginLink(digest(token), kind, uses, time.time() + expires_s))
         return f"{base_url.rstrip('/')}/?token={token}"
 
-    def redeem(self, token: str) -> str | None:
-        """A fresh cookie value for a login token, which is used up; None if unknown."""
-        match = next((t for t in self._links if hmac.compare_digest(t.encode(), token.encode(errors="replace"))), None)
-        if match is None:
+    async def redeem(self, token: str, label: str) -> tuple[str, dict[str, Any]] | None:
+        """A fresh session secret for a link token, one of its uses spent; None for a link
+        that is unknown, used up or expired."""
+        secret = secrets.token_urlsafe(32)
+        row = await self.store.write(UseLoginLink(digest(token), digest(secret), uuid.uuid4().hex[:16], label))
+        if row is None:
             return None
-        self._links.discard(match)
-        cookie = secrets.token_urlsafe(32)
-        self._cookies.add(cookie)
-        return cookie
+        self._sessions[row["secret_hash"]] = row
+        return secret, row
 
-    def logged_in(self, request: web.Request) -> bool:
+    async def revoke(self, session_id: str) -> bool:
+        for hashed, row in list(self._sessions.items()):
+            if row["id"] == session_id:
+                del self._sessions[hashed]
+        return bool(await self.store.write(RevokeSession(session_id)))
+
+    def who(self, request: web.Request) -> Who | None:
+        """The session a request comes with, by bearer token or by cookie; None: none."""
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        given = given.strip()
+        if scheme.lower() == "bearer" and given:
+            if self.token and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
+                return Who(TEACHER)
+            row = self._sessions.get(digest(given))
+            return Who(row["kind"], row["id"]) if row is not None and self._touch(row) else None
         value = request.cookies.get(self.cookie_name, "")
-        return bool(value) and any(hmac.compare_digest(c.encode(), value.encode(errors="replace"))
-                                   for c in self._cookies)
+        row = self._sessions.get(digest(value)) if value else None
+        return Who(row["kind"], row["id"], by_cookie=True) if row is not None and self._touch(row) else None
 
-    def may_mutate(self, request: web.Request) -> bool:
-        """A logged-in page's request: the cookie and the header a form cannot send."""
-        return bool(request.headers.get(REQUEST_HEADER)) and self.logged_in(request)
+    def logged_in(self, request: web.Request) -> str | None:
+        """The kind of session the page's cookie opened, or None."""
+        who = self.who(request)
+        return who.kind if who is not None and who.by_cookie else None
 
-    def set_cookie(self, response: web.StreamResponse, value: str) -> None:
-        response.set_cookie(self.cookie_name, value, httponly=True, samesite="Strict", path="/")
+    def _touch(self, row: dict[str, Any]) -> bool:
+        now = time.monotonic()
+        if self.store is not None and now - self._seen.get(row["id"], -_SEEN_WRITE_S) >= _SEEN_WRITE_S:
+            self._seen[row["id"]] = now
+            row["last_seen_at"] = _utc_now()
+            self.store.write(SeenSessions(((row["id"], row["last_seen_at"]),)))
+        return True
+
+    def set_cookie(self, response: web.StreamResponse, value: str, secure: bool = False) -> None:
+        response.set_cookie(self.cookie_name, value, httponly=True, samesite="Strict", path="/", secure=secure,
+                            max_age=30 * 86400)
+
+
+def _utc_now() -> str:
+    from protocol.events import utc_now
+
+    return utc_now()

@@ -71,6 +71,7 @@ async def info(request: web.Request) -> web.Response:
                 "cpus": settings.cpus,
             },
             "public_url": svc.public_url,
+            "login": {"reads_need_session": bool(svc.lan_hosts)},
             # An agent reporting this machine id shares this server's cpu (one quota).
             "machine_id": host_machine_id(),
             # Node outputs kept between the interactive runs of editor sessions.

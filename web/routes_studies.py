@@ -42,7 +42,23 @@ def study_reply(study: dict[str, Any]) -> dict[str, Any]:
                       "run_id": a["run_id"], "status": a["status"], "objective_value": a["objective_value"]}
                      for a in study["attempts"]],
         "ranking": ranking, "unranked": unranked, "plugin_id": study["plugin_id"], "created_at": study["created_at"],
+        "notes": _notes(spec, study["budget"]),
     }
+
+
+def _notes(spec: dict[str, Any], budget: dict[str, Any]) -> list[dict[str, str]]:
+    """What the study will do that its body does not say: seeded attempts in the
+    server's own process run one at a time (the seed gate), whatever max_parallel_runs."""
+    parallel = budget.get("max_parallel_runs")
+    in_process = not (spec.get("options") or {}).get("target")
+    if spec.get("seed") is None or not in_process or parallel == 1:
+        return []
+    wanted = f"{parallel} at once" if parallel else "in parallel"
+    return [{"code": "seeded_runs_one_at_a_time", "message": (
+        f"Seeded runs execute alone in this server (each sets the process-wide random state), so this study's "
+        f"attempts run one at a time here, not {wanted}. To run them in parallel, start a local agent "
+        "(Workers > Add worker gives its join command) and give the study options.target "
+        '{"worker": "<its name>"}: each seeded run then has a process of its own. See docs/studies.md.')}]
 
 
 async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None) -> dict[str, Any]:

@@ -72,6 +72,8 @@ async def list_workers(request: web.Request) -> web.Response:
     cards = await _cards(svc, snapshots)
     rows = []
     for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
+        if snapshot is None and row["exited_at"] and not instances.get(row["name"]):
+            continue  # a spent one-shot worker whose agent exited: its history is in its runs
         if snapshot is None:
             snapshot = {
                 "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,

@@ -300,6 +300,28 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN progress TEXT;
     """,
+    # 18: login links good for N uses until they expire, and the sessions they opened
+    # (teacher, class or read), by the sha256 of their secrets; when a spent one-shot
+    # worker's agent exited (it leaves the Workers list until it connects again).
+    """
+    ALTER TABLE workers ADD COLUMN exited_at TEXT;
+    CREATE TABLE login_links (
+        token_hash TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        uses_left INTEGER NOT NULL,
+        expires_at REAL NOT NULL,
+        created_at TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        secret_hash TEXT NOT NULL UNIQUE,
+        kind TEXT NOT NULL,
+        label TEXT NOT NULL DEFAULT '',
+        created_at TEXT NOT NULL,
+        last_seen_at TEXT NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

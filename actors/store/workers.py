@@ -45,6 +45,14 @@ class RevokeWorker:
 
 
 @dataclass(frozen=True)
+class WorkerExited:
+    """A spent one-shot worker's agent has exited: the Workers list leaves it out while it
+    is not connected (its history stays in its runs; its credential serves the next job)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class WorkerForCredential:
     credential: str
 
@@ -111,8 +119,9 @@ def worker_for(conn: apsw.Connection, credential: str) -> dict[str, Any] | None:
 
 
 def list_workers(conn: apsw.Connection) -> list[Mapping[str, Any]]:
-    return [{"name": n, "machine_id": m, "revoked": bool(r), "enrolled_at": e} for n, m, r, e in conn.execute(
-        "SELECT name, machine_id, revoked, enrolled_at FROM workers ORDER BY name")]
+    return [{"name": n, "machine_id": m, "revoked": bool(r), "enrolled_at": e, "exited_at": x}
+            for n, m, r, e, x in conn.execute(
+                "SELECT name, machine_id, revoked, enrolled_at, exited_at FROM workers ORDER BY name")]
 
 
 def revoke(conn: apsw.Connection, name: str) -> bool:
@@ -124,6 +133,8 @@ WRITES: Table = {
     CreateEnrollment: lambda s, op: create_enrollment(s.conn, op.token, op.name, op.ttl_s, op.uses, ev.utc_now()),
     RedeemEnrollment: lambda s, op: redeem(s.conn, op.token, op.name, op.machine_id, op.credential, ev.utc_now()),
     RevokeWorker: lambda s, op: revoke(s.conn, op.name),
+    WorkerExited: lambda s, op: s.conn.execute("UPDATE workers SET exited_at = ? WHERE name = ?",
+                                               (ev.utc_now(), op.name)),
 }
 READS: Table = {
     WorkerForCredential: lambda s, m: worker_for(s.conn, m.credential),

@@ -34,6 +34,9 @@ def test_a_one_shot_agent_takes_one_run_from_the_pool_and_exits_with_its_outcome
         assert agent.wait(30) == 0  # its run was reported completely, then it exited
         tail = agent.stdout.read()
         assert f"run {reply['run_id']} succeeded, reported; exiting 0" in tail
+        # A spent one-shot worker leaves the Workers list; its history stays in its run.
+        server.poll_until(lambda: all(w["name"] != "batch-a" for w in server.get("/api/workers")["workers"]))
+        assert server.get(f"/api/runs/{reply['run_id']}")["worker"] == "batch-a"
         queued = server.get(f"/api/runs/{anywhere['run_id']}")
         assert queued["status"] == "queued" and queued["queue_reason"]["code"] == "no_free_worker"
         server.client.request("POST", f"/api/runs/{anywhere['run_id']}/cancel")

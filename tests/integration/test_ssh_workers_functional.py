@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from cli.client import Client
 from tests.helpers import REPO, hello
 from tests.integration.test_workers_functional import CARD
+from tests.lan import STUDENT_SIDE, in_namespace
 from tests.sshd import missing, start_sshd
 
 REASON = missing()
@@ -81,6 +83,26 @@ def test_a_refused_key_shows_failed_with_the_reason_and_is_not_retried(sshd, mak
     assert server.client.request("POST", "/api/workers/ssh", missing_troupe)[0] == 201
     server.poll_until(lambda: (row(server, "far2") or {}).get("state") == "failed", timeout=30)
     assert "troupe is not found on the remote host" in row(server, "far2")["failed_reason"]
+
+
+def test_a_host_name_that_does_not_resolve_is_retried_like_any_network_failure(make_server, lan):
+    """The server runs on a machine of the test's own LAN, which has no name server: the
+    name does not resolve, as on a laptop between networks, and the session is retried
+    rather than failed."""
+    server = make_server(preexec=in_namespace(lan), TROUPE_HOST="0.0.0.0")
+    client = Client(f"http://{STUDENT_SIDE}:{server.url.rsplit(':', 1)[1]}", server.token)
+    far = {"name": "far", "host": "gpu.lab.invalid", "user": "root", "remote_command": "troupe"}
+    assert client.request("POST", "/api/workers/ssh", far)[0] == 201
+
+    def retried() -> bool:
+        found = next(w for w in client.request("GET", "/api/workers")[1]["workers"] if w["name"] == "far")
+        assert found["state"] != "failed", found
+        session = found["ssh"] or {}
+        return session.get("attempts", 0) >= 2 and any("Could not resolve hostname" in line
+                                                       for line in session.get("output", []))
+
+    server.poll_until(retried, timeout=30)
+    assert client.request("DELETE", "/api/workers/far")[0] == 200
 
 
 def test_bad_bodies_are_refused_with_a_pointer(make_server):

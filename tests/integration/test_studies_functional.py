@@ -44,6 +44,9 @@ def test_a_study_runs_every_variant_and_repeat_and_ranks_by_the_reduced_objectiv
     study = post(shared_server, study_body(variants(3, 1, 2), repeats=2, seed=10,
                                            objective={"reduce": "median"}))
     assert study["state"] == "running" and [v["name"] for v in study["variants"]] == ["v3", "v1", "v2"]
+    # Seeded attempts in the server's process run one at a time; the answer says so and how to do better.
+    assert [n["code"] for n in study["notes"]] == ["seeded_runs_one_at_a_time"]
+    assert "local agent" in study["notes"][0]["message"]
     done = wait_state(shared_server, study["id"], "finished")
     assert done["used"]["runs"] == 6 and {a["status"] for a in done["attempts"]} == {"succeeded"}
     assert [(r["variant"], r["rank"], r["objective_value"]) for r in done["ranking"]] == [
@@ -61,6 +64,7 @@ def test_a_study_runs_every_variant_and_repeat_and_ranks_by_the_reduced_objectiv
 def test_max_parallel_runs_is_never_exceeded(make_server):
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="8")
     study = post(server, study_body(variants(1, 2, 3, 4, seconds=0.3), repeats=1, budget={"max_parallel_runs": 2}))
+    assert study["notes"] == []  # unseeded: they do run two at once
     most = 0
     for kind, _ in server.client.stream("/api/stream", read_timeout=60):
         if kind not in ("hello", "run"):

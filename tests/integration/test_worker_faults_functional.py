@@ -152,3 +152,13 @@ def test_an_outbox_that_overflows_says_how_many_events_it_dropped(make_server, t
         agent.terminate()
         agent.wait(30)
         proxy.close()
+
+
+def test_an_agent_whose_control_plane_is_away_logs_its_retries_with_backoff(link):
+    _, proxy, agent = link
+    proxy.cut()
+    lines = read_until(agent, "(attempt 8;")  # it retries every second at most; it says so at 1, 2, 4, 8, 16...
+    said = [line.split("(attempt ")[1].split(";")[0] for line in lines if "control plane unreachable" in line]
+    assert said == ["1", "2", "4", "8"], "".join(lines)
+    proxy.restore()
+    read_until(agent, "connected as gpu-a")  # and it comes back by itself

@@ -5,7 +5,8 @@ import { initEditor } from "./editor.js";
 import { refreshRuns, renderChips } from "./runs.js";
 import { refreshStudies } from "./studies.js";
 import { newSweepDialog, refreshSweeps } from "./sweeps.js";
-import { api, el, login, showMessage } from "./util.js";
+import { classLinkDialog, refreshPeople } from "./people.js";
+import { api, el, login, session, showMessage } from "./util.js";
 import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 
 const PANELS = { sweeps: refreshSweeps, studies: refreshStudies, workers: refreshWorkers };
@@ -37,26 +38,50 @@ function showTab(name) {
   if (PANELS[name]) PANELS[name]().catch(report);
 }
 
-// A page that is not logged in can look but not change anything, and says how to log in.
+// A page that is not logged in can look but not change anything, and says how to log in;
+// a read-only session (a projector, a guest) says what it is. Buttons a session may not
+// press are not shown: "acts" change runs, sweeps and studies, "teaches" manage workers.
 function loginBanner() {
-  if (login === "in") return;
+  if (login === "in" && session !== "read") return;
   const why = login === "used" ? "That login link was already used, or is not one this server made. " : "";
-  document.body.prepend(el("div", { class: "login-banner", role: "status" }, `Read-only. ${why}To run, queue `
-    + "or change anything, open the login link that ", el("code", {}, "troupe start"), " printed, or run ",
-    el("code", {}, "troupe open"), " on the server's machine."));
+  const text = session === "read"
+    ? ["Read-only: this session can look at every run of this server but not start or change one."]
+    : [`Read-only. ${why}To run, queue or change anything, open the login link that `, el("code", {}, "troupe start"),
+      " printed, or run ", el("code", {}, "troupe open"), " on the server's machine."];
+  document.body.prepend(el("div", { class: "login-banner", role: "status" }, ...text));
+}
+
+// Reached over the network, the server shows nothing to a browser without a session.
+function loginWall() {
+  const why = login === "used" ? "That login link was already used up, has expired, or is not one this server made. " : "";
+  document.querySelector("main.layout").hidden = true;
+  document.querySelector("header.toolbar").hidden = true;
+  const wall = document.getElementById("login-wall");
+  wall.hidden = false;
+  wall.replaceChildren(el("h1", {}, "troupe"), el("p", { class: "login-banner", role: "status" },
+    `${why}This server is shared over the network: to see it, open the login link you were given `
+    + "(it ends in ?token=…). Ask the person who runs the server for one; they make it with ",
+    el("code", {}, "troupe open --uses 30 --expires 2h"), ". From a terminal: ", el("code", {}, "troupe login URL"), "."));
 }
 
 async function start() {
-  loginBanner();
   const info = await api("GET", "/api/info");
+  document.body.classList.add(`session-${login === "in" ? session : "none"}`);
+  if (login !== "in" && info.login.reads_need_session) return loginWall();
+  loginBanner();
   document.getElementById("server").textContent = `v${info.version} · ${info.devices.join(", ")}`;
   // Only the panels whose API this server has: no request goes to a route that is not there.
   for (const name of Object.keys(PANELS)) {
     document.querySelector(`.tab[data-tab="${name}"]`).hidden = !info.capabilities[name];
   }
+  if (session === "teacher" && login === "in") {
+    PANELS.people = refreshPeople; // who is connected: the teacher's to see
+    document.querySelector('.tab[data-tab="people"]').hidden = false;
+  }
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
   document.getElementById("new-sweep").addEventListener("click", newSweepDialog);
   document.getElementById("add-worker").addEventListener("click", addWorkerDialog);
+  document.getElementById("class-link-button").addEventListener("click", classLinkDialog);
   document.getElementById("notice").addEventListener("click", (event) => {
     event.preventDefault();
     showTab("runs");
@@ -76,7 +101,7 @@ async function start() {
   stream.addEventListener("reset", soon);
   setInterval(() => {
     // Durations tick while runs execute; workers and studies have no stream of their own.
-    if (document.querySelector(".status.running") || ["workers", "studies"].includes(current)) soon();
+    if (document.querySelector(".status.running") || ["workers", "studies", "people"].includes(current)) soon();
   }, 1000);
 }
 

@@ -6,7 +6,9 @@ import { Canvas, NODE_WIDTH, nodeHeight } from "./canvas.js";
 import { MUTATION_HEADERS, api, el, openDialog, showMessage, uploadFile } from "./util.js";
 
 const catalog = new Map();
-const session = crypto.randomUUID().replace(/-/g, "");
+// getRandomValues, not randomUUID: a classroom reaches the page over plain http on a LAN,
+// where a browser offers randomUUID to secure contexts only.
+const session = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
 let graph = { version: 1, name: "untitled", settings: { device: "cpu" }, nodes: [], edges: [] };
 let canvas = null;
 let info = null;

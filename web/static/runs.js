@@ -31,13 +31,13 @@ function actions(row) {
   const cell = el("td", { class: "actions" });
   const quiet = (handler) => (event) => { event.stopPropagation(); handler(); };
   if (ACTIVE.has(row.status)) {
-    cell.append(el("button", { onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
+    cell.append(el("button", { class: "acts", onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
   }
   cell.append(el("button", { onclick: quiet(() => watchRun(row.id)) }, "Watch"));
   cell.append(el("a", { href: `/api/runs/${row.id}/metrics?format=csv`, onclick: (e) => e.stopPropagation() }, "CSV"));
   if (!ACTIVE.has(row.status)) {
     cell.append(el("button", {
-      onclick: quiet(() => confirmDialog(`Delete run ${row.name || row.id}?`,
+      class: "acts", onclick: quiet(() => confirmDialog(`Delete run ${row.name || row.id}?`,
         "Its metrics, events and recorded outputs are removed from the database. Checkpoint files stay on disk. "
         + "This cannot be undone.", "Delete", async () => {
           await api("DELETE", `/api/runs/${row.id}`);
@@ -182,8 +182,8 @@ async function renderDetails() {
   document.getElementById("details-facts").replaceChildren(
     ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
   document.getElementById("details-again").replaceChildren(...ACTIVE.has(run.status) ? [] : [
-    el("button", { onclick: () => again(run.id, false) }, "Run again"),
-    ...run.resume_point ? [el("button", { onclick: () => again(run.id, true) },
+    el("button", { class: "acts", onclick: () => again(run.id, false) }, "Run again"),
+    ...run.resume_point ? [el("button", { class: "acts", onclick: () => again(run.id, true) },
       `Resume from epoch ${run.resume_point.epoch}`)] : []]);
   document.getElementById("details-artifacts").replaceChildren(...run.artifacts.length ? [el("h3", {}, "Artifacts"),
     ...run.artifacts.map((a) => el("div", { class: `artifact ${a.state || "stored"}`, "data-state": a.state || "stored" },

@@ -57,16 +57,17 @@ function renderStudy(box, study) {
     el("td", {}, a.objective_value === null ? "" : a.objective_value.toPrecision(4))))));
   const buttons = el("p", {});
   if (["running", "halted"].includes(study.state)) {
-    buttons.append(el("button", { class: "danger", onclick: () => confirmDialog(`Cancel study ${study.name}?`,
+    buttons.append(el("button", { class: "danger acts", onclick: () => confirmDialog(`Cancel study ${study.name}?`,
       "Its queued and running attempts are cancelled now and no new attempt starts. The ranking so far stays; "
       + "a cancelled study cannot be resumed.", "Cancel the study", async () => {
         await api("POST", `/api/studies/${study.id}/cancel`);
         await refreshStudies();
       }) }, "Cancel"));
   }
-  if (study.state === "halted") buttons.append(" ", el("button", { onclick: () => resumeDialog(study) }, "Resume…"));
+  if (study.state === "halted") buttons.append(" ", el("button", { class: "acts", onclick: () => resumeDialog(study) }, "Resume…"));
   box.replaceChildren(el("h2", {}, `${study.name} — ${study.state}`),
     study.halt_reason ? el("p", { class: "message" }, `Halted: ${study.halt_reason}`) : "",
+    ...(study.notes || []).map((note) => el("p", { class: "explain", "data-note": note.code }, note.message)),
     buttons, el("h3", {}, "Budget"), budget, el("h3", {}, "Ranking"), ranking,
     el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV")),
     el("h3", {}, `Attempts (${study.attempts.length})`), attempts);

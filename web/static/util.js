@@ -3,6 +3,9 @@
 // "in": this browser is logged in (an HttpOnly cookie the page cannot read); "out": the
 // page is read-only; "used": it was opened with a login link that is used up or unknown.
 export const login = document.querySelector('meta[name="troupe-login"]').content;
+// The kind of session the cookie opened: "teacher" (everything), "class" (runs, sweeps,
+// studies; not workers or links), "read" (a projector or a guest), or "" (none).
+export const session = document.querySelector('meta[name="troupe-session"]')?.content || "";
 // Sent with every mutation beside the cookie: a cross-site form cannot send a header.
 export const MUTATION_HEADERS = { "X-Troupe-Request": "1" };
 

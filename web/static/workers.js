@@ -80,19 +80,19 @@ function actions(worker) {
   const cell = el("td", { class: "actions" });
   if (worker.state === "connected") {
     for (const card of worker.cards || []) {
-      cell.append(el("button", { "data-share": card.device, onclick: () => sharingDialog(worker, card) },
+      cell.append(el("button", { class: "teaches", "data-share": card.device, onclick: () => sharingDialog(worker, card) },
         `${card.device} sharing…`));
     }
   }
   if (!worker.draining && worker.state === "connected") {
-    cell.append(el("button", { onclick: () => confirmDialog(`Drain ${worker.name}?`,
+    cell.append(el("button", { class: "teaches", onclick: () => confirmDialog(`Drain ${worker.name}?`,
       `No new run starts on ${worker.name}; runs for it wait (or go to another worker when they target any). `
       + `The ${running} run${running === 1 ? "" : "s"} executing there finish normally.`, "Drain", async () => {
         await api("POST", `/api/workers/${worker.name}/drain`);
         await refreshWorkers();
       }) }, "Drain"));
   }
-  cell.append(el("button", { class: "danger", onclick: () => confirmDialog(`Remove ${worker.name}?`,
+  cell.append(el("button", { class: "danger teaches", onclick: () => confirmDialog(`Remove ${worker.name}?`,
     `Its credential is revoked and its agent stops at once. The ${running} run${running === 1 ? "" : "s"} executing `
     + "there end interrupted (worker_lost). To bring the machine back, add it again with a new join command.",
     "Remove", async () => {

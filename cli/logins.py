@@ -1,0 +1,105 @@
+"""``troupe login`` / ``troupe logout``: a terminal on another machine (a student's
+laptop) keeps the server it logged in to and its session secret in the user's config
+folder (``logins.json``, mode 0600), and every command uses them when no server runs
+in this ``TROUPE_HOME``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from cli.client import Client
+from cli.errors import EXIT_OK, CliError
+
+FILE = "logins.json"
+
+
+def _path() -> Path:
+    return Path(platformdirs.user_config_dir("troupe")) / FILE
+
+
+def read_logins() -> dict[str, Any]:
+    try:
+        found = json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write(logins: dict[str, Any]) -> None:
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(logins, out)
+    os.replace(temporary, path)
+
+
+def current() -> Client | None:
+    """A client of the server this terminal logged in to last, with its session."""
+    logins = read_logins()
+    server = logins.get("current")
+    entry = (logins.get("servers") or {}).get(server) if server else None
+    return Client(str(server), str(entry["secret"]), ca=entry.get("ca")) if entry else None
+
+
+def login(url: str, token: str | None, ca: str | None = None) -> int:
+    """With a login link (``http://host:8765/?token=...``) one of its uses becomes this
+    terminal's session; with ``--token`` (a teacher's session token) that is kept.
+    ``ca``: the certificate of a server serving https with a self-signed one."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(f"{url!r} is not a server's address (http://host:port, or the login link you were given)")
+    base = f"{parts.scheme}://{parts.netloc}"
+    link_token = urllib.parse.parse_qs(parts.query).get("token", [None])[0]
+    if token:
+        secret, kind = token, "teacher"
+        status, body = Client(base, secret, ca=ca).request("GET", "/api/sessions")
+        if status != 200:
+            raise CliError(f"{base} did not take that token ({status}); a teacher's token is in its session.json")
+    elif link_token:
+        status, body = Client(base, None, ca=ca).request("POST", "/api/login", {"token": link_token})
+        if status != 201:
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            raise CliError(f"{base} refused the link ({status}): {error.get('message', body)}")
+        secret, kind = body["session"], body["kind"]
+    else:
+        raise CliError("give the login link you were given (it ends in ?token=...), or --token with a teacher's "
+                       "session token")
+    logins = read_logins()
+    logins.setdefault("servers", {})[base] = {"secret": secret, "kind": kind, "ca": ca}
+    logins["current"] = base
+    _write(logins)
+    print(f"logged in to {base} ({kind} session); `troupe ls` and the rest now use it")
+    return EXIT_OK
+
+
+def logout(url: str | None) -> int:
+    logins = read_logins()
+    base = url.rstrip("/") if url else logins.get("current")
+    if not base or base not in (logins.get("servers") or {}):
+        raise CliError("this terminal is not logged in" + (f" to {base}" if base else ""))
+    del logins["servers"][base]
+    if logins.get("current") == base:
+        logins["current"] = next(iter(logins["servers"]), None)
+    _write(logins)
+    print(f"logged out of {base}")
+    return EXIT_OK
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def seconds(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h``, ``1d``."""
+    found = _DURATION.match(text)
+    if found is None or float(found[1]) <= 0:
+        raise CliError(f"{text!r} is not a duration (90s, 30m, 2h, 1d)")
+    return float(found[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[found[2]]

@@ -1,0 +1,124 @@
+"""Logging in: the page (``/?token=``), login links, terminal logins and the sessions
+they opened ("who is connected"). See ``web/login.py`` for the kinds of session."""
+
+from __future__ import annotations
+
+from html import escape as html_escape
+from pathlib import Path
+from typing import Annotated
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from actors.store.logins import ListSessions
+from protocol.errors import NotFound, Unauthorized
+from protocol.numbers import INTEGRAL
+from web.context import services
+from web.errors import LOGIN_LINKS_PATH, json_reply
+from web.login import CLASS, READ, TEACHER
+from web.requests import read_model
+
+routes = web.RouteTableDef()
+STATIC = Path(__file__).parent / "static"
+
+
+class NewLoginLink(BaseModel):
+    """Body of ``POST /api/login-links``: no ``uses``: a teacher's one-time link; with
+    ``uses``, a class link; ``read_only``: a link for a projector or a guest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    uses: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
+    expires_s: float = Field(default=12 * 3600, gt=0, le=365 * 86400)
+    read_only: StrictBool = False
+
+
+class Login(BaseModel):
+    """Body of ``POST /api/login``: a terminal trades a login link's token for a session."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    token: str = Field(min_length=1, max_length=200)
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    """The page. ``?token=`` (a login link) logs the browser in with a cookie and drops
+    the token from the address bar; without a session the page says how to log in."""
+    login = services(request).login
+    token = request.query.get("token")
+    if token is not None:
+        made = await login.redeem(token, _label("browser", request))
+        if made is not None:
+            response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
+            login.set_cookie(response, made[0], secure=request.secure)
+            return response
+    kind = login.logged_in(request)
+    state = "in" if kind else ("used" if token is not None else "out")
+    html = (STATIC / "index.html").read_text().replace(
+        '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
+        f'<meta name="troupe-session" content="{html_escape(kind or "")}">')
+    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+@routes.post(LOGIN_LINKS_PATH)
+async def new_login_link(request: web.Request) -> web.Response:
+    """A fresh login link (a teacher's session only: the guard refuses the others)."""
+    svc = services(request)
+    body = await read_model(request, NewLoginLink) if request.can_read_body else NewLoginLink()
+    kind = READ if body.read_only else (CLASS if body.uses is not None else TEACHER)
+    base = svc.public_url or f"{request.scheme}://{request.host}"
+    link = await svc.login.new_link(base, kind, body.uses or 1, body.expires_s)
+    return json_reply({"login_url": link, "kind": kind, "uses": body.uses or 1, "expires_s": body.expires_s},
+                      status=201)
+
+
+@routes.post("/api/login")
+async def login_terminal(request: web.Request) -> web.Response:
+    """``troupe login``: a link's token (one of its uses) for a session secret, which the
+    terminal sends as its bearer token from then on."""
+    svc = services(request)
+    body = await read_model(request, Login)
+    made = await svc.login.redeem(body.token, _label("terminal", request))
+    if made is None:
+        raise Unauthorized("this login link is unknown, used up or expired; ask for a new one", code="link_not_valid")
+    secret, row = made
+    return json_reply({"session": secret, "kind": row["kind"], "id": row["id"]}, status=201)
+
+
+_BROWSERS = (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"), ("Chrome/", "Chrome"),
+             ("Safari/", "Safari"))
+_SYSTEMS = (("Android", "Android"), ("iPhone", "iPhone"), ("iPad", "iPad"), ("Windows", "Windows"),
+            ("Mac OS X", "macOS"), ("CrOS", "ChromeOS"), ("Linux", "Linux"))
+
+
+def _label(what: str, request: web.Request) -> str:
+    """How "who is connected" names a session: what, from where, in which browser
+    ("browser 10.0.0.7 · Firefox on Windows")."""
+    agent = request.headers.get("User-Agent", "")
+    browser = next((name for mark, name in _BROWSERS if mark in agent), "")
+    system = next((name for mark, name in _SYSTEMS if mark in agent), "")
+    kind = f"{browser} on {system}" if browser and system else browser or system or agent[:40]
+    return " · ".join(part for part in (f"{what} {request.remote or ''}".strip(), kind) if part)[:200]
+
+
+@routes.get("/api/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    """Who is connected: every session, its kind and when it was last seen (teacher)."""
+    svc = services(request)
+    who = svc.login.who(request)
+    if who is None or who.kind != TEACHER:
+        raise Unauthorized("the sessions are the teacher's to see", code="teacher_only")
+    rows = await svc.store.read(ListSessions())
+    return json_reply({"sessions": [{k: r[k] for k in ("id", "kind", "label", "created_at", "last_seen_at",
+                                                         "revoked")} for r in rows]})
+
+
+@routes.delete("/api/sessions/{session_id}")
+async def revoke_session(request: web.Request) -> web.Response:
+    svc = services(request)
+    session_id = request.match_info["session_id"]
+    if not await svc.login.revoke(session_id[:64]):
+        raise NotFound(f"no session {session_id[:64]!r}", code="session_not_found")
+    return json_reply({"id": session_id, "revoked": True})
+
+
