@@ -40,7 +40,7 @@ def test_the_new_sweep_dialog_queues_a_sweep_of_the_editor_graph_and_ranks_it(op
 
 def test_the_studies_panel_shows_the_budget_and_resumes_a_halted_study(open_page):
     server, tab, errors = open_page()
-    study = post(server, study_body(variants(1, 2), repeats=2, budget={"max_runs": 2}))
+    study = post(server, study_body(variants(1, 2), repeats=2, seed=3, budget={"max_runs": 2}))
     wait_state(server, study["id"], "halted")
     tab.get_by_role("button", name="Studies").click()
     row = tab.locator(f'tr[data-study="{study["id"]}"]')
@@ -49,6 +49,8 @@ def test_the_studies_panel_shows_the_budget_and_resumes_a_halted_study(open_page
     row.click()
     expect(tab.locator("#study")).to_contain_text("v1")
     expect(tab.locator('#study [data-limit="max_runs"]')).to_have_text("2 of 2")
+    # Seeded, in the server's process: the page says its attempts run one at a time, and what to do.
+    expect(tab.locator('#study [data-note="seeded_runs_one_at_a_time"]')).to_contain_text("local agent")
     screenshot(tab, "studies-panel.png")
     tab.locator("#study").get_by_role("button", name="Resume…").click()
     dialog = tab.locator("dialog[open]")

@@ -27,6 +27,8 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
     status, reply = fetch(lan, f"{lan_url}/api/runs")
     assert status == 401 and reply["error"]["code"] == "login_required", reply  # type: ignore[index]
     assert fetch(lan, f"{lan_url}/")[0] == 200  # the page, which says how to log in
+    assert fetch(lan, f"{lan_url}/metrics")[0] == 401
+    assert fetch(lan, f"{lan_url}/metrics", token=server.token)[0] == 200  # the session token as a bearer
 
     made = subprocess.run(troupe_cmd("open", "--uses", "2", "--expires", "1h", "--no-browser"), cwd=REPO,
                           env=base_env(home), capture_output=True, text=True, timeout=60)
