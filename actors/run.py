@@ -144,6 +144,7 @@ class RunActor(Actor):
         self._finishing = False
         self._discarded = False
         self._epoch: Any = None  # the training epoch last written as the run's progress
+        self._first_epoch: tuple[Any, str] | None = None  # the first epoch seen ended, and when (for an ETA)
 
     async def on_start(self) -> None:
         if self._row.get("adopting"):
@@ -523,7 +524,12 @@ class RunActor(Actor):
         elif kind == ev.METRIC and isinstance(payload.get("epochs"), int) and payload.get("epoch") != self._epoch:
             # A training's place, epoch k of n, for lists and terminals (once per epoch).
             self._epoch = payload.get("epoch")
-            self._write(UpdateRun(self.run_id, {"progress": {"epoch": self._epoch, "epochs": payload["epochs"]}}))
+            now = ev.utc_now()
+            if self._first_epoch is None:
+                self._first_epoch = (self._epoch, now)
+            self._write(UpdateRun(self.run_id, {"progress": {
+                "epoch": self._epoch, "epochs": payload["epochs"], "first_epoch": self._first_epoch[0],
+                "first_at": self._first_epoch[1], "at": now}}))
         elif kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING) and payload.get("backend") is not None:  # listed
             self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), payload["path"],
                                        payload["backend"], payload.get("label"), payload["size"], payload["sha256"],

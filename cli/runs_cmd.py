@@ -71,10 +71,10 @@ def status_of(row: dict[str, Any]) -> str:
 
 
 def list_runs(client: Client, status: str | None, sweep: str | None, study: str | None, search: str | None,
-              limit: int, form: str) -> int:
+              limit: int, form: str, tag: str | None = None) -> int:
     """``form``: "table", "json" (the API's objects) or "ids" (one a line, for scripts)."""
     query = {k: v for k, v in (("status", status), ("sweep_id", sweep), ("study_id", study), ("q", search),
-                                ("limit", str(limit))) if v}
+                                ("tag", tag), ("limit", str(limit))) if v}
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
     if form != "table":
         print(json.dumps(reply, indent=2) if form == "json" else "\n".join(r["id"] for r in reply["runs"]))

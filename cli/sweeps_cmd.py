@@ -90,8 +90,8 @@ def _progress_line(sweep: dict[str, Any]) -> str:
         if best else "")
 
 
-def sweep_ls(client: Client, form: str) -> int:
-    return _listing(client, "sweeps", form, ["ID", "NAME", "STATE", "RUNS", "CREATED"],
+def sweep_ls(client: Client, form: str, limit: int | None = None) -> int:
+    return _listing(client, "sweeps", form, limit, ["ID", "NAME", "STATE", "RUNS", "CREATED"],
                     lambda s: [s.get("state", ""), str(s.get("total", ""))])
 
 
@@ -159,16 +159,17 @@ def study_start(client: Client, path: str, as_json: bool, wait: bool = False) ->
         return EXIT_INTERRUPTED
 
 
-def study_ls(client: Client, form: str) -> int:
-    return _listing(client, "studies", form, ["ID", "NAME", "STATE", "HALTED BECAUSE", "CREATED"],
+def study_ls(client: Client, form: str, limit: int | None = None) -> int:
+    return _listing(client, "studies", form, limit, ["ID", "NAME", "STATE", "HALTED BECAUSE", "CREATED"],
                     lambda s: [s["state"], s.get("halt_reason") or ""])
 
 
-def _listing(client: Client, what: str, form: str, header: list[str],
+def _listing(client: Client, what: str, form: str, limit: int | None, header: list[str],
              middle: Callable[[dict[str, Any]], list[str]]) -> int:
     """``GET /api/<what>`` as a table: id, name, ``middle``'s columns, created; or
-    ``form`` "json" (the API's objects) or "ids" (one a line)."""
+    ``form`` "json" (the API's objects) or "ids" (one a line); the newest ``limit``."""
     reply = answer(client.request("GET", f"/api/{what}"), f"listing {what}")
+    reply[what] = reply[what][:limit]
     if form != "table":
         print(json.dumps(reply, indent=2) if form == "json" else "\n".join(item["id"] for item in reply[what]))
         return EXIT_OK

@@ -30,6 +30,7 @@ RunId = Annotated[str, typer.Argument(help="a run id", autocompletion=_run_ids)]
 RunIds = Annotated[list[str], typer.Argument(help="run ids", autocompletion=_run_ids)]
 AsJson = Annotated[bool, typer.Option("--json", help="print the API's own objects, for scripts")]
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
+Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
 Port = Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")]
 Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
@@ -63,12 +64,13 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
                                                              "interrupted or disconnected")] = None,
             sweep: Annotated[str | None, typer.Option(help="the runs of one sweep")] = None,
             study: Annotated[str | None, typer.Option(help="the runs of one study")] = None,
-            search: Annotated[str | None, typer.Option(help="name, id, node type or param value")] = None,
+            search: Annotated[str | None, typer.Option(help="name, id, tag, note, node type or param value")] = None,
+            tag: Annotated[str | None, typer.Option(help="the runs tagged so (in the page, or PATCH)")] = None,
             limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first."""
         done(lambda: runs_cmd.list_runs(client(host, port), status, sweep, study, search, limit,
-                                        "ids" if quiet else "json" if as_json else "table"))
+                                        "ids" if quiet else "json" if as_json else "table", tag))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -117,9 +119,10 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
         done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json))
 
     @app.command("ls")
-    def ls_(as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
-        """List sweeps."""
-        done(lambda: sweeps_cmd.sweep_ls(client(host, port), "ids" if quiet else "json" if as_json else "table"))
+    def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,
+            port: Port = None) -> None:
+        """List sweeps, newest first."""
+        done(lambda: sweeps_cmd.sweep_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
 
     @app.command("show")
     def show(sweep_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -150,9 +153,10 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
         done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json, wait))
 
     @app.command("ls")
-    def ls_(as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
-        """List studies."""
-        done(lambda: sweeps_cmd.study_ls(client(host, port), "ids" if quiet else "json" if as_json else "table"))
+    def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,
+            port: Port = None) -> None:
+        """List studies, newest first."""
+        done(lambda: sweeps_cmd.study_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
 
     @app.command("show")
     def show(study_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
@@ -23,9 +23,11 @@ DEVICE_PATTERN = r"^(cpu|auto|cuda|mps)(:[0-9]{1,3})?$"
 class Target(BaseModel):
     """Where a run executes: ``worker`` names an enrolled worker, ``any`` lets the placer
     choose, ``local`` (or no target) is the control plane itself. Unknown keys are
-    refused (``unknown_target_option``): a run meant for elsewhere never runs here."""
+    refused (``unknown_target_option``): a run meant for elsewhere never runs here. A
+    worker and a pool exclude each other (``target_conflict``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              json_schema_extra={"not": {"required": ["worker", "pool"]}})
 
     worker: str | None = Field(default=None, min_length=1, max_length=128)
     devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
@@ -145,9 +147,13 @@ class RunRow(BaseModel):
         default=None, description="the final loss diverged: final_loss is null and this says to what")
     sweep_id: str | None
     sweep_variant: int | None
+    study_id: str | None = None
     error: str | None
     queue_reason: QueueReason | None = Field(default=None, description="a queued run: what it waits for")
-    progress: dict[str, int] | None = Field(default=None, description="a training's place: {epoch, epochs}")
+    progress: dict[str, Any] | None = Field(
+        default=None, description="a training's place: {epoch, epochs, first_at, at} (wall times of epoch ends)")
+    tags: list[str] = Field(default_factory=list, description="what people tagged it with, sorted")
+    note: str | None = Field(default=None, description="a person's note on the run")
 
 
 class RunDetail(RunRow):
@@ -186,9 +192,43 @@ class RerunRequest(BaseModel):
     resume: StrictBool = False
 
 
+class RunGroup(BaseModel):
+    """In ``GET /api/runs?grouped=true``: the runs of one sweep or study, folded."""
+
+    kind: Literal["sweep", "study"]
+    id: str
+    name: str | None
+    runs: int = Field(description="how many of its runs match the filters")
+    counts: dict[str, int] = Field(description="those runs by status")
+    best: dict[str, Any] | None = Field(description="the best objective so far: {metric, value, run_id}")
+    newest_seq: int
+
+
 class RunList(BaseModel):
-    runs: list[RunRow]
+    runs: list[RunRow | RunGroup] = Field(description="runs; with grouped=true, sweeps and studies folded into one "
+                                                      "row each (those have a kind)")
     next_cursor: str | None
+
+
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+/-]{0,39}$"
+
+
+class RunEdit(BaseModel):
+    """Body of ``PATCH /api/runs/{id}``: what a person adds to a run. A field left out
+    stays; ``tags`` replaces the whole set; ``null`` clears the name or the note."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={"minProperties": 1})
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    tags: list[Annotated[str, Field(pattern=TAG_PATTERN)]] | None = Field(default=None, max_length=20)
+    note: str | None = Field(default=None, max_length=4096)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _something(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data:
+            raise ValueError("nothing to change: give name, tags or note")
+        return data
 
 
 class Event(BaseModel):

@@ -11,7 +11,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from protocol.numbers import INTEGRAL
 
-_RAM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_RAM = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+RAM_MAX_MB = 2**40  # a bound a 64-bit column holds (a million TB)
 _UNIT_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 FLAVOR_NAME = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
 
@@ -37,8 +38,9 @@ def _ram(value: int | str | None) -> int | None:
 
 # The text form as the OpenAPI document states it (a lookahead: not every digit zero);
 # the server reads it with ``_RAM``, which says the same.
-_RAM_TEXT = r"^\s*(?=[^1-9]*[1-9])\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
-Ram = Annotated[Annotated[int, Field(ge=1), INTEGRAL] | Annotated[str, Field(json_schema_extra={"pattern": _RAM_TEXT})]
+_RAM_TEXT = r"^\s*(?=[^1-9]*[1-9])\d{1,9}(\.\d{1,9})?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
+Ram = Annotated[Annotated[int, Field(ge=1, le=RAM_MAX_MB), INTEGRAL]
+                | Annotated[str, Field(json_schema_extra={"pattern": _RAM_TEXT})]
                 | None, AfterValidator(_ram), Field(default=None, description="MB, or '2G' / '512M'")]
 
 

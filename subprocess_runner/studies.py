@@ -74,7 +74,10 @@ def attempt_seed(seed: int | None, repeat: int) -> int | None:
 def rank(variants: list[dict[str, Any]], attempts: list[dict[str, Any]], repeats: int,
          objective: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(ranking, unranked)``: a variant is ranked only when every repeat's final attempt
-    succeeded and recorded the objective."""
+    succeeded and recorded the objective. Every entry carries the variant's params, the
+    values of its repeats that succeeded, and their spread (``std``, the sample standard
+    deviation; 0 for a single value); an unranked one says why, and how many repeats
+    are done: ``incomplete`` when some succeeded and the rest never ran."""
     reduce = _REDUCE[objective.get("reduce", "mean")]
     scored, unranked = [], []
     for index, variant in enumerate(variants):
@@ -83,19 +86,24 @@ def rank(variants: list[dict[str, Any]], attempts: list[dict[str, Any]], repeats
             if attempt["variant"] == index:
                 final[attempt["repeat"]] = attempt  # later attempts replace retried ones
         statuses = [final[r]["status"] if r in final else None for r in range(repeats)]
+        values = [final[r]["objective_value"] for r in range(repeats)
+                  if statuses[r] == "succeeded" and final[r]["objective_value"] is not None]
+        entry = {"variant": variant["name"], "params": variant.get("params", {}), "values": values,
+                 "std": statistics.stdev(values) if len(values) > 1 else 0.0 if values else None}
         if "over_budget" in statuses:
             reason = "over_budget"
         elif any(s in ("failed", "cancelled") for s in statuses):
             reason = "repeat_failed"
+        elif any(s in ("queued", "running", "disconnected") for s in statuses):
+            reason = "running"
         elif any(s != "succeeded" for s in statuses):
-            reason = "not_run"
-        elif any(final[r]["objective_value"] is None for r in range(repeats)):
+            reason = "incomplete" if any(s == "succeeded" for s in statuses) else "not_run"
+        elif len(values) < repeats:
             reason = "no_objective"
         else:
-            values = [final[r]["objective_value"] for r in range(repeats)]
-            scored.append({"variant": variant["name"], "objective_value": reduce(values), "repeats": repeats})
+            scored.append({**entry, "objective_value": reduce(values), "repeats": repeats})
             continue
-        unranked.append({"variant": variant["name"], "reason": reason})
+        unranked.append({**entry, "reason": reason, "repeats_done": statuses.count("succeeded")})
     scored.sort(key=lambda s: s["objective_value"] if objective["direction"] == "minimize" else -s["objective_value"])
     for i, entry in enumerate(scored, start=1):
         entry["rank"] = i

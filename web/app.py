@@ -18,6 +18,7 @@ from web import (
     routes_editor,
     routes_export,
     routes_files,
+    routes_find,
     routes_flavors,
     routes_login,
     routes_meta,
@@ -40,6 +41,7 @@ STATIC = Path(__file__).parent / "static"
 def build_app(svc: Services) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=svc.settings.max_request_bytes)
     app[SERVICES] = svc
+    app.add_routes(routes_find.routes)
     app.add_routes(routes_runs.routes)
     app.add_routes(routes_rerun.routes)
     app.add_routes(streams.routes)

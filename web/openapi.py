@@ -13,14 +13,15 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
-from web.routes_runs import CURSOR_PATTERN, MAX_TAIL
+from web.routes_find import CURSOR_PATTERN
+from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
 
 _MODELS: tuple[type[BaseModel], ...] = (
     api.SubmitRun, api.RunOptions, api.RunCreated, api.RunRow, api.RunDetail, api.RunList, api.Event,
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
-    api.EstimateGraph, api.Estimate, api.RerunRequest,
+    api.EstimateGraph, api.Estimate, api.RerunRequest, api.RunEdit,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
     SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate,
 )
@@ -98,14 +99,19 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
     paths = {
         "/api/runs": {
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
-            "get": _op("List runs, newest first", api.RunList, params=(
+            "get": _op("List runs, newest first (grouped: a row per sweep and study)", api.RunList, params=(
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
                 ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
                 ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
-                ("q", "query", {"type": "string", "maxLength": 200}))),
+                ("q", "query", {"type": "string", "maxLength": 200}),
+                ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
+                                  "description": "empty: any tag"}),
+                ("grouped", "query", {"type": "string", "enum": ["true", "false"]}))),
         },
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
+            "patch": _op("A run's name, tags and note", api.RunDetail, body=api.RunEdit, params=(_RUN_ID,),
+                         mutation=True),
             "delete": _op("Delete a finished run", None, params=(_RUN_ID,), mutation=True),
         },
         "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},

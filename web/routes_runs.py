@@ -17,7 +17,7 @@ from actors.placer import Submit
 from actors.resources import read_flavors
 from actors.run import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
-from actors.store.runs import DeleteRun, GetRun, ListRuns
+from actors.store.runs import DeleteRun, GetRun
 from actors.submission import build_row
 from actors.worker import ReadRecordedOutputs
 from protocol import events as ev
@@ -36,7 +36,8 @@ OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its r
 
 ROW_FIELDS = (
     "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
-    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "error", "progress",
+    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "study_id", "error",
+    "progress", "tags", "note",
 )
 
 
@@ -135,41 +136,6 @@ async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: 
 
 
 # A page of runs ends before the run of this enqueue sequence: digits, opaque to clients.
-CURSOR_PATTERN = r"^([0-9]{1,18})?$"
-
-
-def _decode_cursor(raw: str | None) -> int | None:
-    if not raw:
-        return None
-    if raw.isascii() and raw.isdigit() and len(raw) <= 18:  # 18 digits: below SQLite's 64-bit INTEGER
-        return int(raw)
-    raise InvalidRequest("cursor is not one this server handed out (pass next_cursor back as it came)",
-                         pointer="?cursor")
-
-
-def _encode_cursor(seq: int | None) -> str | None:
-    return None if seq is None else str(seq)
-
-
-@routes.get("/api/runs")
-async def list_runs(request: web.Request) -> web.Response:
-    svc = services(request)
-    status = request.query.get("status") or None
-    if status is not None and status not in ev.ALL_STATES:
-        raise InvalidRequest(f"status must be one of {sorted(ev.ALL_STATES)}, got {status!r}", pointer="?status")
-    query = ListRuns(
-        status=status,
-        sweep_id=request.query.get("sweep_id") or None,
-        study_id=request.query.get("study_id") or None,
-        limit=int_query(request, "limit", default=50, minimum=1, maximum=500) or 50,
-        before_seq=_decode_cursor(request.query.get("cursor")),
-        search=(request.query.get("q") or "").strip()[:200] or None,
-    )
-    rows, next_seq = await svc.store.read(query)
-    rows = await with_queue_reasons(svc, rows)
-    return json_reply({"runs": [public_row(r) for r in rows], "next_cursor": _encode_cursor(next_seq)})
-
-
 async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
     row = await svc.store.read(GetRun(run_id))
     if row is None:
@@ -198,11 +164,15 @@ async def get_console(request: web.Request) -> web.Response:
                        "size": len(text)})
 
 
+async def run_detail(svc: Services, run_id: str) -> dict[str, Any]:
+    """What ``GET /api/runs/{id}`` answers."""
+    row = (await with_queue_reasons(svc, [await _get_row(svc, run_id)]))[0]
+    return detail_row(row, svc.settings.run_retention_keep_last)
+
+
 @routes.get("/api/runs/{run_id}")
 async def get_run(request: web.Request) -> web.Response:
-    svc = services(request)
-    row = (await with_queue_reasons(svc, [await _get_row(svc, run_id_from(request))]))[0]
-    return json_reply(detail_row(row, svc.settings.run_retention_keep_last))
+    return json_reply(await run_detail(services(request), run_id_from(request)))
 
 
 @routes.get("/api/runs/{run_id}/fingerprint")

@@ -119,11 +119,14 @@ async def get_study(request: web.Request) -> web.Response:
         return json_reply(reply)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["variant", "rank", "objective_value", "repeats", "unranked_reason"])
+    keys = sorted({key for v in reply["variants"] for key in v["params"]})
+    writer.writerow(["variant", "rank", "objective_value", "std", "repeats", "unranked_reason", *keys])
     for entry in reply["ranking"]:
-        writer.writerow([entry["variant"], entry["rank"], entry["objective_value"], entry["repeats"], ""])
+        writer.writerow([entry["variant"], entry["rank"], entry["objective_value"], entry["std"], entry["repeats"], "",
+                         *(entry["params"].get(k) for k in keys)])
     for entry in reply["unranked"]:
-        writer.writerow([entry["variant"], "", "", "", entry["reason"]])
+        writer.writerow([entry["variant"], "", "", entry["std"] if entry["std"] is not None else "",
+                         entry["repeats_done"], entry["reason"], *(entry["params"].get(k) for k in keys)])
     return web.Response(text=out.getvalue(), content_type="text/csv")
 
 

@@ -20,7 +20,19 @@ import apsw
 import apsw.bestpractice
 
 from actors.errors import ActorDeadError
-from actors.store import artifacts, events, files, flavors, logins, memory, runs, studies, sweeps, workers
+from actors.store import (
+    artifacts,
+    events,
+    files,
+    flavors,
+    logins,
+    memory,
+    run_list,
+    runs,
+    studies,
+    sweeps,
+    workers,
+)
 from actors.store.schema import open_database
 from actors.store.table import Session, Table
 from actors.threaded import ThreadActor
@@ -32,7 +44,7 @@ FULL_LOG_S = 30.0
 # Applied once per process, before the first connection (apsw's own advice).
 apsw.bestpractice.apply(apsw.bestpractice.recommended)
 
-_CONCERNS = (runs, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins)
+_CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins)
 _WRITES: Table = {kind: handler for module in _CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in _CONCERNS for kind, handler in module.READS.items()}
 # What outlives a run copies its result from it when it ends or before it is deleted:

@@ -78,17 +78,6 @@ class GetRun:
 
 
 @dataclass(frozen=True)
-class ListRuns:
-    status: str | None = None
-    sweep_id: str | None = None
-    study_id: str | None = None
-    limit: int = 50
-    before_seq: int | None = None
-    # Matches a run's name, id, node types and param values (its graph's text).
-    search: str | None = None
-
-
-@dataclass(frozen=True)
 class ReadStream:
     """What a run's stream sends first, read together: None when there is no such run,
     else a page of its events after ``after`` (capped), the ``after`` to read on from when
@@ -127,7 +116,7 @@ RUN_COLUMNS = (
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
     "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts", "graph_base", "rerun_of",
-    "resumed_from", "progress",
+    "resumed_from", "progress", "note",
 )
 _JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts", "resumed_from", "progress")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at", "graph", "graph_base"}
@@ -151,7 +140,7 @@ _FINAL_LOSS = """
         (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss'
          ORDER BY m.seq DESC LIMIT 1))
 """
-_SELECT = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
+SELECT_RUNS = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
 
 
 class _Bases:
@@ -176,14 +165,14 @@ class _Bases:
 _BASES = _Bases()
 
 
-def _whole_graph(conn: apsw.Connection, row: dict[str, Any]) -> dict[str, Any]:
+def whole_graph(conn: apsw.Connection, row: dict[str, Any]) -> dict[str, Any]:
     """A run of a sweep or a study stores its params over a shared base graph."""
     if row.get("graph_base"):
         row["graph"] = with_params(_BASES.get(conn, row["graph_base"]), row["graph"] or {})
     return row
 
 
-def _row(values: tuple[Any, ...]) -> dict[str, Any]:
+def run_row(values: tuple[Any, ...]) -> dict[str, Any]:
     row = dict(zip(RUN_COLUMNS, values[: len(RUN_COLUMNS)], strict=True))
     row["queue_position"], final = values[len(RUN_COLUMNS):]
     # A diverged loss is null with what it was: "nan", "inf" or "-inf".
@@ -234,54 +223,27 @@ def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) ->
     )
 
 
+def tags_of(conn: apsw.Connection, run_ids: list[str]) -> dict[str, list[str]]:
+    """Each run's tags, sorted."""
+    found: dict[str, list[str]] = {run_id: [] for run_id in run_ids}
+    for start in range(0, len(run_ids), 500):
+        chunk = run_ids[start:start + 500]
+        for run_id, tag in conn.execute(f"SELECT run_id, tag FROM run_tags WHERE run_id IN "
+                                        f"({', '.join('?' for _ in chunk)}) ORDER BY tag", chunk):
+            found[str(run_id)].append(str(tag))
+    return found
 
 
 def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
-    found = conn.execute(f"{_SELECT} WHERE r.id = ?", (run_id,)).fetchall()
+    found = conn.execute(f"{SELECT_RUNS} WHERE r.id = ?", (run_id,)).fetchall()
     if not found:
         return None
-    row = _whole_graph(conn, _row(found[0]))
+    row = whole_graph(conn, run_row(found[0]))
     row["artifacts"] = artifacts(conn, run_id)
+    row["tags"] = tags_of(conn, [run_id])[run_id]
     row["reruns"] = [str(r) for (r,) in conn.execute("SELECT id FROM runs WHERE rerun_of = ? ORDER BY enqueue_seq",
                                                      (run_id,))]
     return row
-
-
-def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
-    """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
-    where, args = [], []
-    for column in ("status", "sweep_id", "study_id"):
-        value = getattr(query, column)
-        if value is not None:
-            where.append(f"r.{column} = ?")
-            args.append(value)
-    if query.before_seq is not None:
-        where.append("r.enqueue_seq < ?")
-        args.append(query.before_seq)
-    if query.search:
-        like = "%" + query.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.graph")]
-        matches.append("EXISTS (SELECT 1 FROM graph_bases b WHERE b.digest = r.graph_base AND b.graph LIKE ? "
-                       "ESCAPE '\\')")
-        where.append(f"({' OR '.join(matches)})")
-        args.extend([like] * 4)
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    rows = [
-        _whole_graph(conn, _row(v))
-        for v in conn.execute(f"{_SELECT}{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
-    ]
-    if len(rows) > query.limit:
-        rows = rows[: query.limit]
-        return rows, rows[-1]["enqueue_seq"]
-    return rows, None
-
-
-
-
-
-
-
-
 
 
 def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[Any, ...]]:
@@ -448,7 +410,6 @@ WRITES: Table = {
 }
 READS: Table = {
     GetRun: lambda s, m: get_run(s.conn, m.run_id),
-    ListRuns: lambda s, m: list_runs(s.conn, m),
     QueuedRuns: lambda s, m: queued_runs(s.conn, m.queue_key),
     QueuePosition: lambda s, m: queue_position(s.conn, m.run_id),
     ReadStream: lambda s, m: read_stream(s.conn, m),

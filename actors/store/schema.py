@@ -322,6 +322,17 @@ MIGRATIONS: tuple[str, ...] = (
         revoked INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID;
     """,
+    # 19: a run's note and its tags, which the list filters by.
+    """
+    ALTER TABLE runs ADD COLUMN note TEXT;
+    CREATE TABLE run_tags (
+        run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        tag TEXT NOT NULL,
+        PRIMARY KEY (run_id, tag)
+    ) WITHOUT ROWID;
+    CREATE INDEX run_tags_tag ON run_tags(tag, run_id);
+    CREATE INDEX runs_study ON runs(study_id);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -44,7 +44,7 @@ def test_the_studies_panel_shows_the_budget_and_resumes_a_halted_study(open_page
     wait_state(server, study["id"], "halted")
     tab.get_by_role("button", name="Studies").click()
     row = tab.locator(f'tr[data-study="{study["id"]}"]')
-    expect(row).to_contain_text("halted (budget_max_runs)")
+    expect(row).to_contain_text("halted (it started as many runs as its budget allows (max_runs))")
     expect(row).to_contain_text("2 of 2 runs")
     row.click()
     expect(tab.locator("#study")).to_contain_text("v1")
@@ -129,8 +129,8 @@ def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(o
         detail = server.get(f"/api/runs/{run['id']}")
         assert detail["memory_budget_source"] == "declared" and detail["worker"] == "gpu-a"
         tab.locator(f'tr[data-run="{run["id"]}"]').click()
-        expect(tab.locator("#details-facts")).to_contain_text(f"{detail['memory_budget_mib']} MiB (declared)")
-        expect(tab.locator("#details-facts")).to_contain_text("Peak memory")
+        expect(tab.locator("#run-head .facts")).to_contain_text(f"{detail['memory_budget_mib']} MiB (declared)")
+        expect(tab.locator("#run-head .facts")).to_contain_text("Peak memory")
     finally:
         agent.terminate()
         agent.wait(30)

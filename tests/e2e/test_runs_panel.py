@@ -42,9 +42,10 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     tab.locator(f'tr[data-run="{running}"] .status.cancelled').wait_for()
     row.get_by_text("#1 in queue").wait_for()  # the queue moved up, live
 
-    tab.locator(f'tr[data-run="{done}"]').click()
-    chart = tab.locator('#details-charts figure.chart[data-series="val_loss"]')
-    expect(chart).to_contain_text("last 5")  # the details show a chart per metric series
+    tab.locator(f'tr[data-run="{done}"]').click()  # its own page, a chart per metric series
+    expect(tab.locator('#run-metrics figure.chart[data-series="val_loss"]')).to_contain_text("last 5")
+    assert tab.url.endswith(f"#/runs/{done}")
+    tab.get_by_role("link", name="← Runs").click()
     tab.locator(f'tr[data-run="{done}"]').get_by_role("button", name="Delete").click()
     expect(tab.locator("dialog[open]")).to_contain_text("Checkpoint files stay on disk")
     confirm(tab, "Delete")
@@ -53,9 +54,10 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     assert status == 404
 
     tab.locator(f'tr[data-run="{running}"]').click()
-    tab.locator("#details-events").get_by_text("run_finished").wait_for()
+    tab.locator("#run-events").get_by_text("run_finished").wait_for()
+    tab.go_back()
     tab.locator('.chip[data-filter="cancelled"]').click()
-    expect(tab.locator("tbody tr")).to_have_count(1)
+    expect(tab.locator("#rows tr")).to_have_count(1)
     expect(tab.locator(f'tr[data-run="{running}"]')).to_be_visible()
     for run_id in waiting:
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
@@ -119,9 +121,9 @@ def test_the_chart_of_a_diverged_loss_shows_where_it_diverged(page):
     run_id = server.submit(diverging())["run_id"]
     server.wait_status(run_id, "succeeded")
     tab.locator(f'tr[data-run="{run_id}"]').click()
-    chart = tab.locator('#details-charts figure.chart[data-series="val_loss"]')
+    chart = tab.locator('#run-metrics figure.chart[data-series="val_loss"]')
     expect(chart).to_contain_text("inf at step 1")
-    expect(chart.locator("line.diverged")).to_have_count(1)
+    expect(chart).to_have_attribute("data-diverged", "1")  # a red line drawn at step 1
     assert errors == []
 
 
@@ -132,11 +134,13 @@ def test_seed_and_determinism_appear_in_the_details_only_when_set(page):
     for run_id in (plain, seeded):
         server.wait_status(run_id, "succeeded")
     tab.locator(f'tr[data-run="{seeded}"]').click()
-    facts = tab.locator("#details-facts")
+    facts = tab.locator("#run-head .facts")
     expect(facts).to_contain_text("Seed7")
     expect(facts).to_contain_text("Deterministicyes")
+    tab.go_back()
     tab.locator(f'tr[data-run="{plain}"]').click()
-    expect(facts).to_contain_text(plain)
+    expect(tab.locator("#run-head")).to_contain_text(plain)
+    expect(facts).to_contain_text("Started")
     expect(facts).not_to_contain_text("Seed")
     expect(facts).not_to_contain_text("Deterministic")
     assert errors == []
@@ -150,7 +154,7 @@ def test_an_artifact_is_listed_with_where_it_lives_and_downloads_whole(page):
     server.wait_status(run_id, "succeeded", timeout=120)
     listed = server.get(f"/api/runs/{run_id}")["artifacts"][0]
     tab.locator(f'tr[data-run="{run_id}"]').click()
-    row = tab.locator("#details-artifacts .artifact").first
+    row = tab.locator("#run-artifacts .artifact").first
     expect(row).to_contain_text("checkpoints/trainer-epoch-1.pt")
     expect(row).to_contain_text("local")
     with tab.expect_download() as arrived:
@@ -173,14 +177,17 @@ def test_a_run_is_made_again_and_a_stopped_training_resumed_from_the_page(page):
         if kind == "run_event" and data["type"] == "run_finished":
             break
     tab.locator(f'tr[data-run="{run_id}"]').click()
-    expect(tab.locator("#details-facts")).to_contain_text("Can be resumed")
-    resume = tab.locator("#details-again").get_by_role("button", name=re.compile(r"Resume from epoch \d"))
+    expect(tab.locator("#run-head .facts")).to_contain_text("Can be resumed")
+    resume = tab.locator("#run-head .actions").get_by_role("button", name=re.compile(r"Resume from epoch \d"))
     resume.click()
     server.wait_until(lambda: server.get(f"/api/runs/{run_id}")["reruns"] != [])
     resumed = server.get(f"/api/runs/{run_id}")["reruns"][0]
+    tab.wait_for_url(f"**#/runs/{resumed}")  # the page goes to the new run
     assert server.events_until_finished(resumed, timeout=120)[-1]["payload"]["status"] == "succeeded"
     assert server.get(f"/api/runs/{resumed}")["resumed_from"]["run_id"] == run_id
-    tab.locator("#details-again").get_by_role("button", name="Run again").click()
+    expect(tab.locator("#run-head")).to_contain_text("succeeded")  # followed live to its end
+    tab.go_back()
+    tab.locator("#run-head .actions").get_by_role("button", name="Run again").click()
     server.wait_until(lambda: len(server.get(f"/api/runs/{run_id}")["reruns"]) == 2)
     assert errors == []
 
@@ -192,5 +199,5 @@ def test_a_runs_console_output_shows_in_its_details(page):
     run_id = server.submit(talker("P", pause=0.05))["run_id"]
     server.wait_status(run_id, "succeeded")
     tab.locator(f'tr[data-run="{run_id}"]').click()
-    expect(tab.locator("#details-console")).to_have_text("P-1 1.0\nP-2 1.0\nP-3 1.0\n")
+    expect(tab.locator("#run-console")).to_have_text("P-1 1.0\nP-2 1.0\nP-3 1.0\n")
     assert errors == []

@@ -27,7 +27,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 def test_tls_needs_both_halves_and_a_pair_that_loads(tmp_path):
-    cert, key = self_signed(tmp_path)
+    cert, _ = self_signed(tmp_path)
     env = base_env(tmp_path / "home")
     half = subprocess.run(troupe_cmd("start", "--port", "0", "--tls-cert", str(cert)), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)

@@ -10,7 +10,8 @@ import pytest
 from actors.errors import RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
-from actors.store.runs import DeleteRun, GetRun, InsertRun, ListRuns, Prune, Recover, UpdateRun
+from actors.store.run_list import ListRuns
+from actors.store.runs import DeleteRun, GetRun, InsertRun, Prune, Recover, UpdateRun
 from actors.store.schema import SCHEMA_VERSION, open_database
 from actors.threaded import start_thread_actor
 

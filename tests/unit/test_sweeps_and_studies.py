@@ -63,13 +63,24 @@ def test_a_retried_repeat_counts_by_its_last_attempt_and_reasons_are_given():
     attempts = [attempt(0, 0, "interrupted", None, 0), attempt(0, 0, "succeeded", 1.0, 1),
                 attempt(1, 0, "over_budget", None, 2)]
     ranking, unranked = rank(VARIANTS, attempts, 1, {"direction": "maximize"})
-    assert ranking == [{"variant": "a", "objective_value": 1.0, "repeats": 1, "rank": 1}]
-    assert unranked == [{"variant": "b", "reason": "over_budget"}]
+    assert [(r["variant"], r["objective_value"], r["repeats"], r["rank"], r["std"]) for r in ranking] == [
+        ("a", 1.0, 1, 1, 0.0)]
+    assert [(u["variant"], u["reason"]) for u in unranked] == [("b", "over_budget")]
     _, unranked = rank(VARIANTS, [attempt(0, 0, "succeeded", None), attempt(1, 0, "failed", None)], 1,
                        {"direction": "maximize"})
-    assert unranked == [{"variant": "a", "reason": "no_objective"}, {"variant": "b", "reason": "repeat_failed"}]
+    assert [(u["variant"], u["reason"]) for u in unranked] == [("a", "no_objective"), ("b", "repeat_failed")]
 
 
 def test_repeat_seeds_wrap_into_range():
     assert attempt_seed(None, 3) is None
     assert [attempt_seed(2**32 - 1, r) for r in range(3)] == [2**32 - 1, 0, 1]
+
+
+def test_a_variant_with_some_repeats_done_is_incomplete_and_spread_is_reported():
+    attempts = [attempt(0, 0, "succeeded", 1.0), attempt(0, 1, "succeeded", 3.0), attempt(1, 0, "succeeded", 2.0)]
+    ranking, unranked = rank(VARIANTS, attempts, 2, {"direction": "minimize"})
+    assert [(r["variant"], r["values"], r["std"]) for r in ranking] == [("a", [1.0, 3.0], 2 ** 0.5)]
+    assert [(u["variant"], u["reason"], u["repeats_done"], u["values"]) for u in unranked] == [
+        ("b", "incomplete", 1, [2.0])]
+    _, unranked = rank(VARIANTS, attempts[:2], 2, {"direction": "minimize"})
+    assert [(u["variant"], u["reason"], u["repeats_done"]) for u in unranked] == [("b", "not_run", 0)]

@@ -1,11 +1,13 @@
 // The page: asks /api/info which capabilities exist, shows only those panels, and keeps
 // them live from /api/stream. Each panel lives in a module of its own.
 
+import { closeCompare, openCompare } from "./compare.js";
 import { initEditor } from "./editor.js";
-import { refreshRuns, renderChips } from "./runs.js";
-import { refreshStudies } from "./studies.js";
-import { newSweepDialog, refreshSweeps } from "./sweeps.js";
 import { classLinkDialog, refreshPeople } from "./people.js";
+import { closeRunPage, openRunPage } from "./runpage.js";
+import { initRunList, refreshRuns } from "./runs.js";
+import { refreshStudies, showStudy } from "./studies.js";
+import { newSweepDialog, refreshSweeps, showSweep } from "./sweeps.js";
 import { api, el, login, session, showMessage } from "./util.js";
 import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 
@@ -17,8 +19,40 @@ function report(error) {
 }
 
 function refreshVisible() {
+  if (document.getElementById("view").hidden === false) return; // a run page follows its own stream
   refreshRuns().catch(report);
   if (PANELS[current]) PANELS[current]().catch(report);
+}
+
+// Where the address points: #/runs/ID a run's page, #/compare/ID,ID,... runs compared,
+// #/sweeps/ID and #/studies/ID their tab with that one open; anything else the editor
+// with the panels. Reload and a shared link keep the view.
+async function route() {
+  const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
+  closeRunPage();
+  closeCompare();
+  const view = document.getElementById("view");
+  const page = kind === "runs" && arg ? (v) => openRunPage(arg, v)
+    : kind === "compare" && arg ? (v) => openCompare(arg.split(",").filter(Boolean).slice(0, 8), v) : null;
+  document.querySelector("main.layout").hidden = Boolean(page);
+  view.hidden = !page;
+  showMessage("");
+  if (page) {
+    view.replaceChildren(el("p", { class: "muted" }, "Loading…"));
+    await page(view);
+    view.focus();
+    return;
+  }
+  view.replaceChildren();
+  if (kind === "sweeps" && arg) {
+    showTab("sweeps");
+    await showSweep(arg);
+  } else if (kind === "studies" && arg) {
+    showTab("studies");
+    await showStudy(arg);
+  } else {
+    await refreshRuns();
+  }
 }
 
 let pending = null;
@@ -91,8 +125,9 @@ async function start() {
     return knownWorkers;
   };
   await initEditor(info, workers);
-  renderChips();
-  await refreshRuns();
+  initRunList();
+  window.addEventListener("hashchange", () => route().catch(report));
+  await route();
   const stream = new EventSource("/api/stream");
   // "hello" comes once the subscription is in place (again after a reconnect): what
   // changed before it is caught by this refresh, what changes after it by "run" events.

@@ -335,7 +335,24 @@ async function explain(form) {
   }
   const budgetRow = form.querySelector("#budget-row");
   if (budgetRow) budgetRow.hidden = !target;
+  cardChoices(form, worker);
   form.querySelector("#queue-explain").textContent = text;
+}
+
+// A named worker's cards, each with its free memory (and what is promised on a card
+// shared by memory): picking one sends the run to that card.
+function cardChoices(form, worker) {
+  const row = form.querySelector("#card-row");
+  if (!row) return;
+  const cards = worker && worker.cards ? worker.cards : [];
+  row.hidden = cards.length === 0;
+  const select = form.elements.card;
+  const keep = select.value;
+  const gib = (mib) => (mib / 1024).toFixed(1);
+  select.replaceChildren(el("option", { value: "" }, "whichever the device above names"), ...cards.map((c) => el("option",
+    { value: c.device }, `${c.device}: ${c.name}, ${gib(c.free_mib)} of ${gib(c.total_mib)} GiB free`
+    + (c.sharing === "memory" ? `, shared by memory (${gib(c.promised_mib)} GiB promised)` : ""))));
+  if (cards.some((c) => c.device === keep)) select.value = keep;
 }
 
 async function queueDialog() {
@@ -352,15 +369,17 @@ async function queueDialog() {
         ...workers.map((w) => el("option", { value: w.name }, `${w.name} (${w.state})`))));
     }
     if (workers.length) {
+      form.append(el("div", { id: "card-row", hidden: true }, el("label", {}, "Card"), el("select", { name: "card" })));
+    }
+    if (workers.length) {
       // A budget matters on a worker's card shared by memory; the estimate is only a start.
       const estimateButton = el("button", { type: "button", "data-estimate": "", onclick: async () => {
         const device = form.elements.device.value;
         const reply = await api("POST", "/api/estimates", { graph: currentGraph(), devices: [device] });
         form.elements.memory_gib.value = String(Math.ceil((reply.budget_mib / 1024) * 1000) / 1000);
-        form.querySelector("#budget-note").textContent = `Filled with an estimate, not a measurement: `
-          + `${reply.budget_mib} MiB from the graph's params (${reply.basis.split(";")[0]}), plus `
-          + `${reply.parts.cuda_context_mib} MiB of CUDA context the server adds. After one run, the measured `
-          + "peak + 20% is used when you leave this empty.";
+        form.querySelector("#budget-note").textContent = `Filled with an estimate, not a measurement: the graph's `
+          + `params need about ${reply.budget_mib} MiB, and the server adds ${reply.parts.cuda_context_mib} MiB `
+          + "for the CUDA context. Leave it empty after one run and the measured peak plus 20% is used instead.";
       } }, "Estimate");
       form.append(el("div", { class: "budget", id: "budget-row", hidden: true },
         el("label", {}, "Memory budget (GiB, for a card shared by memory)"),
@@ -378,8 +397,10 @@ async function queueDialog() {
     submitLabel: "Queue",
     submit: async (form) => {
       const target = form.elements.target ? form.elements.target.value : "";
-      const options = { device: form.elements.device.value };
+      const card = form.elements.card && !form.querySelector("#card-row").hidden ? form.elements.card.value : "";
+      const options = { device: card || form.elements.device.value };
       if (target) options.target = target === "one-shot" ? { pool: "one-shot" } : { worker: target };
+      if (card) options.target.devices = [card];
       if (target && form.elements.memory_gib.value) options.target.memory_gib = Number(form.elements.memory_gib.value);
       if (target && form.elements.wait.checked) options.target.wait = true;
       if (form.elements.record_outputs.checked) options.record_outputs = true;

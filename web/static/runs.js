@@ -1,23 +1,20 @@
-// The Runs panel: every run the server holds, live, with Stop, Watch, CSV and Delete,
-// and the details of one run (facts, artifacts, a chart per metric series, its events).
+// The Runs panel: every run the server holds, newest first and live, a sweep's or a
+// study's runs folded into one row that opens; filter chips, a search box (name, id,
+// tags, note, node types, param values), tags on each row; Stop and Delete; tick two to
+// eight runs to compare them. A run opens as its own page (#/runs/ID, runpage.js).
 
-import { chart } from "./chart.js";
-import { api, confirmDialog, copyButton, el, seconds, showMessage, time } from "./util.js";
+import { api, age, confirmDialog, duration, el, progressText, showMessage } from "./util.js";
 
 const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Succeeded", "succeeded"],
   ["Failed", "failed"], ["Cancelled", "cancelled"], ["Interrupted", "interrupted"]];
 export const ACTIVE = new Set(["queued", "running", "disconnected"]);
+const MAX_COMPARE = 8;
 let filter = "";
-let openRun = null;
-let watch = null; // {source, lines}: a Watch replays the whole log from seq 1
+let search = "";
+const opened = new Set(); // "sweep:ID" / "study:ID": the groups shown open
+const picked = new Set(); // run ids ticked for Compare
 
-function duration(row) {
-  if (!row.started_at) return "";
-  const end = row.finished_at ? Date.parse(row.finished_at) : Date.now();
-  return seconds((end - Date.parse(row.started_at)) / 1000);
-}
-
-async function act(label, run) {
+export async function act(label, run) {
   try {
     showMessage("");
     await run();
@@ -27,197 +24,141 @@ async function act(label, run) {
   }
 }
 
+export function deleteRun(row, after) {
+  confirmDialog(`Delete run ${row.name || row.id}?`,
+    "Its metrics, events and recorded outputs are removed from the database. Checkpoint files stay on disk. "
+    + "This cannot be undone.", "Delete", async () => {
+      await api("DELETE", `/api/runs/${row.id}`);
+      picked.delete(row.id);
+      await (after || refreshRuns)();
+    });
+}
+
 function actions(row) {
   const cell = el("td", { class: "actions" });
   const quiet = (handler) => (event) => { event.stopPropagation(); handler(); };
   if (ACTIVE.has(row.status)) {
     cell.append(el("button", { class: "acts", onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
-  }
-  cell.append(el("button", { onclick: quiet(() => watchRun(row.id)) }, "Watch"));
-  cell.append(el("a", { href: `/api/runs/${row.id}/metrics?format=csv`, onclick: (e) => e.stopPropagation() }, "CSV"));
-  if (!ACTIVE.has(row.status)) {
-    cell.append(el("button", {
-      class: "acts", onclick: quiet(() => confirmDialog(`Delete run ${row.name || row.id}?`,
-        "Its metrics, events and recorded outputs are removed from the database. Checkpoint files stay on disk. "
-        + "This cannot be undone.", "Delete", async () => {
-          await api("DELETE", `/api/runs/${row.id}`);
-          if (openRun === row.id) closeDetails();
-          await refreshRuns();
-        })),
-    }, "Delete"));
+  } else {
+    cell.append(el("button", { class: "acts", onclick: quiet(() => deleteRun(row)) }, "Delete"));
   }
   return cell;
 }
 
-function renderRow(row) {
+function statusCell(row) {
   const status = el("td", {}, el("span", { class: `status ${row.status}` }, row.status));
-  const device = el("td", { title: row.queue_key }, row.queue_key);
-  if (row.queue_position !== null) device.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
   if (row.queue_reason) {
     // Which limit a queued run waits on, in words, with its code for a script or a search.
     status.append(el("div", { class: "reason", "data-code": row.queue_reason.code, title: row.queue_reason.code },
       row.queue_reason.message));
   }
-  const loss = row.final_loss === null ? "" : row.final_loss.toPrecision(4);
-  return el("tr", { "data-run": row.id, class: row.id === openRun ? "selected" : null, onclick: () => openDetails(row.id) },
-    el("td", { title: row.id }, row.name || row.id.slice(0, 8)), status, device,
-    el("td", {}, time(row.started_at)), el("td", {}, duration(row)), el("td", {}, loss), actions(row));
+  return status;
 }
 
-// The list shows the newest PAGE runs, and PAGE more each time "Show more" is pressed:
+function pickBox(row) {
+  const box = el("input", { type: "checkbox", "aria-label": `compare ${row.name || row.id}`, "data-pick": row.id,
+    onclick: (event) => event.stopPropagation(),
+    onchange: () => {
+      if (box.checked && picked.size >= MAX_COMPARE) {
+        box.checked = false;
+        showMessage(`Compare takes at most ${MAX_COMPARE} runs.`);
+        return;
+      }
+      if (box.checked) picked.add(row.id); else picked.delete(row.id);
+      renderCompareButton();
+    } });
+  box.checked = picked.has(row.id);
+  return el("td", { class: "pick" }, box);
+}
+
+function renderRow(row, child = false) {
+  const where = el("td", { title: row.queue_key }, row.queue_key);
+  if (row.queue_position !== null) where.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
+  const loss = row.final_loss === null ? (row.final_loss_non_finite || "") : row.final_loss.toPrecision(4);
+  const name = el("td", { title: row.id }, el("a", { href: `#/runs/${row.id}`, onclick: (e) => e.stopPropagation() },
+    row.name || row.id.slice(0, 8)), ...(row.tags || []).map((tag) => el("span", { class: "tag" }, tag)));
+  return el("tr", { "data-run": row.id, class: child ? "child" : null, onclick: () => { location.hash = `#/runs/${row.id}`; } },
+    pickBox(row), name, statusCell(row), where, el("td", { title: row.started_at || "" }, age(row.started_at)),
+    el("td", {}, duration(row)), el("td", { class: "progress" }, progressText(row)), el("td", {}, loss), actions(row));
+}
+
+function groupRow(group) {
+  const key = `${group.kind}:${group.id}`;
+  const counts = Object.entries(group.counts).map(([status, n]) => `${n} ${status}`).join(", ");
+  const best = group.best ? `best ${group.best.metric} ${+group.best.value.toPrecision(4)}` : "";
+  const open = opened.has(key);
+  return el("tr", { class: `group${open ? " open" : ""}`, "data-group": key, tabindex: 0, "aria-expanded": String(open),
+    onclick: () => toggle(key), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); toggle(key); } } },
+  el("td", { class: "pick" }, open ? "▾" : "▸"),
+  el("td", {}, el("a", { href: `#/${group.kind === "sweep" ? "sweeps" : "studies"}/${group.id}`, onclick: (e) => e.stopPropagation() },
+    `${group.kind} ${group.name || group.id.slice(0, 8)}`)),
+  el("td", { colspan: 5 }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`), el("td", {}, best), el("td", {}));
+}
+
+function toggle(key) {
+  if (opened.has(key)) opened.delete(key); else opened.add(key);
+  refreshRuns().catch((e) => showMessage(e.message));
+}
+
+function renderCompareButton() {
+  const button = document.getElementById("compare-runs");
+  button.hidden = picked.size < 2;
+  button.textContent = `Compare ${picked.size} runs`;
+}
+
+// The list shows the newest PAGE rows, and PAGE more each time "Show more" is pressed:
 // every run the server holds can be reached, page by page (the API's cursor).
 const PAGE = 200;
 let shown = PAGE;
 
-async function listRuns() {
-  const runs = [];
+function query(extra) {
+  const params = new URLSearchParams(extra);
+  if (filter) params.set("status", filter);
+  if (search) params.set("q", search);
+  return params;
+}
+
+async function listRows() {
+  const rows = [];
   let cursor = null;
   do {
-    const params = new URLSearchParams({ limit: String(Math.min(500, shown - runs.length)) });
-    if (filter) params.set("status", filter);
+    const params = query({ grouped: "true", limit: String(Math.min(500, shown - rows.length)) });
     if (cursor) params.set("cursor", cursor);
     const page = await api("GET", `/api/runs?${params}`);
-    runs.push(...page.runs);
+    rows.push(...page.runs);
     cursor = page.next_cursor;
-  } while (cursor && runs.length < shown);
-  return { runs, more: cursor !== null };
+  } while (cursor && rows.length < shown);
+  return { rows, more: cursor !== null };
+}
+
+async function groupMembers(group) {
+  const column = group.kind === "sweep" ? "sweep_id" : "study_id";
+  return (await api("GET", `/api/runs?${query({ [column]: group.id, limit: "500" })}`)).runs;
 }
 
 export async function refreshRuns() {
   const [list, running, queues] = await Promise.all([
-    listRuns(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
-  document.getElementById("rows").replaceChildren(...list.runs.map(renderRow));
-  document.getElementById("empty").hidden = list.runs.length > 0;
+    listRows(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
+  const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
+  const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
+  document.getElementById("rows").replaceChildren(...list.rows.flatMap((row) => {
+    if (!row.kind) return [renderRow(row)];
+    const key = `${row.kind}:${row.id}`;
+    return [groupRow(row), ...(members.get(key) || []).map((member) => renderRow(member, true))];
+  }));
+  const narrowed = Boolean(search || filter);
+  document.getElementById("empty").hidden = list.rows.length > 0 || narrowed;
+  document.getElementById("no-match").hidden = list.rows.length > 0 || !narrowed;
   const more = document.getElementById("more");
   more.hidden = !list.more;
   more.onclick = async () => { shown += PAGE; await refreshRuns(); };
+  renderCompareButton();
   // Active: the runs the server started; a run still waiting for anything is queued.
   const busy = running.runs.length;
   const queued = queues.queues.reduce((sum, q) => sum + q.queued, 0);
   const notice = document.getElementById("notice");
   notice.hidden = busy === 0 && queued === 0;
   notice.textContent = `${busy} run${busy === 1 ? "" : "s"} active` + (queued ? `, ${queued} queued` : "");
-  if (openRun) await renderDetails();
-}
-
-export async function openDetails(runId) {
-  stopWatch();
-  openRun = runId;
-  document.getElementById("details-log-title").replaceChildren("Events ", el("span", { class: "muted" }, "(the last 200)"));
-  await renderDetails();
-  for (const row of document.querySelectorAll("#rows tr")) row.classList.toggle("selected", row.dataset.run === runId);
-}
-
-function closeDetails() {
-  stopWatch();
-  openRun = null;
-  document.getElementById("details").hidden = true;
-}
-
-function stopWatch() {
-  if (watch) watch.source.close();
-  watch = null;
-}
-
-function eventLine(e) {
-  return `${String(e.seq).padStart(4)}  ${e.type.padEnd(14)} ${e.node_id || ""}  ${JSON.stringify(e.payload)}`;
-}
-
-// Watch: the run's whole log, replayed from its first event, then live.
-async function watchRun(runId) {
-  await openDetails(runId);
-  const log = document.getElementById("details-events");
-  document.getElementById("details-log-title").replaceChildren("Log ", el("span", { class: "muted" }, "(replayed from the start, live)"));
-  log.textContent = "";
-  const printed = document.getElementById("details-console");
-  printed.textContent = "";
-  const source = new EventSource(`/api/runs/${runId}/stream?after=0`);
-  watch = { source, lines: [] };
-  source.addEventListener("run_event", (message) => {
-    const event = JSON.parse(message.data);
-    if (event.type === "console") {  // followed live, as `troupe logs --console -f` prints it
-      printed.textContent += event.payload.text;
-      printed.scrollTop = printed.scrollHeight;
-    }
-    watch.lines.push(eventLine(event));
-    log.textContent = watch.lines.join("\n");
-    log.scrollTop = log.scrollHeight;
-    if (event.type === "run_finished") source.close();
-  });
-}
-
-async function renderDetails() {
-  const runId = openRun;
-  const [run, page, metrics, printedSoFar] = await Promise.all([api("GET", `/api/runs/${runId}`),
-    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/metrics`),
-    api("GET", `/api/runs/${runId}/console`)]);
-  if (runId !== openRun) return;
-  document.getElementById("details").hidden = false;
-  document.getElementById("details-title").textContent = `${run.name || run.id} — ${run.status}`;
-  const facts = [["Run ID", run.id], ["Queue", run.queue_key], ["Device", run.device],
-    ["Worker", run.worker || "this server"], ["Lane", run.lane]];
-  // 002: the seed and determinism appear only when the run was given them.
-  if (run.seed !== null && run.seed !== undefined) facts.push(["Seed", run.seed]);
-  if (run.deterministic) facts.push(["Deterministic", "yes"]);
-  if (run.memory_budget_mib) {
-    facts.push(["Memory budget", `${run.memory_budget_mib} MiB (${run.memory_budget_source === "measured"
-      ? "the graph's last measured peak + 20%" : "declared"})`]);
-  }
-  if (run.peak_memory_mib !== null && run.peak_memory_mib !== undefined) {
-    facts.push(["Peak memory", `${run.peak_memory_mib} MiB${run.peak_memory_exact ? ""
-      : " (the server's process, shared by its runs: not exact)"}${run.out_of_memory ? ", ran out of memory" : ""}`]);
-  }
-  if (run.execution_facts) {
-    const fp = run.execution_facts.fingerprint;
-    facts.push(["Environment", `${run.execution_facts.fingerprint_digest} (taken by ${run.execution_facts.fingerprint_source
-      === "run_process" ? "the run's own process" : "this server's process"}): troupe ${fp.troupe.version}, `
-      + `${fp.python}, torch ${fp.torch.version || "not installed"}`]);
-  }
-  if (run.rerun_of) facts.push(["Made again from", run.rerun_of]);
-  if (run.resumed_from) facts.push(["Resumes", `${run.resumed_from.run_id} from epoch ${run.resumed_from.epoch}`]);
-  if (run.reruns && run.reruns.length) facts.push(["Made again as", run.reruns.join(", ")]);
-  if (run.resume_point) facts.push(["Can be resumed", `from epoch ${run.resume_point.epoch}, ${run.resume_point.until}`]);
-  facts.push(["Error", run.error || ""]);
-  if (run.error_detail) facts.push(["Error detail", run.error_detail]);
-  document.getElementById("details-facts").replaceChildren(
-    ...facts.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, String(value))]));
-  document.getElementById("details-again").replaceChildren(...ACTIVE.has(run.status) ? [] : [
-    el("button", { class: "acts", onclick: () => again(run.id, false) }, "Run again"),
-    ...run.resume_point ? [el("button", { class: "acts", onclick: () => again(run.id, true) },
-      `Resume from epoch ${run.resume_point.epoch}`)] : []]);
-  document.getElementById("details-artifacts").replaceChildren(...run.artifacts.length ? [el("h3", {}, "Artifacts"),
-    ...run.artifacts.map((a) => el("div", { class: `artifact ${a.state || "stored"}`, "data-state": a.state || "stored" },
-      el("span", { class: "muted" }, a.kind),
-      el("code", { title: a.sha256 ? `sha256 ${a.sha256}` : a.path }, a.path),
-      a.backend ? el("span", { class: "muted" }, `${a.backend}${a.label ? ` ${a.label}` : ""}, ${sizeText(a.size)}`) : "",
-      a.state === "pending" ? el("span", { class: "state" }, "pending: on its worker, on its way") : "",
-      a.state === "failed" ? el("span", { class: "state failed", title: a.reason || "" }, `failed: ${a.reason || ""}`) : "",
-      a.id !== undefined && (a.state || "stored") === "stored"
-        ? el("a", { href: `/api/runs/${runId}/artifacts/${a.id}`, download: "" }, "Download") : "",
-      copyButton(a.path)))] : []);
-  document.getElementById("details-csv").href = `/api/runs/${runId}/metrics?format=csv`;
-  const series = Object.entries(metrics.series);
-  document.getElementById("details-charts").replaceChildren(...series.length
-    ? series.map(([name, points]) => chart(name, points)) : [el("p", { class: "muted" }, "No metrics recorded.")]);
-  if (!watch) {
-    document.getElementById("details-events").textContent = page.events.map(eventLine).join("\n");
-    document.getElementById("details-console").textContent = printedSoFar.text || "Nothing printed.";
-  }
-}
-
-async function again(runId, resume) {
-  await act(resume ? "Resume" : "Run again", async () => {
-    const made = await api("POST", `/api/runs/${runId}/rerun`, resume ? { resume: true } : {});
-    showMessage(`Queued ${made.run_id}${resume ? " (resumed)" : ""}`);
-  });
-}
-
-function sizeText(bytes) {
-  if (bytes === null || bytes === undefined) return "size unknown";
-  const units = ["B", "KB", "MB", "GB"];
-  let value = bytes, unit = 0;
-  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit += 1; }
-  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
 }
 
 export function renderChips() {
@@ -225,4 +166,20 @@ export function renderChips() {
     class: `chip${value === filter ? " active" : ""}`, "data-filter": value || "all",
     onclick: () => { filter = value; shown = PAGE; renderChips(); refreshRuns().catch((e) => showMessage(e.message)); },
   }, label)));
+}
+
+export function initRunList() {
+  let pending = null;
+  document.getElementById("run-search").addEventListener("input", (event) => {
+    clearTimeout(pending);
+    pending = setTimeout(() => {
+      search = event.target.value.trim();
+      shown = PAGE;
+      refreshRuns().catch((e) => showMessage(e.message));
+    }, 250);
+  });
+  document.getElementById("compare-runs").addEventListener("click", () => {
+    location.hash = `#/compare/${[...picked].join(",")}`;
+  });
+  renderChips();
 }

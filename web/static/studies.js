@@ -1,9 +1,16 @@
 // The Studies panel: each study's state, the budget used of each limit, its attempts and
 // ranking (with the reason a variant is unranked), cancel, and resume with a raised budget.
 
-import { api, confirmDialog, el, openDialog, seconds, time } from "./util.js";
+import { scatterChart } from "./charts.js";
+import { api, confirmDialog, el, openDialog, reasonText, seconds, time } from "./util.js";
 
 let openStudy = null;
+
+// #/studies/ID: the Studies tab with that study open.
+export async function showStudy(studyId) {
+  openStudy = studyId;
+  await refreshStudies();
+}
 const LIMITS = [
   ["max_runs", "Runs", (s) => s.used.runs, String],
   ["max_active_seconds", "Active time", (s) => s.used.active_seconds, seconds],
@@ -26,9 +33,9 @@ export async function refreshStudies() {
   const full = await Promise.all(studies.map((s) => api("GET", `/api/studies/${s.id}`)));
   document.getElementById("study-rows").replaceChildren(...full.map((s) => el("tr", {
     "data-study": s.id, class: s.id === openStudy ? "selected" : null,
-    onclick: () => { openStudy = s.id; refreshStudies(); },
+    onclick: () => { location.hash = `#/studies/${s.id}`; },
   }, el("td", {}, s.name), el("td", {}, el("span", { class: `status ${s.state}` }, s.state),
-    s.halt_reason ? el("span", { class: "muted" }, ` (${s.halt_reason})`) : null),
+    s.halt_reason ? el("span", { class: "muted", title: s.halt_reason }, ` (${reasonText(s.halt_reason)})`) : null),
   el("td", {}, usedSummary(s)), el("td", {}, time(s.created_at)))));
   document.getElementById("studies-empty").hidden = studies.length > 0;
   const box = document.getElementById("study");
@@ -44,15 +51,23 @@ function renderStudy(box, study) {
     const text = limit === undefined ? `${usedText} (no limit)` : used ? `${usedText} of ${format(limit)}` : format(limit);
     return [el("span", { class: "muted" }, label), el("span", { "data-limit": key }, text)];
   }));
+  const keys = [...new Set(study.variants.flatMap((v) => Object.keys(v.params)))].sort();
+  const spread = (entry) => (entry.std === null || entry.std === undefined ? "" : `± ${entry.std.toPrecision(3)}`);
   const ranking = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Rank", "Variant",
-    `${study.objective.reduce} ${study.objective.metric}`, "Repeats"].map((h) => el("th", {}, h)))),
+    `${study.objective.reduce} ${study.objective.metric}`, "Spread (sd)", "Repeats", ...keys].map((h) => el("th", {}, h)))),
   el("tbody", {}, ...study.ranking.map((r) => el("tr", {}, el("td", {}, String(r.rank)), el("td", {}, r.variant),
-    el("td", {}, r.objective_value === null ? "" : r.objective_value.toPrecision(4)), el("td", {}, String(r.repeats)))),
-  ...study.unranked.map((u) => el("tr", {}, el("td", {}, "–"), el("td", {}, u.variant),
-    el("td", { colspan: 2, class: "muted" }, u.reason)))));
+    el("td", {}, r.objective_value === null ? "" : r.objective_value.toPrecision(4)), el("td", {}, spread(r)),
+    el("td", {}, String(r.repeats)), ...keys.map((k) => el("td", {}, JSON.stringify(r.params[k]))))),
+  ...study.unranked.map((u) => el("tr", { "data-reason": u.reason }, el("td", {}, "–"), el("td", {}, u.variant),
+    el("td", { colspan: 2, class: "muted", title: u.reason }, reasonText(u.reason)),
+    el("td", {}, `${u.repeats_done} of ${study.repeats} done`), ...keys.map((k) => el("td", {}, JSON.stringify(u.params[k])))))));
+  const numeric = keys.filter((k) => study.variants.every((v) => typeof v.params[k] === "number"));
+  const charts = el("div", { class: "charts" }, ...numeric.map((key) => scatterChart(key, study.objective.metric,
+    [...study.ranking, ...study.unranked].flatMap((entry) => entry.values.map((y) => ({ x: entry.params[key], y }))))));
   const attempts = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Variant", "Repeat", "Attempt", "Status",
     study.objective.metric].map((h) => el("th", {}, h)))),
-  el("tbody", {}, ...study.attempts.map((a) => el("tr", { "data-run": a.run_id }, el("td", {}, a.variant), el("td", {}, String(a.repeat)),
+  el("tbody", {}, ...study.attempts.map((a) => el("tr", { "data-run": a.run_id, onclick: () => { location.hash = `#/runs/${a.run_id}`; } },
+    el("td", {}, a.variant), el("td", {}, String(a.repeat)),
     el("td", {}, String(a.attempt)), el("td", {}, el("span", { class: `status ${a.status}` }, a.status)),
     el("td", {}, a.objective_value === null ? "" : a.objective_value.toPrecision(4))))));
   const buttons = el("p", {});
@@ -66,16 +81,17 @@ function renderStudy(box, study) {
   }
   if (study.state === "halted") buttons.append(" ", el("button", { class: "acts", onclick: () => resumeDialog(study) }, "Resume…"));
   box.replaceChildren(el("h2", {}, `${study.name} — ${study.state}`),
-    study.halt_reason ? el("p", { class: "message" }, `Halted: ${study.halt_reason}`) : "",
+    study.halt_reason ? el("p", { class: "message", "data-halt": study.halt_reason }, `Halted: ${reasonText(study.halt_reason)}.`) : "",
     ...(study.notes || []).map((note) => el("p", { class: "explain", "data-note": note.code }, note.message)),
     buttons, el("h3", {}, "Budget"), budget, el("h3", {}, "Ranking"), ranking,
-    el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV")),
+    el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV (with params and spread)")),
+    numeric.length ? el("h3", {}, "Objective against each param") : "", charts,
     el("h3", {}, `Attempts (${study.attempts.length})`), attempts);
 }
 
 function resumeDialog(study) {
   openDialog(`Resume study ${study.name}`, (form) => {
-    form.append(el("p", { class: "explain" }, `It halted: ${study.halt_reason || "its budget ran out"}. Resuming keeps `
+    form.append(el("p", { class: "explain" }, `It halted: ${study.halt_reason ? reasonText(study.halt_reason) : "its budget ran out"}. Resuming keeps `
       + "every attempt so far and starts new attempts for the variants and repeats still missing, under the budget below. "
       + "Raise the limit that stopped it, or it halts again at once."));
     for (const [key, label] of LIMITS) {

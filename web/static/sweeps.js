@@ -2,15 +2,22 @@
 // "New sweep" dialog, built from the param schemas of the graph in the editor.
 
 import { catalogType, currentGraph } from "./editor.js";
+import { scatterChart } from "./charts.js";
 import { api, el, openDialog, time } from "./util.js";
 
 let openSweep = null;
+
+// #/sweeps/ID: the Sweeps tab with that sweep open.
+export async function showSweep(sweepId) {
+  openSweep = sweepId;
+  await refreshSweeps();
+}
 
 export async function refreshSweeps() {
   const { sweeps } = await api("GET", "/api/sweeps");
   document.getElementById("sweep-rows").replaceChildren(...sweeps.map((s) => el("tr", {
     "data-sweep": s.id, class: s.id === openSweep ? "selected" : null,
-    onclick: () => { openSweep = s.id; refreshSweeps(); },
+    onclick: () => { location.hash = `#/sweeps/${s.id}`; },
   }, el("td", {}, s.name || s.id.slice(0, 8)), el("td", {}, el("span", { class: `status ${s.state}` }, s.state)),
   el("td", {}, String(s.total)), el("td", {}, time(s.created_at)))));
   document.getElementById("sweeps-empty").hidden = sweeps.length > 0;
@@ -30,10 +37,14 @@ async function renderSweep() {
   document.getElementById("sweep-csv").href = `/api/sweeps/${sweep.sweep_id}?format=csv`;
   document.getElementById("ranking-head").replaceChildren(el("tr", {},
     ...["Rank", "Status", sweep.objective.metric, ...keys].map((h) => el("th", {}, h))));
-  document.getElementById("ranking-rows").replaceChildren(...sweep.variants.map((v) => el("tr", {},
+  document.getElementById("ranking-rows").replaceChildren(...sweep.variants.map((v) => el("tr", {
+    "data-run": v.run_id, onclick: () => { location.hash = `#/runs/${v.run_id}`; } },
     el("td", {}, v.rank === null ? "" : String(v.rank)), el("td", {}, el("span", { class: `status ${v.status}` }, v.status)),
     el("td", {}, v.objective_value === null ? "" : v.objective_value.toPrecision(4)),
     ...keys.map((k) => el("td", {}, String(v.params[k]))))));
+  const numeric = keys.filter((k) => sweep.variants.every((v) => typeof v.params[k] === "number"));
+  document.getElementById("sweep-charts").replaceChildren(...numeric.map((key) => scatterChart(key, sweep.objective.metric,
+    sweep.variants.map((v) => ({ x: v.params[key], y: v.objective_value })))));
 }
 
 // Params a sweep can vary: numbers, selects and booleans of the editor's nodes (never secrets).

@@ -75,6 +75,51 @@ export function time(stamp) {
   return stamp ? new Date(stamp).toLocaleTimeString() : "";
 }
 
+// "3 min ago", "yesterday 14:02": how long ago, in the words a list wants.
+export function age(stamp) {
+  if (!stamp) return "";
+  const s = (Date.now() - Date.parse(stamp)) / 1000;
+  if (s < 60) return `${Math.max(0, Math.round(s))} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} d ago`;
+}
+
+// The date and time, and how long ago: what a run page shows of a moment.
+export function when(stamp) {
+  if (!stamp) return "";
+  const at = new Date(stamp);
+  return `${at.toLocaleDateString(undefined, { month: "short", day: "numeric" })} ${at.toLocaleTimeString()} (${age(stamp)})`;
+}
+
+export function duration(row) {
+  if (!row.started_at) return "";
+  const end = row.finished_at ? Date.parse(row.finished_at) : Date.now();
+  return seconds((end - Date.parse(row.started_at)) / 1000);
+}
+
+export function sizeText(bytes) {
+  if (bytes === null || bytes === undefined) return "size unknown";
+  const units = ["B", "KB", "MB", "GB"];
+  let value = bytes;
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) { value /= 1000; unit += 1; }
+  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
+}
+
+// A training's place and time left, from the run row's progress (epoch ends' times).
+export function progressText(row) {
+  const p = row.progress;
+  if (!p || !p.epochs) return "";
+  let text = `epoch ${p.epoch}/${p.epochs}`;
+  if (row.status === "running" && p.first_at && p.at && p.epoch > p.first_epoch) {
+    const perEpoch = (Date.parse(p.at) - Date.parse(p.first_at)) / 1000 / (p.epoch - p.first_epoch);
+    const left = Math.max(0, perEpoch * (p.epochs - p.epoch) - (Date.now() - Date.parse(p.at)) / 1000);
+    text += `, about ${seconds(left)} left`;
+  }
+  return text;
+}
+
 export function seconds(value) {
   if (value === null || value === undefined) return "";
   return value < 60 ? `${value.toFixed(1)} s` : `${Math.floor(value / 60)} min ${Math.round(value % 60)} s`;
@@ -134,4 +179,20 @@ export function openDialog(title, build, { submitLabel = "OK", submit = null, ca
 export function confirmDialog(title, explanation, label, action) {
   return openDialog(title, (form) => form.append(el("p", { class: "explain" }, explanation)),
     { submitLabel: label, submit: action });
+}
+
+// Why a study halted and why a variant is unranked, in words (the codes stay in the API).
+const REASONS = {
+  budget_max_runs: "it started as many runs as its budget allows (max_runs)",
+  budget_active_seconds: "its active time ran out (max_active_seconds)",
+  over_budget: "a repeat ran past max_run_seconds and was stopped",
+  repeat_failed: "a repeat failed or was cancelled",
+  running: "its repeats are still running",
+  incomplete: "only some repeats ran before the study stopped",
+  not_run: "none of its repeats ran before the study stopped",
+  no_objective: "a repeat succeeded without recording the objective",
+};
+
+export function reasonText(code) {
+  return REASONS[code] || (code || "").replace(/_/g, " ");
 }

@@ -1,0 +1,185 @@
+"""Finding runs: the list, newest first, filtered by status, sweep, study and tag and
+searched; the same list grouped (one row per sweep and per study, standalone runs
+between them); and what a person adds to a run (its name, tags and a note).
+
+Called only from the store's thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from actors.errors import RunNotFound
+from actors.store.runs import SELECT_RUNS, run_row, tags_of, whole_graph
+from actors.store.table import Table
+
+# Messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListRuns:
+    status: str | None = None
+    sweep_id: str | None = None
+    study_id: str | None = None
+    limit: int = 50
+    before_seq: int | None = None
+    # Matches a run's name, id, tags, node types and param values (its graph's text).
+    search: str | None = None
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class ListGroups:
+    """The list with the runs of each sweep and study folded into one row, newest
+    first by the group's newest run; the filters apply to the runs inside. Answers
+    ``(items, next_before_seq)``; an item is ``{"kind": "run", "run": row}`` or a group
+    ``{"kind": "sweep"|"study", "id", "name", "runs", "counts", "best", "newest_seq"}``."""
+
+    status: str | None = None
+    limit: int = 50
+    before_seq: int | None = None
+    search: str | None = None
+    tag: str | None = None
+
+
+@dataclass(frozen=True)
+class EditRun:
+    """Sets what is given of a run's name, tags (the whole set) and note; answers False
+    for no such run."""
+
+    run_id: str
+    name: str | None = None
+    tags: tuple[str, ...] | None = None
+    note: str | None = None
+    clear_name: bool = False
+    clear_note: bool = False
+
+
+# SQL ---------------------------------------------------------------------------
+
+
+def _filters(query: ListRuns | ListGroups) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    args: list[Any] = []
+    for column in ("status", "sweep_id", "study_id"):
+        value = getattr(query, column, None)
+        if value is not None:
+            where.append(f"r.{column} = ?")
+            args.append(value)
+    if query.tag is not None:
+        where.append("EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id AND t.tag = ?)")
+        args.append(query.tag)
+    if query.search:
+        like = "%" + query.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.graph", "r.note")]
+        matches.append("EXISTS (SELECT 1 FROM graph_bases b WHERE b.digest = r.graph_base AND b.graph LIKE ? "
+                       "ESCAPE '\\')")
+        matches.append("EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id AND t.tag LIKE ? ESCAPE '\\')")
+        where.append(f"({' OR '.join(matches)})")
+        args.extend([like] * 6)
+    return where, args
+
+
+def _with_tags(conn: apsw.Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    tags = tags_of(conn, [row["id"] for row in rows])
+    for row in rows:
+        row["tags"] = tags[row["id"]]
+    return rows
+
+
+def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
+    """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
+    where, args = _filters(query)
+    if query.before_seq is not None:
+        where.append("r.enqueue_seq < ?")
+        args.append(query.before_seq)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    rows = [whole_graph(conn, run_row(v)) for v in conn.execute(
+        f"{SELECT_RUNS}{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))]
+    more = len(rows) > query.limit
+    rows = _with_tags(conn, rows[: query.limit])
+    return rows, (rows[-1]["enqueue_seq"] if more else None)
+
+
+_GROUP = "COALESCE('sweep:' || r.sweep_id, 'study:' || r.study_id, 'run:' || r.id)"
+
+
+def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str, Any]], int | None]:
+    where, args = _filters(query)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    having = " HAVING MAX(r.enqueue_seq) < ?" if query.before_seq is not None else ""
+    found = conn.execute(
+        f"SELECT {_GROUP} AS g, MAX(r.enqueue_seq) AS top FROM runs r{clause} GROUP BY g{having} "
+        "ORDER BY top DESC LIMIT ?",
+        (*args, *([query.before_seq] if query.before_seq is not None else []), query.limit + 1)).fetchall()
+    more = len(found) > query.limit
+    found = found[: query.limit]
+    singles = [str(g)[4:] for g, _ in found if str(g).startswith("run:")]
+    rows = {row["id"]: row for row in _with_tags(conn, [whole_graph(conn, run_row(v)) for v in conn.execute(
+        f"{SELECT_RUNS} WHERE r.id IN ({', '.join('?' for _ in singles)})", singles)])} if singles else {}
+    items = []
+    for group, top in found:
+        kind, _, key = str(group).partition(":")
+        if kind == "run":
+            if key in rows:
+                items.append({"kind": "run", "run": rows[key]})
+        else:
+            items.append(_group(conn, kind, key, int(str(top)), where, args))
+    return items, (int(str(found[-1][1])) if more else None)
+
+
+def _group(conn: apsw.Connection, kind: str, key: str, top: int, where: list[str], args: list[Any]
+           ) -> dict[str, Any]:
+    """A sweep's or a study's row: its name, how many of its runs match, by status, and
+    the best objective among them so far."""
+    column = "sweep_id" if kind == "sweep" else "study_id"
+    clause = " AND ".join([f"r.{column} = ?", *where])
+    counts = {str(status): int(count) for status, count in conn.execute(
+        f"SELECT r.status, COUNT(*) FROM runs r WHERE {clause} GROUP BY r.status", (key, *args))}
+    if kind == "sweep":
+        head = conn.execute("SELECT name, objective FROM sweeps WHERE id = ?", (key,)).fetchall()
+        name, objective = (head[0][0], json.loads(str(head[0][1]))) if head else (None, None)
+    else:
+        head = conn.execute("SELECT name, spec FROM studies WHERE id = ?", (key,)).fetchall()
+        name, objective = (head[0][0], json.loads(str(head[0][1])).get("objective")) if head else (None, None)
+    return {"kind": kind, "id": key, "name": name, "runs": sum(counts.values()), "counts": counts,
+            "best": _best(conn, column, key, objective), "newest_seq": top}
+
+
+def _best(conn: apsw.Connection, column: str, key: str, objective: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best last value of the objective among the group's succeeded runs."""
+    if not objective:
+        return None
+    pick = "MIN" if objective.get("direction") == "minimize" else "MAX"
+    found = conn.execute(
+        f"SELECT {pick}(v), run_id FROM (SELECT (SELECT m.value FROM metrics m WHERE m.run_id = r.id AND m.series = ? "
+        f"ORDER BY m.seq DESC LIMIT 1) AS v, r.id AS run_id FROM runs r WHERE r.{column} = ? "
+        "AND r.status = 'succeeded') WHERE v IS NOT NULL", (objective.get("metric"), key)).fetchall()
+    if not found or found[0][0] is None:
+        return None
+    return {"metric": objective.get("metric"), "value": float(str(found[0][0])), "run_id": str(found[0][1])}
+
+
+def edit_run(conn: apsw.Connection, op: EditRun) -> bool:
+    if not conn.execute("SELECT 1 FROM runs WHERE id = ?", (op.run_id,)).fetchall():
+        raise RunNotFound(f"no run {op.run_id}")
+    if op.name is not None or op.clear_name:
+        conn.execute("UPDATE runs SET name = ? WHERE id = ?", (op.name, op.run_id))
+    if op.note is not None or op.clear_note:
+        conn.execute("UPDATE runs SET note = ? WHERE id = ?", (op.note, op.run_id))
+    if op.tags is not None:
+        conn.execute("DELETE FROM run_tags WHERE run_id = ?", (op.run_id,))
+        conn.executemany("INSERT OR IGNORE INTO run_tags(run_id, tag) VALUES (?, ?)",
+                         [(op.run_id, tag) for tag in op.tags])
+    return True
+
+
+WRITES: Table = {EditRun: lambda s, op: edit_run(s.conn, op)}
+READS: Table = {
+    ListRuns: lambda s, m: list_runs(s.conn, m),
+    ListGroups: lambda s, m: list_groups(s.conn, m),
+}

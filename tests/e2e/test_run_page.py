@@ -1,0 +1,115 @@
+"""The page people would rather look at (issue 29), in real Chromium: a run's own page by
+its URL, charts that answer a hover and grow while the run runs, two runs overlaid and
+their params compared, the list grouped by sweep, searched and tagged. Screenshots of the
+run page, the compare view and a sweep's page go to docs/images."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.e2e.conftest import MISSING, REASON, screenshot
+from tests.helpers import graph, hello, node
+
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
+expect = pytest.importorskip("playwright.sync_api", reason=REASON).expect
+
+
+def ticker(count: int, interval: float) -> dict:
+    return graph(node("t", "core.Ticker", count=count, interval=interval, name="tick"), name="ticker")
+
+
+def test_a_run_page_by_its_url_with_charts_that_answer_a_hover_and_grow_live(open_page):
+    server, tab, errors = open_page()
+    from tests.integration.test_training_functional import quick_digits
+
+    trained = server.submit(quick_digits(epochs=6))["run_id"]
+    server.wait_status(trained, "succeeded", timeout=120)
+    tab.goto(f"{server.url}/#/runs/{trained}")
+    tab.reload()  # the address keeps the view
+    chart = tab.locator('#run-metrics figure.chart[data-series="val_loss"]')
+    expect(chart).to_have_attribute("data-points", "6")
+    box = chart.locator(".u-over").bounding_box()
+    assert box is not None
+    tab.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)  # the last step
+    legend = chart.locator(".u-legend .u-series").nth(1).locator(".u-value")
+    expect(legend).to_have_text(re.compile(r"^\d+\.\d+"))  # the value at that step, read off the hover
+    expect(chart.locator(".u-legend .u-series").first.locator(".u-value")).to_have_text("6")
+    tab.locator("#run-metrics").get_by_label("log y").check()
+    expect(chart).to_have_attribute("data-points", "6")
+    expect(tab.locator("#run-head .facts")).to_contain_text("epoch 6/6")
+    expect(tab.locator("#run-environment")).to_contain_text("CPython")
+    expect(tab.locator("#run-params")).to_contain_text("torch.TrainingLoop")
+    screenshot(tab, "run-page.png")
+
+    live = server.submit(ticker(40, 0.1))["run_id"]
+    tab.goto(f"{server.url}/#/runs/{live}")
+    grows = tab.locator('#run-metrics figure.chart[data-series="tick"]')
+    grows.wait_for()
+    first = int(grows.get_attribute("data-points") or 0)
+    assert first < 40
+    expect(grows).to_have_attribute("data-points", "40", timeout=30_000)  # it grew without a reload
+    expect(tab.locator("#run-head h1")).to_contain_text("succeeded")
+    assert errors == []
+
+
+def test_two_runs_compared_overlaid_with_their_differing_params_marked(open_page):
+    server, tab, errors = open_page()
+    low = server.submit(graph(node("a", "core.Constant", value=1), node("m", "core.LogMetric", name="val_loss"),
+                              edges=({"source": "a", "source_port": "value", "target": "m", "target_port": "value"},),
+                              name="low"))["run_id"]
+    high = server.submit(hello())["run_id"]
+    for run_id in (low, high):
+        server.wait_status(run_id, "succeeded")
+    tab.locator(f'input[data-pick="{low}"]').check()
+    tab.locator(f'input[data-pick="{high}"]').check()
+    tab.get_by_role("button", name="Compare 2 runs").click()
+    chart = tab.locator('#view figure.chart[data-series="val_loss"]')
+    expect(chart.locator(".u-legend .u-series")).to_have_count(3)  # the x axis and a series per run
+    expect(tab.locator('tr[data-key="a.value"]')).to_have_class(re.compile("differs"))
+    expect(tab.locator('tr[data-key="final val_loss"]')).to_have_class(re.compile("differs"))
+    expect(tab.locator('tr[data-key="status"]')).not_to_have_class(re.compile("differs"))
+    screenshot(tab, "compare-runs.png")
+    assert errors == []
+
+
+def test_the_list_groups_a_sweep_searches_and_keeps_tags(open_page):
+    server, tab, errors = open_page()
+    body = {"base_graph": hello(), "name": "a sweep",
+            "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [3, 1, 2]}]},
+            "objective": {"metric": "val_loss", "direction": "minimize"}}
+    status, sweep = server.client.request("POST", "/api/sweeps", body)
+    assert status == 201
+    alone = server.submit({**hello(), "name": "lonely"})["run_id"]
+    for variant in sweep["variants"]:
+        server.events_until_finished(variant["run_id"])
+    server.wait_status(alone, "succeeded")
+    group = tab.locator(f'tr[data-group="sweep:{sweep["sweep_id"]}"]')
+    expect(group).to_contain_text("3 runs: 3 succeeded")
+    expect(group).to_contain_text("best val_loss 4")
+    expect(tab.locator("#rows tr.child")).to_have_count(0)
+    group.focus()
+    tab.keyboard.press("Enter")  # keyboard reachable
+    expect(tab.locator("#rows tr.child")).to_have_count(3)
+
+    tab.locator("#run-search").fill("lonely")
+    expect(tab.locator("#rows tr")).to_have_count(1)
+    tab.locator(f'tr[data-run="{alone}"] a').first.click()
+    tags = tab.get_by_label("Add a tag")
+    tags.fill("baseline")
+    tags.press("Enter")
+    expect(tab.locator("#run-head [data-tags]")).to_contain_text("baseline")
+    tab.reload()
+    expect(tab.locator("#run-head [data-tags]")).to_contain_text("baseline")  # kept by the server
+    tab.go_back()
+    tab.locator("#run-search").fill("baseline")  # a tag is searched too
+    expect(tab.locator("#rows tr")).to_have_count(1)
+    expect(tab.locator(f'tr[data-run="{alone}"] .tag')).to_have_text("baseline")
+
+    tab.locator(f'tr[data-group="sweep:{sweep["sweep_id"]}"]').count()
+    tab.goto(f"{server.url}/#/sweeps/{sweep['sweep_id']}")
+    expect(tab.locator("#sweep-title")).to_contain_text("a sweep")
+    expect(tab.locator('#sweep-charts figure[data-param="a.value"]')).to_be_visible()
+    screenshot(tab, "sweep-page.png")
+    assert errors == []

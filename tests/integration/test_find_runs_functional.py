@@ -1,0 +1,69 @@
+"""Finding runs (issue 29): a run's name, tags and note (``PATCH /api/runs/{id}``), the
+list filtered by tag and searched through them, and the list grouped by sweep and study
+(``?grouped=true``), paged on the server."""
+
+from __future__ import annotations
+
+from tests.helpers import hello
+from tests.integration.test_studies_functional import study_body, variants, wait_state
+from tests.integration.test_sweeps_functional import sweep_body
+
+
+def test_a_run_is_renamed_tagged_and_noted_and_found_by_them(make_server):
+    server = make_server()
+    first, second = (server.submit(hello())["run_id"] for _ in range(2))
+    server.events_until_finished(second)
+    status, edited = server.client.request("PATCH", f"/api/runs/{first}", {
+        "name": "baseline", "tags": ["lr:0.01", "keep", "keep"], "note": "the one to beat"})
+    assert status == 200 and (edited["name"], edited["tags"], edited["note"]) == (
+        "baseline", ["keep", "lr:0.01"], "the one to beat")
+    assert [r["id"] for r in server.get("/api/runs?tag=keep")["runs"]] == [first]
+    assert [r["id"] for r in server.get("/api/runs?q=to%20beat")["runs"]] == [first]  # the note
+    assert [r["id"] for r in server.get("/api/runs?q=lr:0.0")["runs"]] == [first]  # a tag
+    # A field left out stays; tags replace the set; null clears.
+    status, edited = server.client.request("PATCH", f"/api/runs/{first}", {"tags": ["best"], "note": None})
+    assert (edited["name"], edited["tags"], edited["note"]) == ("baseline", ["best"], None)
+    assert server.get("/api/runs?tag=keep")["runs"] == []
+    for body, pointer in (({}, ""), ({"tags": ["no spaces"]}, "/tags/0"), ({"tags": ["x"] * 21}, "/tags"),
+                          ({"name": ""}, "/name"), ({"colour": "red"}, "/colour")):
+        status, reply = server.client.request("PATCH", f"/api/runs/{first}", body)
+        assert status == 400 and reply["error"]["pointer"] == pointer, (body, status, reply)
+    assert server.client.request("PATCH", f"/api/runs/{'0' * 32}", {"name": "x"})[0] == 404
+    assert server.anonymous.request("PATCH", f"/api/runs/{first}", {"name": "x"})[0] == 401
+    status, reply = server.client.request("GET", "/api/runs?tag=bad%20tag")
+    assert (status, reply["error"]["pointer"]) == (400, "?tag")
+    # What people added survives a restart.
+    server.stop()
+    server = make_server(server.home)
+    row = server.get(f"/api/runs/{first}")
+    assert (row["name"], row["tags"]) == ("baseline", ["best"])
+
+
+def test_the_list_folds_each_sweep_and_study_into_one_row_paged_on_the_server(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="4")
+    alone = server.submit(hello())["run_id"]
+    status, sweep = server.client.request("POST", "/api/sweeps", sweep_body(
+        [{"node_id": "a", "param": "value", "values": [3, 1, 2]}]))
+    assert status == 201
+    status, study = server.client.request("POST", "/api/studies", study_body(variants(1, 2), repeats=1))
+    assert status == 201
+    wait_state(server, study["id"], "finished")
+    last = server.submit(hello())["run_id"]
+    server.poll_until(lambda: all(r["status"] == "succeeded" for r in server.get("/api/runs?limit=100")["runs"]))
+
+    items = server.get("/api/runs?grouped=true")["runs"]
+    assert [i.get("kind", "run") for i in items] == ["run", "study", "sweep", "run"]  # newest first
+    assert (items[0]["id"], items[3]["id"]) == (last, alone)
+    folded = items[2]
+    assert (folded["id"], folded["runs"], folded["counts"]) == (sweep["sweep_id"], 3, {"succeeded": 3})
+    assert folded["best"]["value"] == 4.0 and folded["name"] == "lr sweep"  # a=1 plus b=3: the least
+    assert (items[1]["id"], items[1]["runs"]) == (study["id"], 2)
+    # Paged on the server: two pages of two, nothing twice.
+    page = server.get("/api/runs?grouped=true&limit=2")
+    rest = server.get(f"/api/runs?grouped=true&limit=2&cursor={page['next_cursor']}")
+    assert [i["id"] for i in page["runs"] + rest["runs"]] == [i["id"] for i in items] and rest["next_cursor"] is None
+    # The filters apply to the runs inside; a group's own runs come from the plain list.
+    assert [i.get("kind", "run") for i in server.get("/api/runs?grouped=true&q=lr%20sweep")["runs"]] == ["sweep"]
+    assert len(server.get(f"/api/runs?sweep_id={sweep['sweep_id']}&grouped=true")["runs"]) == 3
+    status, reply = server.client.request("GET", "/api/runs?grouped=yes")
+    assert (status, reply["error"]["pointer"]) == (400, "?grouped")

@@ -1,0 +1,80 @@
+"""Finding runs: ``GET /api/runs`` (filtered, searched, tagged, paged, and with
+``grouped=true`` a row per sweep and study) and ``PATCH /api/runs/{id}`` (a run's name,
+tags and note)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+
+from actors.store.run_list import EditRun, ListGroups, ListRuns
+from protocol import events as ev
+from protocol.api import TAG_PATTERN, RunEdit
+from protocol.errors import InvalidRequest
+from web.context import services
+from web.errors import json_reply
+from web.queue_state import with_queue_reasons
+from web.requests import int_query, read_model, run_id_from
+from web.routes_runs import public_row, run_detail
+
+routes = web.RouteTableDef()
+CURSOR_PATTERN = r"^([0-9]{1,18})?$"
+_TAG = re.compile(TAG_PATTERN)
+
+
+def _decode_cursor(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    if raw.isascii() and raw.isdigit() and len(raw) <= 18:  # 18 digits: below SQLite's 64-bit INTEGER
+        return int(raw)
+    raise InvalidRequest("cursor is not one this server handed out (pass next_cursor back as it came)",
+                         pointer="?cursor")
+
+
+def _tag_query(request: web.Request) -> str | None:
+    tag = request.query.get("tag") or None
+    if tag is not None and not _TAG.fullmatch(tag):
+        raise InvalidRequest("tag is letters, digits and _.:+/- (at most 40), starting with a letter or digit",
+                             pointer="?tag")
+    return tag
+
+
+@routes.get("/api/runs")
+async def list_runs(request: web.Request) -> web.Response:
+    svc = services(request)
+    status = request.query.get("status") or None
+    if status is not None and status not in ev.ALL_STATES:
+        raise InvalidRequest(f"status must be one of {sorted(ev.ALL_STATES)}, got {status!r}", pointer="?status")
+    grouped = request.query.get("grouped", "false")
+    if grouped not in ("true", "false"):
+        raise InvalidRequest("grouped is true or false", pointer="?grouped")
+    limit = int_query(request, "limit", default=50, minimum=1, maximum=500) or 50
+    before = _decode_cursor(request.query.get("cursor"))
+    search = (request.query.get("q") or "").strip()[:200] or None
+    tag = _tag_query(request)
+    sweep_id, study_id = request.query.get("sweep_id") or None, request.query.get("study_id") or None
+    if grouped == "true" and not (sweep_id or study_id):
+        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag))
+        rows = await with_queue_reasons(svc, [item["run"] for item in items if item["kind"] == "run"])
+        public = iter(public_row(r) for r in rows)
+        found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
+    else:
+        rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag))
+        found = [public_row(r) for r in await with_queue_reasons(svc, rows)]
+    return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
+
+
+@routes.patch("/api/runs/{run_id}")
+async def edit_run(request: web.Request) -> web.Response:
+    """A run's name, tags and note; the run itself (its record, its events) is untouched."""
+    svc = services(request)
+    run_id = run_id_from(request)
+    body = await read_model(request, RunEdit)
+    given = body.model_fields_set
+    await svc.store.write(EditRun(
+        run_id, name=body.name, note=body.note,
+        tags=tuple(sorted(set(body.tags or ()))) if "tags" in given else None,
+        clear_name="name" in given and body.name is None, clear_note="note" in given and body.note is None))
+    return json_reply(await run_detail(svc, run_id))

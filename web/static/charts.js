@@ -1,0 +1,233 @@
+// Metric charts, drawn by uPlot (vendor/uplot, MIT; docs/decisions.md says why): one
+// chart per series, one line per run. Hover shows the step and every run's value there
+// (uPlot's live legend); x is the step or the wall time since the run's first point; y is
+// linear or log; smoothing is an exponential moving average, debiased as TensorBoard's;
+// a point the API marks non-finite is drawn as a red line at its step, where the run
+// diverged. Charts follow their container's width.
+
+import uPlot from "./vendor/uplot/uPlot.esm.js";
+import { el } from "./util.js";
+
+export const COLOURS = ["#3a6ea5", "#c4572a", "#3f8f4f", "#8a4fa8", "#b38b00", "#2a8a8a", "#a83f5f", "#5f5f5f"];
+const HEIGHT = 220;
+
+function smoothed(values, weight) {
+  if (!weight) return values;
+  let last = 0;
+  let count = 0;
+  return values.map((value) => {
+    if (value === null) return null;
+    count += 1;
+    last = last * weight + (1 - weight) * value;
+    return last / (1 - weight ** count);
+  });
+}
+
+// The runs' points on one shared x axis (uPlot wants one): the union of their x values,
+// each run's value at them or null where it has none.
+function aligned(runs, mode) {
+  const keyed = runs.map((run) => {
+    const t0 = run.points.length ? Date.parse(run.points[0].ts) : 0;
+    return new Map(run.points.map((p) => [mode === "time" ? (Date.parse(p.ts) - t0) / 1000 : p.step, p]));
+  });
+  const xs = [...new Set(keyed.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
+  return { xs, columns: keyed.map((m) => xs.map((x) => (m.has(x) ? m.get(x) : null))) };
+}
+
+function padded(min, max) {
+  if (min === null || max === null) return [0, 1];
+  if (min === max) {
+    const pad = Math.abs(min) * 0.1 || 1;
+    return [min - pad, max + pad];
+  }
+  return [min, max];
+}
+
+// Red lines where a run's series went non-finite, drawn over the plot.
+function divergedPlugin(getMarks) {
+  return {
+    hooks: {
+      draw: (u) => {
+        const { ctx } = u;
+        ctx.save();
+        ctx.strokeStyle = "#b3261e";
+        ctx.lineWidth = 2 * devicePixelRatio;
+        for (const x of getMarks()) {
+          const left = Math.round(u.valToPos(x, "x", true));
+          ctx.beginPath();
+          ctx.moveTo(left, u.bbox.top);
+          ctx.lineTo(left, u.bbox.top + u.bbox.height);
+          ctx.stroke();
+        }
+        ctx.restore();
+      },
+    },
+  };
+}
+
+// A chart of one series over several runs: {element, update(runs, settings), destroy()}.
+// runs: [{label, points: [{step, value, non_finite, ts}]}]; settings: {x, log, smooth}.
+export function seriesChart(name, runs, settings) {
+  const figure = el("figure", { class: "chart", "data-series": name });
+  const caption = el("figcaption", {});
+  const plotBox = el("div", { class: "plot" });
+  figure.append(caption, plotBox);
+  let marks = [];
+  let plot = null;
+  let shape = "";
+
+  function captionFor(current) {
+    const parts = [`${name} `];
+    if (current.length === 1) {
+      const all = current[0].points;
+      const last = all[all.length - 1];
+      if (last) parts.push(el("span", { class: "muted" }, `last ${last.value === null ? last.non_finite : +last.value.toPrecision(4)}`));
+    }
+    const broken = current.flatMap((run) => run.points.filter((p) => p.value === null && p.non_finite)
+      .slice(0, 1).map((p) => `${current.length > 1 ? `${run.label}: ` : ""}${p.non_finite} at step ${p.step}`));
+    if (broken.length) parts.push(" ", el("span", { class: "diverged" }, broken.join(", ")));
+    caption.replaceChildren(...parts);
+  }
+
+  function build(current, options) {
+    const { xs, columns } = aligned(current, options.x);
+    marks = current.flatMap((run, i) => columns[i].flatMap((p, j) => (p && p.value === null && p.non_finite ? [xs[j]] : [])));
+    if (marks.length) figure.dataset.diverged = marks.join(" "); else delete figure.dataset.diverged;
+    figure.dataset.points = String(xs.length);
+    const data = [xs, ...columns.map((column) => smoothed(column.map((p) => {
+      if (!p || p.value === null) return null;
+      return options.log && p.value <= 0 ? null : p.value;
+    }), options.smooth))];
+    const key = `${options.x}|${options.log}|${current.map((r) => r.label).join("|")}`;
+    if (plot && key === shape) {
+      plot.setData(data);
+      return;
+    }
+    if (plot) plot.destroy();
+    shape = key;
+    const finite = data.slice(1).flat().filter((v) => v !== null);
+    plot = new uPlot({
+      width: Math.max(plotBox.clientWidth || 320, 200), height: HEIGHT,
+      plugins: [divergedPlugin(() => marks)],
+      cursor: { drag: { x: true, y: false } },
+      scales: {
+        x: { time: false, range: (u, min, max) => padded(min, max) },
+        y: options.log ? { distr: 3 } : { range: (u, min, max) => padded(finite.length ? min : null, finite.length ? max : null) },
+      },
+      axes: [{ label: options.x === "time" ? "seconds since its first point" : "step" }, { size: 60 }],
+      series: [{ label: options.x === "time" ? "s" : "step", value: (u, v) => (v === null ? "" : +v.toPrecision(6)) },
+        ...current.map((run, i) => ({
+          label: run.label, stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: true,
+          points: { show: (u, si, i0, i1) => i1 - i0 < 60 },
+          value: (u, v) => (v === null ? "–" : +v.toPrecision(6)),
+        }))],
+    }, data, plotBox);
+  }
+
+  const chart = {
+    element: figure,
+    update(current, options) {
+      captionFor(current);
+      build(current, options);
+    },
+    resize() {
+      if (plot && plotBox.clientWidth) plot.setSize({ width: plotBox.clientWidth, height: HEIGHT });
+    },
+    destroy() {
+      if (plot) plot.destroy();
+      plot = null;
+    },
+  };
+  chart.update(runs, settings);
+  return chart;
+}
+
+// The controls every set of charts shares: x (step or time), y (linear or log), smoothing.
+export function chartControls(settings, changed) {
+  const x = el("select", { "aria-label": "x axis", onchange: () => { settings.x = x.value; changed(); } },
+    el("option", { value: "step" }, "x: step"), el("option", { value: "time" }, "x: wall time"));
+  x.value = settings.x;
+  const log = el("input", { type: "checkbox", "aria-label": "log y", onchange: () => { settings.log = log.checked; changed(); } });
+  log.checked = settings.log;
+  const smooth = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: settings.smooth, "aria-label": "smoothing",
+    oninput: () => { settings.smooth = Number(smooth.value); changed(); } });
+  return el("div", { class: "chart-controls" }, x, el("label", {}, log, " log y"), el("label", {}, "smoothing ", smooth));
+}
+
+// A set of charts in a container: one per series, kept and updated in place (a live
+// run's charts grow without being rebuilt), resized with the window.
+export class ChartSet {
+  constructor(container) {
+    this.container = container;
+    this.charts = new Map();
+    this.settings = { x: "step", log: false, smooth: 0 };
+    this.last = null;
+    this.observer = new ResizeObserver(() => { for (const chart of this.charts.values()) chart.resize(); });
+    this.observer.observe(container);
+  }
+
+  // bySeries: Map(name -> [{label, points}]) in display order.
+  show(bySeries) {
+    this.last = bySeries;
+    for (const [name, chart] of this.charts) {
+      if (!bySeries.has(name)) {
+        chart.destroy();
+        chart.element.remove();
+        this.charts.delete(name);
+      }
+    }
+    for (const [name, runs] of bySeries) {
+      const chart = this.charts.get(name);
+      if (chart) chart.update(runs, this.settings);
+      else {
+        const made = seriesChart(name, runs, this.settings);
+        this.charts.set(name, made);
+        this.container.append(made.element);
+        made.resize();
+      }
+    }
+  }
+
+  redraw() {
+    if (this.last) this.show(this.last);
+  }
+
+  destroy() {
+    this.observer.disconnect();
+    for (const chart of this.charts.values()) chart.destroy();
+    this.charts.clear();
+  }
+}
+
+// Objective against one param (a sweep's or a study's page): a point per variant (or
+// per repeat), nothing joined. Several variants with one value of the param get x values
+// a hair apart, as uPlot wants them ascending; a param spanning decades is drawn on a log x.
+export function scatterChart(param, metric, points) {
+  const figure = el("figure", { class: "chart scatter", "data-param": param });
+  const plotBox = el("div", { class: "plot" });
+  figure.append(el("figcaption", {}, `${metric} against ${param}`), plotBox);
+  const sorted = points.filter((p) => Number.isFinite(p.x) && p.y !== null).sort((a, b) => a.x - b.x);
+  const xs = [];
+  for (const p of sorted) {
+    const previous = xs[xs.length - 1];
+    xs.push(previous !== undefined && p.x <= previous ? previous + Math.abs(previous) * 1e-9 + 1e-12 : p.x);
+  }
+  const positive = sorted.length > 1 && sorted[0].x > 0;
+  const logX = positive && sorted[sorted.length - 1].x / sorted[0].x >= 100;
+  let plot = null;
+  const draw = () => {
+    if (plot) plot.destroy();
+    plot = new uPlot({
+      width: Math.max(plotBox.clientWidth || 320, 200), height: 200,
+      scales: { x: { time: false, ...(logX ? { distr: 3 } : { range: (u, min, max) => padded(min, max) }) },
+        y: { range: (u, min, max) => padded(min, max) } },
+      axes: [{ label: param }, { size: 60 }],
+      series: [{ label: param, value: (u, v) => (v === null ? "" : +v.toPrecision(6)) },
+        { label: metric, stroke: COLOURS[0], paths: () => null, points: { show: true, size: 7, fill: COLOURS[0] },
+          value: (u, v) => (v === null ? "–" : +v.toPrecision(6)) }],
+    }, [xs, sorted.map((p) => p.y)], plotBox);
+  };
+  const observer = new ResizeObserver(() => { if (plotBox.isConnected && plotBox.clientWidth) draw(); });
+  observer.observe(plotBox);
+  return figure;
+}

@@ -1,0 +1,237 @@
+// A run's own page (#/runs/ID): who and where, its progress, what people added (name,
+// tags, note), its metrics as charts, what it printed, its events (followed while it
+// runs), its artifacts, what executed it, its params and graph, and its actions.
+
+import { ChartSet, chartControls } from "./charts.js";
+import { loadGraph } from "./editor.js";
+import { ACTIVE, act, deleteRun } from "./runs.js";
+import { api, copyButton, duration, el, progressText, showMessage, sizeText, when } from "./util.js";
+
+let page = null; // {runId, source, charts, timers}
+
+export function closeRunPage() {
+  if (!page) return;
+  if (page.source) page.source.close();
+  page.charts.destroy();
+  clearTimeout(page.metricsTimer);
+  page = null;
+}
+
+function section(id, title, ...children) {
+  return el("section", { class: "card", id }, el("h2", {}, title), ...children);
+}
+
+// An event as one readable line: time, kind, node, and what it says.
+export function eventText(e) {
+  const p = e.payload || {};
+  let says;
+  if (e.type === "metric") says = `${p.name} = ${p.value === null ? p.non_finite : +Number(p.value).toPrecision(6)}, step ${p.step}`;
+  else if (e.type === "log" || e.type === "warning") says = p.message || JSON.stringify(p);
+  else if (e.type === "run_finished") says = `${p.status}${p.reason ? ` (${p.reason})` : ""}${p.error ? `: ${p.error}` : ""}`;
+  else if (e.type === "node_failed") says = p.error || "";
+  else if (e.type === "artifact" || e.type === "artifact_pending") says = `${p.kind} ${p.path}`;
+  else {
+    says = Object.entries(p).filter(([, v]) => v === null || ["string", "number", "boolean"].includes(typeof v))
+      .map(([k, v]) => `${k}=${v}`).join(" ");
+  }
+  const at = e.ts ? new Date(e.ts).toLocaleTimeString() : "";
+  return `${at}  ${e.type.padEnd(15)} ${(e.node_id || "").padEnd(10)} ${says}`.slice(0, 400);
+}
+
+function facts(run) {
+  const rows = [["Status", el("span", { class: `status ${run.status}` }, run.status)],
+    ["Where", `${run.queue_key}${run.worker ? ` on worker ${run.worker}` : " on this server"}`],
+    ["Created", when(run.created_at)], ["Started", when(run.started_at)], ["Finished", when(run.finished_at)],
+    ["Duration", duration(run)]];
+  if (run.progress && run.progress.epochs) rows.push(["Progress", el("span", { "data-progress": "" }, progressText(run))]);
+  if (run.seed !== null && run.seed !== undefined) rows.push(["Seed", String(run.seed)]);
+  if (run.deterministic) rows.push(["Deterministic", "yes"]);
+  if (run.sweep_id) rows.push(["Sweep", el("a", { href: `#/sweeps/${run.sweep_id}` }, `variant ${run.sweep_variant}`)]);
+  if (run.study_id) rows.push(["Study", el("a", { href: `#/studies/${run.study_id}` }, run.study_id.slice(0, 8))]);
+  if (run.rerun_of) rows.push(["Made again from", el("a", { href: `#/runs/${run.rerun_of}` }, run.rerun_of.slice(0, 8))]);
+  if (run.resumed_from) {
+    rows.push(["Resumes", el("span", {}, el("a", { href: `#/runs/${run.resumed_from.run_id}` }, run.resumed_from.run_id.slice(0, 8)),
+      ` from epoch ${run.resumed_from.epoch}`)]);
+  }
+  if (run.reruns && run.reruns.length) {
+    rows.push(["Made again as", el("span", {}, ...run.reruns.flatMap((id) => [el("a", { href: `#/runs/${id}` }, id.slice(0, 8)), " "]))]);
+  }
+  if (run.resume_point) rows.push(["Can be resumed", `from epoch ${run.resume_point.epoch}, ${run.resume_point.until}`]);
+  if (run.memory_budget_mib) rows.push(["Memory budget", `${run.memory_budget_mib} MiB (${run.memory_budget_source})`]);
+  if (run.peak_memory_mib !== null && run.peak_memory_mib !== undefined) {
+    rows.push(["Peak memory", `${run.peak_memory_mib} MiB${run.peak_memory_exact ? "" : " (shared process: not exact)"}`
+      + (run.out_of_memory ? ", ran out of memory" : "")]);
+  }
+  const list = el("dl", { class: "facts" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  return list;
+}
+
+function errorBox(run) {
+  if (!run.error) return "";
+  return el("div", { class: "error-box", role: "alert" }, el("strong", {}, run.error),
+    run.error_detail ? el("pre", {}, run.error_detail) : "");
+}
+
+function actions(run, refresh) {
+  const box = el("div", { class: "actions" });
+  if (ACTIVE.has(run.status)) {
+    box.append(el("button", { class: "acts", onclick: () => act("Stop", () => api("POST", `/api/runs/${run.id}/cancel`)).then(refresh) }, "Stop"));
+  } else {
+    box.append(el("button", { class: "acts", onclick: () => again(run.id, false) }, "Run again"));
+    if (run.resume_point) box.append(el("button", { class: "acts", onclick: () => again(run.id, true) }, `Resume from epoch ${run.resume_point.epoch}`));
+    box.append(el("button", { class: "acts danger", onclick: () => deleteRun(run, async () => { location.hash = "#/runs"; }) }, "Delete"));
+  }
+  box.append(el("a", { href: `/api/runs/${run.id}/metrics?format=csv` }, "Metrics as CSV"));
+  return box;
+}
+
+async function again(runId, resume) {
+  await act(resume ? "Resume" : "Run again", async () => {
+    const made = await api("POST", `/api/runs/${runId}/rerun`, resume ? { resume: true } : {});
+    location.hash = `#/runs/${made.run_id}`;
+  });
+}
+
+// Name, tags and note: what a person adds to a run (PATCH), for finding it again.
+function labels(run, refresh) {
+  const save = async (body) => {
+    try {
+      await api("PATCH", `/api/runs/${run.id}`, body);
+      await refresh();
+    } catch (error) {
+      showMessage(`Saving failed: ${error.message}`);
+    }
+  };
+  const name = el("input", { value: run.name || "", "aria-label": "Run name", class: "acts", placeholder: "a name",
+    onchange: () => save({ name: name.value.trim() || null }) });
+  const tagInput = el("input", { placeholder: "add a tag", "aria-label": "Add a tag", class: "acts", size: 14,
+    onkeydown: (event) => {
+      if (event.key !== "Enter" || !tagInput.value.trim()) return;
+      save({ tags: [...run.tags, tagInput.value.trim()] });
+    } });
+  const tags = el("div", { class: "tags", "data-tags": "" }, ...run.tags.map((tag) => el("span", { class: "tag" }, tag,
+    el("button", { class: "acts", "aria-label": `remove tag ${tag}`, onclick: () => save({ tags: run.tags.filter((t) => t !== tag) }) }, "×"))),
+  tagInput);
+  const note = el("textarea", { rows: 2, "aria-label": "Note", class: "acts", placeholder: "a note" }, run.note || "");
+  note.addEventListener("change", () => save({ note: note.value.trim() || null }));
+  const readOnly = document.body.classList.contains("session-read") || document.body.classList.contains("session-none");
+  return el("div", { class: "labels" }, el("label", {}, "Name ", name), tags,
+    readOnly && run.note ? el("p", { class: "note" }, run.note) : note);
+}
+
+function artifacts(run) {
+  if (!run.artifacts.length) return el("p", { class: "muted" }, "No artifacts.");
+  return el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Kind", "Path", "Where", "Size", "sha256", "State", ""]
+    .map((h) => el("th", {}, h)))),
+  el("tbody", {}, ...run.artifacts.map((a) => el("tr", { class: "artifact", "data-state": a.state || "stored" },
+    el("td", {}, a.kind), el("td", { title: a.path }, el("code", {}, a.path)),
+    el("td", {}, `${a.backend || ""}${a.label ? ` ${a.label}` : ""}`), el("td", {}, sizeText(a.size)),
+      el("td", { title: a.sha256 || "" }, a.sha256 ? el("span", {}, el("code", {}, a.sha256.slice(0, 12)), copyButton(a.sha256)) : ""),
+      el("td", { title: a.reason || "" }, a.state || "stored"),
+      el("td", {}, (a.state || "stored") === "stored" ? el("a", { href: `/api/runs/${run.id}/artifacts/${a.id}`, download: "" }, "Download") : "")))));
+}
+
+function environment(run) {
+  const facts = run.execution_facts;
+  if (!facts) return el("p", { class: "muted" }, "Not recorded yet (it is taken when the run starts).");
+  const fp = facts.fingerprint;
+  const rows = [["Digest", facts.fingerprint_digest], ["Taken by", facts.fingerprint_source === "run_process"
+    ? "the run's own process" : "this server's process"], ["troupe", `${fp.troupe.version}${fp.troupe.commit ? ` (${fp.troupe.commit})` : ""}`],
+  ["Python", fp.python], ["Platform", fp.platform], ["torch", fp.torch.version || "not installed"],
+  ["Packs", (fp.packs || []).map((p) => `${p.name} ${p.version}`).join(", ")]];
+  return el("div", {}, el("dl", { class: "facts" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
+    el("a", { href: `/api/runs/${run.id}/provenance` }, "What it read (provenance)"));
+}
+
+function graphSection(run) {
+  const rows = run.graph.nodes.flatMap((node) => {
+    const params = Object.entries(node.params || {});
+    return (params.length ? params : [["", ""]]).map(([key, value], i) => el("tr", {},
+      el("td", {}, i ? "" : node.id), el("td", {}, i ? "" : node.type), el("td", {}, key),
+      el("td", {}, key ? JSON.stringify(value) : "")));
+  });
+  const open = el("button", { onclick: () => {
+    try {
+      loadGraph(run.graph, `run ${run.id}`);
+      location.hash = "";
+      showMessage(`The graph of run ${run.name || run.id.slice(0, 8)} is in the editor.`, true);
+    } catch (error) {
+      showMessage(error.message);
+    }
+  } }, "Open in editor");
+  return el("div", {}, open, el("table", { class: "runs params" },
+    el("thead", {}, el("tr", {}, ...["Node", "Type", "Param", "Value"].map((h) => el("th", {}, h)))), el("tbody", {}, ...rows)));
+}
+
+async function loadMetrics() {
+  const { series } = await api("GET", `/api/runs/${page.runId}/metrics`);
+  const bySeries = new Map(Object.entries(series).map(([name, points]) => [name, [{ label: name, points }]]));
+  page.charts.show(bySeries);
+  page.noMetrics.hidden = bySeries.size > 0;
+}
+
+function metricsSoon() {
+  if (page.metricsTimer) return;
+  page.metricsTimer = setTimeout(() => {
+    if (!page) return;
+    page.metricsTimer = null;
+    loadMetrics().catch((e) => showMessage(e.message));
+  }, 500);
+}
+
+export async function openRunPage(runId, view) {
+  closeRunPage();
+  const [run, tail, printed] = await Promise.all([api("GET", `/api/runs/${runId}`),
+    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console`)]);
+  const chartBox = el("div", { class: "charts" });
+  page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded.") };
+  const head = el("div", { id: "run-head" });
+  const refresh = async () => {
+    if (!page || page.runId !== runId) return;
+    const fresh = await api("GET", `/api/runs/${runId}`);
+    head.replaceChildren(...header(fresh, refresh));
+  };
+  head.replaceChildren(...header(run, refresh));
+  const events = el("pre", { class: "events", id: "run-events" }, tail.events.filter((e) => e.type !== "console").map(eventText).join("\n"));
+  const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
+  view.replaceChildren(
+    el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
+    section("run-metrics", "Metrics", chartControls(page.charts.settings, () => page.charts.redraw()), page.noMetrics, chartBox),
+    section("run-printed", "Console", el("p", { class: "muted" }, "What the run printed."), console_),
+    section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."), events),
+    section("run-artifacts", "Artifacts", artifacts(run)), section("run-environment", "Environment", environment(run)),
+    section("run-params", "Params and graph", graphSection(run)));
+  await loadMetrics();
+  if (ACTIVE.has(run.status)) follow(runId, tail.events.length ? tail.events[tail.events.length - 1].seq : 0, events, console_, refresh);
+}
+
+function header(run, refresh) {
+  return [el("h1", {}, run.name || run.id, " ", el("span", { class: `status ${run.status}` }, run.status)),
+    el("p", { class: "muted" }, run.id, " ", copyButton(run.id)), errorBox(run), actions(run, refresh), labels(run, refresh), facts(run)];
+}
+
+// While it runs: its events as they come, its console, its charts, its header.
+function follow(runId, after, events, console_, refresh) {
+  const source = new EventSource(`/api/runs/${runId}/stream?after=${after}`);
+  page.source = source;
+  source.addEventListener("run_event", (message) => {
+    if (!page || page.runId !== runId) return;
+    const event = JSON.parse(message.data);
+    if (event.type === "console") {
+      console_.textContent += event.payload.text;
+      console_.scrollTop = console_.scrollHeight;
+      return;
+    }
+    events.textContent += `${events.textContent ? "\n" : ""}${eventText(event)}`;
+    events.scrollTop = events.scrollHeight;
+    if (event.type === "metric") {
+      metricsSoon();
+      if (event.payload.epochs) refresh().catch(() => {});
+    }
+    if (["run_started", "run_finished"].includes(event.type)) refresh().catch(() => {});
+    if (event.type === "run_finished") {
+      source.close();
+      metricsSoon();
+    }
+  });
+}
