@@ -292,20 +292,32 @@ class WorkerPlacement:
                     yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
             for admit in line:
+                named = self._named(physical)
                 if self._shared(physical) and admit.budget_mib is None:
-                    yield admit, "memory_budget_required", (f"has no memory budget and {physical} is now shared by "
+                    yield admit, "memory_budget_required", (f"has no memory budget and {named} is now shared by "
                                                             "memory: it waits until the card is exclusive again")
                 elif self._shared(physical):
-                    yield admit, "memory_busy", (f"waits for {admit.budget_mib} MiB (and the CUDA context) on the "
-                                                 f"shared card {physical}")
+                    yield admit, "memory_busy", (f"waits for {admit.budget_mib} MiB (and the CUDA context) on "
+                                                 f"{named}, shared by memory")
                 else:
-                    yield admit, "device_busy", f"waits for a free slot of {physical}"
+                    yield admit, "device_busy", f"waits for a free slot of {named}"
         for admit, needs in self._any_waiting:
             pool, asked = admit.queue_key.split("/", 1)
             what = "a free card" if asked == "auto" else f"a free {asked}"
             kind = "one-shot agent" if f"{pool}/" == ONE_SHOT_PREFIX else "worker"
             yield admit, "no_free_worker", (f"waits for a connected {kind} with {what}"
                                             + (" and the node types of its graph" if needs else ""))
+
+    def _named(self, physical: str) -> str:
+        """A physical device as people name it: a worker's device (``gpu-a cuda:0``), never
+        a card's uuid or a machine id; a CPU by who offers it (this server, a worker)."""
+        offers = sorted((("this server" if provider == LOCAL else provider), device)
+                        for provider, devices in self._providers.items()
+                        for device, (held, _) in devices.items() if held == physical)
+        if physical.startswith("cpu@"):
+            who = [provider for provider, _ in offers] or ["a worker no longer connected"]
+            return f"the CPU of {who[0]}" if len(who) == 1 else f"the CPU that {' and '.join(who)} share"
+        return " and ".join(f"{provider} {device}" for provider, device in offers) or "a card no worker offers now"
 
     # Target ``any`` ----------------------------------------------------------------
     async def _place_anywhere(self) -> None:

@@ -262,8 +262,8 @@ class Placer(Actor):
             if self._seeded is not None or (admit.seeded and self._executing):
                 note(admit, "seed_gate", "waits for the seed gate: a seeded run executes alone in this server")
             else:
-                note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}, which this server "
-                                           "shares with a worker on the same machine")
+                note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}: this server shares that "
+                                           "device with a worker on the same machine, and its runs hold it")
         for admit, code, message in self._slots.waiting():
             note(admit, code, message)
         return {"runs": found, "held": held}

@@ -450,6 +450,8 @@ class WorkerConnection(Actor):
                        "running": sum(1 for on in self._runs.values() if on == device)}
                       for device, (physical, limit) in (self._devices().items() if hello else [])],
             "running_runs": sorted(self._runs),
+            # Seconds since its last frame: a live link answers every heartbeat.
+            "heard_s_ago": round(time.monotonic() - self._last_beat, 1) if self._outbox is not None else None,
             "warm_pool": self._warm.model_dump() if self._warm is not None and self._outbox is not None else None,
             "artifact_outbox": self._artifacts.model_dump() if self._artifacts is not None else None,
         }

@@ -45,6 +45,7 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
     set_param(tab, "constant2", "value", "3")
     set_param(tab, "logmetric1", "name", "val_loss")
     expect(tab.locator("#inspector")).to_contain_text("name (string)")  # a form from the param schema
+    expect(tab.locator('[data-params="constant1"]')).to_have_text("value=2")  # its key params on its card
 
     connect(tab, "texts1:texts", "add1:a")  # texts into a float input: refused, visibly
     expect(tab.locator("#editor-status")).to_contain_text("types differ")
@@ -63,6 +64,9 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
     expect(tab.locator("#editor-status")).to_contain_text("run succeeded")
     runs = server.get("/api/runs")["runs"]
     assert [(r["lane"], r["status"], r["final_loss"]) for r in runs] == [("interactive", "succeeded", 5.0)]
+    before = tab.locator("#viewport").get_attribute("transform")
+    tab.get_by_role("button", name="Fit", exact=True).click()  # every node in view
+    expect(tab.locator("#viewport")).not_to_have_attribute("transform", before or "")
     tab.locator('g[data-node="add1"] text.title').click()
     expect(tab.locator("#node-outputs")).to_contain_text('"sum": 5')  # the inspector shows recorded outputs
     tab.get_by_role("button", name="Tidy").click()

@@ -19,6 +19,7 @@ def test_the_new_sweep_dialog_queues_a_sweep_of_the_editor_graph_and_ranks_it(op
     dialog = tab.locator("dialog[open]")
     dialog.locator("[data-field=param]").select_option(label="a.value (float)")
     dialog.locator("[data-field=values]").fill("3, 1, 2")
+    expect(dialog.locator("#sweep-preview")).to_have_text("It queues 3 runs.")  # before anything is queued
     dialog.locator('input[name="name"]').fill("from the dialog")
     dialog.get_by_role("button", name="Queue the sweep").click()
     dialog.wait_for(state="hidden")
@@ -30,6 +31,14 @@ def test_the_new_sweep_dialog_queues_a_sweep_of_the_editor_graph_and_ranks_it(op
     expect(ranks.nth(0)).to_contain_text("4.000")  # a=1 gives val_loss 1 + 3, the smallest
     expect(ranks.nth(2)).to_contain_text("6.000")
 
+    tab.get_by_role("button", name="New sweep…").click()
+    dialog.locator("[data-field=kind]").select_option("range")  # min, max, how many, log: as the API takes them
+    dialog.locator("[data-field=min]").fill("0.001")
+    dialog.locator("[data-field=max]").fill("0.1")
+    dialog.locator("[data-field=count]").fill("3")
+    dialog.locator("[data-field=log]").check()
+    expect(dialog.locator("#sweep-preview")).to_have_text("It queues 3 runs.")
+    dialog.get_by_role("button", name="Cancel").click()
     tab.get_by_role("button", name="New sweep…").click()
     dialog.locator("[data-field=values]").fill("1, x")
     dialog.get_by_role("button", name="Queue the sweep").click()

@@ -15,7 +15,15 @@ export function compatible(from, to) {
 
 export function nodeHeight(spec) {
   const rows = Math.max(spec ? spec.inputs.length : 0, spec ? spec.outputs.length : 0, 1);
-  return HEAD + rows * ROW + 22;
+  return HEAD + rows * ROW + 22; // the last row: its state, and its key params at the right
+}
+
+// The params a node was given (never a secret's value), short enough for its card.
+function keyParams(node, spec) {
+  const secret = new Set((spec ? spec.params : []).filter((p) => p.type === "secret").map((p) => p.name));
+  const text = Object.entries(node.params || {}).filter(([name]) => !secret.has(name))
+    .map(([name, value]) => `${name}=${typeof value === "string" ? value : JSON.stringify(value)}`).join("  ");
+  return text.length > 20 ? `${text.slice(0, 19)}…` : text;
 }
 
 function portY(index) {
@@ -103,8 +111,31 @@ export class Canvas {
         "data-type": port.type }), svg("text", { x: NODE_WIDTH - 9, y: portY(i) + 4, "text-anchor": "end" }, port.name));
     });
     const label = state ? state.label : spec ? "" : "unknown type";
-    group.append(svg("text", { class: "state", x: 8, y: height - 7, "data-state": node.id }, label));
+    group.append(svg("text", { class: "params", x: NODE_WIDTH - 8, y: height - 7, "text-anchor": "end", "data-params": node.id },
+      keyParams(node, spec)),
+      svg("text", { class: "state", x: 8, y: height - 7, "data-state": node.id }, label));
     return group;
+  }
+
+  // A node's key params on its card, after the inspector changed one.
+  refreshParams(node) {
+    for (const text of this.root.querySelectorAll("text.params")) {
+      if (text.dataset.params === node.id) text.textContent = keyParams(node, this.hooks.spec(node.type));
+    }
+  }
+
+  // Every node in view: the graph's bounds, scaled (within the zoom's limits) and centred.
+  fit() {
+    const nodes = this.hooks.graph().nodes.filter((n) => n.position);
+    if (!nodes.length) return;
+    const box = this.root.getBoundingClientRect();
+    const left = Math.min(...nodes.map((n) => n.position.x));
+    const top = Math.min(...nodes.map((n) => n.position.y));
+    const right = Math.max(...nodes.map((n) => n.position.x + NODE_WIDTH));
+    const bottom = Math.max(...nodes.map((n) => n.position.y + nodeHeight(this.hooks.spec(n.type))));
+    const k = Math.min(2.5, Math.max(0.3, Math.min(box.width / (right - left + 40), box.height / (bottom - top + 40))));
+    this.view = { k, x: (box.width - (right - left) * k) / 2 - left * k, y: (box.height - (bottom - top) * k) / 2 - top * k };
+    this.render();
   }
 
   _down(event) {

@@ -147,6 +147,7 @@ function paramInput(node, param) {
   const set = (raw) => {
     if (raw === "" || raw === undefined) delete node.params[param.name];
     else node.params[param.name] = raw;
+    canvas.refreshParams(node);
   };
   const common = { name: param.name, id: `param-${param.name}`, "data-param": param.name };
   if (param.type === "bool") {
@@ -457,6 +458,7 @@ export async function initEditor(serverInfo, workers) {
     layout(graph);
     canvas.render();
   });
+  document.getElementById("fit-graph").addEventListener("click", () => canvas.fit());
   document.getElementById("new-graph").addEventListener("click", () => loadGraph(
     { version: 1, name: "untitled", settings: { device: "cpu" }, nodes: [], edges: [] }, "new graph"));
   document.getElementById("run-graph").addEventListener("click", run);

@@ -75,17 +75,68 @@ function parseValue(text, type) {
   return text;
 }
 
+// A swept param: its values, comma separated, or (a number) a range: min, max, how many,
+// spaced evenly or on a log scale, as the API's range takes them.
 function paramRow(choices, index) {
   const select = el("select", { "data-field": "param" }, ...choices.map(({ node, param }, i) => el("option",
     { value: String(i), selected: i === index }, `${node.id}.${param.name} (${param.type})`)));
   const values = el("input", { "data-field": "values", size: 30, "aria-label": "values, comma separated" });
-  const fill = () => { const { node, param } = choices[Number(select.value)]; values.value = defaultValues(node, param); };
+  const kind = el("select", { "data-field": "kind", "aria-label": "values or a range" },
+    el("option", { value: "values" }, "values"), el("option", { value: "range" }, "a range"));
+  const number = (field, label, extra = {}) => el("div", {}, el("label", {}, label),
+    el("input", { "data-field": field, type: "number", step: "any", size: 7, ...extra }));
+  const range = el("div", { class: "row", "data-range": "" }, number("min", "Min"), number("max", "Max"),
+    number("count", "How many", { min: 1, step: 1, value: 4 }),
+    el("div", {}, el("label", {}, el("input", { "data-field": "log", type: "checkbox" }), " log scale")));
+  const valuesBox = el("div", {}, el("label", {}, "Values (comma separated)"), values);
+  const show = () => {
+    const { param } = choices[Number(select.value)];
+    const numeric = ["int", "float"].includes(param.type);
+    kind.hidden = !numeric;
+    if (!numeric) kind.value = "values";
+    range.hidden = kind.value !== "range";
+    valuesBox.hidden = kind.value === "range";
+  };
+  const fill = () => {
+    const { node, param } = choices[Number(select.value)];
+    values.value = defaultValues(node, param);
+    const current = Number(node.params[param.name] ?? param.default ?? param.min ?? 1);
+    range.querySelector("[data-field=min]").value = param.min ?? (current / 10);
+    range.querySelector("[data-field=max]").value = param.max ?? (current * 10 || 1);
+    show();
+  };
   select.addEventListener("change", fill);
+  kind.addEventListener("change", show);
   fill();
   const row = el("div", { class: "row sweep-param" }, el("div", {}, el("label", {}, "Param"), select),
-    el("div", {}, el("label", {}, "Values (comma separated)"), values),
-    el("button", { type: "button", onclick: () => row.remove() }, "Remove"));
+    el("div", {}, el("label", {}, "Kind"), kind), valuesBox, range,
+    el("button", { type: "button", onclick: () => { row.remove(); row.dispatchEvent(new Event("input", { bubbles: true })); } }, "Remove"));
   return row;
+}
+
+function paramSpec(row, choices) {
+  const { node, param } = choices[Number(row.querySelector("[data-field=param]").value)];
+  const field = (name) => row.querySelector(`[data-field=${name}]`);
+  if (field("kind").value === "range") {
+    const spec = { min: Number(field("min").value), max: Number(field("max").value), count: Number(field("count").value) };
+    if (field("log").checked) spec.scale = "log";
+    return { node_id: node.id, param: param.name, range: spec };
+  }
+  const values = field("values").value.split(",").map((v) => v.trim()).filter((v) => v !== "");
+  return { node_id: node.id, param: param.name, values: values.map((v) => parseValue(v, param.type)) };
+}
+
+// How many runs the sweep queues, as the form stands: every combination, or the samples.
+function preview(form, paramsBox, choices) {
+  const out = form.querySelector("#sweep-preview");
+  try {
+    const specs = [...paramsBox.querySelectorAll(".sweep-param")].map((row) => paramSpec(row, choices));
+    const runs = form.elements.method.value === "random" ? Number(form.elements.samples.value)
+      : specs.reduce((n, spec) => n * (spec.range ? spec.range.count : spec.values.length), 1);
+    out.textContent = specs.length ? `It queues ${runs} run${runs === 1 ? "" : "s"}.` : "Add a param.";
+  } catch (error) {
+    out.textContent = error.message;
+  }
 }
 
 export function newSweepDialog() {
@@ -106,21 +157,22 @@ export function newSweepDialog() {
           el("option", { value: "random" }, "random: draw samples"))),
         el("div", {}, el("label", {}, "Samples (random)"), el("input", { name: "samples", type: "number", min: 1, value: 4, size: 4 }))),
       paramsBox,
-      el("button", { type: "button", onclick: () => paramsBox.append(paramRow(choices, 0)) }, "Add a param"),
+      el("button", { type: "button", onclick: () => { paramsBox.append(paramRow(choices, 0)); preview(form, paramsBox, choices); } },
+        "Add a param"),
       el("div", { class: "row" }, el("div", {}, el("label", {}, "Objective metric"), el("input", { name: "metric", value: "val_loss" })),
         el("div", {}, el("label", {}, "Direction"), el("select", { name: "direction" }, el("option", { value: "minimize" }, "minimize"),
           el("option", { value: "maximize" }, "maximize")))),
       el("p", { class: "explain" }, "Each combination becomes one run on the queue of the graph's device; the ranking "
         + "orders them by the objective's last value as they finish. Limits (variants, params, values) are the server's; "
-        + "a sweep over them is refused whole, never cut."));
+        + "a sweep over them is refused whole, never cut."),
+      el("p", { id: "sweep-preview", class: "preview", "aria-live": "polite" }));
+    form.addEventListener("input", () => preview(form, paramsBox, choices));
+    form.addEventListener("change", () => preview(form, paramsBox, choices));
+    preview(form, paramsBox, choices);
   }, {
     submitLabel: "Queue the sweep",
     submit: choices.length ? async (form) => {
-      const params = [...paramsBox.querySelectorAll(".sweep-param")].map((row) => {
-        const { node, param } = choices[Number(row.querySelector("[data-field=param]").value)];
-        const values = row.querySelector("[data-field=values]").value.split(",").map((v) => v.trim()).filter((v) => v !== "");
-        return { node_id: node.id, param: param.name, values: values.map((v) => parseValue(v, param.type)) };
-      });
+      const params = [...paramsBox.querySelectorAll(".sweep-param")].map((row) => paramSpec(row, choices));
       if (!params.length) throw new Error("add at least one param");
       const method = form.elements.method.value;
       const body = {
@@ -129,8 +181,7 @@ export function newSweepDialog() {
         objective: { metric: form.elements.metric.value, direction: form.elements.direction.value },
       };
       const reply = await api("POST", "/api/sweeps", body);
-      openSweep = reply.sweep_id;
-      document.querySelector('.tab[data-tab="sweeps"]').click();
+      location.hash = `#/sweeps/${reply.sweep_id}`;
     } : null,
   });
 }

@@ -62,6 +62,13 @@ function sharingDialog(worker, card) {
   });
 }
 
+// The runs it executes now, each a link to its page.
+function runLinks(worker) {
+  if (!worker.running_runs.length) return [];
+  return [el("div", { class: "worker-runs" }, `${worker.running_runs.length} running: `,
+    ...worker.running_runs.flatMap((id, i) => [i ? ", " : "", el("a", { href: `#/runs/${id}`, onclick: (e) => e.stopPropagation() }, id.slice(0, 8))]))];
+}
+
 function notes(worker) {
   const parts = [];
   if (worker.one_shot) parts.push("one-shot: takes one run, then exits");
@@ -71,7 +78,7 @@ function notes(worker) {
   if (worker.degraded) {
     parts.push(worker.missing_node_types.length ? `degraded, lacks ${worker.missing_node_types.join(", ")}` : "degraded");
   }
-  if (worker.running_runs.length) parts.push(`${worker.running_runs.length} running`);
+  if (worker.heard_s_ago !== null && worker.heard_s_ago !== undefined) parts.push(`heard from ${worker.heard_s_ago.toFixed(0)} s ago`);
   return parts.join("; ");
 }
 
@@ -108,7 +115,7 @@ export async function refreshWorkers() {
   document.getElementById("worker-rows").replaceChildren(...workers.map((w) => el("tr", { "data-worker": w.name },
     el("td", {}, w.name), el("td", {}, el("span", { class: `status ${w.state}` }, w.state)),
     el("td", {}, w.version || ""), el("td", { title: devices(w) }, devices(w)), el("td", {}, slots(w)),
-    el("td", { title: notes(w) }, notes(w)), actions(w))));
+    el("td", { title: notes(w) }, notes(w), ...runLinks(w)), actions(w))));
   document.getElementById("workers-empty").hidden = workers.length > 0;
 }
 
