@@ -212,6 +212,27 @@ class WorkerPlacement:
         if worker in self._one_shot:
             self._spent.add(worker)  # its one run: nothing more goes to this agent
 
+    async def predict(self, key: str) -> dict[str, str] | None:
+        """Whether a run for ``key`` would find its device free now (asked of the device's
+        ledger, the same book it would hold); None when it would, else why not."""
+        provider, _, device = key.rpartition("/")
+        provider = provider or LOCAL
+        if provider in ("any", "one-shot"):
+            return None  # the first free worker takes it: nothing to predict about one device
+        offered = self._providers.get(provider, {}).get(device)
+        if offered is None:
+            if provider == LOCAL or provider in self._online:
+                return None  # not a device of its own (``auto``): the server resolves it when it is queued
+            return {"code": "worker_offline", "message": f"waits for worker {provider}, which is not connected"}
+        physical = offered[0]
+        if provider == LOCAL and not any(
+                name != LOCAL and any(on == physical for on, _ in devices.values())
+                for name, devices in self._providers.items() if name in self._online):
+            return None  # the server's own device, shared with no worker: its queue's slots say it all
+        if (await self._ledger(physical).ask(Fits(None)))["now"] or self._shared(physical):
+            return None
+        return {"code": "device_busy", "message": f"waits for a free slot of {self._named(physical)}"}
+
     async def hold_local(self, run_id: str, device: str) -> bool:
         """A local queued run on a device the server shares with a same-machine worker
         takes a slot of that device's ledger too; True when it may start."""

@@ -131,6 +131,17 @@ class Waiting:
     run_ids: frozenset[str] | None = None
 
 
+@dataclass(frozen=True)
+class Predict:
+    """Ask: would a run handed on now for ``queue_key`` start at once, by the rules this
+    placer applies (the seed gate, the runs already waiting here, a device it shares
+    with a same-machine worker, a worker's device)? Replies None, or the reason it would
+    wait ``{"code", "message"}`` as a queued run's reason reads."""
+
+    queue_key: str
+    seeded: bool = False
+
+
 class Placer(Actor):
     def __init__(
         self,
@@ -242,6 +253,8 @@ class Placer(Actor):
                 return dict(self._quarantined)
             case Waiting(run_ids):
                 return self._waiting_runs(run_ids)
+            case Predict(key, seeded):
+                return await self._predict(key, seeded)
             case Shutdown(_):
                 self._closed = True
                 self._waiting.clear()
@@ -267,6 +280,15 @@ class Placer(Actor):
         for admit, code, message in self._slots.waiting():
             note(admit, code, message)
         return {"runs": found, "held": held}
+
+    async def _predict(self, key: str, seeded: bool) -> dict[str, str] | None:
+        if "/" not in key:  # a local key: the seed gate, then the device
+            if not self._gate_allows(seeded) or (seeded and self._waiting):
+                return {"code": "seed_gate", "message": "waits for the seed gate: a seeded run executes alone in "
+                                                        "this server"}
+            if any(admit.queue_key == key for admit in self._waiting):
+                return {"code": "device_busy", "message": f"waits behind the runs already waiting for {key}"}
+        return await self._slots.predict(key)
 
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
         for spec in adopted:

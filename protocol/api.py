@@ -18,6 +18,7 @@ from protocol.numbers import INTEGRAL, Integer
 SEED_MAX = 2**32 - 1
 # A device as the document states it; the server also takes other case and spaces.
 DEVICE_PATTERN = r"^(cpu|auto|cuda|mps)(:[0-9]{1,3})?$"
+QUEUE_KEY_PATTERN = r"^([a-z0-9][a-z0-9_.-]{0,63}/)?[a-z0-9]{1,16}(:[0-9]{1,3})?$"  # cpu, cuda:0, WORKER/DEVICE
 
 
 class Target(BaseModel):

@@ -108,6 +108,11 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
                                   "description": "empty: any tag"}),
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}))),
         },
+        "/api/queue-prediction": {"get": _op("Would a run queued now on this key start at once, and if not why",
+                                             None, params=(("queue_key", "query", {"type": "string",
+                                                                                   "pattern": api.QUEUE_KEY_PATTERN}),
+                                                           ("seeded", "query", {"type": "string",
+                                                                                "enum": ["true", "false"]})))},
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
             "patch": _op("A run's name, tags and note", api.RunDetail, body=api.RunEdit, params=(_RUN_ID,),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from typing import Any
 
@@ -14,8 +15,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from actors.base import Snapshot
 from actors.events import SubscriberCount
+from actors.placer import Predict
 from actors.store.runs import StatusCounts
 from protocol import events as ev
+from protocol.api import QUEUE_KEY_PATTERN
+from protocol.errors import InvalidRequest
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.errors import json_reply
@@ -33,6 +37,33 @@ async def queue_rows(svc: Services) -> list[dict[str, Any]]:
 @routes.get("/api/queues")
 async def queues(request: web.Request) -> web.Response:
     return json_reply({"queues": await queue_rows(services(request))})
+
+
+_QUEUE_KEY = re.compile(QUEUE_KEY_PATTERN)
+
+
+@routes.get("/api/queue-prediction")
+async def queue_prediction(request: web.Request) -> web.Response:
+    """Would a run queued now on ``queue_key`` start at once? Read off the same books the
+    server admits by: the queue's slots, then the placer (the seed gate, the runs waiting
+    there, a device shared with a same-machine worker, a worker's device)."""
+    svc = services(request)
+    key = request.query.get("queue_key", "")
+    if not _QUEUE_KEY.fullmatch(key):
+        raise InvalidRequest("queue_key is a queue's key: cpu, cuda:0, or WORKER/DEVICE", pointer="?queue_key")
+    seeded = request.query.get("seeded", "false")
+    if seeded not in ("true", "false"):
+        raise InvalidRequest("seeded is true or false", pointer="?seeded")
+    row = (await QueueState.read(svc, {key})).row(key, svc.settings.concurrency_for(key))
+    reason: dict[str, str] | None
+    if row["state"] == "quarantined":
+        reason = {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {row['reason']}"}
+    elif row["queued"] or row["running"] >= row["limit"]:
+        reason = {"code": "slots_busy", "message": f"#{row['queued'] + 1} in line for {key}: {row['running']} of "
+                                                   f"{row['limit']} slots busy"}
+    else:
+        reason = await svc.actor("placer").ask(Predict(key, seeded == "true"))
+    return json_reply({"queue_key": key, "starts": reason is None, "reason": reason})
 
 
 @routes.get("/api/resources")

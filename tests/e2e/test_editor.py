@@ -110,7 +110,7 @@ def test_queue_on_explains_the_queue_before_it_submits(open_page):
     tab.get_by_role("button", name="Queue on…").click()
     dialog = tab.locator("dialog[open]")
     expect(dialog.locator("#queue-explain")).to_contain_text("Queue cpu: 1 of 1 slots busy, 0 waiting")
-    expect(dialog.locator("#queue-explain")).to_contain_text("#1 in queue")
+    expect(dialog.locator("#queue-explain")).to_contain_text("would not start at once: it #1 in line for cpu")
     dialog.get_by_role("button", name="Queue").click()
     expect(tab.locator("#editor-status")).to_contain_text("#1 in queue")
     queued = [r for r in server.get("/api/runs")["runs"] if r["id"] != busy]

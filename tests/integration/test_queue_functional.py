@@ -44,6 +44,8 @@ def test_a_run_waiting_at_the_seed_gate_is_queued_not_running(make_server):
     server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="2")
     seeded = server.submit(sleeper(), seed=7)["run_id"]
     server.wait_status(seeded, "running")
+    said = server.get("/api/queue-prediction?queue_key=cpu&seeded=false")  # asked before it is queued
+    assert not said["starts"] and said["reason"]["code"] == "seed_gate", said
     waiting = server.submit(sleeper())["run_id"]
     row = server.get(f"/api/runs/{waiting}")
     assert row["status"] == "queued"

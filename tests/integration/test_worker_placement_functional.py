@@ -99,6 +99,10 @@ def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_pat
     agent = start_agent(server, tmp_path, join, machine=here)
     try:
         read_until(agent, "connected as beside")
+        # Asked before, the server says the worker run would wait, by the same books it admits by.
+        said = server.get("/api/queue-prediction?queue_key=beside/cpu")
+        assert not said["starts"] and said["reason"]["code"] == "device_busy", said
+        assert "the CPU that" in said["reason"]["message"] and here not in said["reason"]["message"]
         remote = server.submit(hello(), target={"worker": "beside"})["run_id"]
         assert server.get(f"/api/runs/{remote}")["status"] == "queued"  # the one cpu slot is taken
         freed_at = utc_now()
@@ -108,12 +112,17 @@ def test_a_same_machine_worker_shares_the_servers_cpu_quota(make_server, tmp_pat
         # The other way round: a worker run holds the cpu and a local run waits for it.
         remote = server.submit(sleeper(seconds=60), target={"worker": "beside"})["run_id"]
         server.wait_status(remote, "running")
+        said = server.get("/api/queue-prediction?queue_key=cpu")
+        assert (said["starts"], said["reason"]["code"]) == (False, "device_busy"), said  # its queue is empty
         local = server.submit(hello())["run_id"]
         assert server.get(f"/api/runs/{local}")["status"] == "queued"
         freed_at = utc_now()
         server.client.request("POST", f"/api/runs/{remote}/cancel")
         assert server.events_until_finished(local)[-1]["payload"]["status"] == "succeeded"
         assert server.get(f"/api/runs/{local}")["started_at"] > freed_at
+        assert server.get("/api/queue-prediction?queue_key=cpu")["starts"] is True
+        status, reply = server.client.request("GET", "/api/queue-prediction?queue_key=Not%20a%20key")
+        assert (status, reply["error"]["pointer"]) == (400, "?queue_key")
     finally:
         agent.terminate()
         agent.wait(30)

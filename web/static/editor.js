@@ -319,11 +319,13 @@ async function explain(form) {
   } else if (target === "one-shot") {
     text = `The run waits on ${key} with ${queued} others for a one-shot agent (a batch job's), which takes it and `
       + "exits; it waits only so long (TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S).";
-  } else if (limit !== null && running < limit && queued === 0) {
-    text = `Queue ${key}: ${running} of ${limit} slots busy. The run starts at once.`;
   } else {
-    text = `Queue ${key}: ${running}${limit !== null ? ` of ${limit}` : ""} slots busy, ${queued} waiting. `
-      + `The run will be #${queued + 1} in queue${limit === null && running === 0 ? " (the queue is new: it starts at once if the device is free)" : ""}.`;
+    // The server's own verdict, by the rules it admits runs by (slots, seed gate, a device
+    // it shares with a worker on the same machine, the worker's device).
+    const verdict = await api("GET", `/api/queue-prediction?queue_key=${encodeURIComponent(key)}`);
+    const slots = `Queue ${key}: ${running}${limit !== null ? ` of ${limit}` : ""} slots busy, ${queued} waiting.`;
+    text = verdict.starts ? `${slots} The run starts at once.`
+      : `${slots} The run would not start at once: it ${verdict.reason.message}.`;
   }
   if (target && target !== "any" && target !== "one-shot") text += ` It executes on worker ${target}, in a process of its own.`;
   const worker = target && target !== "any" ? (await listWorkers()).find((w) => w.name === target) : null;
