@@ -80,6 +80,12 @@ class ActorRef:
     def is_alive(self) -> bool:
         return self._actor._alive
 
+    @property
+    def view(self) -> Any:
+        """The immutable snapshot the actor last published (None if it publishes none):
+        a read that costs no ask, as fresh as the last message it handled."""
+        return self._actor._view
+
     def tell(self, message: Any) -> None:
         """Fire and forget; a message to a dead actor is dropped."""
         if self._actor._alive:
@@ -90,13 +96,17 @@ class ActorRef:
     async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
         if not self._actor._alive:
             raise ActorDeadError(f"actor {self.name} is not running")
-        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
         self._actor._mailbox.put_nowait(_Envelope(message, reply))
+        # One timer handle per ask, not wait_for's task and a shield's extra future: an
+        # asker cancelled meanwhile still has its message handled (the actor skips only
+        # asks that timed out), as a shielded ask had.
+        timer = loop.call_later(timeout, _expire, reply, self.name, message, timeout)
         try:
-            return await asyncio.wait_for(asyncio.shield(reply), timeout)
-        except TimeoutError:
-            reply.cancel()
-            raise AskTimeout(f"{self.name} did not answer {type(message).__name__} within {timeout}s") from None
+            return await reply
+        finally:
+            timer.cancel()
 
     def stop(self, reason: str = "normal") -> None:
         """Asks the actor to stop after the messages already in its mailbox."""
@@ -105,6 +115,11 @@ class ActorRef:
 
     async def wait(self) -> Exit:
         return await asyncio.shield(self._actor._exited)
+
+
+def _expire(reply: asyncio.Future[Any], name: str, message: Any, timeout: float) -> None:
+    if not reply.done():
+        reply.set_exception(AskTimeout(f"{name} did not answer {type(message).__name__} within {timeout}s"))
 
 
 class Registry:
@@ -140,6 +155,8 @@ class Actor:
         self._ref = ActorRef(self)
         self._home_registry: Registry | None = None
         self._task: asyncio.Task[None] | None = None
+        self._view: Any = None
+        self._view_due = False
 
     @property
     def ref(self) -> ActorRef:
@@ -153,13 +170,31 @@ class Actor:
         if on_exit is not None:
             self._exited.add_done_callback(lambda f: on_exit(f.result()))
         self._task = asyncio.get_running_loop().create_task(self._actor_loop(), name=f"actor:{self.name}")
+        self.changed()
         return self._ref
 
     def stop_self(self, reason: str = "normal") -> None:
         """Stops after the current message; queued messages are failed at teardown."""
         self._mailbox.put_nowait(_Envelope(_Stop(reason), None))
 
+    def changed(self) -> None:
+        """Readers should see the state anew: the view is rebuilt once, when this burst
+        of messages has been handled (the loop's next turn), however many changed it."""
+        if self.publishes_view and not self._view_due:
+            self._view_due = True
+            asyncio.get_running_loop().call_soon(self._publish_view)
+
+    def _publish_view(self) -> None:
+        self._view_due = False
+        self._view = self.make_view()
+
     # Hooks -----------------------------------------------------------------------
+    publishes_view = False  # a kind that sets it rebuilds its view after every message
+
+    def make_view(self) -> Any:
+        """The immutable snapshot readers get from ``ref.view``; never mutated after."""
+        return None
+
     async def on_start(self) -> None:
         """Runs in the actor's task before the first message."""
 
@@ -203,8 +238,8 @@ class Actor:
 
     async def _actor_handle(self, envelope: _Envelope) -> None:
         reply = envelope.reply
-        if reply is not None and reply.done():
-            return  # the asker gave up
+        if reply is not None and reply.done() and not reply.cancelled():
+            return  # the ask timed out: its asker gave up on it
         try:
             result = await self.receive(envelope.message)
         except TroupeError as exc:
@@ -217,6 +252,8 @@ class Actor:
             if reply is not None and not reply.done():
                 reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
             raise
+        finally:
+            self.changed()
         if reply is not None and not reply.done():
             reply.set_result(result)
 

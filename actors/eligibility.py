@@ -14,10 +14,9 @@ from dataclasses import dataclass, replace
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
-from protocol.settings import ANY_PREFIX, ONE_SHOT_PREFIX
+from protocol.queue_key import ANY_POOL as ANY
+from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
 
-ANY = ANY_PREFIX.rstrip("/")
-ONE_SHOT = ONE_SHOT_PREFIX.rstrip("/")
 INSTANCE_MARK = "#"  # a batch array's task: the connection of instance ``id`` is ``name#id``
 # The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
 UNKNOWN_CPUS = 1 << 20

@@ -100,6 +100,8 @@ class Adopt:
 
 
 class LedgerActor(Actor):
+    publishes_view = True  # the Workers panel reads each card's books without an ask
+
     def __init__(self, physical_id: str, context_mib: int = 500) -> None:
         super().__init__(f"ledgers/{physical_id}")
         self.physical_id = physical_id
@@ -139,7 +141,7 @@ class LedgerActor(Actor):
                 for run_id in run_ids:
                     self._holders[run_id] = budgets.get(run_id)
             case Snapshot():
-                return self._snapshot()
+                return self.make_view()
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
@@ -178,7 +180,7 @@ class LedgerActor(Actor):
         return {"sharing": MEMORY, "ever": need <= self._total_mib - reserved, "now": need <= room and
                 bool(self._providers), "numbers": numbers}
 
-    def _snapshot(self) -> dict[str, Any]:
+    def make_view(self) -> dict[str, Any]:
         return {"physical_id": self.physical_id, "limit": self._limit, "providers": dict(self._providers),
                 "holders": sorted(self._holders), "sharing": self._policy.sharing,
                 "reserved_mib": self._policy.reserved_mib, "total_mib": self._total_mib, "free_mib": self._free_mib,

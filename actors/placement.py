@@ -20,7 +20,7 @@ from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer_messages import Admit, Released
 from actors.run_messages import Start
-from protocol.settings import ONE_SHOT_PREFIX, POOL_PREFIXES
+from protocol.queue_key import QueueKey
 
 LOCAL = "local"  # the provider name of the server's own devices
 
@@ -156,14 +156,15 @@ class WorkerPlacement:
     # Admission ---------------------------------------------------------------------
     async def admit(self, admit: Admit, needs: frozenset[str] = frozenset()) -> None:
         """``needs``: for target ``any``, the node types a worker must have to take it."""
-        if admit.queue_key.startswith(POOL_PREFIXES):
+        if QueueKey.parse(admit.queue_key).pooled:
             self._any_waiting.append((admit, needs))
             await self._place_anywhere()
         else:
             await self.admit_named(admit)
 
     async def admit_named(self, admit: Admit) -> None:
-        worker, device = admit.queue_key.split("/", 1)
+        key = QueueKey.parse(admit.queue_key)
+        worker, device = key.provider or LOCAL, key.device
         # A worker named by its instances (a batch array's): the first of its tasks that is free.
         instances = None if worker in self._online else self._free_instances(worker)
         if instances is not None:
@@ -215,9 +216,9 @@ class WorkerPlacement:
     async def predict(self, key: str) -> dict[str, str] | None:
         """Whether a run for ``key`` would find its device free now (asked of the device's
         ledger, the same book it would hold); None when it would, else why not."""
-        provider, _, device = key.rpartition("/")
-        provider = provider or LOCAL
-        if provider in ("any", "one-shot"):
+        parsed = QueueKey.parse(key)
+        provider, device = parsed.provider or LOCAL, parsed.device
+        if parsed.pooled:
             return None  # the first free worker takes it: nothing to predict about one device
         offered = self._providers.get(provider, {}).get(device)
         if offered is None:
@@ -323,9 +324,9 @@ class WorkerPlacement:
                 else:
                     yield admit, "device_busy", f"waits for a free slot of {named}"
         for admit, needs in self._any_waiting:
-            pool, asked = admit.queue_key.split("/", 1)
-            what = "a free card" if asked == "auto" else f"a free {asked}"
-            kind = "one-shot agent" if f"{pool}/" == ONE_SHOT_PREFIX else "worker"
+            key = QueueKey.parse(admit.queue_key)
+            what = "a free card" if key.device == "auto" else f"a free {key.device}"
+            kind = "one-shot agent" if key.one_shot else "worker"
             yield admit, "no_free_worker", (f"waits for a connected {kind} with {what}"
                                             + (" and the node types of its graph" if needs else ""))
 
@@ -350,8 +351,8 @@ class WorkerPlacement:
         for admit, needs in waiting:
             if self._registry.lookup(f"runs/{admit.run_id}") is None:
                 continue  # withdrawn while it waited
-            pool, asked = admit.queue_key.split("/", 1)
-            spot = await self._free_spot(admit, asked, needs, f"{pool}/" == ONE_SHOT_PREFIX)
+            key = QueueKey.parse(admit.queue_key)
+            spot = await self._free_spot(admit, key.device, needs, key.one_shot)
             if spot is None:
                 self._any_waiting.append((admit, needs))
                 continue

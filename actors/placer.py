@@ -36,7 +36,8 @@ from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
 from actors.store.sweeps import CreateSweep
 from protocol import events as ev
-from protocol.settings import POOL_PREFIXES, UPLOAD_LABEL
+from protocol.queue_key import QueueKey
+from protocol.settings import UPLOAD_LABEL
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.mounts import labels_of
 
@@ -304,7 +305,7 @@ class Placer(Actor):
         its graph measured on as many cards (+20%, or more after it ran out of memory
         under such a budget). A run for a named worker's shared card is refused now if it
         could never fit, has no budget, or does not fit now and did not ask to wait."""
-        worker, anywhere = row.get("worker"), row["queue_key"].startswith(POOL_PREFIXES)
+        worker, anywhere = row.get("worker"), QueueKey.parse(row["queue_key"]).pooled
         if row["lane"] != ev.LANE_QUEUED or (worker is None and not anywhere):
             return
         target = (row.get("options") or {}).get("target") or {}
@@ -368,7 +369,7 @@ class Placer(Actor):
             self._interactive[run_id] = row.get("editor_session")
             self._grant(run_id, seeded)
         else:
-            if key.startswith(POOL_PREFIXES):  # what a worker must have: node types, storage labels
+            if QueueKey.parse(key).pooled:  # what a worker must have: node types, storage labels
                 self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ())) | {
                     f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"]) - {UPLOAD_LABEL}}
             devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []

@@ -54,6 +54,8 @@ class Occupying:
 
 
 class QueueActor(Actor):
+    publishes_view = True  # the queues panel and a queued run's reason read it without an ask
+
     def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry) -> None:
         super().__init__(f"queues/{queue_key}")
         self.queue_key = queue_key
@@ -97,16 +99,15 @@ class QueueActor(Actor):
                     if placer is not None and entry.run_id in self._holding:
                         placer.tell(self._admit(entry))
             case Snapshot():
-                return {
-                    "queue_key": self.queue_key,
-                    "limit": self._limit,
-                    "running": len(self._holding),
-                    "queued": len(self._fifo),
-                }
+                return self.make_view()
             case _:
                 # A message nobody defined is a bug: crash, and let the supervisor act.
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def make_view(self) -> dict[str, Any]:
+        return {"queue_key": self.queue_key, "limit": self._limit, "running": len(self._holding),
+                "queued": len(self._fifo)}
 
     def _pump(self) -> None:
         placer = self._registry.lookup("placer")

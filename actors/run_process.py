@@ -32,7 +32,7 @@ log = logging.getLogger("troupe.agent")
 
 
 @dataclass(frozen=True)
-class Cancel:
+class StopChild:
     """Stop the run: cooperatively first, then killed after the grace; ``kill`` at once."""
 
     kill: bool = False
@@ -146,7 +146,7 @@ class RunProcess(Actor):
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="failed",
                                              error=f"the run's process died ({how}) before it finished"))
                 self.stop_self("exited")
-            case Cancel(kill):
+            case StopChild(kill):
                 if kill:
                     self._ended = True  # nobody waits for its end any more
                     self._kill()

@@ -65,6 +65,8 @@ class SshTarget:
 
 
 class SshSession(Actor):
+    publishes_view = True  # its state changes in its own task: each change calls changed()
+
     def __init__(self, target: SshTarget, control_port: int, store: StoreClient,
                  on_failed: Callable[[str, str], None], forward_target: str | None = None) -> None:
         super().__init__(f"ssh/{target.name}")
@@ -91,20 +93,25 @@ class SshSession(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case Snapshot():
-                return {"name": self._target.name, "host": self._target.host, "state": self._state,
-                        "attempts": self._attempts, "output": list(self._last)[-5:]}
+                return self.make_view()
             case Shutdown():
                 return None  # the workers supervisor stops this actor next
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
 
+    def make_view(self) -> dict[str, Any]:
+        return {"name": self._target.name, "host": self._target.host, "state": self._state,
+                "attempts": self._attempts, "output": list(self._last)[-5:]}
+
     async def _keep_up(self) -> None:
         while True:
             self._attempts += 1
+            self.changed()
             code = await self._run_once()
             reason = self._final_reason(code)
             if reason is not None:
                 self._state = "failed"
+                self.changed()
                 detail = next((line for line in reversed(self._last) if line.strip()), "")
                 log.error("ssh session of %s failed: %s (%s)", self._target.name, reason, detail)
                 self._on_failed(self._target.name, f"{reason}: {detail}" if detail else reason)
@@ -112,6 +119,7 @@ class SshSession(Actor):
                 return
             delay = BACKOFF_S[min(self._attempts - 1, len(BACKOFF_S) - 1)]
             self._state = "retrying"
+            self.changed()
             log.warning("ssh session of %s ended (exit %s); again in %ss", self._target.name, code, delay)
             await asyncio.sleep(delay)
 
@@ -122,9 +130,11 @@ class SshSession(Actor):
             *self._argv(token), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent)
         self._state = "running"
+        self.changed()
         assert self._process.stdout is not None
         async for line in self._process.stdout:
             self._last.append(line.decode(errors="replace").rstrip())
+            self.changed()
         return await self._process.wait()
 
     def _argv(self, token: str) -> list[str]:

@@ -20,6 +20,7 @@ from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
+from protocol.queue_key import QueueKey
 from protocol.settings import UPLOAD_LABEL, Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
@@ -88,7 +89,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "name": name or graph_doc.name,
         "status": ev.QUEUED,
         "device": device,
-        "queue_key": f"{worker.name}/{device}" if worker is not None else device,
+        "queue_key": str(QueueKey(worker.name if worker is not None else None, device)),
         "worker": worker.name if worker is not None and not anywhere else None,  # a pool's: set when placed
         "one_shot": worker is not None and worker.one_shot,
         "duration_s": resolved.duration_s,

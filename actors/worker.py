@@ -135,7 +135,56 @@ class Close:
     reason: str
 
 
+@dataclass(frozen=True)
+class ConnectionView:
+    """What ``GET /api/workers`` shows of a connection, published after every burst of
+    messages so that the list costs no ask per worker. It holds the parsed frames as they
+    came (never mutated) and copies of what changes; the JSON is made when it is read, so
+    a heartbeat costs a few references, not a dump. ``heard_at`` (monotonic) becomes
+    seconds ago when it is read, not when it was published."""
+
+    name: str
+    connected: bool
+    degraded: bool
+    draining: bool
+    missing: tuple[str, ...]
+    hello: wire.Hello | None
+    free: dict[str, int]  # a card's free memory as of the last heartbeat
+    slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
+    runs: tuple[str, ...]
+    heard_at: float | None
+    warm: Any
+    artifacts: Any
+
+    def as_json(self) -> dict[str, Any]:
+        hello = self.hello
+        inventory = None
+        if hello is not None:
+            inventory = hello.inventory.model_dump()
+            for card in inventory["cards"]:
+                card["memory_free_mib"] = self.free.get(card["uuid"], card["memory_free_mib"])
+        return {
+            "name": self.name, "state": "connected" if self.connected else "disconnected",
+            "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
+            "version": hello.version if hello else None,
+            "one_shot": hello.one_shot if hello else False,
+            "deadline": hello.deadline if hello else None,
+            "mounts": dict(hello.mounts) if hello else {},
+            "machine_id": hello.machine_id if hello else None,
+            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
+            "inventory": inventory,
+            "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
+            "running_runs": list(self.runs),
+            # Seconds since its last frame: a live link answers every heartbeat.
+            "heard_s_ago": None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1),
+            "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
+            "artifact_outbox": self.artifacts.model_dump() if self.artifacts is not None else None,
+        }
+
+
 class WorkerConnection(Actor):
+    publishes_view = True
+
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
                  limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
                  catalog_digest: str = "", on_spent: Callable[[str], None] = lambda name: None) -> None:
@@ -244,7 +293,7 @@ class WorkerConnection(Actor):
             case ReadRecordedOutputs(run_id, node_id):
                 return self._read_outputs(run_id, node_id)
             case Snapshot():
-                return self._snapshot()
+                return self.make_view().as_json()
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
@@ -431,36 +480,11 @@ class WorkerConnection(Actor):
             return
         self._schedule()
 
-    def _snapshot(self) -> dict[str, Any]:
-        hello = self._hello
-        return {
-            "name": self.worker,
-            "state": "connected" if self._outbox is not None else "disconnected",
-            "degraded": self._degraded,
-            "draining": self._draining,
-            "missing_node_types": list(self._missing),
-            "version": hello.version if hello else None,
-            "one_shot": hello.one_shot if hello else False,
-            "deadline": hello.deadline if hello else None,
-            "mounts": dict(hello.mounts) if hello else {},
-            "machine_id": hello.machine_id if hello else None,
-            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
-            "inventory": self._inventory_now(),
-            "slots": [{"device": device, "physical_id": physical, "limit": limit,
-                       "running": sum(1 for on in self._runs.values() if on == device)}
-                      for device, (physical, limit) in (self._devices().items() if hello else [])],
-            "running_runs": sorted(self._runs),
-            # Seconds since its last frame: a live link answers every heartbeat.
-            "heard_s_ago": round(time.monotonic() - self._last_beat, 1) if self._outbox is not None else None,
-            "warm_pool": self._warm.model_dump() if self._warm is not None and self._outbox is not None else None,
-            "artifact_outbox": self._artifacts.model_dump() if self._artifacts is not None else None,
-        }
-
-    def _inventory_now(self) -> dict[str, Any] | None:
-        """The inventory of the hello, each card's free memory as of the last heartbeat."""
-        if self._hello is None:
-            return None
-        found = self._hello.inventory.model_dump()
-        for card in found["cards"]:
-            card["memory_free_mib"] = self._free.get(card["uuid"], card["memory_free_mib"])
-        return found
+    def make_view(self) -> ConnectionView:
+        connected = self._outbox is not None
+        on = list(self._runs.values())
+        slots = tuple((device, physical, limit, on.count(device))
+                      for device, (physical, limit) in (self._devices().items() if self._hello else []))
+        return ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._hello,
+                              dict(self._free), slots, tuple(sorted(self._runs)),
+                              self._last_beat if connected else None, self._warm, self._artifacts)

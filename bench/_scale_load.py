@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -132,9 +133,11 @@ def submit_all(server: Server, bodies: list[tuple[str, bytes]], threads: int, ra
 
 
 class Sampler(threading.Thread):
-    """Asks ``endpoints`` in turn every ``interval`` seconds, one request at a time on one
-    keep-alive connection (the next goes at once when an answer came late). The listing
-    and the workers get a sampler each, so a slow one does not thin out the other's samples."""
+    """Asks ``endpoints`` in turn on a fixed clock of ``interval`` seconds, one request at a
+    time on one keep-alive connection. A late answer skips the ticks it overran, never
+    fires again at once: a sampler that hurries after a slow answer floods the server it
+    measures. The listing and the workers get a sampler each, so a slow one does not thin
+    out the other's samples."""
 
     def __init__(self, server: Server, endpoints: tuple[str, ...], interval: float, load: Load,
                  timeout: float) -> None:
@@ -145,6 +148,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         conn = Conn(self.server.port, self.server.token, self.timeout)
         cursor: str | None = None
+        start = time.perf_counter()
         for turn in itertools.count():
             if self.stopping.is_set():
                 break
@@ -168,7 +172,8 @@ class Sampler(threading.Thread):
                 self.load.latency_s[name].append(elapsed)
                 if name == "runs?status=succeeded":
                     cursor = body.get("next_cursor")
-            self.stopping.wait(max(0.0, self.interval - elapsed))
+            ticks = (time.perf_counter() - start) / self.interval
+            self.stopping.wait((math.floor(ticks) + 1 - ticks) * self.interval)  # the next tick not yet passed
         conn.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -15,7 +16,6 @@ from cli.session import acquire_lock, lock_is_held, read_session, remove_session
 from protocol.settings import Settings
 from protocol.version import __version__
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
-from web.limits import raise_open_files
 
 log = logging.getLogger("troupe.cli")
 
@@ -31,7 +31,7 @@ def start(settings: Settings) -> int:
         log.warning("setting ignored: %s", warning)
     _check_tls(settings)
     lock = acquire_lock(settings.home)
-    soft, _ = raise_open_files()  # a flood of idle connections must not starve the server
+    soft, _ = _raise_open_files()  # a flood of idle connections must not starve the server
     log.info("open-file limit %s", soft)
     # In-process runs get TROUPE_CPUS threads, leaving the event loop its cores.
     cap_threads(settings.cpus)
@@ -139,3 +139,16 @@ def stop(settings: Settings, timeout: float, leave_worker_runs: bool = False) ->
     print(f"stopped the server (pid {pid})" + ("; worker runs go on and queued runs wait for the next start"
                                                 if leave_worker_runs else ""))
     return 0
+
+
+def _raise_open_files() -> tuple[int, int]:
+    """Soft limit of open files up to the hard one; returns (soft, hard) now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %s to %s: %s", soft, target, exc)
+    return soft, hard

@@ -14,17 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from protocol.queue_key import QueueKey
+
 if TYPE_CHECKING:  # the wire models load pydantic: only a server with S3 on needs them
     from protocol.worker import S3Bucket
 
 DEFAULT_PORT = 8765
 
 
-# Target ``any``: its runs wait on the key ``any/<device>`` until the placer finds them a slot.
-ANY_PREFIX = "any/"
-# Runs for the one-shot pool (batch jobs' agents) wait on ``one-shot/<device>``.
-ONE_SHOT_PREFIX = "one-shot/"
-POOL_PREFIXES = (ANY_PREFIX, ONE_SHOT_PREFIX)
 # ``upload:<file id>`` names a file uploaded to this server (POST /api/files).
 UPLOAD_LABEL = "upload"
 # The environment variables that change what a run computes or how fast: the fingerprint's.
@@ -114,18 +111,18 @@ class Settings:
         """How many runs the queue of ``queue_key`` hands on at once. A worker's device
         (``gpu-a/cuda:0``, ``any/cpu``) only keeps the order: its ledger counts the
         slots, or the memory of a shared card, where every provider of the device meets."""
-        return ANY_QUEUE_LIMIT if "/" in queue_key else self.concurrency_for(queue_key)
+        return ANY_QUEUE_LIMIT if QueueKey.parse(queue_key).provider is not None else self.concurrency_for(queue_key)
 
     def concurrency_for(self, queue_key: str) -> int:
         """How many queued-lane runs may hold a slot of ``queue_key`` at once. A run for
         target ``any`` (key ``any/<device>``) is limited by the slots of the worker it
         lands on, which the placer counts, so its own queue only keeps the order."""
-        if queue_key.startswith(POOL_PREFIXES):
+        key = QueueKey.parse(queue_key)
+        if key.pooled:
             return ANY_QUEUE_LIMIT
         if queue_key in self.run_queue_max_concurrent:
             return self.run_queue_max_concurrent[queue_key]
-        device = queue_key.rsplit("/", 1)[-1]
-        if device == "cpu":
+        if key.device == "cpu":
             return self.run_queue_max_concurrent_cpu
         return self.run_queue_max_concurrent_gpu
 
@@ -309,12 +306,9 @@ def default_cpus() -> int:
 
 def normalise_key(key: str) -> str:
     """``cuda`` and ``cuda:0`` are one card, as are ``mps`` and ``mps:0``."""
-    worker, slash, device = key.rpartition("/")
-    if device == "cuda":
-        device = "cuda:0"
-    elif device == "mps":
-        device = "mps:0"
-    return f"{worker}{slash}{device}"
+    parsed = QueueKey.parse(key)
+    device = {"cuda": "cuda:0", "mps": "mps:0"}.get(parsed.device, parsed.device)
+    return str(QueueKey(parsed.provider, device))
 
 
 def _path(value: str | None) -> Path | None:

@@ -203,214 +203,230 @@ def execute_graph(
     With ``cache`` (an editor session's), a node whose key is cached is not executed:
     it gets ``node_started`` and ``node_finished`` with ``cached: true`` and the cached
     outputs; every node that succeeds stores its outputs."""
-    if ctx.seed is not None:
-        max_parallel = 1
-    emit = ctx.sinks.emit
-    keys: dict[str, str] = {}
-    if cache is not None:
-        keys = graph_keys(graph, device=ctx.device, seed=ctx.seed, deterministic=deterministic)
-    # Looked up once, at the start: what is found stays referenced for the whole run.
-    hits = {n: found for n in graph.order if cache is not None and (found := cache.get(keys[n])) is not None}
-    outputs: dict[str, dict[str, Any]] = {}
-    waiting = {n: len({src for src, _ in graph.nodes[n].sources.values()}) for n in graph.order}
-    ready = deque(n for n in graph.order if waiting[n] == 0)
-    running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
-    # Nodes that declare cpus: waiting for them (no slot yet), and holding them.
-    claiming: dict[Future[bool], tuple[str, float]] = {}
-    granted: deque[tuple[str, float]] = deque()
-    failure: Outcome | None = None
+    walk = _Walk(graph, ctx, 1 if ctx.seed is not None else max_parallel, deterministic, pool, cpu_gate, cache)
+    try:
+        walk.run()
+    finally:
+        if walk.claiming or walk.granted:
+            walk.give_up_claims()
+        if walk.own_pool is not None:
+            walk.own_pool.shutdown(wait=True)
+    if walk.failure is not None:
+        walk.failure.outputs = walk.outputs
+        return walk.failure
+    if ctx.cancelled:
+        return Outcome("cancelled", "cancelled", outputs=walk.outputs)
+    return Outcome("succeeded", outputs=walk.outputs)
 
-    def announce(node_id: str, **extra: Any) -> None:
-        node = graph.nodes[node_id]
+
+class _Walk:
+    """One execution of a graph: the nodes ready, running, claiming cpus and holding
+    them, and the first failure. Driven by one thread (the run's); nodes run in the pool."""
+
+    def __init__(self, graph: ExecutableGraph, ctx: ExecutionContext, max_parallel: int, deterministic: bool,
+                 pool: Executor | None, cpu_gate: CpuGate | None, cache: SessionCache | None) -> None:
+        self.graph, self.ctx, self.max_parallel, self.deterministic = graph, ctx, max_parallel, deterministic
+        self.pool, self.cpu_gate, self.cache = pool, cpu_gate, cache
+        self.emit = ctx.sinks.emit
+        self.console = getattr(ctx.sinks, "console", None)
+        self.keys: dict[str, str] = {}
+        if cache is not None:
+            self.keys = graph_keys(graph, device=ctx.device, seed=ctx.seed, deterministic=deterministic)
+        # Looked up once, at the start: what is found stays referenced for the whole run.
+        self.hits = {n: found for n in graph.order
+                     if cache is not None and (found := cache.get(self.keys[n])) is not None}
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self.waiting = {n: len({src for src, _ in graph.nodes[n].sources.values()}) for n in graph.order}
+        self.ready = deque(n for n in graph.order if self.waiting[n] == 0)
+        self.running: dict[Future[dict[str, Any]], tuple[str, float]] = {}
+        # Nodes that declare cpus: waiting for them (no slot yet), and holding them.
+        self.claiming: dict[Future[bool], tuple[str, float]] = {}
+        self.granted: deque[tuple[str, float]] = deque()
+        self.failure: Outcome | None = None
+        self.finished_early: set[str] = set()
+        self.own_pool: ThreadPoolExecutor | None = None
+
+    # The loop --------------------------------------------------------------------
+    def run(self) -> None:
+        while self.ready or self.running or self.claiming or self.granted:
+            stopping = self.failure is not None or self.ctx.cancelled
+            if stopping and (self.claiming or self.granted):
+                self.give_up_claims()
+            # Resources are claimed strictly before a slot: a node that declares cpus
+            # waits for them without a slot; one that holds them takes the next slot
+            # before any other; a slot holder never waits, so the waits cannot deadlock.
+            while self.granted and len(self.running) < self.max_parallel and not stopping:
+                node_id, _ = self.granted.popleft()
+                self.announce(node_id)
+                self.running[self.start(node_id)] = (node_id, time.monotonic())
+            if not stopping:
+                self._take_ready()
+            if not self.running and not self.claiming:
+                if self.granted and not stopping:
+                    continue
+                break
+            # While claims wait, look at the cancel token now and then (nodes in slots
+            # look at it themselves).
+            pending: list[Future[Any]] = [*self.running, *self.claiming]
+            done, _ = wait(pending, timeout=_POLL_S if self.claiming else None, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future in self.claiming:
+                    self._claimed(future)
+                else:
+                    self._ended(future)
+
+    def _take_ready(self) -> None:
+        kept: deque[str] = deque()
+        while self.ready:
+            node_id = self.ready.popleft()
+            if node_id in self.hits:  # not executed: announced and finished at once
+                self.announce(node_id, cached=True)
+                self.outputs[node_id] = self.reuse(node_id)
+                self.finish(node_id, self.outputs[node_id], 0.0, cached=True)
+                self.release_children(node_id)
+            elif self.graph.nodes[node_id].cpus is not None and self.cpu_gate is not None:
+                # At most max_parallel claims at once: cpus granted to nodes that could
+                # not run for want of a slot would sit idle, kept from other runs.
+                if len(self.claiming) + len(self.granted) < self.max_parallel:
+                    self.claim(node_id)
+                else:
+                    kept.append(node_id)
+            elif len(self.running) < self.max_parallel and not self.granted:
+                self.announce(node_id)
+                self.running[self.start(node_id)] = (node_id, time.monotonic())
+            else:
+                kept.append(node_id)
+        self.ready.extendleft(reversed(kept))
+
+    def _claimed(self, future: Future[bool]) -> None:
+        node_id, since = self.claiming.pop(future)
+        exc = future.exception()
+        if exc is None:
+            self.granted.append((node_id, since))
+            return
+        message = f"{type(exc).__name__}: {exc}"
+        self.emit(ev.NODE_FAILED, node_id, {"error": message, "duration_s": 0.0})
+        self._fail(node_id, message)
+
+    def _ended(self, future: Future[dict[str, Any]]) -> None:
+        node_id, started = self.running.pop(future)
+        elapsed = round(time.monotonic() - started, 6)
+        exc = future.exception()
+        if exc is None:
+            self.outputs[node_id] = future.result()
+            if node_id not in self.finished_early:
+                self.finish(node_id, self.outputs[node_id], elapsed)
+            self.release_children(node_id)
+        elif isinstance(exc, RunCancelled) or (self.ctx.cancelled and self.failure is None):
+            self.emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True, "duration_s": elapsed})
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+            self.emit(ev.NODE_FAILED, node_id, {
+                "error": message, "duration_s": elapsed,
+                "traceback": "".join(traceback.format_exception(exc))[-4000:]})
+            self._fail(node_id, message)
+
+    def _fail(self, node_id: str, message: str) -> None:
+        if self.failure is None:
+            self.failure = Outcome("failed", f"node {node_id}: {message}", node_id)
+            self.ctx.cancel.set()  # ask the nodes still running to stop; the run has failed anyway
+
+    # One node --------------------------------------------------------------------
+    def announce(self, node_id: str, **extra: Any) -> None:
+        node = self.graph.nodes[node_id]
         if not extra.get("cached"):  # a cached node runs nothing: no threads to cap
-            extra["threads"] = node_threads(node.cpus, max_parallel)
-        emit(ev.NODE_STARTED, node_id, {"type": node.node_type.type, **extra})
+            extra["threads"] = node_threads(node.cpus, self.max_parallel)
+        self.emit(ev.NODE_STARTED, node_id, {"type": node.node_type.type, **extra})
 
-    finished_early: set[str] = set()
-
-    def finish(node_id: str, result: dict[str, Any], elapsed: float, **extra: Any) -> None:
+    def finish(self, node_id: str, result: dict[str, Any], elapsed: float, **extra: Any) -> None:
         summary = {k: summarize(v) for k, v in result.items()}
-        emit(ev.NODE_FINISHED, node_id, {"duration_s": elapsed, "outputs": summary, **extra})
+        self.emit(ev.NODE_FINISHED, node_id, {"duration_s": elapsed, "outputs": summary, **extra})
 
-    def remember(node_id: str, result: dict[str, Any]) -> None:
+    def remember(self, node_id: str, result: dict[str, Any]) -> None:
         # In the node's thread, before any consumer can start and change its outputs.
         # Not once the run is cancelled: a node may have returned early, with less.
-        if cache is not None and not ctx.cancelled:
+        if self.cache is not None and not self.ctx.cancelled:
             try:
-                cache.put(keys[node_id], result)
+                self.cache.put(self.keys[node_id], result)
             except Exception:  # the cache must never fail a node that succeeded
                 log.exception("caching the outputs of node %s failed", node_id)
 
-    def reuse(node_id: str) -> dict[str, Any]:
+    def reuse(self, node_id: str) -> dict[str, Any]:
         """The cached outputs of a node, copied when a node that executes will read
         them (it could change them: a training loop trains its model in place)."""
-        found = hits[node_id]
-        if cache is None or all(child in hits for child in graph.children[node_id]):
+        found = self.hits[node_id]
+        if self.cache is None or all(child in self.hits for child in self.graph.children[node_id]):
             return found
         try:
             return private_copy(found)
         except Exception:  # not copyable after all: the run takes the cache's objects
-            cache.discard(keys[node_id])
+            self.cache.discard(self.keys[node_id])
             return found
 
-    console = getattr(ctx.sinks, "console", None)
-
-    def run_one(node_id: str) -> dict[str, Any]:
-        node = graph.nodes[node_id]
-        node_ctx = ctx.for_node(node_id, threads=node_threads(node.cpus, max_parallel))
-        inputs = {port: outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
+    def run_one(self, node_id: str) -> dict[str, Any]:
+        node = self.graph.nodes[node_id]
+        node_ctx = self.ctx.for_node(node_id, threads=node_threads(node.cpus, self.max_parallel))
+        inputs = {port: self.outputs[src][src_port] for port, (src, src_port) in node.sources.items()}
         try:
-            if node.cpus is not None and cpu_gate is not None:
+            if node.cpus is not None and self.cpu_gate is not None:
                 try:  # the cpus were claimed before this node took its slot
                     began = time.monotonic()
-                    with routed(console):
-                        result = invoke_node(node, node_ctx, inputs, deterministic)
-                    remember(node_id, result)
+                    with routed(self.console):
+                        result = invoke_node(node, node_ctx, inputs, self.deterministic)
+                    self.remember(node_id, result)
                     # Finished before its cpus go back, so the log never shows the next
                     # holder starting while this one still runs.
-                    finished_early.add(node_id)
-                    finish(node_id, result, round(time.monotonic() - began, 6))
+                    self.finished_early.add(node_id)
+                    self.finish(node_id, result, round(time.monotonic() - began, 6))
                     return result
                 finally:
-                    cpu_gate.release(node_ctx)
-            with routed(console):  # what the node prints is its run's console output
-                result = invoke_node(node, node_ctx, inputs, deterministic)
-            remember(node_id, result)
+                    self.cpu_gate.release(node_ctx)
+            with routed(self.console):  # what the node prints is its run's console output
+                result = invoke_node(node, node_ctx, inputs, self.deterministic)
+            self.remember(node_id, result)
             return result
         except (Exception, RunCancelled):
             raise
         except BaseException as exc:  # sys.exit in node code fails this run only
             raise RuntimeError(f"node code raised {type(exc).__name__}({exc})") from exc
 
-    own_pool: ThreadPoolExecutor | None = None
-
-    def start(node_id: str) -> Future[dict[str, Any]]:
-        nonlocal own_pool
+    def start(self, node_id: str) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]]
-        if len(ready) == 0 and not running and not claiming and not granted:
+        if len(self.ready) == 0 and not self.running and not self.claiming and not self.granted:
             # The only node that can run now runs in this thread: no pool for a chain.
             future = Future()
             try:
-                future.set_result(run_one(node_id))
+                future.set_result(self.run_one(node_id))
             except BaseException as exc:
                 future.set_exception(exc)
             return future
-        if pool is not None:
-            return pool.submit(run_one, node_id)
-        if own_pool is None:
-            own_pool = ThreadPoolExecutor(max_workers=max(1, max_parallel), thread_name_prefix=f"run-{ctx.run_id[:8]}")
-        return own_pool.submit(run_one, node_id)
+        if self.pool is not None:
+            return self.pool.submit(self.run_one, node_id)
+        if self.own_pool is None:
+            self.own_pool = ThreadPoolExecutor(max_workers=max(1, self.max_parallel),
+                                               thread_name_prefix=f"run-{self.ctx.run_id[:8]}")
+        return self.own_pool.submit(self.run_one, node_id)
 
-    def release_children(node_id: str) -> None:
-        for child in graph.children[node_id]:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                ready.append(child)
+    def release_children(self, node_id: str) -> None:
+        for child in self.graph.children[node_id]:
+            self.waiting[child] -= 1
+            if self.waiting[child] == 0:
+                self.ready.append(child)
 
-    def claim(node_id: str) -> None:
-        node = graph.nodes[node_id]
-        assert cpu_gate is not None and node.cpus is not None
-        waits = functools.partial(_queued, emit, node_id, node.cpus)
-        claiming[cpu_gate.claim(ctx.for_node(node_id), node.cpus, waits)] = (node_id, time.monotonic())
+    # Declared cpus ---------------------------------------------------------------
+    def claim(self, node_id: str) -> None:
+        node = self.graph.nodes[node_id]
+        assert self.cpu_gate is not None and node.cpus is not None
+        waits = functools.partial(_queued, self.emit, node_id, node.cpus)
+        self.claiming[self.cpu_gate.claim(self.ctx.for_node(node_id), node.cpus, waits)] = (node_id, time.monotonic())
 
-    def give_up_claims() -> None:
+    def give_up_claims(self) -> None:
         """Cancelled or failed: claims still waiting, and cpus granted to nodes that never
         took a slot, go back; each such node ends cancelled, as a started one would."""
-        for node_id, since in [*claiming.values(), *granted]:
-            assert cpu_gate is not None
-            cpu_gate.release(ctx.for_node(node_id))
-            emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True,
-                                           "duration_s": round(time.monotonic() - since, 6)})
-        claiming.clear()
-        granted.clear()
-
-    try:
-        while ready or running or claiming or granted:
-            stopping = failure is not None or ctx.cancelled
-            if stopping and (claiming or granted):
-                give_up_claims()
-            # Resources are claimed strictly before a slot: a node that declares cpus
-            # waits for them without a slot; one that holds them takes the next slot
-            # before any other; a slot holder never waits, so the waits cannot deadlock.
-            while granted and len(running) < max_parallel and not stopping:
-                node_id, _ = granted.popleft()
-                announce(node_id)
-                running[start(node_id)] = (node_id, time.monotonic())
-            kept: deque[str] = deque()
-            while ready and not stopping:
-                node_id = ready.popleft()
-                if node_id in hits:  # not executed: announced and finished at once
-                    announce(node_id, cached=True)
-                    outputs[node_id] = reuse(node_id)
-                    finish(node_id, outputs[node_id], 0.0, cached=True)
-                    release_children(node_id)
-                elif graph.nodes[node_id].cpus is not None and cpu_gate is not None:
-                    # At most max_parallel claims at once: cpus granted to nodes that could
-                    # not run for want of a slot would sit idle, kept from other runs.
-                    if len(claiming) + len(granted) < max_parallel:
-                        claim(node_id)
-                    else:
-                        kept.append(node_id)
-                elif len(running) < max_parallel and not granted:
-                    announce(node_id)
-                    running[start(node_id)] = (node_id, time.monotonic())
-                else:
-                    kept.append(node_id)
-            ready.extendleft(reversed(kept))
-            if not running and not claiming:
-                if granted and not stopping:
-                    continue
-                break
-            # While claims wait, look at the cancel token now and then (nodes in slots
-            # look at it themselves).
-            pending: list[Future[Any]] = [*running, *claiming]
-            done, _ = wait(pending, timeout=_POLL_S if claiming else None, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future in claiming:
-                    node_id, since = claiming.pop(future)
-                    exc = future.exception()
-                    if exc is None:
-                        granted.append((node_id, since))
-                        continue
-                    message = f"{type(exc).__name__}: {exc}"
-                    emit(ev.NODE_FAILED, node_id, {"error": message, "duration_s": 0.0})
-                    if failure is None:
-                        failure = Outcome("failed", f"node {node_id}: {message}", node_id)
-                        ctx.cancel.set()
-                    continue
-                node_id, started = running.pop(future)
-                elapsed = round(time.monotonic() - started, 6)
-                exc = future.exception()
-                if exc is None:
-                    outputs[node_id] = future.result()
-                    if node_id not in finished_early:
-                        finish(node_id, outputs[node_id], elapsed)
-                    release_children(node_id)
-                elif isinstance(exc, RunCancelled) or (ctx.cancelled and failure is None):
-                    emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True, "duration_s": elapsed})
-                else:
-                    message = f"{type(exc).__name__}: {exc}"
-                    emit(
-                        ev.NODE_FAILED,
-                        node_id,
-                        {
-                            "error": message,
-                            "duration_s": elapsed,
-                            "traceback": "".join(traceback.format_exception(exc))[-4000:],
-                        },
-                    )
-                    if failure is None:
-                        failure = Outcome("failed", f"node {node_id}: {message}", node_id)
-                        # Ask the nodes still running to stop; the run has failed anyway.
-                        ctx.cancel.set()
-    finally:
-        if claiming or granted:
-            give_up_claims()
-        if own_pool is not None:
-            own_pool.shutdown(wait=True)
-    if failure is not None:
-        failure.outputs = outputs
-        return failure
-    if ctx.cancelled:
-        return Outcome("cancelled", "cancelled", outputs=outputs)
-    return Outcome("succeeded", outputs=outputs)
+        for node_id, since in [*self.claiming.values(), *self.granted]:
+            assert self.cpu_gate is not None
+            self.cpu_gate.release(self.ctx.for_node(node_id))
+            self.emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True,
+                                                "duration_s": round(time.monotonic() - since, 6)})
+        self.claiming.clear()
+        self.granted.clear()

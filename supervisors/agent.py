@@ -18,8 +18,7 @@ from actors.base import ActorRef, Registry
 from actors.inventory import InventoryActor, Probe
 from actors.link import Announce, Link, LinkConfig, Send, Settled
 from actors.recorded_outputs import OutputsShelf
-from actors.run_process import Cancel as RunCancel
-from actors.run_process import RunProcess
+from actors.run_process import RunProcess, StopChild
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.warm_pool import Stats, WarmPool
 from protocol import worker as wire
@@ -141,7 +140,7 @@ class Agent:
                     one_shot.end("interrupted")
                 running = registry.lookup(f"run/{frame.run_id}")
                 if running is not None:
-                    running.tell(RunCancel(kill=isinstance(frame, wire.KillRun)))
+                    running.tell(StopChild(kill=isinstance(frame, wire.KillRun)))
 
         runs: Supervisor[ActorRef] = Supervisor("runs")
         pool = root.start_child(ChildSpec("warm-pool", lambda: WarmPool(self.config.warm).start(registry))) \
@@ -182,7 +181,7 @@ class Agent:
         for name in registry.names("run/"):
             ref = registry.lookup(name)
             if ref is not None:
-                ref.tell(RunCancel())
+                ref.tell(StopChild())
         deadline = asyncio.get_running_loop().time() + self.config.kill_grace_s + 5
         while registry.names("run/") and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.1)

@@ -22,6 +22,7 @@ import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from actors.base import ActorRef, Registry, Shutdown
@@ -135,7 +136,8 @@ class ControlPlane:
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
-                node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers,
+                node_cache=self.node_cache, login=self.login, failed_workers=MappingProxyType(self.failed_workers),
+                forget_failed=lambda name: self.failed_workers.pop(name, None),
                 start_ssh=self.start_ssh, lan_hosts=self.lan_hosts,
             )
         )

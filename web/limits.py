@@ -2,7 +2,7 @@
 
 - A connection that has not sent a complete request header within ``HEADER_TIMEOUT_S``
   is closed (aiohttp's keep-alive timer runs from the moment a connection is made).
-- ``troupe start`` raises the soft open-file limit to the hard one (``raise_open_files``).
+- ``troupe start`` raises the soft open-file limit to the hard one (``cli/start_cmd.py``).
 - A few descriptors are held in reserve: when ``accept()`` fails for want of them, the
   reserve is let go so the process can still open its database and answer the
   connections it has, and it is taken back once descriptors are free again.
@@ -20,7 +20,6 @@ import asyncio
 import errno
 import logging
 import os
-import resource
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -130,19 +129,6 @@ async def paced(chunks: AsyncIterator[bytes], idle_s: float) -> AsyncIterator[by
         except TimeoutError:
             raise RequestTimeout(f"the upload stalled for {idle_s:g} s (TROUPE_REQUEST_READ_TIMEOUT_S)") from None
         yield chunk
-
-
-def raise_open_files() -> tuple[int, int]:
-    """Soft limit of open files up to the hard one; returns (soft, hard) now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.warning("could not raise the open-file limit from %s to %s: %s", soft, target, exc)
-    return soft, hard
 
 
 class AcceptGuard:

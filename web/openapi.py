@@ -43,8 +43,10 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: type[BaseModel] | None = None,
-        params: tuple[tuple[str, str, str | dict[str, Any]], ...] = (), mutation: bool = False) -> dict[str, Any]:
-    """One operation; a param's schema is a JSON type name or a whole schema (bounds, enums)."""
+        params: tuple[tuple[str, str, str | dict[str, Any]], ...] = (), mutation: bool = False,
+        required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One operation; a param's schema is a JSON type name or a whole schema (bounds,
+    enums). Path params are required, and the query params named in ``required``."""
     responses: dict[str, Any] = {status: {"description": "ok", **(_json(ok) if ok else {})}}
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
     op: dict[str, Any] = {"summary": summary, "responses": responses}
@@ -52,7 +54,7 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
         op["requestBody"] = {"required": True, **_json(body)}
     if params:
         op["parameters"] = [
-            {"name": name, "in": where, "required": where == "path",
+            {"name": name, "in": where, "required": where == "path" or name in required,
              "schema": {"type": kind} if isinstance(kind, str) else kind}
             for name, where, kind in params
         ]
@@ -112,7 +114,8 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
                                              None, params=(("queue_key", "query", {"type": "string",
                                                                                    "pattern": api.QUEUE_KEY_PATTERN}),
                                                            ("seeded", "query", {"type": "string",
-                                                                                "enum": ["true", "false"]})))},
+                                                                                "enum": ["true", "false"]})),
+                                             required=("queue_key",))},
         "/api/runs/{run_id}": {
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
             "patch": _op("A run's name, tags and note", api.RunDetail, body=api.RunEdit, params=(_RUN_ID,),

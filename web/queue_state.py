@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors.base import Snapshot
 from actors.placer import Quarantined, Waiting
 from protocol import events as ev
 from web.context import Services
@@ -32,14 +31,13 @@ class QueueState:
     async def read(cls, svc: Services, keys: set[str] | None = None,
                    run_ids: frozenset[str] | None = None) -> QueueState:
         """``keys``: the queues to read, ``run_ids``: the runs whose reasons are wanted
-        (None: all). Every actor is asked at once."""
+        (None: all). The placer is asked; the queues' published views are read."""
         placer = svc.actor("placer")
         refs = {key: ref for key in (keys if keys is not None else
                                      [name.removeprefix("queues/") for name in svc.registry.names("queues/")])
                 if (ref := svc.registry.lookup(f"queues/{key}")) is not None}
-        waiting, quarantined, *snapshots = await asyncio.gather(
-            placer.ask(Waiting(run_ids)), placer.ask(Quarantined()), *(ref.ask(Snapshot()) for ref in refs.values()))
-        return cls(waiting, quarantined, dict(zip(refs, snapshots, strict=True)))
+        waiting, quarantined = await asyncio.gather(placer.ask(Waiting(run_ids)), placer.ask(Quarantined()))
+        return cls(waiting, quarantined, {key: view for key, ref in refs.items() if (view := ref.view) is not None})
 
     def row(self, key: str, limit: int) -> dict[str, Any]:
         """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""

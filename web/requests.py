@@ -109,7 +109,10 @@ def run_id_from(request: web.Request) -> str:
 
 def int_query(request: web.Request, name: str, *, default: int | None = None, minimum: int = 0,
               maximum: int = MAX_INT_QUERY) -> int | None:
-    raw = request.query.get(name)
+    given = request.query.getall(name, [])
+    if len(given) > 1:
+        raise InvalidRequest(f"query parameter {name} is given {len(given)} times; give it once", pointer=f"?{name}")
+    raw = given[0] if given else None
     if raw is None or raw == "":
         return default
     try:

@@ -69,8 +69,8 @@ async def _load(svc: Services, sweep_id: str) -> dict[str, Any]:
         raise NotFound(f"no sweep {sweep_id}", code="sweep_not_found")
     active = any(v["status"] in ev.ACTIVE_STATES for v in sweep["variants"])
     if sweep["state"] in ("running", "cancelling") and not active:
-        # Every child ended: the sweep is finished, from this read on.
-        await svc.store.write(SetSweepState(sweep_id, "finished"))
+        # Every child ended: the sweep is finished. A read derives it, as the list does,
+        # and writes nothing: the runs' rows are the one record of how far it got.
         sweep["state"] = "finished"
     return sweep
 

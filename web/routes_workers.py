@@ -7,7 +7,6 @@ mutation that does not take the session token: the enrollment token is its proof
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,14 +14,13 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.base import Snapshot
+from actors.base import ActorRef, Snapshot
 from actors.eligibility import INSTANCE_MARK
-from actors.errors import ActorDeadError
 from actors.placer_messages import CardPolicy
 from actors.ssh_session import SshTarget
 from actors.store.memory import CardPolicies, SetCardPolicy
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
-from actors.worker import Drain, Revoked
+from actors.worker import ConnectionView, Drain, Revoked
 from protocol.api import CardSharing, NewEnrollment, Redeem, SshWorker
 from protocol.errors import NotFound, StateConflict
 from web.context import Services, services
@@ -65,10 +63,10 @@ async def redeem(request: web.Request) -> web.Response:
 async def list_workers(request: web.Request) -> web.Response:
     svc = services(request)
     enrolled = [row for row in await svc.store.read(ListWorkers()) if not row["revoked"]]
-    # Every connection is asked at once: a lab's 200 workers cost one round, not 200.
+    # Each connection's published view, read without an ask: 800 workers cost no message.
     lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
-    snapshots = await asyncio.gather(*(_snapshot(live) for live in lives))
-    instances = await _instances(svc, [row["name"] for row in enrolled])
+    snapshots = [_connection(live) for live in lives]
+    instances = _instances(svc, [row["name"] for row in enrolled])
     cards = await _cards(svc, snapshots)
     rows = []
     for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
@@ -99,7 +97,7 @@ async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any
     names = sorted((set(sessions) | set(svc.failed_workers)) - enrolled)
     rows: list[dict[str, Any]] = []
     for name in names:
-        session = await _snapshot(sessions.get(name))
+        session = _view(sessions.get(name))
         failed = svc.failed_workers.get(name)
         rows.append({"name": name, "state": "failed" if failed else "connecting", "failed_reason": failed,
                      "ssh": session, "one_shot": False, "devices": [], "inventory": None, "slots": [],
@@ -123,11 +121,11 @@ async def add_ssh_worker(request: web.Request) -> web.Response:
     return json_reply({"name": body.name, "host": body.host, "state": "connecting"}, status=201)
 
 
-async def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each worker's live instances (``name#id`` connections), asked at once."""
+def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each worker's live instances (``name#id`` connections)."""
     found = [(name, ref) for name in svc.registry.names("workers/")
              if INSTANCE_MARK in name and (ref := svc.registry.lookup(name)) is not None]
-    snapshots = await asyncio.gather(*(_snapshot(ref) for _, ref in found))
+    snapshots = [_connection(ref) for _, ref in found]
     by_worker: dict[str, list[dict[str, Any]]] = {}
     for (name, _), snapshot in zip(found, snapshots, strict=True):
         worker, _, instance = name.removeprefix("workers/").partition(INSTANCE_MARK)
@@ -141,12 +139,12 @@ async def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str
 
 async def _cards(svc: Services, snapshots: list[dict[str, Any] | None]) -> Callable[[dict[str, Any]], list[Any]]:
     """Each card of a worker with its policy and its ledger's books (memory promised to
-    the runs holding it), asking each physical card's ledger once."""
+    the runs holding it), as each physical card's ledger last published them."""
     policies = await svc.store.read(CardPolicies())
     uuids = sorted({card["uuid"] for snapshot in snapshots if snapshot and snapshot["inventory"]
                     for card in snapshot["inventory"]["cards"]})
     ledgers = [svc.registry.lookup(f"ledgers/{uuid}") for uuid in uuids]
-    books = dict(zip(uuids, await asyncio.gather(*(_snapshot(ledger) for ledger in ledgers)), strict=True))
+    books = dict(zip(uuids, (_view(ledger) for ledger in ledgers), strict=True))
 
     def of(snapshot: dict[str, Any]) -> list[Any]:
         found = []
@@ -163,14 +161,13 @@ async def _cards(svc: Services, snapshots: list[dict[str, Any] | None]) -> Calla
     return of
 
 
-async def _snapshot(live: Any) -> dict[str, Any] | None:
-    if live is None:
-        return None
-    try:
-        snapshot: dict[str, Any] = await live.ask(Snapshot())
-    except ActorDeadError:  # it stopped between the lookup and the ask
-        return None
-    return snapshot
+def _view(live: ActorRef | None) -> dict[str, Any] | None:
+    return None if live is None else live.view
+
+
+def _connection(live: ActorRef | None) -> dict[str, Any] | None:
+    view = None if live is None else live.view
+    return view.as_json() if isinstance(view, ConnectionView) else None
 
 
 @routes.delete(WORKER_PATH)
@@ -178,7 +175,7 @@ async def revoke(request: web.Request) -> web.Response:
     svc = services(request)
     name = request.match_info["name"]
     session = svc.registry.lookup(f"ssh/{name}")
-    failed = svc.failed_workers.pop(name, None)
+    failed = svc.forget_failed(name)
     if not await svc.store.write(RevokeWorker(name)) and session is None and failed is None:
         raise NotFound(f"no enrolled worker {name!r}", code="worker_not_found")
     live = svc.registry.lookup(f"workers/{name}")
@@ -207,7 +204,7 @@ async def set_card_sharing(request: web.Request) -> web.Response:
     svc = services(request)
     name, device = request.match_info["name"], request.match_info["device"]
     body = await read_model(request, CardSharing)
-    snapshot = await _snapshot(svc.registry.lookup(f"workers/{name}"))
+    snapshot = _connection(svc.registry.lookup(f"workers/{name}"))
     if snapshot is None or not snapshot["inventory"]:
         raise NotFound(f"worker {name!r} has not connected since the server started, so its cards are not known",
                        code="worker_not_found")

@@ -29,7 +29,9 @@ def set_param(tab, node: str, param: str, value: str) -> None:
 
 
 def expect_state(tab, node: str, state: str) -> None:
-    expect(tab.locator(f'g[data-node="{node}"]')).to_have_class(re.compile(rf"\b{state}\b"))
+    # A run's first node imports its pack: on a loaded 2-core CI machine that can take
+    # longer than the 5 s a locator waits by default.
+    expect(tab.locator(f'g[data-node="{node}"]')).to_have_class(re.compile(rf"\b{state}\b"), timeout=20_000)
 
 
 def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):

@@ -123,3 +123,44 @@ async def test_stop_runs_after_queued_messages_and_calls_on_stop():
     assert actor.seen == [1] and actor.hooks == ["start", "stop:done"]
     assert registry.lookup("recorder") is None
     ref.tell(Put(2))  # dropped, not raised
+
+
+async def test_a_timed_out_ask_is_skipped_but_a_cancelled_askers_message_is_handled():
+    ref = Recorder().start()
+    gate = asyncio.Event()
+    ref.tell(Block(gate))
+    with pytest.raises(AskTimeout):
+        await ref.ask(Put(1), timeout=0.05)  # gave up on: not handled later
+    cancelled = asyncio.ensure_future(ref.ask(Put(2)))
+    await asyncio.sleep(0)
+    cancelled.cancel()  # its asker went away (a closed request): the message still counts
+    gate.set()
+    assert await ref.ask(Get()) == [2]
+
+
+class Counter(Recorder):
+    publishes_view = True
+
+    def make_view(self) -> dict[str, int]:
+        return {"seen": len(self.seen)}
+
+
+async def test_a_published_view_is_read_without_an_ask_and_rebuilt_once_per_burst():
+    actor = Counter()
+    ref = actor.start()
+    await asyncio.sleep(0)
+    assert ref.view == {"seen": 0}
+    builds = 0
+    make = actor.make_view
+
+    def counted() -> dict[str, int]:
+        nonlocal builds
+        builds += 1
+        return make()
+
+    actor.make_view = counted  # type: ignore[method-assign]  # counts the rebuilds
+    for i in range(50):
+        ref.tell(Put(i))
+    await ref.ask(Get())
+    assert ref.view == {"seen": 50}
+    assert builds <= 2  # the burst of 50 and the ask: not one build per message
