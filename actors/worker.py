@@ -20,6 +20,7 @@ already ``disconnected``, with the runs it adopts (``Adopted``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -157,6 +158,13 @@ class ConnectionView:
     artifacts: Any
 
     def as_json(self) -> dict[str, Any]:
+        heard = None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1)
+        return {**self._json, "heard_s_ago": heard}  # seconds since its last frame: a live link beats
+
+    @functools.cached_property
+    def _json(self) -> dict[str, Any]:
+        """Made once per view, on its first read: a view read by every poll until the
+        next heartbeat replaces it is dumped once."""
         hello = self.hello
         inventory = None
         if hello is not None:
@@ -175,8 +183,6 @@ class ConnectionView:
             "inventory": inventory,
             "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
             "running_runs": list(self.runs),
-            # Seconds since its last frame: a live link answers every heartbeat.
-            "heard_s_ago": None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1),
             "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
             "artifact_outbox": self.artifacts.model_dump() if self.artifacts is not None else None,
         }

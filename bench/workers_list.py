@@ -11,21 +11,26 @@ over the sampling, with the command that reproduces them.
     .venv/bin/python bench/workers_list.py --agents 200,800
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
+
+import os
+import sys
+
+# As in queue.py: the helpers beside this file are imported as the package ``bench`` from
+# the repository root, and this file's folder is left off sys.path (its queue.py would
+# shadow the standard library's).
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:] = [os.path.dirname(_HERE), *(p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE)]
 
 import argparse
 import json
 import math
-import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._http import Conn
 from bench._measure import BenchError, cpu_seconds, fmt_ms, machine, run_main, steal_s, summary
@@ -45,6 +50,7 @@ def _pin_last_core(pid: int) -> str:
 
 def _one(agents: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     home = root / f"home-{agents}"
+    home.mkdir()
     server = serve(home, 0, 2, args.heartbeat_s)
     fleet = None
     try:
