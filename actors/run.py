@@ -206,24 +206,8 @@ class RunActor(Actor):
                              "(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S)", None, reason="one_shot_queue_timeout")
             case _OneShotTimeout():
                 pass  # it started meanwhile
-            case _Unwritten(op):
-                self._unwritten.append(op)
-                if not self._retry_scheduled:
-                    self._retry_scheduled = True
-                    asyncio.get_running_loop().call_later(self._backoff, self.ref.tell, _RetryWrites())
-                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
-            case _RetryWrites():
-                ops, self._unwritten = self._unwritten, []
-                self._retry_scheduled = False
-                for op in ops:
-                    self._send(op)
-                if self._finishing:
-                    self._stop_when_written()
-            case _Written():
-                if self._last_write is not None and not self._last_write.done():
-                    return None  # a retried write is still on its way; its own _Written follows
-                if self._finishing and not self._unwritten and not self._retry_scheduled:
-                    self.stop_self("finished")
+            case _Unwritten() | _RetryWrites() | _Written():
+                self._on_write(message)
             case Discard():
                 self._discard()
             case Shutdown(leave_worker_runs):
@@ -231,21 +215,8 @@ class RunActor(Actor):
                     self.stop_self("left for the next start")  # its row stays as it is
                 else:
                     self._request_stop(ev.INTERRUPTED)
-            case WorkerGone():
-                if self._status == ev.RUNNING:
-                    self._status = ev.DISCONNECTED
-                    self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
-                    self._emit(ev.WARNING, None, {"message": f"worker {self._worker} disconnected",
-                                                  "code": "worker_disconnected"})
-            case WorkerBack(worker):
-                if self._status == ev.DISCONNECTED and worker == self._worker:
-                    self._status = ev.RUNNING
-                    self._write(UpdateRun(self.run_id, {"status": ev.RUNNING}))
-            case WorkerLost():
-                self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
-            case WorkerFailed(worker):
-                if worker == self._worker:
-                    self._finish(ev.INTERRUPTED, "worker_failed", None, reason="worker_failed")
+            case WorkerGone() | WorkerBack() | WorkerLost() | WorkerFailed():
+                self._on_worker_link(message)
             case Placement():
                 return {"run_id": self.run_id, "status": self._status, "lane": self._row["lane"],
                         "editor_session": self._row.get("editor_session"), "worker": self._worker,
@@ -263,6 +234,48 @@ class RunActor(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _on_write(self, message: _Unwritten | _RetryWrites | _Written) -> None:
+        """A write the store could not make is retried with backoff; the actor stops
+        once everything it wrote is written."""
+        match message:
+            case _Unwritten(op):
+                self._unwritten.append(op)
+                if not self._retry_scheduled:
+                    self._retry_scheduled = True
+                    asyncio.get_running_loop().call_later(self._backoff, self.ref.tell, _RetryWrites())
+                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
+            case _RetryWrites():
+                ops, self._unwritten = self._unwritten, []
+                self._retry_scheduled = False
+                for op in ops:
+                    self._send(op)
+                if self._finishing:
+                    self._stop_when_written()
+            case _Written():
+                if self._last_write is not None and not self._last_write.done():
+                    return  # a retried write is still on its way; its own _Written follows
+                if self._finishing and not self._unwritten and not self._retry_scheduled:
+                    self.stop_self("finished")
+
+    def _on_worker_link(self, message: WorkerGone | WorkerBack | WorkerLost | WorkerFailed) -> None:
+        """What the worker connection says of the link of a worker run."""
+        match message:
+            case WorkerGone():
+                if self._status == ev.RUNNING:
+                    self._status = ev.DISCONNECTED
+                    self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
+                    self._emit(ev.WARNING, None, {"message": f"worker {self._worker} disconnected",
+                                                  "code": "worker_disconnected"})
+            case WorkerBack(worker):
+                if self._status == ev.DISCONNECTED and worker == self._worker:
+                    self._status = ev.RUNNING
+                    self._write(UpdateRun(self.run_id, {"status": ev.RUNNING}))
+            case WorkerLost():
+                self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
+            case WorkerFailed(worker):
+                if worker == self._worker:
+                    self._finish(ev.INTERRUPTED, "worker_failed", None, reason="worker_failed")
 
     # Lifecycle ---------------------------------------------------------------------
     def _start(self, worker: str | None, device: str | None, holds: tuple[tuple[str, str], ...] = ()) -> None:

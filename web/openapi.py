@@ -13,7 +13,7 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
-from web.routes_find import CURSOR_PATTERN
+from web.routes_find import CURSOR_PATTERN, MAX_SEARCH
 from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
@@ -105,7 +105,7 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
                 ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
                 ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
-                ("q", "query", {"type": "string", "maxLength": 200}),
+                ("q", "query", {"type": "string", "maxLength": MAX_SEARCH}),
                 ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
                                   "description": "empty: any tag"}),
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}))),

@@ -23,6 +23,8 @@ routes = web.RouteTableDef()
 CURSOR_PATTERN = r"^([0-9]{1,18})?$"
 _TAG = re.compile(TAG_PATTERN)
 
+MAX_SEARCH = 200  # characters of ?q; the OpenAPI document states the same bound
+
 
 def _decode_cursor(raw: str | None) -> int | None:
     if not raw:
@@ -52,7 +54,10 @@ async def list_runs(request: web.Request) -> web.Response:
         raise InvalidRequest("grouped is true or false", pointer="?grouped")
     limit = int_query(request, "limit", default=50, minimum=1, maximum=500) or 50
     before = _decode_cursor(request.query.get("cursor"))
-    search = (request.query.get("q") or "").strip()[:200] or None
+    raw_search = request.query.get("q") or ""
+    if len(raw_search) > MAX_SEARCH:  # the document's bound, refused, never cut short
+        raise InvalidRequest(f"q is at most {MAX_SEARCH} characters, got {len(raw_search)}", pointer="?q")
+    search = raw_search.strip() or None
     tag = _tag_query(request)
     sweep_id, study_id = request.query.get("sweep_id") or None, request.query.get("study_id") or None
     if grouped == "true" and not (sweep_id or study_id):

@@ -32,6 +32,10 @@ def test_a_run_is_renamed_tagged_and_noted_and_found_by_them(make_server):
     assert server.anonymous.request("PATCH", f"/api/runs/{first}", {"name": "x"})[0] == 401
     status, reply = server.client.request("GET", "/api/runs?tag=bad%20tag")
     assert (status, reply["error"]["pointer"]) == (400, "?tag")
+    status, reply = server.client.request("GET", f"/api/runs?q={'x' * 201}")  # past the documented bound
+    assert (status, reply["error"]["pointer"]) == (400, "?q")
+    status, reply = server.client.request("GET", "/api/runs/x/stream?after=1&after=2")
+    assert (status, reply["error"]["pointer"]) == (400, "?after")
     # What people added survives a restart.
     server.stop()
     server = make_server(server.home)
