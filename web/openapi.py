@@ -98,7 +98,20 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     _server_limits(schemas, limits)
     _closed_pattern_maps(schemas)
-    paths = {
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "troupe", "version": version},
+        "paths": {**_run_paths(), **_other_paths()},
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"session": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _run_paths() -> dict[str, Any]:
+    """A run's routes: submit, list, read, follow, rerun, and what it made."""
+    return {
         "/api/runs": {
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
             "get": _op("List runs, newest first (grouped: a row per sweep and study)", api.RunList, params=(
@@ -149,6 +162,12 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
             "An artifact's bytes, wherever it lives", None, params=(_RUN_ID, ("artifact_id", "path", "string")))},
         "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
             _RUN_ID, ("node_id", "path", "string")))},
+    }
+
+
+def _other_paths() -> dict[str, Any]:
+    """Sweeps, studies, editor sessions, plugins, workers, files, flavors, the catalog."""
+    return {
         "/api/sweeps": {
             "post": _op("Queue a sweep: one run per combination", None, status="201", body=SubmitSweep, mutation=True),
             "get": _op("Every sweep, newest first", None),
@@ -216,13 +235,4 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
         "/api/workers/{name}/devices/{device}": {"put": _op(
             "Set how a card admits runs: by slots, or shared by memory budget", None, body=api.CardSharing,
             params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "troupe", "version": version},
-        "paths": paths,
-        "components": {
-            "schemas": schemas.get("$defs", {}),
-            "securitySchemes": {"session": {"type": "http", "scheme": "bearer"}},
-        },
     }
