@@ -3,7 +3,7 @@ Workers panel's poll costs.
 
 For each count in ``--agents`` (default 200,800): a fresh ``troupe start``, that many
 simulated agents (``bench/_scale_agents.py``: real websockets, real hellos, heartbeats at
-``--heartbeat-s``) pinned to the last core with ``taskset`` when there is more than one,
+``--heartbeat-s``) pinned to the last core (``sched_setaffinity``) when there is more than one,
 then ``GET /api/workers`` read every ``--every`` seconds (a fixed clock, never back to
 back) for ``--seconds``. It prints the median and p99 a client sees and the server's CPU
 over the sampling, with the command that reproduces them.
@@ -26,7 +26,6 @@ sys.path[:] = [os.path.dirname(_HERE), *(p for p in sys.path if os.path.realpath
 import argparse
 import json
 import math
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ def _pin_last_core(pid: int) -> str:
     """The agents on the last core, the server free to use the rest: p99 then measures
     the server, not the generator fighting it for a core."""
     cores = os.cpu_count() or 1
-    if cores < 2 or shutil.which("taskset") is None:
+    if cores < 2:
         return "not pinned"
     os.sched_setaffinity(pid, {cores - 1})
     return f"agents pinned to core {cores - 1}"
