@@ -24,6 +24,7 @@ def connect(tab, source: str, target: str) -> None:
 
 def set_param(tab, node: str, param: str, value: str) -> None:
     tab.locator(f'g[data-node="{node}"] text.title').click()
+    expect(tab.locator("#inspector h3").first).to_have_text(node)  # the form now is this node's
     field = tab.locator(f'#inspector [data-param="{param}"]')
     field.fill(value)
 

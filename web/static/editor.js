@@ -186,7 +186,12 @@ function paramInput(node, param) {
     el("button", { type: "button", onclick: () => picker.click() }, "Upload…"), picker, note);
 }
 
+// Each click starts a new inspection; an older one that is still waiting on the server
+// must not paint over it.
+let inspection = 0;
+
 async function inspect() {
+  const mine = ++inspection;
   const box = document.getElementById("inspector");
   const selection = canvas.selection;
   if (!selection || !selection.node) {
@@ -205,12 +210,19 @@ async function inspect() {
     form.append(el("label", { for: `param-${param.name}` }, `${param.name} (${hint})`), paramInput(node, param));
   }
   const outputs = el("div", { id: "node-outputs" });
+  // The form is painted at once, so what is typed next goes to the node just clicked;
+  // the flavor picker and the outputs, which ask the server, fill in after.
+  const flavor = el("div", { class: "flavor" });
   box.replaceChildren(el("h3", {}, `${node.id}`), el("p", { class: "muted" }, `${node.type}: ${spec ? spec.description : "not in the catalog"}`),
-    spec && spec.params.length ? form : el("p", { class: "muted" }, "No params."), await flavorPicker(node),
+    spec && spec.params.length ? form : el("p", { class: "muted" }, "No params."), flavor,
     el("p", {}, el("button", { class: "danger", onclick: () => remove({ node: node.id }) }, "Delete node")), outputs);
+  const picker = await flavorPicker(node);
+  if (mine !== inspection) return;
+  flavor.replaceWith(picker);
   if (outputsRun) {
     try {
       const reply = await api("GET", `/api/runs/${outputsRun}/outputs/${node.id}`);
+      if (mine !== inspection) return;
       outputs.replaceChildren(el("h3", {}, `Outputs (run ${outputsRun.slice(0, 8)})`),
         el("pre", {}, JSON.stringify(reply.outputs, null, 2)));
     } catch (error) {
