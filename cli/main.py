@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli import terminal
+from cli import connect, terminal
 from cli.errors import EXIT_FAILED, CliError, NoServer
 
 app = typer.Typer(
@@ -90,28 +90,10 @@ def run(
         "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
     }
     try:
-        code = submit_and_follow(_client(host, port), graph, options, name, not wait, timeout)
+        code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
-
-
-def _client(host: str | None, port: int | None) -> Any:
-    """The running server of this TROUPE_HOME (or the one named), with its session token."""
-    from cli.client import Client
-    from cli.config import load_settings
-    from cli.logins import current
-    from cli.session import read_session
-
-    settings = load_settings()
-    session = read_session(settings.home) or {}
-    if host or port:
-        return Client(f"{settings.scheme}://{host or settings.host}:{port or settings.port}", session.get("token"),
-                      ca=session.get("ca"))
-    if session:
-        return Client(session["url"], session.get("token"), ca=session.get("ca"))
-    remote = current()  # `troupe login`: a server on another machine
-    return remote or Client(settings.url, None)
 
 
 @app.command()
@@ -128,7 +110,7 @@ def rerun(
     from cli.run_cmd import rerun_and_follow
 
     try:
-        code = rerun_and_follow(_client(host, port), run_id, resume, not wait, timeout)
+        code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout)
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -198,7 +180,7 @@ def open_(
         body: dict[str, Any] = {"expires_s": seconds(expires), "read_only": read_only}
         if uses is not None:
             body["uses"] = uses
-        status, reply = _client(None, None).request("POST", "/api/login-links", body)
+        status, reply = connect.client(None, None).request("POST", "/api/login-links", body)
         if status != 201:
             raise CliError(f"the server refused a login link ({status}): {reply}")
     except CliError as exc:
@@ -217,7 +199,7 @@ def open_(
 def token() -> None:
     """Print the bearer token this terminal uses (the server's session token here, or the
     session `troupe login` keeps), for curl: TOKEN=$(troupe token)."""
-    client = _client(None, None)
+    client = connect.client(None, None)
     if not client.token:
         _fail(NoServer("no troupe server runs in this TROUPE_HOME and this terminal is not logged in to one; "
                        "start one with `troupe start`, or `troupe login URL`"))
@@ -338,7 +320,7 @@ def main() -> None:
         sys.exit(EXIT_FAILED)
 
 
-terminal.register(app, _client, _fail)
+terminal.register(app, connect.client, _fail)
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cli import connect
 from cli.errors import CliError
 
 Client = Callable[[str | None, int | None], Any]
@@ -18,9 +19,7 @@ Client = Callable[[str | None, int | None], Any]
 def _run_ids(incomplete: str) -> list[str]:
     """Run ids for shell completion, from the running server (none when it is down)."""
     try:
-        from cli.main import _client
-
-        status, body = _client(None, None).request("GET", "/api/runs?limit=100", timeout=2.0)
+        status, body = connect.client(None, None).request("GET", "/api/runs?limit=100", timeout=2.0)
     except Exception:  # completion never fails the shell
         return []
     return [r["id"] for r in (body or {}).get("runs", []) if status == 200 and r["id"].startswith(incomplete)]

@@ -1,138 +1,34 @@
-"""Node types, the packs that declare them, and the catalog built from those packs.
+"""The catalog: every node type this process can execute, built from the installed packs.
 
-A pack module declares types (ports, params) and must import no heavy library at module
-level: torch and friends are imported inside ``execute``, so loading the catalog keeps
-the control plane light and lets an agent compute the same digest without torch.
+A pack module declares types (ports, params; their building blocks are in
+``node_types``, re-exported here for the packs that import them from this module) and
+must import no heavy library at module level: torch and friends are imported inside
+``execute``, so loading the catalog keeps the control plane light and lets an agent
+compute the same digest without torch.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from subprocess_runner.errors import PackLoadError
+from subprocess_runner.node_types import PARAM_TYPES, Execute, NodeType, Pack, Param, Port, lazy
+from subprocess_runner.packs import core
+
+# The pack's building blocks are re-exported: packs import them from here.
+__all__ = ["ENTRY_POINT_GROUP", "PARAM_TYPES", "Catalog", "Execute", "NodeType", "Pack", "Param", "Port",
+           "build_catalog", "lazy", "load_catalog"]
 
 log = logging.getLogger("troupe.catalog")
 
-PARAM_TYPES = ("int", "float", "bool", "string", "select", "secret")
 ENTRY_POINT_GROUP = "troupe.packs"
-
-_NO_DEFAULT: Any = object()
-
-
-@dataclass(frozen=True)
-class Port:
-    """A named, typed input or output. ``any`` connects to every type."""
-
-    name: str
-    type: str = "any"
-    required: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "required": self.required}
-
-
-@dataclass(frozen=True)
-class Param:
-    """A node parameter; one without a default is required."""
-
-    name: str
-    type: str
-    default: Any = _NO_DEFAULT
-    min: float | None = None
-    max: float | None = None
-    options: tuple[str, ...] = ()
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        if self.type not in PARAM_TYPES:
-            raise ValueError(f"param {self.name}: unknown type {self.type!r}")
-        if self.type == "select" and not self.options:
-            raise ValueError(f"param {self.name}: a select needs options")
-
-    @property
-    def required(self) -> bool:
-        return self.default is _NO_DEFAULT
-
-    def to_json(self) -> dict[str, Any]:
-        schema: dict[str, Any] = {"name": self.name, "type": self.type, "required": self.required}
-        if not self.required:
-            schema["default"] = self.default
-        if self.min is not None:
-            schema["min"] = self.min
-        if self.max is not None:
-            schema["max"] = self.max
-        if self.options:
-            schema["options"] = list(self.options)
-        if self.description:
-            schema["description"] = self.description
-        return schema
-
-
-Execute = Callable[[Any, dict[str, Any], dict[str, Any]], dict[str, Any] | None]
-
-
-def lazy(target: str) -> Execute:
-    """An ``execute`` that imports ``module:function`` on its first call, so that a pack
-    can declare nodes whose code needs torch without importing torch."""
-    module_name, _, function_name = target.partition(":")
-    loaded: list[Execute] = []
-
-    def execute(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
-        if not loaded:
-            module = importlib.import_module(module_name)
-            loaded.append(getattr(module, function_name))
-        return loaded[0](ctx, inputs, params)
-
-    execute.__qualname__ = execute.__name__ = f"lazy({target})"
-    return execute
-
-
-@dataclass(frozen=True)
-class NodeType:
-    """What a node of ``type`` takes, gives and does. ``execute(ctx, inputs, params)``
-    returns the outputs by port name."""
-
-    type: str
-    execute: Execute
-    inputs: tuple[Port, ...] = ()
-    outputs: tuple[Port, ...] = ()
-    params: tuple[Param, ...] = ()
-    description: str = ""
-
-    def input(self, name: str) -> Port | None:
-        return next((p for p in self.inputs if p.name == name), None)
-
-    def output(self, name: str) -> Port | None:
-        return next((p for p in self.outputs if p.name == name), None)
-
-    def param(self, name: str) -> Param | None:
-        return next((p for p in self.params if p.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "description": self.description,
-            "inputs": [p.to_json() for p in self.inputs],
-            "outputs": [p.to_json() for p in self.outputs],
-            "params": [p.to_json() for p in self.params],
-        }
-
-
-@dataclass(frozen=True)
-class Pack:
-    """A named set of node types, found through the ``troupe.packs`` entry points."""
-
-    name: str
-    node_types: tuple[NodeType, ...]
-    version: str = "1"
 
 
 @dataclass(frozen=True)
@@ -183,8 +79,6 @@ def load_catalog() -> Catalog:
     """Loads every installed pack. A pack that fails to import is logged and listed in
     ``broken_packs`` (shown by ``/api/info``) rather than hidden; the core pack is always
     present, even when troupe runs from a source tree without its entry points."""
-    from subprocess_runner.packs import core
-
     packs: dict[str, Pack] = {core.PACK.name: core.PACK}
     broken: dict[str, str] = {}
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):

@@ -22,7 +22,7 @@ from subprocess_runner.errors import RunCancelled
 if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
     from subprocess_runner.console import Console
-    from subprocess_runner.ddp import DdpPlan
+    from subprocess_runner.ddp_plan import DdpPlan
 
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
 # into persisted events, ``troupe exec`` prints them.

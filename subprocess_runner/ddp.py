@@ -28,10 +28,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from subprocess_runner.ddp_plan import DdpPlan
 
 RENDEZVOUS_TIMEOUT_S = 180.0  # the other ranks start cold: an interpreter, torch, their feeding nodes
 WATCH_S = 0.2
@@ -39,22 +41,6 @@ DEATH_GRACE_S = 2.0  # after killing the others, how long the loop has to fail b
 LOOPBACK = "lo"
 
 _on_death: list[Callable[[str], None]] = []  # rank 0: ends the run when the group is stuck
-
-
-@dataclass(frozen=True)
-class DdpPlan:
-    """What every rank needs to meet the others and rebuild the loop's inputs."""
-
-    world: int
-    cuda: bool
-    graph: dict[str, Any]  # the run's graph, its file references already translated
-    run_id: str
-    run_dir: str
-    seed: int | None
-    deterministic: bool
-    shuffle_seed: int  # the same for every rank: their shards do not overlap
-    rank: int = 0
-    store: str | None = None  # the FileStore's file, set by rank 0 for the others
 
 
 def plan_for(devices: list[str], graph: dict[str, Any], run_id: str, run_dir: Path, seed: int | None,

@@ -21,25 +21,16 @@ from typing import Any, Protocol
 
 from protocol import events as ev
 from protocol.graph import Graph
-from subprocess_runner.catalog import Catalog, NodeType
+from subprocess_runner.catalog import Catalog
 from subprocess_runner.console import routed
 from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
 from subprocess_runner.errors import RunCancelled
+from subprocess_runner.executable import ExecutableGraph, ExecutableNode
 from subprocess_runner.node_cache import SessionCache, graph_keys, private_copy
 from subprocess_runner.seeding import node_threads, seed_everything
 from subprocess_runner.validation import validate_graph
 
 log = logging.getLogger("troupe.engine")
-
-
-@dataclass(frozen=True)
-class ExecutableNode:
-    id: str
-    node_type: NodeType
-    params: dict[str, Any]
-    # input port -> (source node id, source port)
-    sources: dict[str, tuple[str, str]]
-    cpus: int | None = None
 
 
 class CpuGate(Protocol):
@@ -51,13 +42,6 @@ class CpuGate(Protocol):
     def claim(self, ctx: ExecutionContext, cpus: int, on_wait: Callable[[str], None]) -> Future[bool]: ...
 
     def release(self, ctx: ExecutionContext) -> None: ...
-
-
-@dataclass(frozen=True)
-class ExecutableGraph:
-    nodes: dict[str, ExecutableNode]
-    order: tuple[str, ...]
-    children: dict[str, tuple[str, ...]]
 
 
 @dataclass

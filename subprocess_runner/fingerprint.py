@@ -100,7 +100,7 @@ def _torch_cuda() -> str | None:
 def _digest(modules: tuple[str, ...]) -> str | None:
     """The content of a pack's code: its modules' source files, found without importing them."""
     digest = hashlib.sha256()
-    for name in modules:
+    for name in _with_helpers(modules):
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
@@ -111,3 +111,23 @@ def _digest(modules: tuple[str, ...]) -> str | None:
         digest.update(name.encode())
         digest.update(Path(spec.origin).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _with_helpers(modules: tuple[str, ...]) -> list[str]:
+    """The named modules and their private helpers: a node's code in ``pkg._torch_train``
+    also lives in ``pkg._torch_epoch``, ``pkg._torch_data``..., the siblings that share
+    its ``_torch_`` prefix, so an edit to any of them changes the pack's digest."""
+    found = dict.fromkeys(modules)
+    for name in modules:
+        package, _, leaf = name.rpartition(".")
+        prefix = leaf[: leaf.find("_", 1) + 1] if leaf.startswith("_") else ""
+        if not package or len(prefix) < 3:
+            continue
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            for path in sorted(Path(folder).glob(f"{prefix}*.py")):
+                found.setdefault(f"{package}.{path.stem}")
+    return sorted(found)

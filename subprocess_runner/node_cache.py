@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from subprocess_runner.context import derive_seed
 
 if TYPE_CHECKING:
-    from subprocess_runner.engine import ExecutableGraph
+    from subprocess_runner.executable import ExecutableGraph
 
 log = logging.getLogger("troupe.node_cache")
 

@@ -19,20 +19,18 @@ from typing import Any
 import apsw
 import apsw.bestpractice
 
+import actors.store.artifacts as artifacts
+import actors.store.events as events
+import actors.store.files as files
+import actors.store.flavors as flavors
+import actors.store.logins as logins
+import actors.store.memory as memory
+import actors.store.run_list as run_list
+import actors.store.runs as runs
+import actors.store.studies as studies
+import actors.store.sweeps as sweeps
+import actors.store.workers as workers
 from actors.errors import ActorDeadError
-from actors.store import (
-    artifacts,
-    events,
-    files,
-    flavors,
-    logins,
-    memory,
-    run_list,
-    runs,
-    studies,
-    sweeps,
-    workers,
-)
 from actors.store.schema import open_database
 from actors.store.table import Session, Table
 from actors.threaded import ThreadActor

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from subprocess_runner import ddp
 from subprocess_runner.packs._torch_data import Loader
+from subprocess_runner.packs._torch_epoch import end_epoch, target_of
 from subprocess_runner.packs._torch_models import OptimizerSpec
-from subprocess_runner.packs._torch_train import end_epoch, target_of
 
 
 def train_ddp(ctx: Any, model: torch.nn.Module, train: Loader, val: Loader | None, spec: OptimizerSpec,

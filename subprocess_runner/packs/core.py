@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from subprocess_runner.catalog import NodeType, Pack, Param, Port
+from subprocess_runner.node_types import NodeType, Pack, Param, Port
 
 
 def _constant(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ rouge-score with it, is imported when a node executes."""
 
 from __future__ import annotations
 
-from subprocess_runner.catalog import NodeType, Pack, Param, Port, lazy
+from subprocess_runner.node_types import NodeType, Pack, Param, Port, lazy
 
 _IMPL = "subprocess_runner.packs._eval_impl"
 

@@ -7,7 +7,7 @@ imports torch or scikit-learn. Nothing is loaded from the internet.
 
 from __future__ import annotations
 
-from subprocess_runner.catalog import NodeType, Pack, Param, Port, lazy
+from subprocess_runner.node_types import NodeType, Pack, Param, Port, lazy
 
 _DATA = "subprocess_runner.packs._torch_data"
 _MODELS = "subprocess_runner.packs._torch_models"

@@ -1,0 +1,127 @@
+"""What a node pack declares: node types with their ports and params, and the pack that
+groups them.
+
+These live apart from ``catalog`` (which builds the catalog from the installed packs and
+always loads the core pack) so that a pack module, the core pack among them, imports its
+building blocks from here without importing the loader that imports it back. Like the
+packs themselves, this module imports no heavy library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PARAM_TYPES = ("int", "float", "bool", "string", "select", "secret")
+
+_NO_DEFAULT: Any = object()
+
+
+@dataclass(frozen=True)
+class Port:
+    """A named, typed input or output. ``any`` connects to every type."""
+
+    name: str
+    type: str = "any"
+    required: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "required": self.required}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A node parameter; one without a default is required."""
+
+    name: str
+    type: str
+    default: Any = _NO_DEFAULT
+    min: float | None = None
+    max: float | None = None
+    options: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.type not in PARAM_TYPES:
+            raise ValueError(f"param {self.name}: unknown type {self.type!r}")
+        if self.type == "select" and not self.options:
+            raise ValueError(f"param {self.name}: a select needs options")
+
+    @property
+    def required(self) -> bool:
+        return self.default is _NO_DEFAULT
+
+    def to_json(self) -> dict[str, Any]:
+        schema: dict[str, Any] = {"name": self.name, "type": self.type, "required": self.required}
+        if not self.required:
+            schema["default"] = self.default
+        if self.min is not None:
+            schema["min"] = self.min
+        if self.max is not None:
+            schema["max"] = self.max
+        if self.options:
+            schema["options"] = list(self.options)
+        if self.description:
+            schema["description"] = self.description
+        return schema
+
+
+Execute = Callable[[Any, dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+
+
+def lazy(target: str) -> Execute:
+    """An ``execute`` that imports ``module:function`` on its first call, so that a pack
+    can declare nodes whose code needs torch without importing torch."""
+    module_name, _, function_name = target.partition(":")
+    loaded: list[Execute] = []
+
+    def execute(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
+        if not loaded:
+            module = importlib.import_module(module_name)
+            loaded.append(getattr(module, function_name))
+        return loaded[0](ctx, inputs, params)
+
+    execute.__qualname__ = execute.__name__ = f"lazy({target})"
+    return execute
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """What a node of ``type`` takes, gives and does. ``execute(ctx, inputs, params)``
+    returns the outputs by port name."""
+
+    type: str
+    execute: Execute
+    inputs: tuple[Port, ...] = ()
+    outputs: tuple[Port, ...] = ()
+    params: tuple[Param, ...] = ()
+    description: str = ""
+
+    def input(self, name: str) -> Port | None:
+        return next((p for p in self.inputs if p.name == name), None)
+
+    def output(self, name: str) -> Port | None:
+        return next((p for p in self.outputs if p.name == name), None)
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "description": self.description,
+            "inputs": [p.to_json() for p in self.inputs],
+            "outputs": [p.to_json() for p in self.outputs],
+            "params": [p.to_json() for p in self.params],
+        }
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A named set of node types, found through the ``troupe.packs`` entry points."""
+
+    name: str
+    node_types: tuple[NodeType, ...]
+    version: str = "1"
