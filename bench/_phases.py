@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import HOST
-from bench._measure import fmt_ms, rss_mb, steal_s, summary, torch_mapped
-from bench._troupe import start_server, stop_server_proc, troupe_drain, troupe_latency
+from bench._measure import LatencyResult, fmt_ms, rss_mb, steal_s, summary, torch_mapped
+from bench._troupe import DrainResult, Server, start_server, stop_server_proc, troupe_drain, troupe_latency
 from bench._tsp import Tsp, find_tsp, tsp_drain, tsp_latency
 
 
@@ -30,57 +30,9 @@ def troupe_phase(args: argparse.Namespace, graph_body: bytes, tmp: Path, figures
             f"troupe: RSS idle {idle_rss:.1f} MB ({idle_rss * 1e6 / 2**20:.1f} MiB); "
             f"torch libraries mapped: {'yes' if idle_torch else 'no'}"
         )
-
-        steal0 = steal_s()
-        lat = troupe_latency(server, graph_body, args.runs, args.warmup, args.timeout)
-        steal1 = steal_s()
-        lat_s = summary(lat.total_s)
-        print(f"troupe latency (submit -> run_finished on the run's stream), {args.runs} sequential runs:")
-        print(f"  total   {fmt_ms(lat_s)}")
-        print(f"  submit  {fmt_ms(summary(lat.submit_s))}   (POST /api/runs -> 201)")
-        if lat.server_s:
-            print(f"  server  {fmt_ms(summary(lat.server_s))}   (run_queued ts -> run_finished ts)")
-        print(
-            f"  {lat.events_per_run} events per run; {lat.failures} runs not succeeded; "
-            f"CPU steal meanwhile {steal1 - steal0:.2f} s"
-        )
+        lat, lat_s = _latency(args, server, graph_body)
         after_lat_rss, _ = rss_mb(server.pid)
-
-        steal0 = steal_s()
-        drain = troupe_drain(server, graph_body, args.drain, args.threads, args.timeout, lat.events_per_run)
-        steal1 = steal_s()
-        sub = summary(drain.submit_latencies_s)
-        print(
-            f"troupe drain: {drain.n} runs from {args.threads} threads on cpu ({args.cpu_slots} slots), "
-            f"waited by {drain.waited_by}"
-        )
-        print(
-            f"  {drain.wall_s:.2f} s first submit -> last finished = {drain.runs_per_s:.1f} runs/s"
-            f"  (submitting took {drain.last_submit - drain.first_submit:.2f} s, "
-            f"POST median {sub['median']:.2f} ms p99 {sub['p99']:.2f} ms)"
-        )
-        server_cpu = drain.server_user_s + drain.server_sys_s
-        print(
-            f"  CPU during the drain: server {server_cpu:.2f} s (user {drain.server_user_s:.2f} + sys "
-            f"{drain.server_sys_s:.2f}) = {server_cpu / drain.n * 1000:.2f} ms per run; this client "
-            f"{drain.client_cpu_s:.2f} s; {drain.tids_created} threads/processes created on the machine "
-            f"({drain.tids_created / drain.n:.1f} per run)"
-        )
-        print(f"  rows: {drain.statuses}; listed as succeeded: {drain.listed_succeeded}/{drain.n}")
-        print(
-            f"  events: {drain.events_ok}/{drain.events_checked} runs have seqs 1..{lat.events_per_run} "
-            f"ending in run_finished succeeded"
-        )
-        for problem in drain.events_problems[:5]:
-            print(f"    {problem}")
-        drain_ok = (
-            drain.statuses.get("succeeded", 0) == drain.n
-            and drain.listed_succeeded == drain.n
-            and drain.events_ok == drain.n
-            and drain.submitted == args.drain
-        )
-        print(f"  verification: {'all runs succeeded and every event persisted' if drain_ok else 'FAILED'}")
-        print(f"  CPU steal during the drain and its verification: {steal1 - steal0:.2f} s")
+        drain, drain_ok = _drain(args, server, graph_body, lat.events_per_run)
         code = 0 if drain_ok and lat.failures == 0 else 1
         drain_rss, drain_hwm = rss_mb(server.pid)
         drain_torch = torch_mapped(server.pid)
@@ -105,6 +57,67 @@ def troupe_phase(args: argparse.Namespace, graph_body: bytes, tmp: Path, figures
     print(f"troupe: server stopped (exit {stopped})")
     print()
     return code
+
+
+def _latency(args: argparse.Namespace, server: Server, graph_body: bytes) -> tuple[LatencyResult, dict[str, float]]:
+    """The sequential runs, printed; their figures and the summary of their totals."""
+    steal0 = steal_s()
+    lat = troupe_latency(server, graph_body, args.runs, args.warmup, args.timeout)
+    steal1 = steal_s()
+    lat_s = summary(lat.total_s)
+    print(f"troupe latency (submit -> run_finished on the run's stream), {args.runs} sequential runs:")
+    print(f"  total   {fmt_ms(lat_s)}")
+    print(f"  submit  {fmt_ms(summary(lat.submit_s))}   (POST /api/runs -> 201)")
+    if lat.server_s:
+        print(f"  server  {fmt_ms(summary(lat.server_s))}   (run_queued ts -> run_finished ts)")
+    print(
+        f"  {lat.events_per_run} events per run; {lat.failures} runs not succeeded; "
+        f"CPU steal meanwhile {steal1 - steal0:.2f} s"
+    )
+    return lat, lat_s
+
+
+def _drain(
+    args: argparse.Namespace, server: Server, graph_body: bytes, events_per_run: int
+) -> tuple[DrainResult, bool]:
+    """The drain and its check, printed; its figures and whether every run succeeded with
+    every event persisted."""
+    steal0 = steal_s()
+    drain = troupe_drain(server, graph_body, args.drain, args.threads, args.timeout, events_per_run)
+    steal1 = steal_s()
+    sub = summary(drain.submit_latencies_s)
+    print(
+        f"troupe drain: {drain.n} runs from {args.threads} threads on cpu ({args.cpu_slots} slots), "
+        f"waited by {drain.waited_by}"
+    )
+    print(
+        f"  {drain.wall_s:.2f} s first submit -> last finished = {drain.runs_per_s:.1f} runs/s"
+        f"  (submitting took {drain.last_submit - drain.first_submit:.2f} s, "
+        f"POST median {sub['median']:.2f} ms p99 {sub['p99']:.2f} ms)"
+    )
+    server_cpu = drain.server_user_s + drain.server_sys_s
+    print(
+        f"  CPU during the drain: server {server_cpu:.2f} s (user {drain.server_user_s:.2f} + sys "
+        f"{drain.server_sys_s:.2f}) = {server_cpu / drain.n * 1000:.2f} ms per run; this client "
+        f"{drain.client_cpu_s:.2f} s; {drain.tids_created} threads/processes created on the machine "
+        f"({drain.tids_created / drain.n:.1f} per run)"
+    )
+    print(f"  rows: {drain.statuses}; listed as succeeded: {drain.listed_succeeded}/{drain.n}")
+    print(
+        f"  events: {drain.events_ok}/{drain.events_checked} runs have seqs 1..{events_per_run} "
+        f"ending in run_finished succeeded"
+    )
+    for problem in drain.events_problems[:5]:
+        print(f"    {problem}")
+    drain_ok = (
+        drain.statuses.get("succeeded", 0) == drain.n
+        and drain.listed_succeeded == drain.n
+        and drain.events_ok == drain.n
+        and drain.submitted == args.drain
+    )
+    print(f"  verification: {'all runs succeeded and every event persisted' if drain_ok else 'FAILED'}")
+    print(f"  CPU steal during the drain and its verification: {steal1 - steal0:.2f} s")
+    return drain, drain_ok
 
 
 def tsp_phase(args: argparse.Namespace, tmp: Path, figures: dict[str, Any]) -> int:

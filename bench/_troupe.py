@@ -234,73 +234,13 @@ def troupe_drain(
     watcher.start()
     if not watcher.ready.wait(30) or watcher.broken:
         raise BenchError(f"could not follow /api/stream: {watcher.broken}")
-    counts = shares(n, threads)
-    ids: list[list[str]] = [[] for _ in range(threads)]
-    firsts: list[float] = [math.inf] * threads
-    lasts: list[float] = [0.0] * threads
-    lat: list[list[float]] = [[] for _ in range(threads)]
-    errors: list[str] = []
-    gate = threading.Barrier(threads)
-
-    def submitter(k: int) -> None:
-        conn = Conn(server.port, server.token, timeout=60.0)
-        try:
-            gate.wait(30)
-            for _ in range(counts[k]):
-                t0 = time.perf_counter()
-                status, reply = conn.request("POST", "/api/runs", graph_body)
-                t1 = time.perf_counter()
-                if status != 201:
-                    errors.append(f"POST answered {status}: {str(reply)[:200]}")
-                    return
-                firsts[k] = min(firsts[k], t0)
-                lasts[k] = t1
-                lat[k].append(t1 - t0)
-                ids[k].append(reply["run_id"])
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
-        finally:
-            conn.close()
-
+    submitters = _Submitters(server, graph_body, n, threads)
     cpu0 = cpu_seconds(server.pid)
     client0 = os.times()
     pid0 = last_pid()
-    workers = [threading.Thread(target=submitter, args=(k,), name=f"submit-{k}") for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout)
-    if any(w.is_alive() for w in workers):
-        raise BenchError(f"submitting {n} runs took longer than {timeout}s")
-    if errors:
-        raise BenchError(f"submissions failed: {errors[:3]}")
-    all_ids = [run_id for chunk in ids for run_id in chunk]
+    all_ids = submitters.run(timeout)
     wanted = set(all_ids)
-    deadline = time.monotonic() + timeout
-    waited_by = "global SSE stream /api/stream"
-    with watcher.changed:
-        while not wanted.issubset(watcher.terminal) and watcher.broken is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"{len(wanted - watcher.terminal.keys())} runs unfinished after {timeout}s")
-            watcher.changed.wait(min(left, 1.0))
-        broken = watcher.broken
-        seen = dict(watcher.terminal)
-    if broken is not None:
-        # Fallback: poll the queue until it is empty (the finish times are then less exact).
-        waited_by = f"polling /api/queues (the stream broke: {broken})"
-        conn = Conn(server.port, server.token, 30.0)
-        while True:
-            _, body = conn.request("GET", "/api/queues")
-            cpu = [q for q in body["queues"] if q["queue_key"] == "cpu"]
-            if cpu and cpu[0]["queued"] == 0 and cpu[0]["running"] == 0:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError(f"the cpu queue did not drain within {timeout}s")
-            time.sleep(0.01)
-        now = time.perf_counter()
-        conn.close()
-        seen = {run_id: ("?", now) for run_id in wanted}
+    seen, waited_by = _wait_finished(server, watcher, wanted, timeout)
     last_finished = max(seen[run_id][1] for run_id in wanted)
     cpu1 = cpu_seconds(server.pid)
     client1 = os.times()
@@ -311,8 +251,8 @@ def troupe_drain(
     return DrainResult(
         n=n,
         submitted=len(all_ids),
-        first_submit=min(firsts),
-        last_submit=max(lasts),
+        first_submit=min(submitters.firsts),
+        last_submit=max(submitters.lasts),
         last_finished=last_finished,
         statuses=statuses,
         listed_succeeded=len(listed & wanted),
@@ -324,8 +264,96 @@ def troupe_drain(
         client_cpu_s=(client1.user - client0.user) + (client1.system - client0.system),
         tids_created=tids,
         waited_by=waited_by,
-        submit_latencies_s=[x for chunk in lat for x in chunk],
+        submit_latencies_s=[x for chunk in submitters.lat for x in chunk],
     )
+
+
+class _Submitters:
+    """``threads`` clients that post ``n`` runs between them, let go together by a
+    barrier; each notes its figures in its own slot, so they share no lock."""
+
+    def __init__(self, server: Server, graph_body: bytes, n: int, threads: int) -> None:
+        self.server = server
+        self.graph_body = graph_body
+        self.n = n
+        self.threads = threads
+        self.counts = shares(n, threads)
+        self.ids: list[list[str]] = [[] for _ in range(threads)]
+        self.firsts: list[float] = [math.inf] * threads
+        self.lasts: list[float] = [0.0] * threads
+        self.lat: list[list[float]] = [[] for _ in range(threads)]
+        self.errors: list[str] = []
+        self.gate = threading.Barrier(threads)
+
+    def run(self, timeout: float) -> list[str]:
+        """Every run's id, once all are submitted."""
+        workers = [threading.Thread(target=self._submit, args=(k,), name=f"submit-{k}") for k in range(self.threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout)
+        if any(w.is_alive() for w in workers):
+            raise BenchError(f"submitting {self.n} runs took longer than {timeout}s")
+        if self.errors:
+            raise BenchError(f"submissions failed: {self.errors[:3]}")
+        return [run_id for chunk in self.ids for run_id in chunk]
+
+    def _submit(self, k: int) -> None:
+        conn = Conn(self.server.port, self.server.token, timeout=60.0)
+        try:
+            self.gate.wait(30)
+            for _ in range(self.counts[k]):
+                t0 = time.perf_counter()
+                status, reply = conn.request("POST", "/api/runs", self.graph_body)
+                t1 = time.perf_counter()
+                if status != 201:
+                    self.errors.append(f"POST answered {status}: {str(reply)[:200]}")
+                    return
+                self.firsts[k] = min(self.firsts[k], t0)
+                self.lasts[k] = t1
+                self.lat[k].append(t1 - t0)
+                self.ids[k].append(reply["run_id"])
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+
+
+def _wait_finished(
+    server: Server, watcher: GlobalWatcher, wanted: set[str], timeout: float
+) -> tuple[dict[str, tuple[str, float]], str]:
+    """When each run reached its end, as the global stream told (run id -> status, time),
+    and how that was learnt."""
+    deadline = time.monotonic() + timeout
+    with watcher.changed:
+        while not wanted.issubset(watcher.terminal) and watcher.broken is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"{len(wanted - watcher.terminal.keys())} runs unfinished after {timeout}s")
+            watcher.changed.wait(min(left, 1.0))
+        broken = watcher.broken
+        seen = dict(watcher.terminal)
+    if broken is None:
+        return seen, "global SSE stream /api/stream"
+    # Fallback: poll the queue until it is empty (the finish times are then less exact).
+    now = _poll_until_drained(server, deadline, timeout)
+    return {run_id: ("?", now) for run_id in wanted}, f"polling /api/queues (the stream broke: {broken})"
+
+
+def _poll_until_drained(server: Server, deadline: float, timeout: float) -> float:
+    """The time the cpu queue was seen empty."""
+    conn = Conn(server.port, server.token, 30.0)
+    while True:
+        _, body = conn.request("GET", "/api/queues")
+        cpu = [q for q in body["queues"] if q["queue_key"] == "cpu"]
+        if cpu and cpu[0]["queued"] == 0 and cpu[0]["running"] == 0:
+            break
+        if time.monotonic() > deadline:
+            raise BenchError(f"the cpu queue did not drain within {timeout}s")
+        time.sleep(0.01)
+    now = time.perf_counter()
+    conn.close()
+    return now
 
 
 def check_runs(

@@ -45,13 +45,14 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import _replay
 from bench._http import HOST, Conn
 from bench._measure import BenchError, environ, fmt_ms, machine, run_main, steal_s, summary, time_limit
-from bench._troupe import REPO, start_server, stop_server_proc, ts_seconds
+from bench._troupe import REPO, Server, start_server, stop_server_proc, ts_seconds
 from tests.faultproxy import FaultProxy
 
 WORKER = "bench"
@@ -221,23 +222,27 @@ def interpreter_floor(samples: int, pycache: Path) -> dict[str, list[float]]:
     return times
 
 
+@dataclass
+class _Figures:
+    """What the bench gathers against its server, for the report after."""
+
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+    epochs: dict[str, list[float]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+    relay: dict[str, list[dict[str, float]]] = field(
+        default_factory=lambda: {mode: [] for mode in ("worker", "in-process")})
+    resumed: list[float] = field(default_factory=list)
+    cold_in_warm: int = 0
+    floor: dict[str, list[float]] = field(default_factory=dict)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     time_limit(args.max_seconds)
     graph = json.loads((REPO / "examples" / "hello.json").read_text())
     digits = json.loads((REPO / "examples" / "digits_mlp.json").read_text())
-
-    def bodies_of(doc: dict[str, Any]) -> dict[str, tuple[bytes, str]]:
-        return {
-            "worker": (json.dumps({"graph": doc, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
-            "warm": (json.dumps({"graph": doc, "options": {"target": {"worker": WARM}}}).encode(), f"{WARM}/cpu"),
-            "in-process": (json.dumps({"graph": doc}).encode(), "cpu"),
-        }
-
-    bodies, digits_bodies = bodies_of(graph), bodies_of(digits)
-    epochs: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cold_in_warm = 0
+    bodies, digits_bodies = _bodies_of(graph), _bodies_of(digits)
+    figures = _Figures()
     info = machine()
     command = (f".venv/bin/python bench/worker.py --runs {args.runs} --warmup {args.warmup} --cuts {args.cuts} "
                f"--cut-seconds {args.cut_seconds:g} --relay-events {args.relay_events} --relay-runs {args.relay_runs} "
@@ -248,78 +253,110 @@ def main(argv: list[str] | None = None) -> int:
     print(info["free"])
     print(f"settings: --runs {args.runs} --warmup {args.warmup} (alternating worker / warm / in-process runs)")
     print()
-    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    relay: dict[str, list[dict[str, float]]] = {mode: [] for mode in ("worker", "in-process")}
-    resumed: list[float] = []
     with tempfile.TemporaryDirectory(prefix="troupe-worker-", ignore_cleanup_errors=True) as name:
         tmp = Path(name)
         home = tmp / "home"
         home.mkdir()
         server = start_server(home, cpu_slots=2, timeout=60.0, extra_env={"TROUPE_WORKER_HEARTBEAT_S": "1"})
         print(f"server pid {server.pid} on {HOST}:{server.port}, started in {server.start_s:.2f} s")
-        conn = Conn(server.port, server.token, args.timeout)
-        side = Conn(server.port, server.token, args.timeout)
-        agent: subprocess.Popen[bytes] | None = None
-        try:
-            agent, agent_log = enroll_and_attach(conn, server.port, tmp, args.timeout)
-            warm_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, WARM, extra=("--warm", "2"))
-            steal0, t0 = steal_s(), time.perf_counter()
-            for i in range(args.warmup + args.runs):
-                for mode in MODES:
-                    if mode == "warm":
-                        wait_for_warm_child(conn, args.timeout)
-                    row = one_run(conn, *bodies[mode])
-                    if mode == "warm" and not started_warm(conn, row["run_id"]):
-                        cold_in_warm += 1  # the pool was empty after all: not a warm figure
-                        continue
-                    if i >= args.warmup:
-                        rows[mode].append(row)
-            for _ in range(args.digits):
-                for mode in MODES:
-                    if mode == "warm":
-                        wait_for_warm_child(conn, args.timeout)
-                    elapsed, run_id = first_epoch(conn, digits_bodies[mode][0], side)
-                    if mode != "warm" or started_warm(conn, run_id):
-                        epochs[mode].append(elapsed)
-            print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
-                  f"CPU steal {steal_s() - steal0:.2f} s")
-            for _ in range(args.relay_runs if args.relay_events else 0):
-                for mode in ("worker", "in-process"):
-                    relay[mode].append(_replay.relay_rate(conn, args.relay_events,
-                                                          WORKER if mode == "worker" else None, args.timeout))
-            if args.cuts:
-                proxy = FaultProxy(server.port).start()
-                cut_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, "cut", via=proxy.port)
-                try:
-                    resumed = _replay.resume_after_cuts(server.port, server.token, proxy, "cut", args.cuts,
-                                                        args.cut_seconds, args.timeout)
-                finally:
-                    stop_server_proc(cut_agent, 30.0)
-                    proxy.close()
-        finally:
-            conn.close()
-            side.close()
-            if "warm_agent" in locals():
-                stop_server_proc(warm_agent, 30.0)
-            if agent is not None:
-                code = stop_server_proc(agent, 30.0)
-                print(f"stopped the agent with SIGTERM (exit {code})")
-            print(f"stopped the server (exit {stop_server_proc(server.proc, 30.0)})")
-        if agent is not None and agent.returncode not in (0, -signal.SIGTERM):
-            print(agent_log.read_text(errors="replace")[-2000:])
-        floor = interpreter_floor(args.floor_samples, tmp / "pycache")
+        _against_agents(args, server, tmp, bodies, digits_bodies, figures)
+        figures.floor = interpreter_floor(args.floor_samples, tmp / "pycache")
     time_limit(0)
 
     print()
+    _print_modes(figures)
+    return _print_summary(args, figures, command)
+
+
+def _bodies_of(doc: dict[str, Any]) -> dict[str, tuple[bytes, str]]:
+    return {
+        "worker": (json.dumps({"graph": doc, "options": {"target": {"worker": WORKER}}}).encode(), f"{WORKER}/cpu"),
+        "warm": (json.dumps({"graph": doc, "options": {"target": {"worker": WARM}}}).encode(), f"{WARM}/cpu"),
+        "in-process": (json.dumps({"graph": doc}).encode(), "cpu"),
+    }
+
+
+def _against_agents(args: argparse.Namespace, server: Server, tmp: Path, bodies: dict[str, tuple[bytes, str]],
+                    digits_bodies: dict[str, tuple[bytes, str]], figures: _Figures) -> None:
+    """Starts the two agents, times everything that needs them, and stops them and the
+    server whatever happened."""
+    conn = Conn(server.port, server.token, args.timeout)
+    side = Conn(server.port, server.token, args.timeout)
+    agent: subprocess.Popen[bytes] | None = None
+    warm_agent: subprocess.Popen[bytes] | None = None
+    try:
+        agent, agent_log = enroll_and_attach(conn, server.port, tmp, args.timeout)
+        warm_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, WARM, extra=("--warm", "2"))
+        _time_runs(args, conn, side, bodies, digits_bodies, figures)
+        if args.cuts:
+            figures.resumed = _time_cuts(args, conn, server, tmp)
+    finally:
+        conn.close()
+        side.close()
+        if warm_agent is not None:
+            stop_server_proc(warm_agent, 30.0)
+        if agent is not None:
+            code = stop_server_proc(agent, 30.0)
+            print(f"stopped the agent with SIGTERM (exit {code})")
+        print(f"stopped the server (exit {stop_server_proc(server.proc, 30.0)})")
+    if agent is not None and agent.returncode not in (0, -signal.SIGTERM):
+        print(agent_log.read_text(errors="replace")[-2000:])
+
+
+def _time_runs(args: argparse.Namespace, conn: Conn, side: Conn, bodies: dict[str, tuple[bytes, str]],
+               digits_bodies: dict[str, tuple[bytes, str]], figures: _Figures) -> None:
+    """The hello runs, alternating worker / warm / in-process, then the digits runs to
+    their first epoch and the relay-rate runs."""
+    steal0, t0 = steal_s(), time.perf_counter()
+    for i in range(args.warmup + args.runs):
+        for mode in MODES:
+            if mode == "warm":
+                wait_for_warm_child(conn, args.timeout)
+            row = one_run(conn, *bodies[mode])
+            if mode == "warm" and not started_warm(conn, row["run_id"]):
+                figures.cold_in_warm += 1  # the pool was empty after all: not a warm figure
+                continue
+            if i >= args.warmup:
+                figures.rows[mode].append(row)
+    for _ in range(args.digits):
+        for mode in MODES:
+            if mode == "warm":
+                wait_for_warm_child(conn, args.timeout)
+            elapsed, run_id = first_epoch(conn, digits_bodies[mode][0], side)
+            if mode != "warm" or started_warm(conn, run_id):
+                figures.epochs[mode].append(elapsed)
+    print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
+          f"CPU steal {steal_s() - steal0:.2f} s")
+    for _ in range(args.relay_runs if args.relay_events else 0):
+        for mode in ("worker", "in-process"):
+            figures.relay[mode].append(_replay.relay_rate(conn, args.relay_events,
+                                                          WORKER if mode == "worker" else None, args.timeout))
+
+
+def _time_cuts(args: argparse.Namespace, conn: Conn, server: Server, tmp: Path) -> list[float]:
+    """A third agent, dialing through a proxy that cuts its link: cut end -> first
+    replayed event at a subscriber, for each cut."""
+    proxy = FaultProxy(server.port).start()
+    cut_agent, _ = enroll_and_attach(conn, server.port, tmp, args.timeout, "cut", via=proxy.port)
+    try:
+        return _replay.resume_after_cuts(server.port, server.token, proxy, "cut", args.cuts,
+                                         args.cut_seconds, args.timeout)
+    finally:
+        stop_server_proc(cut_agent, 30.0)
+        proxy.close()
+
+
+def _print_modes(figures: _Figures) -> None:
     for mode in MODES:
         print(f"[{mode}]")
         for key, label in (("submit", "POST -> 201"), ("started", "POST -> run_started"),
                            ("finished", "POST -> run_finished"), ("srv_queue", "server run_queued -> run_started"),
                            ("srv_first_node", "server run_started -> 1st node_started"),
                            ("srv_run", "server run_started -> run_finished")):
-            values = [r[key] for r in rows[mode] if key in r]
+            values = [r[key] for r in figures.rows[mode] if key in r]
             if values:
                 print(f"  {label:<38} {fmt_ms(summary(values))}")
+    floor = figures.floor
     print("[interpreter start-up, for scale]")
     print(f"  {'python -c pass':<38} {fmt_ms(summary(floor['bare']))}")
     print(f"  {'python -c ' + repr(CHILD_IMPORTS)[:22] + '...':<38} {fmt_ms(summary(floor['imports']))}")
@@ -327,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     dont_write = environ().get("PYTHONDONTWRITEBYTECODE", "")
     print(f"  (the imports: {CHILD_IMPORTS}; PYTHONDONTWRITEBYTECODE={dont_write!r})")
     print()
+
+
+def _print_summary(args: argparse.Namespace, figures: _Figures, command: str) -> int:
+    """The summary table; 1 when a run did not succeed."""
+    rows, epochs, relay = figures.rows, figures.epochs, figures.relay
     print("Summary (ms; p99 nearest rank; ratio = worker / in-process)")
     print(f"  {'figure':<30}{'worker':>10}{'warm':>10}{'in-process':>12}{'ratio':>8}{'warm ratio':>12}")
     for key, label in (("started", "submit -> run_started"), ("finished", "submit -> run_finished")):
@@ -337,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         w, h, p = (summary(epochs[mode])["median"] for mode in MODES)
         print(f"  {'digits: submit -> epoch 1':<30}{w:10.2f}{h:10.2f}{p:12.2f}{w / p:8.2f}{h / p:12.2f}"
               f"   (median of {args.digits})")
-    print(f"  warm runs that found the pool empty (left out): {cold_in_warm}")
+    print(f"  warm runs that found the pool empty (left out): {figures.cold_in_warm}")
     if relay["worker"]:
         w, p = (sorted(r["rate"] for r in relay[mode])[len(relay[mode]) // 2] for mode in ("worker", "in-process"))
         print(f"  {'events/s relayed, median':<30}{w:10.0f}{p:12.0f}{w / p:8.2f}"
               f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted)")
-    if resumed:
-        print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(resumed))}"
+    if figures.resumed:
+        print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(figures.resumed))}"
               f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.25, 0.5, then every 1 s)")
     failures = {mode: sum(not r["ok"] for r in rows[mode]) for mode in MODES}
     print(f"  runs not succeeded: worker {failures['worker']}, warm {failures['warm']}, "

@@ -16,9 +16,14 @@ import tempfile
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
+
+if TYPE_CHECKING:
+    from protocol.worker import Storage
+    from subprocess_runner.artifacts import Shipper
+    from subprocess_runner.engine import Outcome
 
 # What a warm child imports before it says ``ready``: the run child's own modules, torch
 # and the torch pack's code (about 1.5 s from its start on a small CPU).
@@ -33,6 +38,12 @@ WARM_MODULES = ("torch", "torch.nn", "torch.optim", "protocol.worker", "subproce
 # importing torch at once could meet half-made modules), except a run of core nodes
 # alone, which imports nothing more and starts at once beside them.
 WARM_LATER_MODULES = ("torch._dynamo", "sklearn.datasets")
+# What a run imports once its cards are set (nothing may read CUDA_VISIBLE_DEVICES
+# earlier) and before the thread cap, in this order; its steps then take names from them.
+_RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_runner.console",
+                "subprocess_runner.context", "subprocess_runner.ddp", "subprocess_runner.engine",
+                "subprocess_runner.memory", "subprocess_runner.mounts", "subprocess_runner.seeding",
+                "subprocess_runner.transfer")
 # One writer of the pipe at a time: the run's events, or the warm child's "warm".
 _PIPE = threading.Lock()
 
@@ -103,101 +114,138 @@ def cuda_touched() -> str | None:
 def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> None:
     """Executes one run. ``warm_catalog``: the node catalog a warm child loaded while it
     waited (None: a child started for this run)."""
-    warm = warm_catalog is not None
+    devices = _set_cards(assign)
+    for name in _RUN_MODULES:
+        importlib.import_module(name)
+    from subprocess_runner.seeding import cap_threads
+
+    cap_threads()
+    from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
+
+    run = _Run(conn, assign, devices)
+    # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
+    run.emit("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(),
+                                   "started_warm": warm_catalog is not None})
+    threading.Thread(target=run.listen, name="cancel-listener", daemon=True).start()
+    run.execute(warm_catalog)
+
+
+def _set_cards(assign: dict[str, Any]) -> list[str]:
+    """The run's cards, made the only ones CUDA sees, and its nodes' environment: both
+    before any import can read them."""
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
     for node in assign["graph"].get("nodes", []):  # resources.env (XLA_FLAGS...): before any import reads it
         os.environ.update((node.get("resources") or {}).get("env") or {})
+    return devices
 
-    from protocol.worker import Storage
-    from subprocess_runner.artifacts import Shipper, destination
-    from subprocess_runner.console import Console, capture_descriptors
-    from subprocess_runner.context import ExecutionContext, Sinks
-    from subprocess_runner.ddp import plan_for, when_stuck
-    from subprocess_runner.engine import Outcome, execute_graph, prepare_executable_graph
-    from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
-    from subprocess_runner.mounts import resolve as resolve_mounts
-    from subprocess_runner.seeding import cap_threads
-    from subprocess_runner.transfer import fetch_resume, fetch_uploads, upload_ids
 
-    cap_threads()
-    from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
+class _Run:
+    """One run in this process: what its steps share (the pipe, the run's own directory,
+    its cards, the cancel request)."""
 
-    lock = _PIPE
-    counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
+    def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str]) -> None:
+        self.conn = conn
+        self.assign = assign
+        self.devices = devices
+        self.counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
+        # The run's files live in a directory of its own; its artifacts are stored from there
+        # (their paths relative to it: the control plane refuses one that points elsewhere).
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
+        self.cancel = threading.Event()
 
-    def send(kind: str, *message: Any) -> None:
-        nonlocal counter
-        with lock:
-            counter += 1
-            conn.send((kind, counter, *message))
+    def send(self, kind: str, *message: Any) -> None:
+        with _PIPE:
+            self.counter += 1
+            self.conn.send((kind, self.counter, *message))
 
-    # The run's files live in a directory of its own; its artifacts are stored from there
-    # (their paths relative to it: the control plane refuses one that points elsewhere).
-    run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
+    def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        self.send("event", kind, node_id, payload)
 
-    def emit(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        send("event", kind, node_id, payload)
-
-    # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
-    emit("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(), "started_warm": warm})
-    cancel = threading.Event()
-
-    def listen() -> None:
+    def listen(self) -> None:
         try:
-            while conn.recv() != "cancel":
+            while self.conn.recv() != "cancel":
                 pass
         except (EOFError, OSError):
             pass
-        cancel.set()
+        self.cancel.set()
 
-    threading.Thread(target=listen, name="cancel-listener", daemon=True).start()
-    # Renumbered from cuda:0 in the order the run listed its cards.
-    device = "cuda:0" if devices else "cpu"
-    budget = assign.get("memory_budget_mib")
-    if budget:  # a shared card: the cap is set before the graph allocates anything
-        totals = assign.get("memory_total_mib") or {}
-        apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
-                  lambda message: emit("log", None, {"message": message}))
-    mounts = dict(assign.get("mounts") or {})
-    control_plane = assign.get("control_plane") or {}
-    storage = Storage.model_validate(assign["storage"]) if assign.get("storage") else None
-    shipper = Shipper(assign["run_id"], run_dir, destination(storage, mounts, control_plane,
-                                                             assign.get("artifact_outbox")), emit)
-    try:
-        if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
-            cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
-            mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
-                                                 control_plane.get("unix_socket"), storage.s3 if storage else None,
-                                                 control_plane.get("credential", ""), control_plane.get("ca")))
-        resume = fetch_resume(assign["resume"], control_plane.get("url", ""), run_dir / "resume",
-                              control_plane.get("unix_socket"),
-                              control_plane.get("credential", ""),
-                              control_plane.get("ca")) if assign.get("resume") else None
+    def execute(self, warm_catalog: Any) -> None:
+        """Runs the graph and reports its end, a failed one when any step of the run
+        raised: the agent always hears how the run ended."""
+        from protocol.worker import Storage
+        from subprocess_runner.artifacts import Shipper, destination
+        from subprocess_runner.engine import Outcome
+        from subprocess_runner.memory import apply_cap, is_out_of_memory, peak_mib
+
+        assign, devices = self.assign, self.devices
+        budget = assign.get("memory_budget_mib")
+        if budget:  # a shared card: the cap is set before the graph allocates anything
+            totals = assign.get("memory_total_mib") or {}
+            apply_cap(int(budget), [int(totals.get(d, 0)) for d in devices],
+                      lambda message: self.emit("log", None, {"message": message}))
+        mounts = dict(assign.get("mounts") or {})
+        control_plane = assign.get("control_plane") or {}
+        storage = Storage.model_validate(assign["storage"]) if assign.get("storage") else None
+        shipper = Shipper(assign["run_id"], self.run_dir, destination(storage, mounts, control_plane,
+                                                                      assign.get("artifact_outbox")), self.emit)
+        try:
+            outcome = self._run_graph(warm_catalog, mounts, control_plane, storage, shipper)
+        except BaseException as exc:  # the run fails; the child still reports it
+            outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
+        shipper.close()  # its artifacts are stored (or warned about) before its end is reported
+        # Nothing is left behind on the worker: what the run wrote is stored, or waits in the
+        # agent's outbox under links of its own.
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
+        if out_of_memory and budget:
+            error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
+        self.send("ended", outcome.status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
+
+    def _run_graph(self, warm_catalog: Any, mounts: dict[str, str], control_plane: dict[str, Any],
+                   storage: Storage | None, shipper: Shipper) -> Outcome:
+        from subprocess_runner.console import Console, capture_descriptors
+        from subprocess_runner.context import ExecutionContext, Sinks
+        from subprocess_runner.ddp import plan_for, when_stuck
+        from subprocess_runner.engine import execute_graph, prepare_executable_graph
+        from subprocess_runner.mounts import resolve as resolve_mounts
+
+        assign, run_dir = self.assign, self.run_dir
+        resume = self._fetch_inputs(mounts, control_plane, storage)
         resolved = resolve_mounts(assign["graph"], mounts)
         graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
                        bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))
         if ddp is not None:
-            when_stuck(lambda error: _end_now(send, error))
-        console = Console(emit, int(assign.get("console_cap_bytes") or 0))
-        ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(emit, shipper), cancel,
-                               deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
+            when_stuck(lambda error: _end_now(self.send, error))
+        console = Console(self.emit, int(assign.get("console_cap_bytes") or 0))
+        # Renumbered from cuda:0 in the order the run listed its cards.
+        device = "cuda:0" if self.devices else "cpu"
+        ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(self.emit, shipper),
+                               self.cancel, deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"), ddp=ddp, resume=resume)
         with capture_descriptors(console):  # the whole process is the run's: fds 1 and 2 are its console
-            outcome = execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
-                                    deterministic=bool(assign.get("deterministic")))
-    except BaseException as exc:  # the run fails; the child still reports it
-        outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
-    shipper.close()  # its artifacts are stored (or warned about) before its end is reported
-    # Nothing is left behind on the worker: what the run wrote is stored, or waits in the
-    # agent's outbox under links of its own.
-    shutil.rmtree(run_dir, ignore_errors=True)
-    error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
-    if out_of_memory and budget:
-        error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
-    send("ended", outcome.status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
+            return execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
+                                 deterministic=bool(assign.get("deterministic")))
+
+    def _fetch_inputs(self, mounts: dict[str, str], control_plane: dict[str, Any],
+                      storage: Storage | None) -> dict[str, dict[str, str]] | None:
+        """The run's uploaded files (their folder becomes the ``upload`` mount) and the
+        checkpoints it resumes from, if any."""
+        from subprocess_runner.transfer import fetch_resume, fetch_uploads, upload_ids
+
+        assign = self.assign
+        if upload_ids(assign["graph"]) and control_plane.get("url"):  # the transfer backend
+            cache = Path(platformdirs.user_cache_dir("troupe")) / "files"
+            mounts["upload"] = str(fetch_uploads(assign["graph"], control_plane["url"], cache,
+                                                 control_plane.get("unix_socket"), storage.s3 if storage else None,
+                                                 control_plane.get("credential", ""), control_plane.get("ca")))
+        if not assign.get("resume"):
+            return None
+        return fetch_resume(assign["resume"], control_plane.get("url", ""), self.run_dir / "resume",
+                            control_plane.get("unix_socket"), control_plane.get("credential", ""),
+                            control_plane.get("ca"))
 
 
 def _end_now(send: Any, error: str) -> None:

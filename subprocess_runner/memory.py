@@ -40,7 +40,7 @@ def peak_mib(cuda_ordinals: Sequence[int] = ()) -> int:
 
 
 def is_out_of_memory(error: str | None) -> bool:
-    return bool(error) and ("OutOfMemoryError" in error or "CUDA out of memory" in error)  # type: ignore[operator]
+    return error is not None and ("OutOfMemoryError" in error or "CUDA out of memory" in error)
 
 
 def apply_cap(budget_mib: int, totals: Sequence[int], say: Callable[[str], None]) -> None:

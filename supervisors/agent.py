@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,110 +70,34 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.exit_code = 0
+        self._finished = asyncio.Event()  # set by a final refusal from the control plane
 
     async def run(self, stop: asyncio.Event, drain: asyncio.Event | None = None) -> int:
         """Until ``stop`` (stop now: running runs are cancelled, killed after the grace),
         or ``drain`` (no new runs; stop once the running ones have ended)."""
-        catalog = load_catalog()
-        root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
-        registry = Registry()
-        inventory = root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
-            InventoryActor, "inventory", self.config.simulated_inventory, self.config.cuda_visible_devices)))
-        finished = asyncio.Event()
-
-        def final(code: int, reason: str) -> None:
-            log.error("%s", reason)
-            print(f"troupe agent: {reason}", flush=True)
-            self.exit_code = code
-            finished.set()
-
-        async def hello() -> wire.Hello:
-            if artifacts is not None:
-                artifacts.tell(Wake())  # (re)connected: the control plane may be back
-            found = await inventory.ask(Probe())
-            running = [name.removeprefix("run/") for name in registry.names("run/")]
-            return wire.Hello(version=__version__, name=self.config.name, machine_id=self.config.machine_id,
-                              catalog_digest=catalog.digest, node_types=sorted(catalog.types), inventory=found,
-                              runs=running, one_shot=self.config.one_shot, spent=bool(one_shot.taken),
-                              instance=self.config.instance, deadline=self.config.deadline,
-                              mounts=self.config.mounts)
-
-        link_holder: list[Any] = []
-        one_shot = _OneShot()
-        control_plane = {"url": self.config.url, "unix_socket": self.config.unix_socket,
-                         "credential": self.config.credential, "ca": self.config.ca}
-        artifacts: ActorRef | None = None
-        outbox_spec: dict[str, Any] | None = None
-        if self.config.artifact_outbox is not None:
-            folder, limit = self.config.artifact_outbox, self.config.artifact_outbox_bytes
-            started = root.start_child(ChildSpec("artifact-outbox", lambda: ArtifactOutbox(
-                folder, limit, control_plane).start(registry)))
-            assert isinstance(started, ActorRef)
-            artifacts, outbox_spec = started, {"folder": str(folder), "bytes": limit}
-            # What an earlier agent here left (killed, or its control plane away) goes first.
-            await (await started.ask(Flush()))
-        shelf = OutputsShelf(self.config.outputs_dir, self.config.recorded_outputs_keep) \
-            if self.config.outputs_dir is not None else None
-
-        def send(*frames: Any) -> None:
-            for frame in frames:
-                if isinstance(frame, wire.RunEnded):
-                    one_shot.end(frame.status)
-            if link_holder:
-                link_holder[0].tell(Send(frames))
-
-        def on_frame(frame: Any) -> None:
-            if isinstance(frame, wire.Assign):
-                if self.config.one_shot and one_shot.taken:
-                    log.warning("one-shot agent: run %s was offered after its one run; not taken", frame.run_id)
-                    return
-                if self.config.one_shot:
-                    one_shot.take(frame.run_id)
-                process = RunProcess(frame, send, self.config.kill_grace_s, self.config.mounts, control_plane, shelf,
-                                     pool, self.config.ddp_cpu_ranks, outbox_spec, artifacts)
-                runs.start_child(ChildSpec(process.name, lambda: process.start(registry), Restart.TEMPORARY))
-            elif isinstance(frame, wire.ReadOutputs) and link_holder:
-                kept = shelf.read(frame.run_id, frame.node_id) if shelf is not None else None
-                link_holder[0].tell(Announce(wire.Outputs(request=frame.request, found=kept is not None,
-                                                          outputs=kept or {})))
-            elif isinstance(frame, wire.CancelRun | wire.KillRun):
-                if isinstance(frame, wire.KillRun) and frame.run_id == one_shot.taken:
-                    one_shot.end("interrupted")
-                running = registry.lookup(f"run/{frame.run_id}")
-                if running is not None:
-                    running.tell(StopChild(kill=isinstance(frame, wire.KillRun)))
-
-        runs: Supervisor[ActorRef] = Supervisor("runs")
-        pool = root.start_child(ChildSpec("warm-pool", lambda: WarmPool(self.config.warm).start(registry))) \
-            if self.config.warm > 0 else None
-
-        async def heartbeat() -> wire.Heartbeat:
-            found = await inventory.ask(Probe())
-            usage = None
-            if artifacts is not None:
-                held, entries, full = await artifacts.ask(Usage())
-                usage = wire.ArtifactOutboxUsage(bytes=held, entries=entries, full=full)
-            return wire.Heartbeat(free_mib={card.uuid: card.memory_free_mib for card in found.cards},
-                                  warm=await pool.ask(Stats()) if pool is not None else None, artifact_outbox=usage)
-
-        link_config = LinkConfig(self.config.url, self.config.credential, hello, final, on_frame,
-                                 self.config.outbox_bytes, heartbeat, self.config.unix_socket, self.config.ca)
-        link = root.start_child(ChildSpec("link", lambda: Link(link_config).start(registry)))
-        link_holder.append(link)
+        tree = _Tree(self.config, self._final)
+        link = await tree.start()
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),
-                                            asyncio.ensure_future(finished.wait())]
+                                            asyncio.ensure_future(self._finished.wait())]
         if self.config.one_shot:
-            waits.append(asyncio.ensure_future(self._one_shot(one_shot, link)))
+            waits.append(asyncio.ensure_future(self._one_shot(tree.one_shot, link)))
         if drain is not None:
-            waits.append(asyncio.ensure_future(self._drain(drain, link, registry, stop)))
+            waits.append(asyncio.ensure_future(self._drain(drain, link, tree.registry, stop)))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
-        if not finished.is_set():
-            await self._end_runs(registry, link)
-        await runs.stop(timeout=self.config.kill_grace_s + 5)
-        await root.stop(timeout=10)
+        if not self._finished.is_set():
+            await self._end_runs(tree.registry, link)
+        await tree.runs.stop(timeout=self.config.kill_grace_s + 5)
+        await tree.root.stop(timeout=10)
         return self.exit_code
+
+    def _final(self, code: int, reason: str) -> None:
+        """The link's word that the control plane refused this agent for good."""
+        log.error("%s", reason)
+        print(f"troupe agent: {reason}", flush=True)
+        self.exit_code = code
+        self._finished.set()
 
     async def _end_runs(self, registry: Registry, link: ActorRef | ThreadActorRef) -> None:
         """Stopping with runs still going: each is cancelled (killed after the grace) and
@@ -212,6 +137,102 @@ class Agent:
         self.exit_code = ONE_SHOT_EXIT.get(one_shot.status or "interrupted", 3)
         print(f"troupe agent: one-shot: run {one_shot.taken} {one_shot.status}, reported; exiting "
               f"{self.exit_code}", flush=True)
+
+
+class _Tree:
+    """The actors of one ``Agent.run``, held together because the link's callbacks (the
+    Hello, frames in and out, heartbeats) read them all."""
+
+    def __init__(self, config: AgentConfig, final: Callable[[int, str], None]) -> None:
+        self.config = config
+        self.final = final
+        self.catalog = load_catalog()
+        self.root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
+        self.registry = Registry()
+        self.inventory = self.root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
+            InventoryActor, "inventory", config.simulated_inventory, config.cuda_visible_devices)))
+        self.one_shot = _OneShot()
+        self.control_plane = {"url": config.url, "unix_socket": config.unix_socket,
+                              "credential": config.credential, "ca": config.ca}
+        self.artifacts: ActorRef | None = None
+        self.outbox_spec: dict[str, Any] | None = None
+        self.shelf: OutputsShelf | None = None
+        self.runs: Supervisor[ActorRef] = Supervisor("runs")
+        self.pool: ActorRef | ThreadActorRef | None = None
+        self.link: ActorRef | ThreadActorRef | None = None
+
+    async def start(self) -> ActorRef | ThreadActorRef:
+        """The link starts last: its Hello, sent as soon as it connects, reads the others
+        (and an outbox sends what an earlier agent left before any new run's artifacts)."""
+        config = self.config
+        if config.artifact_outbox is not None:
+            folder, limit = config.artifact_outbox, config.artifact_outbox_bytes
+            started = self.root.start_child(ChildSpec("artifact-outbox", lambda: ArtifactOutbox(
+                folder, limit, self.control_plane).start(self.registry)))
+            assert isinstance(started, ActorRef)
+            self.artifacts, self.outbox_spec = started, {"folder": str(folder), "bytes": limit}
+            # What an earlier agent here left (killed, or its control plane away) goes first.
+            await (await started.ask(Flush()))
+        self.shelf = OutputsShelf(config.outputs_dir, config.recorded_outputs_keep) \
+            if config.outputs_dir is not None else None
+        self.pool = self.root.start_child(ChildSpec("warm-pool", lambda: WarmPool(config.warm).start(
+            self.registry))) if config.warm > 0 else None
+        link_config = LinkConfig(config.url, config.credential, self.hello, self.final, self.on_frame,
+                                 config.outbox_bytes, self.heartbeat, config.unix_socket, config.ca)
+        self.link = self.root.start_child(ChildSpec("link", lambda: Link(link_config).start(self.registry)))
+        return self.link
+
+    async def hello(self) -> wire.Hello:
+        if self.artifacts is not None:
+            self.artifacts.tell(Wake())  # (re)connected: the control plane may be back
+        found = await self.inventory.ask(Probe())
+        running = [name.removeprefix("run/") for name in self.registry.names("run/")]
+        config = self.config
+        return wire.Hello(version=__version__, name=config.name, machine_id=config.machine_id,
+                          catalog_digest=self.catalog.digest, node_types=sorted(self.catalog.types), inventory=found,
+                          runs=running, one_shot=config.one_shot, spent=bool(self.one_shot.taken),
+                          instance=config.instance, deadline=config.deadline, mounts=config.mounts)
+
+    async def heartbeat(self) -> wire.Heartbeat:
+        found = await self.inventory.ask(Probe())
+        usage = None
+        if self.artifacts is not None:
+            held, entries, full = await self.artifacts.ask(Usage())
+            usage = wire.ArtifactOutboxUsage(bytes=held, entries=entries, full=full)
+        return wire.Heartbeat(free_mib={card.uuid: card.memory_free_mib for card in found.cards},
+                              warm=await self.pool.ask(Stats()) if self.pool is not None else None,
+                              artifact_outbox=usage)
+
+    def send(self, *frames: Any) -> None:
+        for frame in frames:
+            if isinstance(frame, wire.RunEnded):
+                self.one_shot.end(frame.status)
+        if self.link is not None:
+            self.link.tell(Send(frames))
+
+    def on_frame(self, frame: Any) -> None:
+        if isinstance(frame, wire.Assign):
+            self._assign(frame)
+        elif isinstance(frame, wire.ReadOutputs) and self.link is not None:
+            kept = self.shelf.read(frame.run_id, frame.node_id) if self.shelf is not None else None
+            self.link.tell(Announce(wire.Outputs(request=frame.request, found=kept is not None, outputs=kept or {})))
+        elif isinstance(frame, wire.CancelRun | wire.KillRun):
+            if isinstance(frame, wire.KillRun) and frame.run_id == self.one_shot.taken:
+                self.one_shot.end("interrupted")
+            running = self.registry.lookup(f"run/{frame.run_id}")
+            if running is not None:
+                running.tell(StopChild(kill=isinstance(frame, wire.KillRun)))
+
+    def _assign(self, frame: wire.Assign) -> None:
+        config = self.config
+        if config.one_shot and self.one_shot.taken:
+            log.warning("one-shot agent: run %s was offered after its one run; not taken", frame.run_id)
+            return
+        if config.one_shot:
+            self.one_shot.take(frame.run_id)
+        process = RunProcess(frame, self.send, config.kill_grace_s, config.mounts, self.control_plane, self.shelf,
+                             self.pool, config.ddp_cpu_ranks, self.outbox_spec, self.artifacts)
+        self.runs.start_child(ChildSpec(process.name, lambda: process.start(self.registry), Restart.TEMPORARY))
 
 
 class _OneShot:

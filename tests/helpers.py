@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cli.client import Client
 
@@ -84,7 +84,7 @@ class Server:
         body: dict[str, Any] = {"graph": graph, "options": options}
         status, reply = self.client.request("POST", "/api/runs", body)
         assert status == expect, (status, reply)
-        return reply  # type: ignore[no-any-return]
+        return cast(dict[str, Any], reply)
 
     def get(self, path: str) -> Any:
         status, reply = self.client.request("GET", path)
@@ -94,7 +94,7 @@ class Server:
     def download(self, path: str) -> bytes:
         """The bytes of a GET that answers a file (an artifact, an upload's content)."""
         with urllib.request.urlopen(self.url + path, timeout=60) as response:
-            return response.read()  # type: ignore[no-any-return]
+            return cast(bytes, response.read())
 
     def events_until_finished(self, run_id: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Follows the run's stream until ``run_finished``; returns every event."""
@@ -108,16 +108,16 @@ class Server:
 
     def wait_status(self, run_id: str, status: str, timeout: float = 30.0) -> dict[str, Any]:
         """Waits, on the global stream, for ``run_id`` to reach ``status``."""
-        row = self.get(f"/api/runs/{run_id}")
+        row: dict[str, Any] = self.get(f"/api/runs/{run_id}")
         if row["status"] == status:
-            return row  # type: ignore[no-any-return]
+            return row
         for kind, data in self.client.stream("/api/stream", read_timeout=timeout):
             if kind == "hello":
                 row = self.get(f"/api/runs/{run_id}")
                 if row["status"] == status:
-                    return row  # type: ignore[no-any-return]
+                    return row
             elif kind == "run" and data.get("run_id") == run_id and data.get("status") == status:
-                return self.get(f"/api/runs/{run_id}")  # type: ignore[no-any-return]
+                return cast(dict[str, Any], self.get(f"/api/runs/{run_id}"))
         raise AssertionError(f"{run_id} never reached {status}")
 
     def wait_until(self, predicate: Any, timeout: float = 30.0) -> None:
@@ -178,4 +178,4 @@ def sleeper(seconds: float = 30.0, device: str | None = None) -> dict[str, Any]:
 
 
 def hello() -> dict[str, Any]:
-    return json.loads((EXAMPLES / "hello.json").read_text())  # type: ignore[no-any-return]
+    return cast(dict[str, Any], json.loads((EXAMPLES / "hello.json").read_text()))

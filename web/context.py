@@ -36,7 +36,7 @@ class Services:
     # Starts (or wakes) the actor that drives a running study; the root provides it.
     start_study: Callable[[str], None] = lambda study_id: None
     # Finds or starts the WorkerConnection actor of an enrolled worker.
-    start_worker: Callable[[str], ActorRef] = lambda name: None  # type: ignore[assignment,return-value]
+    start_worker: Callable[[str], ActorRef] = lambda name: None  # type: ignore[assignment,return-value]  # a stand-in; the root sets it
     # Node outputs of editor sessions, kept between their interactive runs.
     node_cache: NodeCache = field(default_factory=lambda: NodeCache(0))
     # Login links and the cookies of logged-in browsers.

@@ -16,9 +16,9 @@ from typing import Any
 import apsw
 
 from actors.errors import RunNotFound, RunStillActive
-from actors.store import studies
 from actors.store.artifacts import artifacts
 from actors.store.events import append_events, get_events
+from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
 from subprocess_runner.sweeps import with_params
@@ -281,7 +281,7 @@ def status_counts(conn: apsw.Connection) -> dict[str, int]:
 
 
 def max_enqueue_seq(conn: apsw.Connection) -> int:
-    return int(conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]
+    return int(conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]  # apsw types a cell as any SQLite value; MAX/COUNT give an integer
 
 
 def check_deletable(conn: apsw.Connection, run_id: str) -> None:
@@ -306,7 +306,7 @@ def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> 
     for stale_id, status, worker in stale:
         run_id = str(stale_id)
         next_seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?",
-                                    (run_id,)).fetchall()[0][0])  # type: ignore[arg-type]
+                                    (run_id,)).fetchall()[0][0])  # type: ignore[arg-type]  # apsw types a cell as any SQLite value; MAX/COUNT give an integer
         if status != ev.QUEUED and worker is not None:
             found["adopted"].append({**(get_run(conn, run_id) or {}), "adopting": True, "next_seq": next_seq})
             continue
@@ -346,7 +346,7 @@ def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
 def _insert(s: Session, op: InsertRun) -> int | None:
     insert_run(s.conn, op.row)
     if op.attempt is not None:
-        studies.insert_attempt(s.conn, op.attempt)
+        insert_attempt(s.conn, op.attempt)
     return queue_position(s.conn, op.row["id"])
 
 

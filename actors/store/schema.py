@@ -343,7 +343,7 @@ def open_database(path: Path) -> apsw.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = apsw.Connection(str(path))
     conn.execute("PRAGMA synchronous=NORMAL")
-    version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]
+    version = int(conn.execute("PRAGMA user_version").fetchall()[0][0])  # type: ignore[arg-type]  # apsw types a cell as any SQLite value; user_version is an integer
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"{path} has schema version {version}; this troupe knows up to {SCHEMA_VERSION}")
     for number in range(version, SCHEMA_VERSION):

@@ -8,7 +8,7 @@ import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -87,12 +87,13 @@ def redeem(conn: apsw.Connection, token: str, name: str | None, machine_id: str,
     ).fetchall()
     if not found:
         raise EnrollmentRefused("this enrollment token is unknown; ask for a new join command")
-    bound, expires_at, uses_left, revoked = found[0]
+    # The enrollments table's types (apsw types a column's value as any SQLite value).
+    bound, expires_at, uses_left, revoked = cast("tuple[str | None, float, int, int]", found[0])
     if revoked:
         raise EnrollmentRefused("this enrollment token was revoked")
-    if float(expires_at) < time.time():  # type: ignore[arg-type]
+    if float(expires_at) < time.time():
         raise EnrollmentRefused("this enrollment token has expired; ask for a new join command")
-    if int(uses_left) <= 0:  # type: ignore[arg-type]
+    if int(uses_left) <= 0:
         raise EnrollmentRefused("this enrollment token was already used")
     worker = str(bound or name or f"worker-{machine_id[:8]}")
     existing = conn.execute("SELECT machine_id, revoked FROM workers WHERE name = ?", (worker,)).fetchall()

@@ -18,7 +18,7 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover - .ci/run installs it
-    sync_playwright = None  # type: ignore[assignment]
+    sync_playwright = None  # type: ignore[assignment]  # without playwright the browser tests skip
 
 MISSING = sync_playwright is None or not Path(CHROMIUM).exists()
 REASON = "browser tests need Debian's chromium and the playwright package (.ci/run installs both)"

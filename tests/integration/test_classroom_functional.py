@@ -21,11 +21,11 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
     printed = "".join(server.output)
     port = server.url.rsplit(":", 1)[1]
     lan_url = f"http://{HOST_SIDE}:{port}"
-    reachable = re.search(r"Reachable on this network at: (.*)", printed).group(1).split()  # type: ignore[union-attr]
+    reachable = re.search(r"Reachable on this network at: (.*)", printed).group(1).split()  # type: ignore[union-attr]  # no match fails the test here, as it should
     assert lan_url in reachable
     # Reached by its LAN address without any setting; reads there need a session.
     status, reply = fetch(lan, f"{lan_url}/api/runs")
-    assert status == 401 and reply["error"]["code"] == "login_required", reply  # type: ignore[index]
+    assert status == 401 and reply["error"]["code"] == "login_required", reply  # type: ignore[index]  # an error reply is a JSON object
     assert fetch(lan, f"{lan_url}/")[0] == 200  # the page, which says how to log in
     assert fetch(lan, f"{lan_url}/metrics")[0] == 401
     assert fetch(lan, f"{lan_url}/metrics", token=server.token)[0] == 200  # the session token as a bearer
@@ -49,7 +49,7 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
     assert run_id in student(lan, bob, "ls").stdout  # everyone in a class sees every run
     secret = json.loads((ann / "config" / "troupe" / "logins.json").read_text())["servers"][lan_url]["secret"]
     status, reply = fetch(lan, f"{lan_url}/api/workers/enrollments", "POST", secret, {"name": "w"})
-    assert status == 403 and reply["error"]["code"] == "not_allowed"  # type: ignore[index]
+    assert status == 403 and reply["error"]["code"] == "not_allowed"  # type: ignore[index]  # an error reply is a JSON object
 
     # A read-only link: reads, never changes.
     guest_link = lan_url + "/?" + subprocess.run(

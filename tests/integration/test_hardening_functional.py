@@ -120,7 +120,7 @@ def test_non_finite_numbers_are_data_and_every_reply_is_valid_json(shared_server
     run_id = shared_server.submit(diverging())["run_id"]
     shared_server.wait_status(run_id, "succeeded")
     status, text = raw(shared_server, "GET", f"/api/runs/{run_id}/metrics")
-    series = strict(text)["series"]  # type: ignore[index]
+    series = strict(text)["series"]  # type: ignore[index]  # the reply is a JSON object
     assert series["val_loss"][0]["value"] is None and series["val_loss"][0]["non_finite"] == "inf"
     assert series["train_loss"][0]["value"] is None and series["train_loss"][0]["non_finite"] == "nan"
     _, csv_text = raw(shared_server, "GET", f"/api/runs/{run_id}/metrics?format=csv")
@@ -170,7 +170,7 @@ def cursor(text: str) -> str:
 def test_no_request_shape_gives_a_500(shared_server, method, path, body):
     status, text = raw(shared_server, method, path, body)
     assert 400 <= status < 500, (status, text[:300])
-    assert strict(text)["error"]["code"]  # type: ignore[index]
+    assert strict(text)["error"]["code"]  # type: ignore[index]  # the reply is a JSON object
 
 
 def test_a_non_utf8_authorization_header_is_a_401(shared_server):

@@ -33,7 +33,7 @@ def assert_complete(server, run_id: str, count: int) -> list[dict]:
     points = server.get(f"/api/runs/{run_id}/metrics")["series"]["tick"]
     assert [p["step"] for p in points] == list(range(1, count + 1))  # no point lost or twice
     assert [p["value"] for p in points] == [float(i) for i in range(1, count + 1)]
-    return events  # type: ignore[no-any-return]
+    return events  # type: ignore[no-any-return]  # a JSON reply is untyped
 
 
 def wait_event(server, run_id: str, kind: str) -> None:

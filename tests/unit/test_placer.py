@@ -130,7 +130,7 @@ async def test_a_run_on_two_cards_holds_both_or_waits_without_a_lookup(plane):
 
 async def test_adopted_runs_hold_their_slots_before_anything_is_admitted(plane):
     adopted = RunSpec("old", "gpu-a/cuda:0", "queued",
-                      {"id": "old", "worker": "gpu-a", "holds": [["gpu-a", "GPU-0"]]}, graph=None)  # type: ignore[arg-type]
+                      {"id": "old", "worker": "gpu-a", "holds": [["gpu-a", "GPU-0"]]}, graph=None)  # type: ignore[arg-type]  # a restart placement reads no graph
     plane.placer.tell(Restore(adopted=(adopted,)))
     assert await plane.got("queues/gpu-a/cuda:0") == [Occupying("old")]
     plane.placer.tell(online())  # the worker comes back and offers the card again
