@@ -47,6 +47,14 @@ class Server:
         self.token = ""
         self.login_url = ""  # the one-time link that logs a browser in
         self.ca: str | None = None  # the certificate an https server serves
+        self._printed = threading.Condition()
+
+    def printed(self, text: str, timeout: float = 30.0) -> str:
+        """What the server printed so far, once ``text`` is in it (the lines after
+        "serving on" come a moment later)."""
+        with self._printed:
+            self._printed.wait_for(lambda: text in "".join(self.output), timeout)
+            return "".join(self.output)
 
     def start(self, timeout: float = 30.0) -> Server:
         self.proc = subprocess.Popen(
@@ -59,7 +67,9 @@ class Server:
         def pump() -> None:
             assert self.proc is not None and self.proc.stdout is not None
             for line in self.proc.stdout:
-                self.output.append(line)
+                with self._printed:
+                    self.output.append(line)
+                    self._printed.notify_all()
                 if "serving on" in line:
                     ready.set()
             ready.set()

@@ -18,7 +18,7 @@ from tests.lan import HOST_SIDE, fetch, student
 def test_a_class_on_a_lan(make_server, lan, tmp_path):
     home = tmp_path / "teacher"
     server = make_server(home, TROUPE_HOST="0.0.0.0")
-    printed = "".join(server.output)
+    printed = server.printed("Reachable on this network at")
     port = server.url.rsplit(":", 1)[1]
     lan_url = f"http://{HOST_SIDE}:{port}"
     reachable = re.search(r"Reachable on this network at: (.*)", printed).group(1).split()  # type: ignore[union-attr]  # no match fails the test here, as it should

@@ -43,7 +43,7 @@ def test_https_on_a_lan_with_a_self_signed_certificate(make_server, lan, tmp_pat
                          TROUPE_TLS_KEY=str(key))
     port = server.url.rsplit(":", 1)[1]
     lan_url = f"https://{HOST_SIDE}:{port}"
-    printed = "".join(server.output)
+    printed = server.printed("Reachable on this network at")
     assert lan_url in printed and "http://" not in printed
     assert server.url.startswith("https://") and server.get("/api/info")["name"] == "troupe"  # its own terminal
     local = subprocess.run(troupe_cmd("ls"), cwd=REPO, env=base_env(server.home), capture_output=True, text=True,
