@@ -10,7 +10,6 @@ limit-1 key for that moment; nothing runs twice).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -22,14 +21,18 @@ from typing import Any
 from actors import executor
 from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
-from actors.errors import RunNotFound
 from actors.executor import Execute, GraphEnded, NodeEvents
 from actors.placer_messages import Released
 from actors.queue import Occupying, Release
+from actors.run_assign import assign_frame, local_resume, run_devices
+from actors.run_effects import EventRows, opening_events
 from actors.run_messages import (
+    Abandon,
     ArtifactArrived,
+    Cancel,
     Discard,
     Placement,
+    ReportOccupancy,
     Start,
     WorkerBack,
     WorkerFailed,
@@ -37,15 +40,14 @@ from actors.run_messages import (
     WorkerGone,
     WorkerLost,
 )
+from actors.run_writes import RetryWrites, RunWrites, Unwritten, Written
 from actors.store import StoreClient
-from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
-from actors.store.events import AppendEvents, RecordOutputs
+from actors.store.events import AppendEvents
 from actors.store.memory import RecordPeak
 from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
-from protocol.errors import DiskFull
 from protocol.settings import Settings
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
@@ -56,48 +58,8 @@ log = logging.getLogger("troupe.run")
 
 
 @dataclass(frozen=True)
-class Cancel:
-    """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop.
-    ``reason`` (``budget_run_seconds``) becomes the run's error."""
-
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class ReportOccupancy:
-    """A queue restarted: tell it whether this run holds one of its slots."""
-
-
-@dataclass(frozen=True)
 class _OneShotTimeout:
     """A run for a one-shot agent has waited for one as long as it may."""
-
-
-@dataclass(frozen=True)
-class _Unwritten:
-    """A write of this run did not fit on a full disk: it is tried again."""
-
-    op: Any
-
-
-@dataclass(frozen=True)
-class _RetryWrites:
-    """Time to try the writes that did not fit again."""
-
-
-@dataclass(frozen=True)
-class _Written:
-    """Every write sent so far has an outcome: a finished run may stop once none is left
-    to retry, and not before (a run is never left active without an owner)."""
-
-
-_RETRY_FIRST_S = 0.5
-_RETRY_MAX_S = 30.0
-
-
-def _retry_if_full(ref: Any, op: Any, future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and isinstance(future.exception(), DiskFull):
-        ref.tell(_Unwritten(op))
 
 
 class RunActor(Actor):
@@ -135,16 +97,9 @@ class RunActor(Actor):
         # frames applied since the last write, and the newest write in flight.
         self._applied: int = int(row.get("worker_counter") or 0)
         self._frames = 0
-        self._last_write: asyncio.Future[Any] | None = None
         self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
-        # Writes a full disk refused, in order, and when they are tried again.
-        self._unwritten: list[Any] = []
-        self._retry_scheduled = False
-        self._backoff = _RETRY_FIRST_S
-        self._finishing = False
-        self._discarded = False
-        self._epoch: Any = None  # the training epoch last written as the run's progress
-        self._first_epoch: tuple[Any, str] | None = None  # the first epoch seen ended, and when (for an ETA)
+        self._writes = RunWrites(self.run_id, row.get("study_id"), store, registry, self.ref)
+        self._effects = EventRows(self.run_id, bool(row.get("record_outputs")), settings.recorded_outputs_keep)
 
     async def on_start(self) -> None:
         if self._row.get("adopting"):
@@ -162,15 +117,8 @@ class RunActor(Actor):
             asyncio.get_running_loop().call_later(max(0.0, self._settings.worker_one_shot_queue_timeout_s - waited),
                                                   self.ref.tell, _OneShotTimeout())
         self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
-        resumed: dict[str, Any] = self._row.get("resumed_from") or {}
-        for node_id, plan in resumed.get("nodes", {}).items():  # what it continues from, by content
-            for part in ("weights", "state"):
-                self._emit(ev.PROVENANCE, node_id, {
-                    "kind": "checkpoint", "ref": f"run:{resumed['run_id']}/artifacts/{plan[f'{part}_id']}",
-                    "mode": "content", "sha256": plan[f"{part}_sha256"], "epoch": plan["epoch"], "resume": part})
-        for warning in self._row.get("warnings", ()):  # a text, or a message with its code and node
-            found = dict(warning) if isinstance(warning, dict) else {"message": warning}
-            self._emit(ev.WARNING, found.pop("node_id", None), found)
+        for kind, node_id, payload in opening_events(self._row):
+            self._emit(kind, node_id, payload)
         self._flush_events()
 
     async def receive(self, message: Any) -> Any:
@@ -199,15 +147,15 @@ class RunActor(Actor):
                     return None
                 self._on_node_event(ev.ARTIFACT, node_id, {"kind": kind, "path": path, "backend": "transfer",
                                                            "label": None, "size": size, "sha256": sha256})
-                return self._last_write
+                return self._writes.last
             case _OneShotTimeout() if self._status == ev.QUEUED:
                 self._finish(ev.INTERRUPTED, f"no one-shot agent took the run within "
                              f"{self._settings.worker_one_shot_queue_timeout_s:g} s "
                              "(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S)", None, reason="one_shot_queue_timeout")
             case _OneShotTimeout():
                 pass  # it started meanwhile
-            case _Unwritten() | _RetryWrites() | _Written():
-                self._on_write(message)
+            case Unwritten() | RetryWrites() | Written():
+                self._writes.handle(message)
             case Discard():
                 self._discard()
             case Shutdown(leave_worker_runs):
@@ -234,29 +182,6 @@ class RunActor(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
-
-    def _on_write(self, message: _Unwritten | _RetryWrites | _Written) -> None:
-        """A write the store could not make is retried with backoff; the actor stops
-        once everything it wrote is written."""
-        match message:
-            case _Unwritten(op):
-                self._unwritten.append(op)
-                if not self._retry_scheduled:
-                    self._retry_scheduled = True
-                    asyncio.get_running_loop().call_later(self._backoff, self.ref.tell, _RetryWrites())
-                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
-            case _RetryWrites():
-                ops, self._unwritten = self._unwritten, []
-                self._retry_scheduled = False
-                for op in ops:
-                    self._send(op)
-                if self._finishing:
-                    self._stop_when_written()
-            case _Written():
-                if self._last_write is not None and not self._last_write.done():
-                    return  # a retried write is still on its way; its own _Written follows
-                if self._finishing and not self._unwritten and not self._retry_scheduled:
-                    self.stop_self("finished")
 
     def _on_worker_link(self, message: WorkerGone | WorkerBack | WorkerLost | WorkerFailed) -> None:
         """What the worker connection says of the link of a worker run."""
@@ -313,7 +238,7 @@ class RunActor(Actor):
                 cpu_gate=self._cpu_gate(),
                 cache=self._editor_cache(),
                 provenance=(self._row.get("options") or {}).get("provenance"),
-                resume=_local_resume(self._row.get("resumed_from")),
+                resume=local_resume(self._row.get("resumed_from")),
                 console_cap_bytes=self._settings.run_console_cap_bytes,
             ),
             asyncio.get_running_loop(),
@@ -336,28 +261,9 @@ class RunActor(Actor):
                 self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
             return
         if what == "assign":
-            frame = wire.Assign(run_id=self.run_id, graph=self._row["graph"], seed=self._row.get("seed"),
-                                deterministic=bool(self._row.get("deterministic")), devices=self._devices(),
-                                max_parallel=self._settings.max_parallel_nodes,
-                                memory_budget_mib=self._row.get("memory_budget_mib") if self._caps else None,
-                                memory_total_mib=self._caps,
-                                provenance=(self._row.get("options") or {}).get("provenance"),
-                                record_outputs=bool(self._row.get("record_outputs")),
-                                storage=self._storage(), resume=_remote_resume(self._row.get("resumed_from")),
-                                console_cap_bytes=max(0, self._settings.run_console_cap_bytes))
-            connection.tell(AssignRun(self.run_id, frame))
+            connection.tell(AssignRun(self.run_id, assign_frame(self._row, self._settings, self._caps)))
         else:
             connection.tell(CancelOnWorker(self.run_id))
-
-    def _storage(self) -> wire.Storage:
-        settings = self._settings
-        return wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
-                            s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
-
-    def _devices(self) -> list[str]:
-        """The run's devices in their order: ``target.devices`` when it names several."""
-        named = ((self._row.get("options") or {}).get("target") or {}).get("devices") or []
-        return list(named) if len(named) > 1 else [self._row["device"]]
 
     def _cpu_gate(self) -> LedgerGate | None:
         ledger = self._registry.lookup("cpus")
@@ -423,20 +329,12 @@ class RunActor(Actor):
         self._emit(ev.RUN_FINISHED, None, payload)
         if self._settings.run_retention_keep_last >= 0:
             self._write(Prune(self._settings.run_retention_keep_last))
-        self._finishing = True
         self._flush_events()
-        self._stop_when_written()
-
-    def _stop_when_written(self) -> None:
-        """Stops once the final writes are stored: a write a full disk refused is tried
-        again, with a growing pause, until it is (the run keeps no slot meanwhile)."""
-        if self._last_write is None:
-            self.stop_self("finished")
-            return
-        self._last_write.add_done_callback(lambda _: self.ref.tell(_Written()))
+        # It stops once its final writes are stored (the run keeps no slot meanwhile).
+        self._writes.then(lambda: self.stop_self("finished"))
 
     def _discard(self) -> None:
-        self._discarded = True
+        self._writes.discard()
         self._outbox.clear()
         self._cancel.set()
         self._release()
@@ -449,7 +347,7 @@ class RunActor(Actor):
         budget that was derived from an earlier peak is known to be too small)."""
         if memory is None or memory[0] is None or not memory[1] or self._row.get("graph_digest") is None:
             return
-        cards = sum(1 for device in self._devices() if device.startswith("cuda"))
+        cards = sum(1 for device in run_devices(self._row) if device.startswith("cuda"))
         if not cards or not (status == ev.SUCCEEDED or memory[2]):
             return
         derived = self._row.get("memory_budget_source") == "measured"
@@ -507,10 +405,11 @@ class RunActor(Actor):
             if ref is not None:
                 ref.tell(Persisted(run_id, counter, max(frames, 1)))
 
-        if self._last_write is None or self._last_write.done():
+        last = self._writes.last
+        if last is None or last.done():
             persisted()
         else:
-            self._last_write.add_done_callback(persisted)
+            last.add_done_callback(persisted)
 
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False) -> None:
@@ -530,29 +429,9 @@ class RunActor(Actor):
                 self._open_nodes[node_id] = None
             elif kind in (ev.NODE_FINISHED, ev.NODE_FAILED):
                 self._open_nodes.pop(node_id, None)
-        # A worker run's recorded outputs stay on its worker (read through its link).
-        if kind == ev.NODE_FINISHED and self._row.get("record_outputs") and node_id is not None and not remote:
-            keep = self._settings.recorded_outputs_keep
-            self._write(RecordOutputs(self.run_id, node_id, payload.get("outputs", {}), keep))
-        elif kind == ev.METRIC and isinstance(payload.get("epochs"), int) and payload.get("epoch") != self._epoch:
-            # A training's place, epoch k of n, for lists and terminals (once per epoch).
-            self._epoch = payload.get("epoch")
-            now = ev.utc_now()
-            if self._first_epoch is None:
-                self._first_epoch = (self._epoch, now)
-            self._write(UpdateRun(self.run_id, {"progress": {
-                "epoch": self._epoch, "epochs": payload["epochs"], "first_epoch": self._first_epoch[0],
-                "first_at": self._first_epoch[1], "at": now}}))
-        elif kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING) and payload.get("backend") is not None:  # listed
-            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind")), payload["path"],
-                                       payload["backend"], payload.get("label"), payload["size"], payload["sha256"],
-                                       PENDING if kind == ev.ARTIFACT_PENDING else STORED))
-        elif kind == ev.WARNING and str(payload.get("code", "")).startswith("artifact_") and payload.get("path"):
-            # A file the run wrote that could not be kept is listed failed, never lost silently.
-            self._write(RecordArtifact(self.run_id, node_id, str(payload.get("kind") or "file"), str(payload["path"]),
-                                       "transfer" if self._worker else "local", None, None, None, FAILED,
-                                       str(payload.get("message"))[:500]))
-
+        row = self._effects.row_for(kind, node_id, payload, remote, self._worker)
+        if row is not None:
+            self._write(row)
         self._emit(kind, node_id, payload, encoded)
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any], encoded: str | None = None) -> None:
@@ -573,38 +452,9 @@ class RunActor(Actor):
         self._send(op)
 
     def _send(self, op: Any) -> None:
-        if self._discarded:
-            return
-        self._last_write = self._store.write(op)
-        self._last_write.add_done_callback(functools.partial(_retry_if_full, self.ref, op))
+        self._writes.send(op)
 
 
 
 
-def _local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | None:
-    """The checkpoint files of a resumed in-process run, on this machine."""
-    if not resumed:
-        return None
-    return {node: {"weights": plan["weights_path"], "state": plan["state_path"]}
-            for node, plan in resumed["nodes"].items()}
-
-
-def _remote_resume(resumed: dict[str, Any] | None) -> dict[str, wire.ResumeFiles]:
-    """Where a worker's child fetches the checkpoint of a resumed run from."""
-    if not resumed:
-        return {}
-    old = resumed["run_id"]
-    return {node: wire.ResumeFiles(epoch=plan["epoch"], weights=f"/api/runs/{old}/artifacts/{plan['weights_id']}",
-                                   weights_sha256=plan["weights_sha256"],
-                                   state=f"/api/runs/{old}/artifacts/{plan['state_id']}",
-                                   state_sha256=plan["state_sha256"])
-            for node, plan in resumed["nodes"].items()}
-
-
-@dataclass(frozen=True)
-class Abandon:
-    """The stop grace ran out and the graph still executes: end the run ``interrupted``
-    now, so the record is right even though its thread is left behind."""
-
-
-__all__ = ["Abandon", "Cancel", "ReportOccupancy", "RunActor", "RunNotFound", "Shutdown", "Start"]
+__all__ = ["RunActor"]

@@ -1,12 +1,32 @@
-"""Messages a RunActor receives from its peers (the placer, worker connections). They
-live apart from ``run.py`` so that peers send them without importing the RunActor, which
-itself sends to worker connections: no import circle."""
+"""Messages a RunActor receives from its peers (routes, studies, the placer, queues,
+worker connections, the supervisor), and the one it tells its study: all of them here,
+once. They live apart from ``run.py`` so that peers send them without importing the
+RunActor, which itself sends to worker connections: no import circle."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from protocol import worker as wire
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Ask: stop this run. Queued: removed and cancelled. Running: cooperative stop.
+    ``reason`` (``budget_run_seconds``) becomes the run's error."""
+
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportOccupancy:
+    """A queue restarted: tell it whether this run holds one of its slots."""
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """The stop grace ran out and the graph still executes: end the run ``interrupted``
+    now, so the record is right even though its thread is left behind."""
 
 
 @dataclass(frozen=True)
@@ -85,3 +105,13 @@ class ArtifactArrived:
     path: str
     size: int
     sha256: str
+
+
+@dataclass(frozen=True)
+class RunStatusChanged:
+    """To a study's actor, from the RunActor of one of its attempts, once the run's new
+    status (running, or an end) is committed: the study looks at the store then, so it
+    never polls it, and what it reads already holds the change."""
+
+    run_id: str
+    status: str

@@ -1,11 +1,15 @@
 """StudyActor: drives one running study through the ordinary run queue.
 
-Every tick it reads the study and its attempts back from the store (the durable facts)
-and acts: it stops children past ``max_run_seconds``, halts past ``max_active_seconds``,
-starts owed attempts while ``max_parallel_runs`` and ``max_runs`` allow, and halts or
-finishes. An attempt whose run was ``interrupted`` (a restart) is owed again, as a new
-attempt; every attempt started counts against ``max_runs``, across restarts. A halted,
-finished or cancelled study's actor stops normally; resume starts a fresh one.
+It looks at the study and its attempts in the store (the durable facts) when something
+changed, never on a clock: when it starts, when it is woken (created, resumed), when the
+RunActor of one of its attempts tells it that the run's status changed (committed), and
+when the nearest budget deadline comes (an attempt's ``max_run_seconds``, the study's
+``max_active_seconds``). Then it acts: it stops children past ``max_run_seconds``, halts
+past ``max_active_seconds``, starts owed attempts while ``max_parallel_runs`` and
+``max_runs`` allow, and halts or finishes. An attempt whose run was ``interrupted`` (a
+restart) is owed again, as a new attempt; every attempt started counts against
+``max_runs``, across restarts. A halted, finished or cancelled study's actor stops
+normally; resume starts a fresh one.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from actors.base import Actor, Registry
 from actors.eligibility import ResolveTarget
 from actors.placer import Submit
 from actors.resources import read_flavors
-from actors.run import Cancel
+from actors.run_messages import Cancel, RunStatusChanged
 from actors.store import StoreClient
 from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
 from actors.submission import build_row, share_base, shared_base
@@ -35,19 +39,31 @@ from subprocess_runner.sweeps import with_params
 
 log = logging.getLogger("troupe.study")
 
-TICK_S = 0.2
+# The active time is written this often while the study runs (a write, no read): a
+# restart loses at most that much of it.
 PERSIST_ACTIVE_S = 1.0
 _RETRY = frozenset({ev.INTERRUPTED})
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
+_EARLIEST_S = 0.01  # a deadline already past is looked at on the next loop turns
 
 
 @dataclass(frozen=True)
 class Wake:
-    """Something changed (created, resumed): look now rather than at the next tick."""
+    """Something changed (created, resumed): look now."""
+
+
+@dataclass(frozen=True)
+class _Look:
+    """Look at the store now: one look for a burst of changes told together."""
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    """The nearest budget deadline came."""
+
+
+@dataclass(frozen=True)
+class _Persist:
+    """Time to write the active seconds counted so far."""
 
 
 class StudyActor(Actor):
@@ -62,31 +78,55 @@ class StudyActor(Actor):
         self._accelerators = accelerators
         self._active: float | None = None  # active seconds, counted from the row
         self._last = time.monotonic()
-        self._saved = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._persist: asyncio.TimerHandle | None = None
+        self._look_pending = False
         self._alive_after_step = True
 
     async def on_start(self) -> None:
-        self._schedule()
+        self._look()
 
     async def on_stop(self, reason: str) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._deadline, self._persist):
+            if timer is not None:
+                timer.cancel()
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Tick() | Wake():
+            case Wake() | RunStatusChanged() | _Deadline():
+                self._look()
+            case _Look():
+                self._look_pending = False
                 await self._step()
-                if self._alive_after_step:
-                    self._schedule()
+                if self._alive_after_step and self._persist is None:
+                    self._persist = asyncio.get_running_loop().call_later(PERSIST_ACTIVE_S, self.ref.tell, _Persist())
+            case _Persist():
+                self._persist = asyncio.get_running_loop().call_later(PERSIST_ACTIVE_S, self.ref.tell, _Persist())
+                self._count_active()
+                self._store.write(UpdateStudy(self.study_id, {"active_seconds": round(self._active or 0.0, 3)}))
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def _schedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(TICK_S, self.ref.tell, Tick())
+    def _look(self) -> None:
+        if not self._look_pending:
+            self._look_pending = True
+            self.ref.tell(_Look())
+
+    def _count_active(self) -> None:
+        now = time.monotonic()
+        if self._active is not None:
+            self._active += now - self._last
+        self._last = now
+
+    def _wake_at(self, seconds: float | None) -> None:
+        """The next look on a clock: the nearest deadline, or none."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if seconds is not None:
+            self._deadline = asyncio.get_running_loop().call_later(
+                max(seconds, _EARLIEST_S), self.ref.tell, _Deadline())
 
     async def _step(self) -> None:
         self._alive_after_step = False
@@ -94,16 +134,11 @@ class StudyActor(Actor):
         if study is None or study["state"] != "running":
             self.stop_self("not running")
             return
-        now = time.monotonic()
         if self._active is None:
             self._active = float(study["active_seconds"])
+            self._last = time.monotonic()
         else:
-            self._active += now - self._last
-        self._last = now
-        # Persisted once a second, not every tick: a restart loses at most that much.
-        if now - self._saved >= PERSIST_ACTIVE_S:
-            self._saved = now
-            self._store.write(UpdateStudy(self.study_id, {"active_seconds": round(self._active, 3)}))
+            self._count_active()
         budget, spec, attempts = study["budget"], study["spec"], study["attempts"]
         in_flight = [a for a in attempts if a["status"] in ev.ACTIVE_STATES]
 
@@ -113,11 +148,17 @@ class StudyActor(Actor):
                 await self._stop_attempt(attempt, "budget_active_seconds")
             self._halt("budget_active_seconds")
             return
+        deadlines = [] if limit is None else [limit - self._active]
         limit = budget.get("max_run_seconds")
         if limit is not None:
             for attempt in in_flight:
-                if attempt["run_status"] == ev.RUNNING and _age(attempt["started_at"]) > limit:
+                if attempt["run_status"] != ev.RUNNING:
+                    continue
+                left = limit - _age(attempt["started_at"])
+                if left <= 0:
                     await self._stop_attempt(attempt, "budget_run_seconds")
+                else:
+                    deadlines.append(left)
 
         owed = self._owed(spec, attempts)
         if not owed and not in_flight:
@@ -138,6 +179,7 @@ class StudyActor(Actor):
         if left is not None and left <= 0 and owed and not in_flight:
             self._halt("budget_max_runs")
             return
+        self._wake_at(min(deadlines, default=None))
         self._alive_after_step = True
 
     def _owed(self, spec: dict[str, Any], attempts: list[dict[str, Any]]) -> list[tuple[int, int]]:

@@ -32,8 +32,8 @@ from actors.events import Committed, EventHub
 from actors.ledger import LedgerActor
 from actors.placer import Placer, Quarantine, Restore, RunSpec
 from actors.queue import QueueActor
-from actors.run import Abandon, ReportOccupancy, RunActor
-from actors.run_messages import WorkerFailed
+from actors.run import RunActor
+from actors.run_messages import Abandon, ReportOccupancy, WorkerFailed
 from actors.ssh_session import SshSession, SshTarget
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents

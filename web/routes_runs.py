@@ -15,7 +15,7 @@ from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
 from actors.placer import Submit
 from actors.resources import read_flavors
-from actors.run import Cancel
+from actors.run_messages import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun
 from actors.submission import build_row

@@ -11,8 +11,9 @@ from typing import Any
 from aiohttp import web
 
 from actors.resources import read_flavors
-from actors.run import Cancel
+from actors.run_messages import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
+from actors.study import Wake
 from actors.submission import build_row
 from protocol import events as ev
 from protocol.errors import NotFound, StateConflict
@@ -140,6 +141,9 @@ async def cancel_study(request: web.Request) -> web.Response:
             run = svc.registry.lookup(f"runs/{attempt['run_id']}")
             if attempt["status"] in ev.ACTIVE_STATES and run is not None:
                 await run.ask(Cancel("study_cancelled"))
+        driver = svc.registry.lookup(f"studies/{study['id']}")
+        if driver is not None:  # it sees the study cancelled and stops, with or without runs to end
+            driver.tell(Wake())
     return json_reply(study_reply(await load(svc, study["id"])))
 
 

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from actors.placer import SubmitSweep as PlacerSubmitSweep
 from actors.resources import read_flavors
-from actors.run import Cancel
+from actors.run_messages import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
 from actors.submission import share_base, shared_base
 from protocol import events as ev

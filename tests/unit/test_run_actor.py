@@ -10,7 +10,8 @@ from actors.base import Registry
 from actors.executor import GraphEnded
 from actors.placer_messages import Released
 from actors.queue import Release
-from actors.run import Cancel, RunActor, Start
+from actors.run import RunActor
+from actors.run_messages import Cancel, RunStatusChanged, Start
 from actors.store import StoreActor, StoreClient
 from actors.store.events import GetEvents
 from actors.store.runs import GetRun, InsertRun
@@ -26,14 +27,14 @@ RUN_ID = "ab" * 16
 
 
 
-async def setup(tmp_path: Path):
-    registry = Registry()
+async def setup(tmp_path: Path, registry: Registry | None = None, **extra: object):
+    registry = registry or Registry()
     store = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
     queue, placer = Inbox("queues/cpu"), Inbox("placer")
     queue.start(registry)
     placer.start(registry)
     row = {"id": RUN_ID, "name": "t", "status": "queued", "device": "cpu", "queue_key": "cpu", "lane": "queued",
-           "graph": hello(), "options": {}, "warnings": ["a warning"], "enqueue_seq": 1, "created_at": "t"}
+           "graph": hello(), "options": {}, "warnings": ["a warning"], "enqueue_seq": 1, "created_at": "t", **extra}
     await store.write(InsertRun(row))
     graph = prepare_executable_graph(Graph.model_validate(hello()), load_catalog())
     settings = Settings(home=tmp_path)
@@ -53,6 +54,35 @@ async def test_a_started_run_executes_and_releases_its_slot_before_its_final_sta
     assert events[-1]["type"] == "run_finished" and [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert queue.got == [Release(RUN_ID)] and placer.got == [Released(RUN_ID)]
     await store.ref.stop()
+
+
+async def test_a_study_attempt_tells_its_study_each_status_once_it_is_committed(tmp_path):
+    registry = Registry()
+    study = StatusWatcher("studies/" + "cd" * 16)
+    study.start(registry)
+    store, run, _, _ = await setup(tmp_path, registry, study_id="cd" * 16)
+    study.store = store
+    run.tell(Start())
+    await asyncio.wait_for(run.wait(), 10)
+    told = await study.settled()
+    assert [(c.run_id, c.status) for c in told] == [(RUN_ID, "running"), (RUN_ID, "succeeded")]
+    assert study.stored == ["running", "succeeded"]  # the row already said so when told
+    await store.ref.stop()
+
+
+class StatusWatcher(Inbox):
+    """A study's stand-in: what the run's row said in the store when each change came."""
+
+    store: StoreClient | None = None
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.stored: list[str] = []
+
+    async def receive(self, message: object) -> None:
+        if isinstance(message, RunStatusChanged) and self.store is not None:
+            self.stored.append((await self.store.read(GetRun(message.run_id)))["status"])
+        await super().receive(message)
 
 
 async def test_cancel_of_a_queued_run_withdraws_it_and_a_late_start_is_ignored(tmp_path):

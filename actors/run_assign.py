@@ -1,0 +1,52 @@
+"""What a run's executor is told, made from the run's row: the checkpoint files an
+in-process run resumes from, and the ``assign`` frame a worker runs it from. Kept apart
+from the RunActor, whose concern is the run's lifecycle, not the wire's shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol import worker as wire
+from protocol.settings import Settings
+
+
+def run_devices(row: dict[str, Any]) -> list[str]:
+    """The run's devices in their order: ``target.devices`` when it names several."""
+    named = ((row.get("options") or {}).get("target") or {}).get("devices") or []
+    return list(named) if len(named) > 1 else [row["device"]]
+
+
+def local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | None:
+    """The checkpoint files of a resumed in-process run, on this machine."""
+    if not resumed:
+        return None
+    return {node: {"weights": plan["weights_path"], "state": plan["state_path"]}
+            for node, plan in resumed["nodes"].items()}
+
+
+def _remote_resume(resumed: dict[str, Any] | None) -> dict[str, wire.ResumeFiles]:
+    """Where a worker's child fetches the checkpoint of a resumed run from."""
+    if not resumed:
+        return {}
+    old = resumed["run_id"]
+    return {node: wire.ResumeFiles(epoch=plan["epoch"], weights=f"/api/runs/{old}/artifacts/{plan['weights_id']}",
+                                   weights_sha256=plan["weights_sha256"],
+                                   state=f"/api/runs/{old}/artifacts/{plan['state_id']}",
+                                   state_sha256=plan["state_sha256"])
+            for node, plan in resumed["nodes"].items()}
+
+
+def assign_frame(row: dict[str, Any], settings: Settings, caps: dict[str, int]) -> wire.Assign:
+    """``caps``: the shared cards the run holds (device -> card total MiB); its budget
+    caps it on each, and only then is it sent."""
+    storage = wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
+                           s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
+    return wire.Assign(run_id=row["id"], graph=row["graph"], seed=row.get("seed"),
+                       deterministic=bool(row.get("deterministic")), devices=run_devices(row),
+                       max_parallel=settings.max_parallel_nodes,
+                       memory_budget_mib=row.get("memory_budget_mib") if caps else None,
+                       memory_total_mib=caps,
+                       provenance=(row.get("options") or {}).get("provenance"),
+                       record_outputs=bool(row.get("record_outputs")),
+                       storage=storage, resume=_remote_resume(row.get("resumed_from")),
+                       console_cap_bytes=max(0, settings.run_console_cap_bytes))

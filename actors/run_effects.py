@@ -1,0 +1,69 @@
+"""What a run's events mean beyond its log: the rows some of them write beside it (a
+node's recorded outputs, a training's epoch as the run's progress, an artifact listed
+stored, pending or failed), and the events a queued run opens its log with. The
+RunActor owns the order of writes; this module only says which."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
+from actors.store.events import RecordOutputs
+from actors.store.runs import UpdateRun
+from protocol import events as ev
+
+
+class EventRows:
+    """The row an event of one run writes, if any. It remembers the epoch last written,
+    so a training's progress is written once per epoch, not once per metric."""
+
+    def __init__(self, run_id: str, record_outputs: bool, outputs_keep: int) -> None:
+        self._run_id = run_id
+        self._record_outputs = record_outputs
+        self._outputs_keep = outputs_keep
+        self._epoch: Any = None  # the training epoch last written as the run's progress
+        self._first_epoch: tuple[Any, str] | None = None  # the first epoch seen ended, and when (for an ETA)
+
+    def row_for(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool,
+                worker: str | None) -> Any | None:
+        """``remote``: the event came from a worker, whose recorded outputs stay there
+        (read through its link)."""
+        if kind == ev.NODE_FINISHED and self._record_outputs and node_id is not None and not remote:
+            return RecordOutputs(self._run_id, node_id, payload.get("outputs", {}), self._outputs_keep)
+        if kind == ev.METRIC and isinstance(payload.get("epochs"), int) and payload.get("epoch") != self._epoch:
+            return self._progress(payload)
+        if kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING) and payload.get("backend") is not None:  # listed
+            return RecordArtifact(self._run_id, node_id, str(payload.get("kind")), payload["path"],
+                                  payload["backend"], payload.get("label"), payload["size"], payload["sha256"],
+                                  PENDING if kind == ev.ARTIFACT_PENDING else STORED)
+        if kind == ev.WARNING and str(payload.get("code", "")).startswith("artifact_") and payload.get("path"):
+            # A file the run wrote that could not be kept is listed failed, never lost silently.
+            return RecordArtifact(self._run_id, node_id, str(payload.get("kind") or "file"), str(payload["path"]),
+                                  "transfer" if worker else "local", None, None, None, FAILED,
+                                  str(payload.get("message"))[:500])
+        return None
+
+    def _progress(self, payload: dict[str, Any]) -> UpdateRun:
+        """A training's place, epoch k of n, for lists and terminals."""
+        self._epoch = payload.get("epoch")
+        now = ev.utc_now()
+        if self._first_epoch is None:
+            self._first_epoch = (self._epoch, now)
+        return UpdateRun(self._run_id, {"progress": {
+            "epoch": self._epoch, "epochs": payload["epochs"], "first_epoch": self._first_epoch[0],
+            "first_at": self._first_epoch[1], "at": now}})
+
+
+def opening_events(row: dict[str, Any]) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """After ``run_queued``: the checkpoint a resumed run continues from (by content),
+    then the warnings its submission gave (a text, or a message with its code and node)."""
+    resumed: dict[str, Any] = row.get("resumed_from") or {}
+    for node_id, plan in resumed.get("nodes", {}).items():
+        for part in ("weights", "state"):
+            yield ev.PROVENANCE, node_id, {
+                "kind": "checkpoint", "ref": f"run:{resumed['run_id']}/artifacts/{plan[f'{part}_id']}",
+                "mode": "content", "sha256": plan[f"{part}_sha256"], "epoch": plan["epoch"], "resume": part}
+    for warning in row.get("warnings", ()):
+        found = dict(warning) if isinstance(warning, dict) else {"message": warning}
+        yield ev.WARNING, found.pop("node_id", None), found

@@ -1,0 +1,120 @@
+"""A run's writes to the store, in the order its RunActor makes them. A write a full
+disk refused is tried again, with a growing pause, until it is stored; a finished run
+stops only once every write it made has been (a run is never left active without an
+owner). A committed change of status is told to the run's study, if it has one."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.base import ActorRef, Registry
+from actors.run_messages import RunStatusChanged
+from actors.store import StoreClient
+from actors.store.runs import UpdateRun
+from protocol.errors import DiskFull
+
+_RETRY_FIRST_S = 0.5
+_RETRY_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class Unwritten:
+    """To the RunActor itself: a write of the run did not fit on a full disk."""
+
+    op: Any
+
+
+@dataclass(frozen=True)
+class RetryWrites:
+    """To the RunActor itself: time to try the writes that did not fit again."""
+
+
+@dataclass(frozen=True)
+class Written:
+    """To the RunActor itself: every write sent so far has an outcome."""
+
+
+WriteNote = Unwritten | RetryWrites | Written
+
+
+class RunWrites:
+    """Owned by one RunActor and used on its turn only; what it learns from the store's
+    futures comes back as a ``WriteNote`` in the actor's mailbox."""
+
+    def __init__(self, run_id: str, study_id: str | None, store: StoreClient, registry: Registry,
+                 ref: ActorRef) -> None:
+        self._run_id = run_id
+        self._study_id = study_id
+        self._store = store
+        self._registry = registry
+        self._ref = ref
+        self.last: asyncio.Future[Any] | None = None  # the newest write's outcome
+        self._unwritten: list[Any] = []
+        self._retry_scheduled = False
+        self._backoff = _RETRY_FIRST_S
+        self._done: Callable[[], None] | None = None  # what to do once all is written
+        self._discarded = False
+
+    def send(self, op: Any) -> None:
+        if self._discarded:
+            return
+        self.last = self._store.write(op)
+        self.last.add_done_callback(functools.partial(_retry_if_full, self._ref, op))
+        if self._study_id and isinstance(op, UpdateRun) and "status" in op.fields:
+            self.last.add_done_callback(functools.partial(
+                _tell_study, self._registry, self._study_id, RunStatusChanged(self._run_id, op.fields["status"])))
+
+    def discard(self) -> None:
+        """The run's row was never stored: nothing more of it is written."""
+        self._discarded = True
+
+    def then(self, done: Callable[[], None]) -> None:
+        """Calls ``done`` once every write made so far (and retried) is stored."""
+        self._done = done
+        self._when_written()
+
+    def handle(self, note: WriteNote) -> None:
+        match note:
+            case Unwritten(op):
+                self._unwritten.append(op)
+                if not self._retry_scheduled:
+                    self._retry_scheduled = True
+                    asyncio.get_running_loop().call_later(self._backoff, self._ref.tell, RetryWrites())
+                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
+            case RetryWrites():
+                ops, self._unwritten = self._unwritten, []
+                self._retry_scheduled = False
+                for op in ops:
+                    self.send(op)
+                if self._done is not None:
+                    self._when_written()
+            case Written():
+                if self.last is not None and not self.last.done():
+                    return  # a retried write is still on its way; its own Written follows
+                if self._done is not None and not self._unwritten and not self._retry_scheduled:
+                    self._done()
+
+    def _when_written(self) -> None:
+        if self.last is None:
+            if self._done is not None:
+                self._done()
+            return
+        self.last.add_done_callback(lambda _: self._ref.tell(Written()))
+
+
+def _retry_if_full(ref: ActorRef, op: Any, future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and isinstance(future.exception(), DiskFull):
+        ref.tell(Unwritten(op))
+
+
+def _tell_study(registry: Registry, study_id: str, change: RunStatusChanged, future: asyncio.Future[Any]) -> None:
+    # Only a committed status: one a full disk refused is written again, and told then.
+    if future.cancelled() or future.exception() is not None:
+        return
+    study = registry.lookup(f"studies/{study_id}")
+    if study is not None:  # a halted or finished study has no actor, and reads the store when resumed
+        study.tell(change)
