@@ -22,8 +22,8 @@ from actors import executor
 from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
 from actors.executor import Execute, GraphEnded, NodeEvents
-from actors.placer_messages import Released
-from actors.queue import Occupying, Release
+from actors.placer.messages import Released
+from actors.placer.queue import Occupying, Release
 from actors.run_assign import assign_frame, local_resume, run_devices
 from actors.run_effects import EventRows, opening_events
 from actors.run_messages import (

@@ -22,8 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from actors.base import Actor, Registry
-from actors.eligibility import ResolveTarget
-from actors.placer import Submit
+from actors.placer.actor import Submit
+from actors.placer.eligibility import ResolveTarget
 from actors.resources import read_flavors
 from actors.run_messages import Cancel, RunStatusChanged
 from actors.store import StoreClient

@@ -1,7 +1,7 @@
 """A run's row and executable graph from a submission, validated completely (device,
 lane, graph, declared cpus) before anything is queued. Used by the HTTP routes and by
 the actors that queue runs of their own (studies). Which worker a target may reach is
-decided before, by the placer's ``WorkerBook`` (``eligibility.py``)."""
+decided before, by the placer's target rules (``placer/eligibility.py``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from actors.eligibility import ANY, ONE_SHOT, WorkerOffer
+from actors.placer.book import WorkerOffer
 from actors.resources import Machine, resolve
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
+from protocol.queue_key import ANY_POOL as ANY
+from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
 from protocol.queue_key import QueueKey
 from protocol.settings import UPLOAD_LABEL, Settings
 from subprocess_runner.catalog import Catalog

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, Registry, Shutdown, Snapshot
-from actors.eligibility import WorkerOffer
 from actors.errors import WorkerNotConnected
-from actors.placer_messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
+from actors.placer.book import WorkerOffer
+from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from protocol import worker as wire
 

@@ -27,11 +27,11 @@ from typing import Any
 
 from actors.base import ActorRef, Registry, Shutdown
 from actors.cpus import CpuLedger
-from actors.eligibility import INSTANCE_MARK
 from actors.events import Committed, EventHub
-from actors.ledger import LedgerActor
-from actors.placer import Placer, Quarantine, Restore, RunSpec
-from actors.queue import QueueActor
+from actors.placer.actor import Placer, Quarantine, Restore, RunSpec
+from actors.placer.book import INSTANCE_MARK
+from actors.placer.ledger import LedgerActor
+from actors.placer.queue import QueueActor
 from actors.run import RunActor
 from actors.run_messages import Abandon, ReportOccupancy, WorkerFailed
 from actors.ssh_session import SshSession, SshTarget

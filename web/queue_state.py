@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors.placer import Quarantined, Waiting
+from actors.placer.actor import Quarantined, Waiting
 from protocol import events as ev
 from web.context import Services
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.eligibility import INSTANCE_MARK
 from actors.errors import (
     ArtifactNotFound,
     ArtifactRefused,
     ArtifactUnreachable,
     RunNotFound,
 )
+from actors.placer.book import INSTANCE_MARK
 from actors.run_messages import ArtifactArrived
 from actors.store.artifacts import GetArtifact, RecordArtifact, RecordLateArtifact
 from actors.store.runs import GetRun

@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from actors.base import Snapshot
 from actors.events import SubscriberCount
-from actors.placer import Predict
+from actors.placer.actor import Predict
 from actors.store.runs import StatusCounts
 from protocol import events as ev
 from protocol.api import QUEUE_KEY_PATTERN

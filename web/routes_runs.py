@@ -11,9 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.eligibility import ResolveTarget, WorkerOffer
 from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
-from actors.placer import Submit
+from actors.placer.actor import Submit
+from actors.placer.book import WorkerOffer
+from actors.placer.eligibility import ResolveTarget
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs

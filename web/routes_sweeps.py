@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.placer import SubmitSweep as PlacerSubmitSweep
+from actors.placer.actor import SubmitSweep as PlacerSubmitSweep
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState

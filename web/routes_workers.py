@@ -15,8 +15,8 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import ActorRef, Snapshot
-from actors.eligibility import INSTANCE_MARK
-from actors.placer_messages import CardPolicy
+from actors.placer.book import INSTANCE_MARK
+from actors.placer.messages import CardPolicy
 from actors.ssh_session import SshTarget
 from actors.store.memory import CardPolicies, SetCardPolicy
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker

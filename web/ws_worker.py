@@ -14,8 +14,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from actors.base import Snapshot
-from actors.eligibility import INSTANCE_MARK
 from actors.errors import ActorDeadError
+from actors.placer.book import INSTANCE_MARK
 from actors.store.workers import WorkerForCredential
 from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev

@@ -3,7 +3,7 @@ among the providers online; on a card shared by memory, budgets that fit."""
 
 from __future__ import annotations
 
-from actors.ledger import (
+from actors.placer.ledger import (
     MEMORY,
     Adopt,
     Fits,

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from actors.base import Registry
-from actors.eligibility import ResolveTarget, WorkerOffer
-from actors.ledger import LedgerActor
-from actors.placer import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
-from actors.queue import Occupying
+from actors.placer.actor import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
+from actors.placer.book import WorkerOffer
+from actors.placer.eligibility import ResolveTarget
+from actors.placer.ledger import LedgerActor
+from actors.placer.queue import Occupying
 from actors.run_messages import Start
 from actors.store import StoreActor, StoreClient
 from actors.threaded import start_thread_actor

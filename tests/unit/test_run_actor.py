@@ -8,8 +8,8 @@ from pathlib import Path
 
 from actors.base import Registry
 from actors.executor import GraphEnded
-from actors.placer_messages import Released
-from actors.queue import Release
+from actors.placer.messages import Released
+from actors.placer.queue import Release
 from actors.run import RunActor
 from actors.run_messages import Cancel, RunStatusChanged, Start
 from actors.store import StoreActor, StoreClient
@@ -66,7 +66,8 @@ async def test_a_study_attempt_tells_its_study_each_status_once_it_is_committed(
     await asyncio.wait_for(run.wait(), 10)
     told = await study.settled()
     assert [(c.run_id, c.status) for c in told] == [(RUN_ID, "running"), (RUN_ID, "succeeded")]
-    assert study.stored == ["running", "succeeded"]  # the row already said so when told
+    # When told, the row already says so (or, for a quick run, more: it may have ended).
+    assert study.stored[0] in ("running", "succeeded") and study.stored[1] == "succeeded"
     await store.ref.stop()
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from actors.base import Actor, Registry
-from actors.placer_messages import Admit
-from actors.queue import Occupying, QueueActor, Release, Snapshot
+from actors.placer.messages import Admit
+from actors.placer.queue import Occupying, QueueActor, Release, Snapshot
 from actors.store import StoreActor, StoreClient
 from actors.store.runs import InsertRun, UpdateRun
 from actors.threaded import start_thread_actor

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from actors.base import Registry, Shutdown, Snapshot
-from actors.placer_messages import WorkerOffline, WorkerOnline
+from actors.placer.messages import WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.worker import (
     CLOSE,

@@ -1,5 +1,5 @@
 """Messages the placer receives from its peers (queues, runs, worker connections). They
-live apart from ``placer.py`` so that a peer can send them without importing the placer
+live apart from ``actor.py`` so that a peer can send them without importing the placer
 (and the placer's imports), which keeps the actor modules free of import circles."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from actors.eligibility import WorkerOffer
+from actors.placer.book import WorkerOffer
 
 
 @dataclass(frozen=True)

@@ -1,46 +1,25 @@
 """Which worker a submission may go to: the one place for the rules of ``options.target``
 (a named worker, ``any``, several devices, drain, degraded catalogs, ``wait``).
 
-The placer owns the one ``WorkerBook`` (filled by the worker connections' ``WorkerOnline``
-and ``WorkerOffline``) and answers ``ResolveTarget`` asks from every submitter (the run
-and sweep routes, studies), so no web module decides placement. It is not an actor: the
-placer calls it from its own mailbox.
+The placer answers ``ResolveTarget`` asks from every submitter (the run and sweep
+routes, studies) with these rules, read against its one ``WorkerBook`` (``book.py``), so
+no web module decides placement. It is not an actor: the placer calls it from its own
+mailbox.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from actors.placer.book import INSTANCE_MARK, WorkerBook, WorkerOffer
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
 from protocol.queue_key import ANY_POOL as ANY
 from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
 
-INSTANCE_MARK = "#"  # a batch array's task: the connection of instance ``id`` is ``name#id``
 # The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
 UNKNOWN_CPUS = 1 << 20
-
-
-@dataclass(frozen=True)
-class WorkerOffer:
-    """What a worker offered when it last connected; for target ``any``, the union of
-    every eligible worker's devices, and the cpus and cards of the largest one of them:
-    one real machine, which is what an ask no machine can grant is cut down to."""
-
-    name: str
-    devices: tuple[str, ...]
-    cpus: int
-    node_types: frozenset[str] = frozenset()
-    cards: int | None = None  # None: count the cuda devices
-    one_shot: bool = False  # an agent in a batch job: one run, then it exits
-    spent: bool = False  # a one-shot agent that has taken its run
-    deadline: float | None = None  # when its batch job ends (epoch seconds)
-    mounts: frozenset[str] = frozenset()  # the storage labels it holds
-
-    @property
-    def card_count(self) -> int:
-        return self.cards if self.cards is not None else sum(1 for d in self.devices if d.startswith("cuda"))
 
 
 @dataclass(frozen=True)
@@ -52,20 +31,11 @@ class ResolveTarget:
     node_types: frozenset[str] = frozenset()
 
 
-class WorkerBook:
-    """Every worker seen since this server started and whether it takes runs now."""
+class Eligibility:
+    """The rules of ``options.target``, read against the placer's book of workers."""
 
-    def __init__(self, catalog_types: frozenset[str]) -> None:
-        self._catalog_types = catalog_types
-        self._seen: dict[str, WorkerOffer] = {}
-        self._taking: set[str] = set()  # connected and not draining
-
-    def online(self, offer: WorkerOffer, draining: bool) -> None:
-        self._seen[offer.name] = offer
-        (self._taking.discard if draining else self._taking.add)(offer.name)
-
-    def offline(self, name: str) -> None:
-        self._taking.discard(name)
+    def __init__(self, book: WorkerBook) -> None:
+        self._book = book
 
     def resolve(self, options: RunOptions, node_types: frozenset[str]) -> WorkerOffer | None:
         target = options.target
@@ -94,11 +64,11 @@ class WorkerBook:
 
     def _instances(self, name: str) -> list[str]:
         """The instances (``name#id``) of a worker whose agents are a batch array's tasks."""
-        return sorted(seen for seen in self._seen if seen.startswith(f"{name}{INSTANCE_MARK}"))
+        return sorted(seen for seen in self._book.seen if seen.startswith(f"{name}{INSTANCE_MARK}"))
 
     def _named(self, name: str, node_types: frozenset[str]) -> WorkerOffer:
         instances = self._instances(name)
-        offer = self._seen.get(name) or (replace(self._seen[instances[-1]], name=name) if instances else None)
+        offer = self._book.seen.get(name) or (replace(self._book.seen[instances[-1]], name=name) if instances else None)
         if offer is None:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                                  pointer="/options/target/worker", code="unknown_target")
@@ -113,7 +83,7 @@ class WorkerBook:
         agents) seen since start that have every node type the graph uses (#777). None
         seen yet: the run waits for one. Some seen and none of them able: it could never
         run, a 400 with the numbers."""
-        seen = {name: offer for name, offer in self._seen.items() if offer.one_shot == one_shot}  # instances too
+        seen = {name: offer for name, offer in self._book.seen.items() if offer.one_shot == one_shot}  # instances too
         able = sorted(name for name, offer in seen.items() if node_types <= offer.node_types)
         if seen and not able:
             lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(seen.items())}
@@ -127,7 +97,7 @@ class WorkerBook:
     def _union(self, pool: str, names: list[str], node_types: frozenset[str]) -> WorkerOffer:
         """What the able workers offer together; with none seen yet, nothing is known:
         no devices (the run keeps the device it asked for) and no cpu bound."""
-        offers = [self._seen[name] for name in names]
+        offers = [self._book.seen[name] for name in names]
         if not offers:
             return WorkerOffer(pool, (), UNKNOWN_CPUS, node_types, cards=UNKNOWN_CPUS, one_shot=pool == ONE_SHOT)
         largest = max(offers, key=lambda offer: (offer.card_count, offer.cpus))
@@ -138,7 +108,7 @@ class WorkerBook:
     def _check_wait(self, wait: bool | None, candidates: list[str]) -> None:
         """``wait: false`` refuses the run at once when no candidate worker is connected
         and taking runs, instead of letting it wait for one."""
-        if wait is not False or any(name in self._taking for name in candidates):
+        if wait is not False or any(name in self._book.taking for name in candidates):
             return
         raise CapacityRefused(
             f"no worker of {', '.join(candidates)} is connected and taking runs, and options.target.wait is "

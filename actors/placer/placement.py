@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
-from actors.eligibility import INSTANCE_MARK
 from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
-from actors.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
-from actors.placer_messages import Admit, Released
+from actors.placer.book import INSTANCE_MARK, WorkerBook
+from actors.placer.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
+from actors.placer.messages import Admit, Released
 from actors.run_messages import Start
 from protocol.queue_key import QueueKey
 
@@ -26,22 +26,17 @@ LOCAL = "local"  # the provider name of the server's own devices
 
 
 class WorkerPlacement:
-    def __init__(self, registry: Registry, ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
+    def __init__(self, book: WorkerBook, registry: Registry, ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
                  placer: Callable[[], ActorRef | None],
                  local: Mapping[str, tuple[str, int]] | None = None) -> None:
+        self._book = book  # the placer's: who is online, what it can run, which one-shot agent is spent
         self._registry = registry
         self._ensure_ledger = ensure_ledger
         self._placer = placer
-        self._online: set[str] = set()
-        self._types: dict[str, frozenset[str]] = {}  # node types of each worker (``any`` needs the graph's)
-        self._one_shot: set[str] = set()  # batch jobs' agents: never ``any``'s, one run each
-        self._spent: set[str] = set()  # one-shot agents that have taken their run
-        self._deadlines: dict[str, float] = {}  # when a worker's batch job ends (epoch seconds)
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
         if local:  # the server's own devices that a same-machine worker can share
             self._providers[LOCAL] = dict(local)
-            self._online.add(LOCAL)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
         self._budgets: dict[str, int | None] = {}  # run -> its memory budget, while it holds
         self._caps: dict[str, dict[str, int]] = {}  # run -> {device: card total} of the shared cards it holds
@@ -56,23 +51,8 @@ class WorkerPlacement:
 
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
-                     node_types: frozenset[str] = frozenset(),
-                     cards: Mapping[str, tuple[int, int]] | None = None,
-                     one_shot: bool = False, spent: bool = False, deadline: float | None = None) -> None:
-        if deadline is not None:
-            self._deadlines[name] = deadline
-        else:
-            self._deadlines.pop(name, None)
-        if one_shot:
-            self._one_shot.add(name)
-            # A one-shot agent says whether it took its run; a fresh connection that has
-            # not is a new agent (the next batch job), free for one run again.
-            if spent:
-                self._spent.add(name)
-            elif name not in self._online:
-                self._spent.discard(name)
-        else:
-            self._one_shot.discard(name)
+                     cards: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """After the book took the worker's offer: its devices are offered to their ledgers."""
         before = self._providers.get(name, {})
         self._providers[name] = dict(devices)
         self._cards.update(cards or {})
@@ -82,8 +62,6 @@ class WorkerPlacement:
         if draining:
             self.offline(name)
             return
-        self._online.add(name)
-        self._types[name] = node_types
         for physical, limit in devices.values():
             self._share(physical)
             self._ledger(physical).tell(self._offer(name, physical, limit))
@@ -93,7 +71,6 @@ class WorkerPlacement:
         await self._place_anywhere()
 
     def offline(self, name: str) -> None:
-        self._online.discard(name)
         for physical, _ in self._providers.get(name, {}).values():
             self._ledger(physical).tell(Withdraw(name))
 
@@ -166,27 +143,27 @@ class WorkerPlacement:
         key = QueueKey.parse(admit.queue_key)
         worker, device = key.provider or LOCAL, key.device
         # A worker named by its instances (a batch array's): the first of its tasks that is free.
-        instances = None if worker in self._online else self._free_instances(worker)
+        instances = None if self._is_online(worker) else self._free_instances(worker)
         if instances is not None:
             for instance in instances:
                 if self._in_time(instance, admit) and await self._try_named(admit, instance, device, placed=instance):
                     return
             self._parked.setdefault(worker, []).append(admit)
             return
-        if worker not in self._online or worker in self._spent or not self._in_time(worker, admit):
+        if not self._is_online(worker) or self._book.spent(worker) or not self._in_time(worker, admit):
             self._parked.setdefault(worker, []).append(admit)
             return
         await self._try_named(admit, worker, device)
 
     def _in_time(self, worker: str, admit: Admit) -> bool:
         """Whether the worker's batch job lasts long enough for what the run declares."""
-        deadline = self._deadlines.get(worker)
+        deadline = self._book.deadline(worker)
         return deadline is None or admit.duration_s is None or time.time() + admit.duration_s <= deadline
 
     def _free_instances(self, worker: str) -> list[str] | None:
         """None for a worker that has no instances online; else those not spent yet."""
-        online = sorted(w for w in self._online if w.startswith(f"{worker}{INSTANCE_MARK}"))
-        return [w for w in online if w not in self._spent] if online else None
+        online = sorted(w for w in self._book.taking if w.startswith(f"{worker}{INSTANCE_MARK}"))
+        return [w for w in online if not self._book.spent(w)] if online else None
 
     async def _try_named(self, admit: Admit, worker: str, device: str, placed: str | None = None) -> bool:
         """Holds every device of the ask on ``worker`` and starts the run, or holds none.
@@ -210,8 +187,7 @@ class WorkerPlacement:
         return True
 
     def _placed_on(self, worker: str) -> None:
-        if worker in self._one_shot:
-            self._spent.add(worker)  # its one run: nothing more goes to this agent
+        self._book.placed_on(worker)  # a one-shot agent's one run: nothing more goes to it
 
     async def predict(self, key: str) -> dict[str, str] | None:
         """Whether a run for ``key`` would find its device free now (asked of the device's
@@ -222,13 +198,13 @@ class WorkerPlacement:
             return None  # the first free worker takes it: nothing to predict about one device
         offered = self._providers.get(provider, {}).get(device)
         if offered is None:
-            if provider == LOCAL or provider in self._online:
+            if provider == LOCAL or self._is_online(provider):
                 return None  # not a device of its own (``auto``): the server resolves it when it is queued
             return {"code": "worker_offline", "message": f"waits for worker {provider}, which is not connected"}
         physical = offered[0]
         if provider == LOCAL and not any(
                 name != LOCAL and any(on == physical for on, _ in devices.values())
-                for name, devices in self._providers.items() if name in self._online):
+                for name, devices in self._providers.items() if self._is_online(name)):
             return None  # the server's own device, shared with no worker: its queue's slots say it all
         if (await self._ledger(physical).ask(Fits(None)))["now"] or self._shared(physical):
             return None
@@ -242,7 +218,7 @@ class WorkerPlacement:
             return True
         physical = offered[0]
         if not any(provider != LOCAL and any(on == physical for on, _ in devices.values())
-                   for provider, devices in self._providers.items() if provider in self._online):
+                   for provider, devices in self._providers.items() if self._is_online(provider)):
             self._unshared[run_id] = physical
             return True
         return await self._hold(run_id, LOCAL, physical, device, None)
@@ -303,11 +279,11 @@ class WorkerPlacement:
         what it waits for."""
         for worker, parked in self._parked.items():
             for admit in parked:
-                if worker in self._spent and worker in self._online:
+                if self._book.spent(worker) and self._is_online(worker):
                     yield admit, "one_shot_spent", (f"waits for a new one-shot agent named {worker}: the one "
                                                     "connected has taken its run")
-                elif worker in self._online and not self._in_time(worker, admit):
-                    left = self._deadlines[worker] - time.time()
+                elif self._is_online(worker) and not self._in_time(worker, admit):
+                    left = (self._book.deadline(worker) or 0.0) - time.time()
                     yield admit, "job_ends_too_soon", (f"waits: worker {worker}'s batch job ends in {left:.0f} s, "
                                                        f"sooner than the {admit.duration_s:g} s the run declares")
                 else:
@@ -366,8 +342,9 @@ class WorkerPlacement:
         """``one_shot``: the pool of batch jobs' agents (each takes one run), else ``any``'s
         workers, which never include those."""
         run_id, budget_mib = admit.run_id, admit.budget_mib
-        able = {worker for worker in self._online if needs <= self._types.get(worker, frozenset())
-                and (worker in self._one_shot) == one_shot and worker not in self._spent
+        seen = self._book.seen
+        able = {worker for worker in self._book.taking if needs <= seen[worker].abilities
+                and seen[worker].one_shot == one_shot and not self._book.spent(worker)
                 and self._in_time(worker, admit)}
         workers = sorted(able - {LOCAL},
                          key=lambda w: (-self._has_cards(w), self._load(w), w))
@@ -385,6 +362,12 @@ class WorkerPlacement:
                 if await self._hold(run_id, worker, physical, device, budget_mib):
                     return worker, device
         return None
+
+    def _is_online(self, provider: str) -> bool:
+        return provider in self._book.taking or (provider == LOCAL and LOCAL in self._providers)
+
+    def _online_names(self) -> list[str]:
+        return [*self._book.taking, *([LOCAL] if LOCAL in self._providers else [])]
 
     def _has_cards(self, worker: str) -> bool:
         return any(device != "cpu" for device in self._providers.get(worker, {}))
@@ -408,7 +391,7 @@ class WorkerPlacement:
     def _ledger(self, physical: str) -> ActorRef:
         ledger, fresh = self._ensure_ledger(physical)
         if fresh:  # a new (or restarted) ledger learns its providers, its policy and its holders
-            for provider in self._online:
+            for provider in self._online_names():
                 for held, limit in self._providers.get(provider, {}).values():
                     if held == physical:
                         ledger.tell(self._offer(provider, physical, limit))

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, ActorRef, Registry, Shutdown
-from actors.eligibility import ResolveTarget, WorkerBook
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
-from actors.ledger import Policy
-from actors.placement import WorkerPlacement
-from actors.placer_messages import Admit, CardMemory, CardPolicy, Reannounce, Released, WorkerOffline, WorkerOnline
-from actors.queue import Enqueue, Occupying, Readmit
+from actors.placer.book import MOUNT_NEED, WorkerBook
+from actors.placer.eligibility import Eligibility, ResolveTarget
+from actors.placer.ledger import Policy
+from actors.placer.messages import Admit, CardMemory, CardPolicy, Reannounce, Released, WorkerOffline, WorkerOnline
+from actors.placer.placement import WorkerPlacement
+from actors.placer.queue import Enqueue, Occupying, Readmit
 from actors.run_messages import Discard, Placement, Start
 from actors.store import StoreClient
 from actors.store.memory import CardPolicies, LastPeak
@@ -43,8 +44,6 @@ from subprocess_runner.mounts import labels_of
 
 log = logging.getLogger("troupe.placer")
 
-# A storage label a run for a pool reads from, beside the node types it needs of a worker.
-MOUNT_NEED = "mount:"
 # A budget from a measured peak leaves this much room above it (001).
 PEAK_MARGIN = 1.2
 
@@ -170,10 +169,12 @@ class Placer(Actor):
         self._quarantined: dict[str, str] = {}
         # Worker runs pass no seed gate (each has its own process) but need a slot of
         # their device's ledger, as do local runs on a device a same-machine worker shares.
-        self._slots = WorkerPlacement(registry, ensure_ledger, lambda: registry.lookup("placer"), local_devices)
+        self._book = WorkerBook()  # the one book of workers, read by eligibility and placement
+        self._slots = WorkerPlacement(self._book, registry, ensure_ledger, lambda: registry.lookup("placer"),
+                                      local_devices)
         self._types = catalog_types
         self._needs: dict[str, frozenset[str]] = {}  # runs for ``any``: the node types of their graph
-        self._workers = WorkerBook(catalog_types)
+        self._eligibility = Eligibility(self._book)
         self._closed = False
 
     async def on_start(self) -> None:
@@ -221,7 +222,7 @@ class Placer(Actor):
                     await self._memory_budget(each)
                 return self._submit_sweep(sweep, variants, tuple(zip(rows, (g for _, g in runs), strict=True)))
             case ResolveTarget(options, node_types):
-                return self._workers.resolve(options, node_types)
+                return self._eligibility.resolve(options, node_types)
             case Admit(run_id, key) if run_id in self._executing or self._slots.holds(run_id):
                 pass  # handed on again after a restart, and already started
             case Admit(run_id, key):
@@ -233,16 +234,14 @@ class Placer(Actor):
                     self._waiting.append(message)
                     await self._drain()
             case WorkerOnline(offer, devices, draining, cards):
-                self._workers.online(offer, draining)
-                await self._slots.online(offer.name, devices, draining,
-                                         offer.node_types | {f"{MOUNT_NEED}{label}" for label in offer.mounts},
-                                         cards, offer.one_shot, offer.spent, offer.deadline)
+                self._book.online(offer, draining)
+                await self._slots.online(offer.name, devices, draining, cards)
             case CardMemory(_, free_mib):
                 await self._slots.card_memory(free_mib)
             case CardPolicy(physical, sharing, reserved_mib):
                 await self._slots.set_policy(physical, Policy(sharing, reserved_mib))
             case WorkerOffline(name):
-                self._workers.offline(name)
+                self._book.offline(name)
                 self._slots.offline(name)
             case Restore(adopted, queued):
                 self._restore(adopted, queued)

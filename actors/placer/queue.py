@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, Registry, Snapshot
-from actors.placer_messages import Admit
+from actors.placer.messages import Admit
 from actors.store import StoreClient
 from actors.store.runs import QueuedRuns
 
