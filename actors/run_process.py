@@ -2,9 +2,10 @@
 
 The child is an interpreter of its own (multiprocessing *spawn*), started for the run or
 taken from the agent's warm pool; either way it executes this run only. A reader thread
-turns its pipe messages into frames for the link. Cancel is cooperative first (a message down the
-pipe), then a kill after ``kill_grace_s``. A child that dies without reporting (a
-segfault, an OOM kill) fails only its run, with the exit signal in the error.
+turns its pipe frames (``protocol.pipe``) into frames for the link. Cancel is cooperative
+first (``CancelRun`` down the pipe), then a kill after ``kill_grace_s``. A child that dies
+without reporting (a segfault, an OOM kill) fails only its run, with the exit signal in
+the error.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from actors.recorded_outputs import OutputsShelf
 from actors.threaded import ThreadActorRef
 from actors.warm_pool import Take
 from protocol import events as ev
+from protocol import pipe
 from protocol import worker as wire
 
 ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
@@ -40,9 +42,9 @@ class StopChild:
 
 @dataclass(frozen=True)
 class _FromChild:
-    """The child's messages that were waiting in the pipe together (one hop for all)."""
+    """The child's frames that were waiting in the pipe together (one hop for all)."""
 
-    messages: tuple[tuple[Any, ...], ...]
+    frames: tuple[pipe.FromChild, ...]
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class RunProcess(Actor):
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:
-                warm.conn.send(assign)
+                warm.conn.send(pipe.StartRun(assign))
                 self._process, self._conn = warm.process, warm.conn
             except OSError:  # it died after the pool handed it over: start one cold
                 warm.conn.close()
@@ -106,14 +108,14 @@ class RunProcess(Actor):
         if self._process is None or not self._process.is_alive():
             return
         with contextlib.suppress(OSError):
-            self._conn.send("cancel")
+            self._conn.send(pipe.CancelRun())
         await asyncio.to_thread(self._process.join, self._kill_grace_s)
         self._kill()
 
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
-                batch = [self._conn.recv()]
+                batch: list[pipe.FromChild] = [self._conn.recv()]
                 while len(batch) < 512 and self._conn.poll():
                     batch.append(self._conn.recv())
                 loop.call_soon_threadsafe(self.ref.tell, _FromChild(tuple(batch)))
@@ -125,9 +127,9 @@ class RunProcess(Actor):
     async def receive(self, message: Any) -> Any:
         run_id = self._assign.run_id
         match message:
-            case _FromChild(messages):
+            case _FromChild(from_child):
                 # A warm child handed over before it finished its imports says so once.
-                frames = [self._frame(message) for message in messages if message[0] != "warm"]
+                frames = [self._frame(frame) for frame in from_child if not isinstance(frame, pipe.Warm)]
                 ended = [f for f in frames if isinstance(f, wire.RunEnded)]
                 if ended and self._uploader is not None:
                     self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
@@ -153,16 +155,16 @@ class RunProcess(Actor):
                     return None
                 self._cancelled = True
                 with contextlib.suppress(OSError):  # the child is already gone
-                    self._conn.send("cancel")
+                    self._conn.send(pipe.CancelRun())
                 asyncio.get_running_loop().call_later(self._kill_grace_s, self._kill)
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def _frame(self, message: tuple[Any, ...]) -> wire.RunEvent | wire.RunEnded:
+    def _frame(self, frame: pipe.FromChild) -> wire.RunEvent | wire.RunEnded:
         run_id = self._assign.run_id
-        match message:
-            case ("event", counter, kind, node_id, payload):
+        match frame:
+            case pipe.ChildEvent(counter, kind, node_id, payload):
                 self._counter = counter
                 if kind == ev.ARTIFACT_PENDING and self._uploader is not None:
                     self._uploader.tell(Wake())  # it is in the outbox: send it on
@@ -172,11 +174,11 @@ class RunProcess(Actor):
                 # control plane validates every frame on arrival anyway.
                 return wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,
                                                      payload=payload)
-            case ("ended", counter, status, error, node_id, peak, out_of_memory):
+            case pipe.ChildEnded(counter, status, error, node_id, peak_mib, out_of_memory):
                 self._ended, self._counter = True, counter
                 return wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id,
-                                     peak_memory_mib=peak, out_of_memory=out_of_memory)
-        raise TypeError(f"run child {run_id} sent an unknown message {message!r}")
+                                     peak_memory_mib=peak_mib, out_of_memory=out_of_memory)
+        raise TypeError(f"run child {run_id} sent an unknown frame {frame!r}")
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():

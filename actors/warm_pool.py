@@ -7,14 +7,14 @@ starts another the moment one is taken. A child takes one run and exits, so a ru
 warm child is as isolated as one in a fresh child.
 
 A child is *ready* once torch and the engine are imported (about 1.5 s after its start)
-and *warm* once the rest is (torch._dynamo and the data loaders, about 2 s more; it says
-so on its pipe). A ready child goes to any run; one of core nodes alone starts at once
-beside the last imports, another waits for them in the child (it would import torch
-cold anyway). A warm child is given first. With none to give (or for a run that sets
-environment variables of its own, which must be set before torch is imported) the run's
-child is started cold, as without a pool.
+and *warm* once the rest is (torch._dynamo and the data loaders, about 2 s more); it says
+each on its pipe (``protocol.pipe``'s ``Ready`` and ``Warm``). A ready child goes to any
+run; one of core nodes alone starts at once beside the last imports, another waits for
+them in the child (it would import torch cold anyway). A warm child is given first.
+With none to give (or for a run that sets environment variables of its own, which must
+be set before torch is imported) the run's child is started cold, as without a pool.
 
-Starting a child (``Process.start``) and waiting for its ``ready`` block, so both run on
+Starting a child (``Process.start``) and waiting for its ``Ready`` block, so both run on
 a thread; the agent's loop only learns the result.
 """
 
@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from actors.base import Actor
+from protocol import pipe
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.agent")
@@ -132,34 +133,39 @@ def _start_child(closed: threading.Event) -> WarmChild | None:
     process = context.Process(target=child.warm, args=(child_end,), name="troupe-run-warm", daemon=False)
     process.start()
     child_end.close()
-    said: tuple[Any, ...] = ("closed", None)
+    said: pipe.FromChild | None = None  # None: the pool closed first, or the child died
     try:
         while not closed.is_set():  # the agent may stop while the child imports
             if parent.poll(0.2):
                 said = parent.recv()
                 break
     except (EOFError, OSError):
-        said = ("died", process.exitcode)
+        pass
     found = WarmChild(process, parent)
-    if said[0] != "ready" or closed.is_set():
-        if said[0] == "unfit":
-            log.warning("a warm child was discarded: %s", said[1])
-        _dismiss(found)
-        return None
-    return found
+    match said:
+        case pipe.Ready() if not closed.is_set():
+            return found
+        case pipe.Unfit(problem):
+            log.warning("a warm child was discarded: %s", problem)
+        case pipe.Ready() | None:
+            pass
+        case _:
+            log.warning("a warm child was discarded: it sent an unknown frame %r", said)
+    _dismiss(found)
+    return None
 
 
 def _said_warm(child: WarmChild) -> bool:
-    """Whether the child said ``warm`` on its pipe (read without waiting)."""
+    """Whether the child said ``Warm`` on its pipe (read without waiting)."""
     try:
-        return bool(child.conn.poll()) and child.conn.recv()[0] == "warm"
+        return bool(child.conn.poll()) and isinstance(child.conn.recv(), pipe.Warm)
     except (EOFError, OSError):
         return False
 
 
 def _dismiss(child: WarmChild) -> None:
     with contextlib.suppress(OSError):
-        child.conn.send(None)  # it exits without a run
+        child.conn.send(pipe.Dismiss())  # it exits without a run
     child.process.join(2)
     if child.process.is_alive():
         child.process.kill()

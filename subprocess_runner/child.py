@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import shutil
 import sys
@@ -16,9 +17,11 @@ import tempfile
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import platformdirs
+
+from protocol import pipe
 
 if TYPE_CHECKING:
     from protocol.worker import Storage
@@ -44,15 +47,16 @@ _RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_ru
                 "subprocess_runner.context", "subprocess_runner.ddp", "subprocess_runner.engine",
                 "subprocess_runner.memory", "subprocess_runner.mounts", "subprocess_runner.seeding",
                 "subprocess_runner.transfer")
-# One writer of the pipe at a time: the run's events, or the warm child's "warm".
+# One writer of the pipe at a time: the run's events, or the warm child's ``Warm``.
 _PIPE = threading.Lock()
+log = logging.getLogger("troupe.child")
 
 
 def warm(conn: Connection) -> None:
-    """A warm pool's child: imports what runs need, says ``ready``, and waits for one run
-    (or None: the pool closes). CUDA stays untouched until the run has set its cards, so
-    the child is exactly what a fresh one would be once ``main`` starts; a child that
-    finds CUDA initialised says ``unfit`` and exits instead."""
+    """A warm pool's child: imports what runs need, says ``Ready``, and waits for one run
+    (``StartRun``, or ``Dismiss``: the pool closes). CUDA stays untouched until the run has
+    set its cards, so the child is exactly what a fresh one would be once ``main`` starts;
+    a child that finds CUDA initialised says ``Unfit`` and exits instead."""
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     from subprocess_runner.seeding import cap_threads
 
@@ -66,7 +70,7 @@ def warm(conn: Connection) -> None:
     probe_cuda_cards()  # NVML's list of the machine's cards (CUDA stays untouched)
     catalog = load_catalog()
     problem = cuda_touched()
-    conn.send(("unfit", problem) if problem else ("ready", os.getpid()))
+    conn.send(pipe.Unfit(problem) if problem else pipe.Ready(os.getpid()))
     if problem:
         return
     handed = threading.Event()
@@ -75,20 +79,25 @@ def warm(conn: Connection) -> None:
         _import_all(WARM_LATER_MODULES)
         with _PIPE, contextlib.suppress(OSError):
             if not handed.is_set():  # the pool reads it; a run's reader never sees it
-                conn.send(("warm", os.getpid()))
+                conn.send(pipe.Warm(os.getpid()))
 
     later = threading.Thread(target=import_later, name="warm-later", daemon=True)
     later.start()
     try:
-        assign = conn.recv()
+        frame: pipe.ToChild = conn.recv()
     except (EOFError, OSError):
         return
-    if assign is not None:
-        with _PIPE:
-            handed.set()
-        if not core_only(assign["graph"]):
-            later.join()  # (these leave CUDA untouched: they were imported before the check once)
-        main(conn, assign, catalog)
+    match frame:
+        case pipe.StartRun(assign):
+            with _PIPE:
+                handed.set()
+            if not core_only(assign["graph"]):
+                later.join()  # (these leave CUDA untouched: they were imported before the check once)
+            main(conn, assign, catalog)
+        case pipe.Dismiss():
+            return
+        case _:
+            raise TypeError(f"a warm child got an unknown frame {frame!r}")
 
 
 def core_only(graph: dict[str, Any]) -> bool:
@@ -143,7 +152,7 @@ def _set_cards(assign: dict[str, Any]) -> list[str]:
 
 class _Run:
     """One run in this process: what its steps share (the pipe, the run's own directory,
-    its cards, the cancel request)."""
+    its cards, the cancel request). Its frames up the pipe are numbered here."""
 
     def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str]) -> None:
         self.conn = conn
@@ -155,18 +164,26 @@ class _Run:
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
         self.cancel = threading.Event()
 
-    def send(self, kind: str, *message: Any) -> None:
+    def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         with _PIPE:
             self.counter += 1
-            self.conn.send((kind, self.counter, *message))
+            self.conn.send(pipe.ChildEvent(self.counter, kind, node_id, payload))
 
-    def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        self.send("event", kind, node_id, payload)
+    def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
+            out_of_memory: bool) -> None:
+        with _PIPE:
+            self.counter += 1
+            self.conn.send(pipe.ChildEnded(self.counter, status, error, node_id, peak_mib, out_of_memory))
 
     def listen(self) -> None:
+        """Until the agent cancels the run (or the pipe closes: the agent is gone)."""
         try:
-            while self.conn.recv() != "cancel":
-                pass
+            while True:
+                match frame := self.conn.recv():
+                    case pipe.CancelRun():
+                        break
+                    case _:
+                        log.warning("the run child dropped an unknown frame %r", frame)
         except (EOFError, OSError):
             pass
         self.cancel.set()
@@ -201,7 +218,8 @@ class _Run:
         error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
         if out_of_memory and budget:
             error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
-        self.send("ended", outcome.status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
+        status = cast("pipe.EndStatus", outcome.status)  # the engine's three (the agent's RunEnded validates it)
+        self.end(status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
 
     def _run_graph(self, warm_catalog: Any, mounts: dict[str, str], control_plane: dict[str, Any],
                    storage: Storage | None, shipper: Shipper) -> Outcome:
@@ -218,7 +236,7 @@ class _Run:
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
                        bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))
         if ddp is not None:
-            when_stuck(lambda error: _end_now(self.send, error))
+            when_stuck(lambda error: _end_now(self, error))
         console = Console(self.emit, int(assign.get("console_cap_bytes") or 0))
         # Renumbered from cuda:0 in the order the run listed its cards.
         device = "cuda:0" if self.devices else "cpu"
@@ -248,8 +266,8 @@ class _Run:
                             control_plane.get("ca"))
 
 
-def _end_now(send: Any, error: str) -> None:
+def _end_now(run: _Run, error: str) -> None:
     """A DDP rank died and the loop is stuck in a collective: the run ends failed now,
     reported before this process leaves (the agent sees the end, then the exit)."""
-    send("ended", "failed", error, None, None, False)
+    run.end("failed", error, None, None, False)
     os._exit(1)

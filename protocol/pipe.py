@@ -1,0 +1,118 @@
+"""The frames of the pipe between a worker agent and one of its run children.
+
+The agent (``actors.run_process``, ``actors.warm_pool``) and the child it spawns
+(``subprocess_runner.child``) are two interpreters that talk over a
+``multiprocessing.Pipe``; whatever goes in is pickled on one side and rebuilt on the
+other. Both sides import the frames from here, so each kind of message has one name and
+one shape, and both match on the class (``case ChildEvent(counter, kind, node_id,
+payload)``) rather than on the position of a string in a tuple.
+
+Down the pipe, to the child: ``StartRun`` (the run a warm child takes), ``CancelRun``,
+``Dismiss`` (a warm child leaves without a run). Up the pipe, from the child: ``Ready``,
+``Unfit`` and ``Warm`` while it waits in the warm pool, then the run's ``ChildEvent``
+frames and one ``ChildEnded``.
+
+A child imports this module before it sets its cards and caps its threads, so it
+imports nothing but the standard library. Nothing here is validated: both ends are the
+agent's own code, and the control plane validates every frame the agent builds from
+these (``protocol.worker``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+EndStatus: TypeAlias = Literal["succeeded", "failed", "cancelled"]
+
+# Down: agent -> child -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    """A warm child's run (a child started for its run gets ``assign`` as an argument
+    instead). ``assign``: the run's assignment as a plain dict (``protocol.worker.Assign``
+    dumped, plus the agent's mounts, control-plane address, DDP CPU ranks and artifact
+    outbox)."""
+
+    assign: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """Stop the run cooperatively: its nodes see the cancel flag. A kill follows after the
+    agent's grace if the child has not exited by then."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dismiss:
+    """A warm child is not needed (the pool closes, or the child was found dead or unfit):
+    it exits without a run."""
+
+
+# Up: child -> agent ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A warm child imported torch and the engine and waits for a run. ``pid``: its
+    process id."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unfit:
+    """A warm child cannot take a run's cards (``problem`` says why: CUDA was initialised
+    already); it exits."""
+
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class Warm:
+    """A ready child finished its later imports too (``pid``: its process id). A child
+    handed to a run before then may still say it: the run's reader skips it."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEvent:
+    """One event of the run. ``counter``: the run's own frame counter, gap-free from 1
+    across events and the end (the agent's replay key); ``kind``: the event type
+    (``protocol.events``); ``node_id``: the node it concerns, if any; ``payload``: the
+    event's JSON-ready body."""
+
+    counter: int
+    kind: str
+    node_id: str | None
+    payload: dict[str, Any]
+
+    # One per event, so the cheapest pickle: rebuilt from a plain argument tuple, which
+    # halves the dataclass default's cost (it pickles a state list and sets each slot).
+    def __reduce__(self) -> tuple[type[ChildEvent], tuple[int, str, str | None, dict[str, Any]]]:
+        return ChildEvent, (self.counter, self.kind, self.node_id, self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnded:
+    """How the run ended, its last frame. ``counter``: the next of the run's counter;
+    ``status``: ``EndStatus``; ``error``: why it failed;
+    ``node_id``: the node that failed, if one did; ``peak_mib``: the most memory the run
+    used (its cards' allocator peak, else the child's resident set; None when the run ends
+    before it could be read); ``out_of_memory``: it failed for lack of GPU memory."""
+
+    counter: int
+    status: EndStatus
+    error: str | None
+    node_id: str | None
+    peak_mib: int | None
+    out_of_memory: bool
+
+
+ToChild: TypeAlias = StartRun | CancelRun | Dismiss
+"""What the agent sends a run child."""
+
+FromChild: TypeAlias = Ready | Unfit | Warm | ChildEvent | ChildEnded
+"""What a run child sends its agent."""
