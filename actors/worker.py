@@ -20,7 +20,6 @@ already ``disconnected``, with the runs it adopts (``Adopted``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from actors.errors import WorkerNotConnected
 from actors.placer.book import WorkerOffer
 from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
+from actors.worker_view import ConnectionView, said_of
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.worker")
@@ -136,58 +136,6 @@ class Close:
     reason: str
 
 
-@dataclass(frozen=True)
-class ConnectionView:
-    """What ``GET /api/workers`` shows of a connection, published after every burst of
-    messages so that the list costs no ask per worker. It holds the parsed frames as they
-    came (never mutated) and copies of what changes; the JSON is made when it is read, so
-    a heartbeat costs a few references, not a dump. ``heard_at`` (monotonic) becomes
-    seconds ago when it is read, not when it was published."""
-
-    name: str
-    connected: bool
-    degraded: bool
-    draining: bool
-    missing: tuple[str, ...]
-    hello: wire.Hello | None
-    free: dict[str, int]  # a card's free memory as of the last heartbeat
-    slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
-    runs: tuple[str, ...]
-    heard_at: float | None
-    warm: Any
-    artifacts: Any
-
-    def as_json(self) -> dict[str, Any]:
-        heard = None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1)
-        return {**self._json, "heard_s_ago": heard}  # seconds since its last frame: a live link beats
-
-    @functools.cached_property
-    def _json(self) -> dict[str, Any]:
-        """Made once per view, on its first read: a view read by every poll until the
-        next heartbeat replaces it is dumped once."""
-        hello = self.hello
-        inventory = None
-        if hello is not None:
-            inventory = hello.inventory.model_dump()
-            for card in inventory["cards"]:
-                card["memory_free_mib"] = self.free.get(card["uuid"], card["memory_free_mib"])
-        return {
-            "name": self.name, "state": "connected" if self.connected else "disconnected",
-            "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
-            "version": hello.version if hello else None,
-            "one_shot": hello.one_shot if hello else False,
-            "deadline": hello.deadline if hello else None,
-            "mounts": dict(hello.mounts) if hello else {},
-            "machine_id": hello.machine_id if hello else None,
-            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)] if hello else [],
-            "inventory": inventory,
-            "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
-            "running_runs": list(self.runs),
-            "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
-            "artifact_outbox": self.artifacts.model_dump() if self.artifacts is not None else None,
-        }
-
-
 class WorkerConnection(Actor):
     publishes_view = True
 
@@ -208,6 +156,7 @@ class WorkerConnection(Actor):
         self._runs: dict[str, str] = {}  # run id -> the device it executes on
         self._took_a_run = False
         self._hello: wire.Hello | None = None
+        self._said: tuple[wire.Hello | None, dict[str, Any] | None] | None = None  # the hello last dumped for views
         self._missing: tuple[str, ...] = ()
         self._outbox: asyncio.Queue[Any] | None = None
         self._last_beat = time.monotonic()
@@ -491,6 +440,8 @@ class WorkerConnection(Actor):
         on = list(self._runs.values())
         slots = tuple((device, physical, limit, on.count(device))
                       for device, (physical, limit) in (self._devices().items() if self._hello else []))
+        if self._said is None or self._said[0] is not self._hello:
+            self._said = (self._hello, said_of(self._hello) if self._hello is not None else None)
         return ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._hello,
-                              dict(self._free), slots, tuple(sorted(self._runs)),
+                              self._said[1], dict(self._free), slots, tuple(sorted(self._runs)),
                               self._last_beat if connected else None, self._warm, self._artifacts)

@@ -7,6 +7,7 @@ mutation that does not take the session token: the enrollment token is its proof
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,7 +21,9 @@ from actors.placer.messages import CardPolicy
 from actors.ssh_session import SshTarget
 from actors.store.memory import CardPolicies, SetCardPolicy
 from actors.store.workers import CreateEnrollment, ListWorkers, RedeemEnrollment, RevokeWorker
-from actors.worker import ConnectionView, Drain, Revoked
+from actors.worker import Drain, Revoked
+from actors.worker_view import ConnectionView
+from protocol import jsonsafe
 from protocol.api import CardSharing, NewEnrollment, Redeem, SshWorker
 from protocol.errors import NotFound, StateConflict
 from web.context import Services, services
@@ -62,31 +65,36 @@ async def redeem(request: web.Request) -> web.Response:
 @routes.get("/api/workers")
 async def list_workers(request: web.Request) -> web.Response:
     svc = services(request)
-    enrolled = [row for row in await svc.store.read(ListWorkers()) if not row["revoked"]]
+    listed, policies = await asyncio.gather(svc.store.read(ListWorkers()), svc.store.read(CardPolicies()))
+    enrolled = [row for row in listed if not row["revoked"]]
     # Each connection's published view, read without an ask: 800 workers cost no message.
     lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
-    snapshots = [_connection(live) for live in lives]
+    views = [_connection_view(live) for live in lives]
     instances = _instances(svc, [row["name"] for row in enrolled])
-    cards = await _cards(svc, snapshots)
-    rows = []
-    for row, live, snapshot in zip(enrolled, lives, snapshots, strict=True):
-        if snapshot is None and row["exited_at"] and not instances.get(row["name"]):
-            continue  # a spent one-shot worker whose agent exited: its history is in its runs
-        if snapshot is None:
-            snapshot = {
-                "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
-                "missing_node_types": [], "version": None, "one_shot": False, "machine_id": row["machine_id"],
-                "devices": [], "mounts": {},
-                "inventory": None, "slots": [], "running_runs": [], "warm_pool": None}
+    cards = _cards(svc, policies, [view.inventory for view in views if view is not None])
+    texts: list[str] = []  # each worker's JSON: a view's own part is encoded once per view
+    for row, live, view in zip(enrolled, lives, views, strict=True):
+        mine = instances.get(row["name"], [])
         failed = svc.failed_workers.get(row["name"])
+        if view is not None and not mine and (failed is None or live is not None):
+            texts.append(view.json_text(cards=cards(view.inventory), instances=mine, enrolled_at=row["enrolled_at"]))
+            continue
+        if view is None and row["exited_at"] and not mine:
+            continue  # a spent one-shot worker whose agent exited: its history is in its runs
+        snapshot = view.as_json() if view is not None else {
+            "name": row["name"], "state": "disconnected", "degraded": False, "draining": False,
+            "missing_node_types": [], "version": None, "one_shot": False, "machine_id": row["machine_id"],
+            "devices": [], "mounts": {},
+            "inventory": None, "slots": [], "running_runs": [], "warm_pool": None}
         if failed is not None and live is None:
             snapshot = {**snapshot, "state": "failed", "failed_reason": failed}
-        mine = instances.get(row["name"], [])
         if mine:  # a batch array's worker: its tasks connect as instances
             snapshot = {**snapshot, "one_shot": True, "state": "connected" if any(
                 i["state"] == "connected" for i in mine) else snapshot["state"]}
-        rows.append({**snapshot, "cards": cards(snapshot), "instances": mine, "enrolled_at": row["enrolled_at"]})
-    return json_reply({"workers": rows + await _not_enrolled(svc, {row["name"] for row in enrolled})})
+        texts.append(jsonsafe.dumps({**snapshot, "cards": cards(snapshot["inventory"]), "instances": mine,
+                                     "enrolled_at": row["enrolled_at"]}))
+    texts += [jsonsafe.dumps(row) for row in await _not_enrolled(svc, {row["name"] for row in enrolled})]
+    return web.Response(text='{"workers": [' + ", ".join(texts) + "]}", content_type="application/json")
 
 
 async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any]]:
@@ -137,18 +145,17 @@ def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]
     return {worker: sorted(found, key=lambda i: i["instance"]) for worker, found in by_worker.items()}
 
 
-async def _cards(svc: Services, snapshots: list[dict[str, Any] | None]) -> Callable[[dict[str, Any]], list[Any]]:
+def _cards(svc: Services, policies: dict[str, Any], inventories: list[dict[str, Any] | None]
+           ) -> Callable[[dict[str, Any] | None], list[Any]]:
     """Each card of a worker with its policy and its ledger's books (memory promised to
     the runs holding it), as each physical card's ledger last published them."""
-    policies = await svc.store.read(CardPolicies())
-    uuids = sorted({card["uuid"] for snapshot in snapshots if snapshot and snapshot["inventory"]
-                    for card in snapshot["inventory"]["cards"]})
+    uuids = sorted({card["uuid"] for inventory in inventories if inventory for card in inventory["cards"]})
     ledgers = [svc.registry.lookup(f"ledgers/{uuid}") for uuid in uuids]
     books = dict(zip(uuids, (_view(ledger) for ledger in ledgers), strict=True))
 
-    def of(snapshot: dict[str, Any]) -> list[Any]:
+    def of(inventory: dict[str, Any] | None) -> list[Any]:
         found = []
-        for card in (snapshot.get("inventory") or {}).get("cards", []):
+        for card in (inventory or {}).get("cards", []):
             policy = policies.get(card["uuid"], {"sharing": "exclusive", "reserved_mib": 0})
             book = books.get(card["uuid"]) or {}
             found.append({
@@ -165,9 +172,14 @@ def _view(live: ActorRef | None) -> dict[str, Any] | None:
     return None if live is None else live.view
 
 
-def _connection(live: ActorRef | None) -> dict[str, Any] | None:
+def _connection_view(live: ActorRef | None) -> ConnectionView | None:
     view = None if live is None else live.view
-    return view.as_json() if isinstance(view, ConnectionView) else None
+    return view if isinstance(view, ConnectionView) else None
+
+
+def _connection(live: ActorRef | None) -> dict[str, Any] | None:
+    view = _connection_view(live)
+    return view.as_json() if view is not None else None
 
 
 @routes.delete(WORKER_PATH)

@@ -5,6 +5,7 @@ disconnect grace, rebind and adoption. Its peers are stand-ins that record what 
 from __future__ import annotations
 
 import asyncio
+import json
 
 from actors.base import Registry, Shutdown, Snapshot
 from actors.placer.messages import WorkerOffline, WorkerOnline
@@ -160,3 +161,19 @@ async def test_a_newer_socket_of_the_same_worker_closes_the_older_one():
     await frames(old, 1)
     connection.tell(Attached(hello(), asyncio.Queue()))
     assert await frames(old, 1) == [CLOSE]
+
+
+async def test_the_published_view_reads_as_the_same_json_as_a_dict_or_as_text():
+    connection, _, _ = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), outbox))
+    await frames(outbox, 1)
+    await connection.ask(Snapshot())
+    await asyncio.sleep(0)  # the view is published on the loop's next turn
+    view = connection.view
+    extra = {"cards": [{"uuid": "GPU-1"}], "instances": [], "enrolled_at": "t"}
+    as_text = json.loads(view.json_text(**extra))
+    as_dict = {**view.as_json(), **extra}
+    assert list(as_text) == list(as_dict)  # the same keys, in the same order
+    assert {**as_text, "heard_s_ago": 0} == {**as_dict, "heard_s_ago": 0}  # heard_s_ago moves between reads
+    assert as_text["state"] == "connected" and as_text["inventory"]["cards"][0]["uuid"] == "GPU-1"

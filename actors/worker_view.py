@@ -1,0 +1,92 @@
+"""What ``GET /api/workers`` reads of a worker's connection: the immutable view a
+WorkerConnection publishes after every burst of messages, and the part of it only a hello
+changes. Apart from ``worker.py``, whose concern is the link and its runs."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from protocol import jsonsafe
+from protocol import worker as wire
+
+
+@dataclass(frozen=True)
+class ConnectionView:
+    """What ``GET /api/workers`` shows of a connection, published after every burst of
+    messages so that the list costs no ask per worker. It holds the parsed frames as they
+    came (never mutated) and copies of what changes; the JSON is made when it is read, so
+    a heartbeat costs a few references, not a dump. ``heard_at`` (monotonic) becomes
+    seconds ago when it is read, not when it was published."""
+
+    name: str
+    connected: bool
+    degraded: bool
+    draining: bool
+    missing: tuple[str, ...]
+    hello: wire.Hello | None
+    # What the view shows of the hello, dumped once per hello (never changed): a heartbeat's
+    # new view copies only its cards' free memory.
+    said: dict[str, Any] | None
+    free: dict[str, int]  # a card's free memory as of the last heartbeat
+    slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
+    runs: tuple[str, ...]
+    heard_at: float | None
+    warm: Any
+    artifacts: Any
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self._json, "heard_s_ago": self._heard()}  # seconds since its last frame: a live link beats
+
+    def json_text(self, **extra: Any) -> str:
+        """``as_json()`` with ``extra`` after it, as JSON text: the view's own part is
+        encoded once per view, whatever the number of polls that read it before the next
+        heartbeat replaces it; only ``heard_s_ago`` and ``extra`` are encoded per read."""
+        tail = jsonsafe.dumps({"heard_s_ago": self._heard(), **extra})
+        return f"{self._text[:-1]}, {tail[1:]}"
+
+    @property
+    def inventory(self) -> dict[str, Any] | None:
+        inventory: dict[str, Any] | None = self._json["inventory"]
+        return inventory
+
+    def _heard(self) -> float | None:
+        return None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1)
+
+    @functools.cached_property
+    def _text(self) -> str:
+        return jsonsafe.dumps(self._json)
+
+    @functools.cached_property
+    def _json(self) -> dict[str, Any]:
+        """Made once per view, on its first read: a view read by every poll until the
+        next heartbeat replaces it is dumped once."""
+        said = self.said
+        inventory = None
+        if said is not None:
+            inventory = {**said["inventory"], "cards": [
+                {**card, "memory_free_mib": self.free.get(card["uuid"], card["memory_free_mib"])}
+                for card in said["inventory"]["cards"]]}
+        return {
+            "name": self.name, "state": "connected" if self.connected else "disconnected",
+            "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
+            **(said or _UNSAID), "inventory": inventory,
+            "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
+            "running_runs": list(self.runs),
+            "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
+            "artifact_outbox": self.artifacts.model_dump() if self.artifacts is not None else None,
+        }
+
+
+_UNSAID: dict[str, Any] = {"version": None, "one_shot": False, "deadline": None, "mounts": {}, "machine_id": None,
+                           "devices": []}
+
+
+def said_of(hello: wire.Hello) -> dict[str, Any]:
+    """The parts of the Workers list that only a hello changes, in their order there."""
+    return {"version": hello.version, "one_shot": hello.one_shot, "deadline": hello.deadline,
+            "mounts": dict(hello.mounts), "machine_id": hello.machine_id,
+            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
+            "inventory": hello.inventory.model_dump()}
