@@ -1,13 +1,6 @@
-"""The control plane's supervision tree (DESIGN section 3)::
-
-    root
-    ├── store     thread actor, the one apsw connection      permanent, escalates
-    ├── events    the hub                                     permanent, escalates
-    ├── placer    admission                                   permanent, escalates
-    ├── queues/   one QueueActor per queue key                permanent, quarantined past the limit
-    ├── ledgers/  one LedgerActor per physical device         temporary, rebuilt by the placer
-    ├── runs/     one RunActor per active run                 temporary
-    └── web       the aiohttp server                          escalates
+"""The control plane's supervision tree (DESIGN section 3), built from its declaration
+in ``supervisors/tree.py``: every supervisor, every kind of child and its restart policy
+are read from there, not written again here.
 
 Start: store (crash recovery and retention happen before the API answers), hub,
 placer, then the web server. Graceful stop: refuse new work, interrupt waiting runs,
@@ -51,7 +44,8 @@ from subprocess_runner.devices import host_machine_id, parse_device, probe_accel
 from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
-from supervisors.supervisor import Child, ChildSpec, ExitInfo, Restart, Supervisor
+from supervisors import tree
+from supervisors.supervisor import Child, ChildSpec, ExitInfo, Supervisor
 from web.app import WebService
 from web.context import Services
 from web.hosts import reachable_names
@@ -95,11 +89,11 @@ class ControlPlane:
     async def start(self) -> int:
         self.registry = Registry()
         self.root: Supervisor[Child] = Supervisor("root")
-        self.queues: Supervisor[ActorRef] = Supervisor("queues", on_give_up=self._quarantine)
-        self.runs: Supervisor[ActorRef] = Supervisor("runs")
-        self.studies: Supervisor[ActorRef] = Supervisor("studies", on_give_up=self._study_failed)
-        self.workers: Supervisor[ActorRef] = Supervisor("workers", on_give_up=self._worker_failed)
-        self.ledgers: Supervisor[ActorRef] = Supervisor("ledgers")
+        self.queues: Supervisor[ActorRef] = Supervisor(tree.QUEUES.name, on_give_up=self._quarantine)
+        self.ledgers: Supervisor[ActorRef] = Supervisor(tree.LEDGERS.name)
+        self.runs: Supervisor[ActorRef] = Supervisor(tree.RUNS.name)
+        self.studies: Supervisor[ActorRef] = Supervisor(tree.STUDIES.name, on_give_up=self._study_failed)
+        self.workers: Supervisor[ActorRef] = Supervisor(tree.WORKERS.name, on_give_up=self._worker_failed)
         self.store = StoreClient(on_committed=self._publish)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
@@ -111,7 +105,7 @@ class ControlPlane:
         # Node outputs kept between two Runs of one editor session (interactive runs).
         self.node_cache = NodeCache(self.settings.editor_cache_mb * 1024 * 1024)
 
-        store_ref = self.root.start_child(ChildSpec("store", self._make_store))
+        store_ref = self.root.start_child(ChildSpec(tree.STORE.name, self._make_store, tree.STORE.restart))
         found = await self.store.write(Recover(keep_queued=self.settings.run_queue_restore))
         self.recovered = found["interrupted"]
         if self.recovered:
@@ -124,10 +118,11 @@ class ControlPlane:
         self.accelerators = probe_accelerators(self.settings.cuda_visible_devices) + _simulated(self.settings)
         # Taken once per process (it reads the packs' files): not on the first run's start.
         await asyncio.to_thread(execution_facts, CONTROL_PLANE)
-        self.root.start_child(ChildSpec("events", lambda: EventHub().start(self.registry)))
-        self.root.start_child(ChildSpec("placer", self._make_placer))
+        self.root.start_child(ChildSpec(tree.EVENTS.name, lambda: EventHub().start(self.registry), tree.EVENTS.restart))
+        self.root.start_child(ChildSpec(tree.PLACER.name, self._make_placer, tree.PLACER.restart))
         await self._restore(found["adopted"], found["queued"])
-        self.root.start_child(ChildSpec("cpus", lambda: CpuLedger(self.settings.cpus).start(self.registry)))
+        self.root.start_child(ChildSpec(tree.CPUS.name, lambda: CpuLedger(self.settings.cpus).start(self.registry),
+                                        tree.CPUS.restart))
         # Studies left running by the last server go on (their budgets hold).
         for study in await self.store.read(ListStudies(state="running")):
             self.start_study(study["id"])
@@ -144,7 +139,7 @@ class ControlPlane:
         self.port = await self.web.start()
         # The web server is not restarted in place (its port is taken until it closes);
         # aiohttp confines handler errors to their request.
-        self.root.start_child(ChildSpec("web", lambda: self.web, Restart.TEMPORARY))
+        self.root.start_child(ChildSpec(tree.WEB.name, lambda: self.web, tree.WEB.restart))
         return self.port
 
     async def _restore(self, adopted: list[dict[str, Any]], queued: list[dict[str, Any]]) -> None:
@@ -201,7 +196,7 @@ class ControlPlane:
                              executor_pool=self.executor_pool, node_pool=self.node_pool, node_cache=self.node_cache)
             return actor.start(self.registry)
 
-        return self.runs.start_child(ChildSpec(f"runs/{spec.run_id}", factory, Restart.TEMPORARY))
+        return self.runs.start_child(ChildSpec(f"{tree.RUNS.name}/{spec.run_id}", factory, tree.RUNS.restart))
 
     def _ensure_queue(self, key: str) -> ActorRef:
         name = f"queues/{key}"
@@ -218,24 +213,24 @@ class ControlPlane:
                     run.tell(ReportOccupancy())
             return ref
 
-        return self.queues.start_child(ChildSpec(name, factory, Restart.PERMANENT))
+        return self.queues.start_child(ChildSpec(name, factory, tree.QUEUES.restart))
 
     def _ensure_ledger(self, physical: str) -> tuple[ActorRef, bool]:
         """The ledger of a physical device, and whether it is new (then the placer tells
         it its providers and holders). A crashed ledger is not restarted in place: the
         next ask makes a fresh one."""
-        name = f"ledgers/{physical}"
+        name = f"{tree.LEDGERS.name}/{physical}"
         existing = self.ledgers.child(name)
         if existing is not None:
             return existing, False
         ref = self.ledgers.start_child(ChildSpec(
             name, lambda: LedgerActor(physical, self.settings.cuda_context_mib).start(self.registry),
-            Restart.TEMPORARY))
+            tree.LEDGERS.restart))
         return ref, True
 
     def start_study(self, study_id: str) -> None:
         """Starts the actor of a running study, unless one is already driving it."""
-        name = f"studies/{study_id}"
+        name = f"{tree.STUDIES.name}/{study_id}"
         running = self.studies.child(name)
         if running is not None:
             running.tell(Wake())
@@ -245,7 +240,7 @@ class ControlPlane:
             actor = StudyActor(study_id, self.store, self.registry, self.settings, self.catalog, self.accelerators)
             return actor.start(self.registry)
 
-        self.studies.start_child(ChildSpec(name, factory, Restart.TRANSIENT))
+        self.studies.start_child(ChildSpec(name, factory, tree.STUDIES.restart))
 
     def start_worker(self, name: str) -> ActorRef:
         existing = self.workers.child(f"workers/{name}")
@@ -259,7 +254,7 @@ class ControlPlane:
                                     self.registry, settings.concurrency_for, frozenset(self.catalog.types),
                                     self.catalog.digest, self._retire).start(self.registry)
 
-        return self.workers.start_child(ChildSpec(f"workers/{name}", factory, Restart.TRANSIENT))
+        return self.workers.start_child(ChildSpec(f"{tree.WORKERS.name}/{name}", factory, tree.WORKERS.restart))
 
     def _retire(self, name: str) -> None:
         """A one-shot agent took its run and exited: its worker leaves the list until its
@@ -270,7 +265,7 @@ class ControlPlane:
 
     def start_ssh(self, target: SshTarget) -> ActorRef | None:
         """Opens the SSH session that serves ``target``'s worker; None when one is open."""
-        name = f"ssh/{target.name}"
+        name = f"{tree.SSH.name}/{target.name}"
         if self.workers.child(name) is not None or self.port is None:
             return None
         self.failed_workers.pop(target.name, None)
@@ -282,7 +277,7 @@ class ControlPlane:
 
         return self.workers.start_child(ChildSpec(
             name, lambda: SshSession(target, port, self.store, failed, forward).start(self.registry),
-            Restart.TEMPORARY))
+            tree.SSH.restart))
 
     def _worker_failed(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         """Past the restart limit a worker shows ``failed`` with the reason; its runs are

@@ -143,3 +143,13 @@ async def test_a_crashed_queue_rebuilds_its_fifo_from_the_store(tmp_path):
     assert placer.got[-1] == Admit("b" * 32, "cpu", False)
     await sup.stop()
     await store.ref.stop()
+
+
+def test_the_architecture_doc_draws_the_declared_tree():
+    from pathlib import Path
+
+    from supervisors.tree import TREE, drawing
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    assert drawing() in doc  # the drawing is made from the declaration: change one, the test asks for the other
+    assert len({kind.name for kind in TREE}) == len(TREE)  # a name says one kind
