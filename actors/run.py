@@ -24,7 +24,7 @@ from actors.cpus import LedgerGate
 from actors.executor import Execute, GraphEnded, NodeEvents
 from actors.placer.messages import Released
 from actors.placer.queue import Occupying, Release
-from actors.run_assign import assign_frame, local_resume, run_devices
+from actors.run_assign import assign_frame, local_resume
 from actors.run_effects import EventRows, opening_events
 from actors.run_messages import (
     Abandon,
@@ -216,6 +216,8 @@ class RunActor(Actor):
         if worker is not None:  # placed by target ``any``
             self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
             self._row["device"] = fields["device"] = started["device"]
+            if len(self._row["devices"]) == 1:  # ``auto`` became the device it was placed on
+                self._row["devices"] = [started["device"]]
         if self._worker is None:  # this process executes it (a worker's child reports its own)
             fields["execution_facts"] = execution_facts(CONTROL_PLANE)
         self._write(UpdateRun(self.run_id, fields))
@@ -347,7 +349,7 @@ class RunActor(Actor):
         budget that was derived from an earlier peak is known to be too small)."""
         if memory is None or memory[0] is None or not memory[1] or self._row.get("graph_digest") is None:
             return
-        cards = sum(1 for device in run_devices(self._row) if device.startswith("cuda"))
+        cards = sum(1 for device in self._row["devices"] if device.startswith("cuda"))
         if not cards or not (status == ev.SUCCEEDED or memory[2]):
             return
         derived = self._row.get("memory_budget_source") == "measured"

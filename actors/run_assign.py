@@ -10,12 +10,6 @@ from protocol import worker as wire
 from protocol.settings import Settings
 
 
-def run_devices(row: dict[str, Any]) -> list[str]:
-    """The run's devices in their order: ``target.devices`` when it names several."""
-    named = ((row.get("options") or {}).get("target") or {}).get("devices") or []
-    return list(named) if len(named) > 1 else [row["device"]]
-
-
 def local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | None:
     """The checkpoint files of a resumed in-process run, on this machine."""
     if not resumed:
@@ -42,7 +36,7 @@ def assign_frame(row: dict[str, Any], settings: Settings, caps: dict[str, int]) 
     storage = wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
                            s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
     return wire.Assign(run_id=row["id"], graph=row["graph"], seed=row.get("seed"),
-                       deterministic=bool(row.get("deterministic")), devices=run_devices(row),
+                       deterministic=bool(row.get("deterministic")), devices=list(row["devices"]),
                        max_parallel=settings.max_parallel_nodes,
                        memory_budget_mib=row.get("memory_budget_mib") if caps else None,
                        memory_total_mib=caps,

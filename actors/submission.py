@@ -17,7 +17,7 @@ from typing import Any
 from actors.placer.book import WorkerOffer
 from actors.resources import Machine, resolve
 from protocol import events as ev
-from protocol.api import RunOptions
+from protocol.api import RunOptions, held_devices
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
 from protocol.queue_key import ANY_POOL as ANY
@@ -101,7 +101,8 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         "deterministic": options.deterministic,
         "record_outputs": options.record_outputs,
         "graph": graph_json,
-        "options": options.model_dump(mode="json", exclude_none=True),
+        "options": (dumped := options.model_dump(mode="json", exclude_none=True)),
+        "devices": held_devices(dumped, device),
         "warnings": ([warning] if warning else []) + resolved.warnings,
         "created_at": ev.utc_now(),
         "graph_digest": graph_digest(graph_json),

@@ -363,3 +363,12 @@ class Redeem(BaseModel):
     token: str = Field(min_length=1, max_length=200)
     name: WorkerName = None
     machine_id: str = Field(min_length=1, max_length=200)
+
+
+def held_devices(options: Any, device: str) -> list[str]:
+    """The devices a run holds, in their order: ``target.devices`` when it names several,
+    else its one device. Resolved where a run's row is made (submission) or read back (the
+    store), and kept in the row as ``devices``: nothing downstream derives it again.
+    ``options``: the row's options, as stored (a dict, or None)."""
+    named = ((options or {}).get("target") or {}).get("devices") or []
+    return list(named) if len(named) > 1 else [device]

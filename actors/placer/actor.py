@@ -307,16 +307,15 @@ class Placer(Actor):
         worker, anywhere = row.get("worker"), QueueKey.parse(row["queue_key"]).pooled
         if row["lane"] != ev.LANE_QUEUED or (worker is None and not anywhere):
             return
-        target = (row.get("options") or {}).get("target") or {}
-        devices = tuple(target.get("devices") or ()) if len(target.get("devices") or ()) > 1 else (row["device"],)
-        cards = sum(1 for device in devices if device.startswith("cuda") or device == "auto")
+        cards = sum(1 for device in row["devices"] if device.startswith("cuda") or device == "auto")
         if row.get("memory_budget_mib") is None and cards:
             found = await self._store.read(LastPeak(row["graph_digest"], cards))
             if found is not None:
                 row["memory_budget_mib"] = derived_budget(found["peak_mib"], found["failed_budget_mib"])
                 row["memory_budget_source"] = "measured"
         if worker is not None:
-            await self._slots.check(worker, devices, row.get("memory_budget_mib"), target.get("wait"))
+            wait = ((row.get("options") or {}).get("target") or {}).get("wait")
+            await self._slots.check(worker, tuple(row["devices"]), row.get("memory_budget_mib"), wait)
 
     def _check_open(self, key: str) -> None:
         if self._closed:
@@ -371,8 +370,7 @@ class Placer(Actor):
             if QueueKey.parse(key).pooled:  # what a worker must have: node types, storage labels
                 self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ())) | {
                     f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"]) - {UPLOAD_LABEL}}
-            devices = ((row.get("options") or {}).get("target") or {}).get("devices") or []
-            asked = tuple(devices) if len(devices) > 1 else ()
+            asked = tuple(row["devices"]) if len(row["devices"]) > 1 else ()
             self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,
                                                  row.get("memory_budget_mib"), row.get("duration_s")))
 

@@ -21,6 +21,7 @@ from actors.store.events import append_events, get_events
 from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
+from protocol.api import held_devices
 from subprocess_runner.sweeps import with_params
 
 # Messages: writes --------------------------------------------------------------
@@ -185,6 +186,7 @@ def run_row(values: tuple[Any, ...]) -> dict[str, Any]:
         row["peak_memory_exact"] = bool(row["peak_memory_exact"])
     for key in _JSON_COLUMNS:
         row[key] = json.loads(row[key]) if row[key] is not None else None
+    row["devices"] = held_devices(row["options"], row["device"])
     return row
 
 
@@ -255,7 +257,7 @@ def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[Any, ...]]:
         "AND status = 'queued' AND lane = 'queued' ORDER BY enqueue_seq",
         (queue_key,),
     ):
-        devices = ((json.loads(str(options or "{}")) or {}).get("target") or {}).get("devices") or []
+        devices = held_devices(json.loads(str(options or "{}")), "")
         found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else (),
                       int(budget) if budget is not None else None,
                       float(duration) if duration is not None else None))
