@@ -23,12 +23,11 @@ from typing import Any
 
 from actors.base import Actor, Registry
 from actors.placer.actor import Submit
-from actors.placer.eligibility import ResolveTarget
 from actors.resources import read_flavors
 from actors.run_messages import Cancel, RunStatusChanged
 from actors.store import StoreClient
 from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
-from actors.submission import build_row, share_base, shared_base
+from actors.submission import build_row, share_base, shared_base, target_offer
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.graph import Graph
@@ -205,7 +204,7 @@ class StudyActor(Actor):
         if placer is None:
             return
         # A worker target applies to every attempt, checked as a single run's target is.
-        worker = await placer.ask(ResolveTarget(options, frozenset(n.type for n in graph.nodes)))
+        worker = await target_offer(placer, options, graph)
         row, executable = build_row(
             self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph", worker,
             await read_flavors(self._store, graph, options), seed=attempt_seed(spec.get("seed"), repeat),

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from actors.base import ActorRef
 from actors.placer.book import WorkerOffer
+from actors.placer.eligibility import ResolveTarget
 from actors.resources import Machine, resolve
 from protocol import events as ev
 from protocol.api import RunOptions, held_devices
@@ -221,3 +223,15 @@ def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
             f"the run asks for {len(devices)} devices ({', '.join(devices)}); worker {worker.name} offers "
             f"{len(cards)} card{'s' if len(cards) != 1 else ''} ({', '.join(cards) or 'none'}) and lacks "
             f"{', '.join(lacking)}", pointer="/options/target/devices", code="worker_cannot_grant")
+
+
+async def target_offer(placer: ActorRef, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
+    """What the worker a submission targets offers (None: this server), for every
+    submitter (runs, sweeps, studies and their attempts). The placer's target rules
+    decide, and refuse what cannot or may not go there; a run for this server asks
+    nothing."""
+    if options.target is None or (options.target.remote is None and options.target.pool is None):
+        return None
+    node_types = frozenset(n.type for n in graph.nodes) if graph is not None else frozenset()
+    offer: WorkerOffer | None = await placer.ask(ResolveTarget(options, node_types))
+    return offer

@@ -14,12 +14,11 @@ from aiohttp import web
 from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
 from actors.placer.actor import Submit
 from actors.placer.book import WorkerOffer
-from actors.placer.eligibility import ResolveTarget
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun
-from actors.submission import build_row
+from actors.submission import build_row, target_offer
 from actors.worker import ReadRecordedOutputs
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
@@ -109,16 +108,6 @@ def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptio
                      flavors, **extra)
 
 
-async def worker_of(svc: Services, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
-    """What the worker a submission targets offers (None: this server); the placer's
-    ``WorkerBook`` decides, and refuses what cannot or may not go there."""
-    if options.target is None or (options.target.remote is None and options.target.pool is None):
-        return None
-    node_types = frozenset(n.type for n in graph.nodes) if graph is not None else frozenset()
-    offer: WorkerOffer | None = await svc.actor("placer").ask(ResolveTarget(options, node_types))
-    return offer
-
-
 @routes.post("/api/runs")
 async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
@@ -128,9 +117,10 @@ async def submit_run(request: web.Request) -> web.Response:
 async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions,
                     **extra: Any) -> dict[str, Any]:
     """Validates and queues one run, as ``POST /api/runs`` answers it."""
-    row, graph = run_row(svc, graph_doc, name, options, worker=await worker_of(svc, options, graph_doc),
+    placer = svc.actor("placer")
+    row, graph = run_row(svc, graph_doc, name, options, worker=await target_offer(placer, options, graph_doc),
                          flavors=await read_flavors(svc.store, graph_doc, options), **extra)
-    run_id, committed = await svc.actor("placer").ask(Submit(row, graph))
+    run_id, committed = await placer.ask(Submit(row, graph))
     position = await committed
     return {"run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
             "lane": row["lane"], "queue_position": position, "warnings": warning_texts(row["warnings"])}

@@ -14,7 +14,7 @@ from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
 from actors.study import Wake
-from actors.submission import build_row
+from actors.submission import build_row, target_offer
 from protocol import events as ev
 from protocol.errors import NotFound, StateConflict
 from protocol.graph import Graph
@@ -24,7 +24,6 @@ from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
 from web.requests import hex_id, read_model
-from web.routes_runs import worker_of
 from web.routes_sweeps import sweep_limits
 
 routes = web.RouteTableDef()
@@ -68,7 +67,7 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
     single run's target."""
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
     variants = compile_variants(body, svc.catalog, sweep_limits(svc))
-    worker = await worker_of(svc, body.options, body.base_graph)
+    worker = await target_offer(svc.actor("placer"), body.options, body.base_graph)
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     for variant in variants:
         build_row(svc.settings, svc.catalog, svc.accelerators, Graph.model_validate(variant["graph"]), body.name,

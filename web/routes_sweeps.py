@@ -13,7 +13,7 @@ from actors.placer.actor import SubmitSweep as PlacerSubmitSweep
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
-from actors.submission import share_base, shared_base
+from actors.submission import share_base, shared_base, target_offer
 from protocol import events as ev
 from protocol.errors import NotFound
 from protocol.graph import Graph
@@ -23,7 +23,7 @@ from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
 from web.requests import hex_id, read_model
-from web.routes_runs import run_row, worker_of
+from web.routes_runs import run_row
 
 routes = web.RouteTableDef()
 
@@ -42,7 +42,8 @@ async def submit_sweep(request: web.Request) -> web.Response:
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
     runs, variants = [], []
-    worker = await worker_of(svc, body.options, body.base_graph)  # a target applies to every variant
+    # A target applies to every variant.
+    worker = await target_offer(svc.actor("placer"), body.options, body.base_graph)
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     base = shared_base(compiled.base)
     for variant in compiled.variants:
