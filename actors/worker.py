@@ -31,7 +31,7 @@ from actors.errors import WorkerNotConnected
 from actors.placer.book import WorkerOffer
 from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
-from actors.worker_view import ConnectionView, said_of
+from actors.worker_view import ConnectionView, LastHeard, said_of
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.worker")
@@ -157,6 +157,8 @@ class WorkerConnection(Actor):
         self._took_a_run = False
         self._hello: wire.Hello | None = None
         self._said: tuple[wire.Hello | None, dict[str, Any] | None] | None = None  # the hello last dumped for views
+        self._heard = LastHeard()  # shared by its views: moved on every frame without a new view
+        self._made: tuple[tuple[Any, ...], ConnectionView] | None = None  # the newest view, and what it shows
         self._missing: tuple[str, ...] = ()
         self._outbox: asyncio.Queue[Any] | None = None
         self._last_beat = time.monotonic()
@@ -261,6 +263,7 @@ class WorkerConnection(Actor):
         self._missing = tuple(sorted(self._catalog_types - set(hello.node_types)))
         self._acks, self._unacked = {}, 0  # acks of the old socket are answered by the replay
         self._last_beat, self._disconnected_at = time.monotonic(), None
+        self._heard.at = self._last_beat
         outbox.put_nowait(wire.Welcome(name=self.worker, degraded=self._degraded,
                                        missing_node_types=list(self._missing), heartbeat_s=self._heartbeat_s))
         reported = set(hello.runs)
@@ -284,7 +287,7 @@ class WorkerConnection(Actor):
         return self._hello is not None and self._hello.catalog_digest != self._catalog_digest
 
     def _from_worker(self, frames: tuple[Any, ...]) -> None:
-        self._last_beat = time.monotonic()
+        self._last_beat = self._heard.at = time.monotonic()
         by_run: dict[str, list[Any]] = {}
         for frame in frames:
             self._upto = max(self._upto, frame.frame_no)
@@ -440,8 +443,16 @@ class WorkerConnection(Actor):
         on = list(self._runs.values())
         slots = tuple((device, physical, limit, on.count(device))
                       for device, (physical, limit) in (self._devices().items() if self._hello else []))
+        runs = tuple(sorted(self._runs))
+        # What the view shows, the hello by identity: unchanged (a heartbeat that only says
+        # it is alive), the published view stays, and so does its encoded text.
+        key = (connected, self._degraded, self._draining, self._missing, id(self._hello), tuple(self._free.items()),
+               slots, runs, self._warm, self._artifacts)
+        if self._made is not None and key == self._made[0]:
+            return self._made[1]
         if self._said is None or self._said[0] is not self._hello:
             self._said = (self._hello, said_of(self._hello) if self._hello is not None else None)
-        return ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._hello,
-                              self._said[1], dict(self._free), slots, tuple(sorted(self._runs)),
-                              self._last_beat if connected else None, self._warm, self._artifacts)
+        view = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._hello,
+                              self._said[1], dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
+        self._made = (key, view)
+        return view

@@ -13,13 +13,25 @@ from protocol import jsonsafe
 from protocol import worker as wire
 
 
+class LastHeard:
+    """When a connection last heard its worker (monotonic), moved in place by the
+    connection on every frame and shared by its views: a heartbeat that changes nothing
+    but this needs no new view."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+
 @dataclass(frozen=True)
 class ConnectionView:
     """What ``GET /api/workers`` shows of a connection, published after every burst of
     messages so that the list costs no ask per worker. It holds the parsed frames as they
     came (never mutated) and copies of what changes; the JSON is made when it is read, so
-    a heartbeat costs a few references, not a dump. ``heard_at`` (monotonic) becomes
-    seconds ago when it is read, not when it was published."""
+    a heartbeat costs a few references, not a dump, and one that changed nothing else
+    keeps the view (and its encoded text) as it was. ``heard`` is the one live part: the
+    connection moves it on every frame, and it becomes seconds ago when it is read."""
 
     name: str
     connected: bool
@@ -33,7 +45,7 @@ class ConnectionView:
     free: dict[str, int]  # a card's free memory as of the last heartbeat
     slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
     runs: tuple[str, ...]
-    heard_at: float | None
+    heard: LastHeard
     warm: Any
     artifacts: Any
 
@@ -53,7 +65,8 @@ class ConnectionView:
         return inventory
 
     def _heard(self) -> float | None:
-        return None if self.heard_at is None else round(time.monotonic() - self.heard_at, 1)
+        at = self.heard.at
+        return None if at is None or not self.connected else round(time.monotonic() - at, 1)
 
     @functools.cached_property
     def _text(self) -> str:
