@@ -452,7 +452,7 @@ class WorkerConnection(Actor):
             return self._made[1]
         if self._said is None or self._said[0] is not self._hello:
             self._said = (self._hello, said_of(self._hello) if self._hello is not None else None)
-        view = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._hello,
-                              self._said[1], dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
+        view = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._said[1],
+                              dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
         self._made = (key, view)
         return view

@@ -38,7 +38,6 @@ class ConnectionView:
     degraded: bool
     draining: bool
     missing: tuple[str, ...]
-    hello: wire.Hello | None
     # What the view shows of the hello, dumped once per hello (never changed): a heartbeat's
     # new view copies only its cards' free memory.
     said: dict[str, Any] | None
