@@ -23,6 +23,7 @@ from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
 from actors.store.runs import DeleteRun, InsertRun, Prune, UpdateRun
 from actors.store.studies import UpdateStudy
+from protocol import events as ev
 
 RESET = object()
 LAGGED = object()
@@ -146,9 +147,9 @@ class EventHub(Actor):
             case RecordLateArtifact(artifact):  # an ended run's file that came late: its event
                 for queue in list(self._by_run.get(artifact.run_id, ())):
                     self._offer(queue, result, _weight(result))
-            case InsertRun(row):
-                self._change({"kind": "created", "run_id": row["id"], "status": row["status"],
-                              "queue_key": row["queue_key"], "lane": row["lane"], "name": row.get("name")})
+            case InsertRun(record):
+                self._change({"kind": "created", "run_id": record.id, "status": ev.QUEUED,
+                              "queue_key": str(record.queue_key), "lane": record.lane, "name": record.name})
             case UpdateRun(run_id, fields) if "status" in fields:
                 self._change({"kind": "status", "run_id": run_id, "status": fields["status"]})
             case DeleteRun(run_id):

@@ -48,6 +48,7 @@ from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import worker as wire
+from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
@@ -65,7 +66,7 @@ class _OneShotTimeout:
 class RunActor(Actor):
     def __init__(
         self,
-        row: dict[str, Any],
+        record: RunRecord,
         graph: ExecutableGraph,
         store: StoreClient,
         registry: Registry,
@@ -73,13 +74,17 @@ class RunActor(Actor):
         executor_pool: Executor,
         node_pool: Executor | None = None,
         node_cache: NodeCache | None = None,
+        adoption: Adoption | None = None,
     ) -> None:
-        super().__init__(f"runs/{row['id']}")
+        super().__init__(f"runs/{record.id}")
         self._executor_pool = executor_pool
         self._node_pool = node_pool
         self._node_cache = node_cache
-        self.run_id: str = row["id"]
-        self._row = row
+        self.run_id = record.id
+        # As admitted; once a pool places it, the record of where it went (still frozen).
+        self._record = record
+        self._adoption = adoption
+        self._holds: tuple[tuple[str, str], ...] = adoption.holds if adoption is not None else ()
         self._graph = graph
         self._store = store
         self._registry = registry
@@ -92,32 +97,33 @@ class RunActor(Actor):
         self._released = False
         self._caps: dict[str, int] = {}  # the shared cards it holds: device -> card total MiB
         self._outbox: list[dict[str, Any]] = []
-        self._worker: str | None = row.get("worker")
+        self._worker: str | None = record.worker
         # A worker run: the highest frame counter applied (persisted with the events), the
         # frames applied since the last write, and the newest write in flight.
-        self._applied: int = int(row.get("worker_counter") or 0)
+        self._applied = adoption.worker_counter if adoption is not None else 0
         self._frames = 0
         self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
-        self._writes = RunWrites(self.run_id, row.get("study_id"), store, registry, self.ref)
-        self._effects = EventRows(self.run_id, bool(row.get("record_outputs")), settings.recorded_outputs_keep)
+        self._writes = RunWrites(self.run_id, record.study_id, store, registry, self.ref)
+        self._effects = EventRows(self.run_id, record.record_outputs, settings.recorded_outputs_keep)
 
     async def on_start(self) -> None:
-        if self._row.get("adopting"):
+        record = self._record
+        if self._adoption is not None:
             # The last server left this run executing on its worker: the log goes on
             # from the last persisted seq once the worker reports the run again.
             self._status = ev.DISCONNECTED
-            self._next_seq = int(self._row["next_seq"])
+            self._next_seq = self._adoption.next_seq
             self._write(UpdateRun(self.run_id, {"status": ev.DISCONNECTED}))
             self._emit(ev.WARNING, None, {"message": f"the control plane restarted; waiting for worker "
                                                      f"{self._worker} to report this run", "code": "worker_adopting"})
             self._flush_events()
             return
-        if self._row.get("one_shot"):  # a batch job's agent may never come: the wait is bounded
-            waited = time.time() - datetime.fromisoformat(self._row["created_at"]).timestamp()
+        if record.one_shot:  # a batch job's agent may never come: the wait is bounded
+            waited = time.time() - datetime.fromisoformat(record.created_at).timestamp()
             asyncio.get_running_loop().call_later(max(0.0, self._settings.worker_one_shot_queue_timeout_s - waited),
                                                   self.ref.tell, _OneShotTimeout())
-        self._emit(ev.RUN_QUEUED, None, {"queue_key": self._row["queue_key"], "lane": self._row["lane"]})
-        for kind, node_id, payload in opening_events(self._row):
+        self._emit(ev.RUN_QUEUED, None, {"queue_key": str(record.queue_key), "lane": record.lane})
+        for kind, node_id, payload in opening_events(record):
             self._emit(kind, node_id, payload)
         self._flush_events()
 
@@ -166,17 +172,18 @@ class RunActor(Actor):
             case WorkerGone() | WorkerBack() | WorkerLost() | WorkerFailed():
                 self._on_worker_link(message)
             case Placement():
-                return {"run_id": self.run_id, "status": self._status, "lane": self._row["lane"],
-                        "editor_session": self._row.get("editor_session"), "worker": self._worker,
-                        "seeded": self._row.get("seed") is not None and self._worker is None,
-                        "holds": [tuple(h) for h in self._row.get("holds") or ()], "released": self._released,
-                        "budget_mib": self._row.get("memory_budget_mib")}
+                record = self._record
+                return {"run_id": self.run_id, "status": self._status, "lane": record.lane,
+                        "editor_session": record.editor_session, "worker": self._worker,
+                        "seeded": record.seeded and self._worker is None,
+                        "holds": list(self._holds), "released": self._released,
+                        "budget_mib": record.memory_budget_mib}
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
                 holding = self._status in (ev.RUNNING, ev.DISCONNECTED) and not self._released
-                if holding and self._row["lane"] == ev.LANE_QUEUED:
-                    queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
+                if holding and self._record.lane == ev.LANE_QUEUED:
+                    queue = self._registry.lookup(f"queues/{self._record.queue_key}")
                     if queue is not None:
                         queue.tell(Occupying(self.run_id))
             case _:
@@ -209,15 +216,18 @@ class RunActor(Actor):
         self._status = ev.RUNNING
         fields: dict[str, Any] = {"status": ev.RUNNING, "started_at": ev.utc_now()}
         if holds:
-            fields["holds"] = self._row["holds"] = [list(hold) for hold in holds]
-        started: dict[str, Any] = {"device": device or self._row["device"], "seed": self._row.get("seed")}
+            self._holds = tuple(holds)
+            fields["holds"] = [list(hold) for hold in holds]
+        record = self._record
+        started: dict[str, Any] = {"device": device or record.device, "seed": record.seed}
         if self._caps:
-            started["memory_budget_mib"] = self._row.get("memory_budget_mib")
+            started["memory_budget_mib"] = record.memory_budget_mib
         if worker is not None:  # placed by target ``any``
-            self._worker = self._row["worker"] = fields["worker"] = started["worker"] = worker
-            self._row["device"] = fields["device"] = started["device"]
-            if len(self._row["devices"]) == 1:  # ``auto`` became the device it was placed on
-                self._row["devices"] = [started["device"]]
+            self._worker = fields["worker"] = started["worker"] = worker
+            fields["device"] = started["device"]
+            # ``auto`` became the device it was placed on.
+            self._record = record.with_changes(worker=worker, device=started["device"], devices=(
+                (started["device"],) if len(record.devices) == 1 else record.devices))
         if self._worker is None:  # this process executes it (a worker's child reports its own)
             fields["execution_facts"] = execution_facts(CONTROL_PLANE)
         self._write(UpdateRun(self.run_id, fields))
@@ -230,17 +240,17 @@ class RunActor(Actor):
             Execute(
                 graph=self._graph,
                 run_id=self.run_id,
-                device=torch_device(self._row["device"], self._settings.cuda_visible_devices),
-                seed=self._row.get("seed"),
-                deterministic=bool(self._row.get("deterministic")),
+                device=torch_device(self._record.device, self._settings.cuda_visible_devices),
+                seed=self._record.seed,
+                deterministic=self._record.deterministic,
                 max_parallel=self._settings.max_parallel_nodes,
                 cancel=self._cancel,
                 pool=self._node_pool,
                 run_dir=self._settings.home / "runs" / self.run_id,
                 cpu_gate=self._cpu_gate(),
                 cache=self._editor_cache(),
-                provenance=(self._row.get("options") or {}).get("provenance"),
-                resume=local_resume(self._row.get("resumed_from")),
+                provenance=self._record.provenance,
+                resume=local_resume(self._record.resumed_from),
                 console_cap_bytes=self._settings.run_console_cap_bytes,
             ),
             asyncio.get_running_loop(),
@@ -250,9 +260,9 @@ class RunActor(Actor):
     def _editor_cache(self) -> SessionCache | None:
         """The editor session's cache, for an interactive run only: a queued run is a
         record of its own, computed from scratch whoever submitted it."""
-        session = self._row.get("editor_session")
+        session = self._record.editor_session
         cache = self._node_cache
-        if self._row["lane"] != ev.LANE_INTERACTIVE or not session or cache is None or not cache.enabled:
+        if self._record.lane != ev.LANE_INTERACTIVE or not session or cache is None or not cache.enabled:
             return None
         return cache.session(session)
 
@@ -263,7 +273,7 @@ class RunActor(Actor):
                 self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
             return
         if what == "assign":
-            connection.tell(AssignRun(self.run_id, assign_frame(self._row, self._settings, self._caps)))
+            connection.tell(AssignRun(self.run_id, assign_frame(self._record, self._settings, self._caps)))
         else:
             connection.tell(CancelOnWorker(self.run_id))
 
@@ -291,8 +301,8 @@ class RunActor(Actor):
         if self._released:
             return
         self._released = True
-        queue = self._registry.lookup(f"queues/{self._row['queue_key']}")
-        if queue is not None and self._row["lane"] == ev.LANE_QUEUED:
+        queue = self._registry.lookup(f"queues/{self._record.queue_key}")
+        if queue is not None and self._record.lane == ev.LANE_QUEUED:
             queue.tell(Release(self.run_id))
         placer = self._registry.lookup("placer")
         if placer is not None:
@@ -347,14 +357,15 @@ class RunActor(Actor):
         """An exact peak on a worker's cards becomes the next budget of the same graph on
         as many cards: from a run that succeeded, or one that ran out of memory (then a
         budget that was derived from an earlier peak is known to be too small)."""
-        if memory is None or memory[0] is None or not memory[1] or self._row.get("graph_digest") is None:
+        record = self._record
+        if memory is None or memory[0] is None or not memory[1] or record.graph_digest is None:
             return
-        cards = sum(1 for device in self._row["devices"] if device.startswith("cuda"))
+        cards = sum(1 for device in record.devices if device.startswith("cuda"))
         if not cards or not (status == ev.SUCCEEDED or memory[2]):
             return
-        derived = self._row.get("memory_budget_source") == "measured"
-        failed = self._row.get("memory_budget_mib") if memory[2] and derived else None
-        self._write(RecordPeak(self._row["graph_digest"], cards, memory[0], failed, status == ev.SUCCEEDED))
+        derived = record.memory_budget_source == "measured"
+        failed = record.memory_budget_mib if memory[2] and derived else None
+        self._write(RecordPeak(record.graph_digest, cards, memory[0], failed, status == ev.SUCCEEDED))
 
     async def on_failure(self, error: BaseException) -> None:
         # A crashed RunActor fails its run; it is never silently retried.

@@ -1,16 +1,18 @@
-"""What a run's executor is told, made from the run's row: the checkpoint files an
+"""What a run's executor is told, made from the run's record: the checkpoint files an
 in-process run resumes from, and the ``assign`` frame a worker runs it from. Kept apart
 from the RunActor, whose concern is the run's lifecycle, not the wire's shape."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from protocol import worker as wire
+from protocol.run_record import RunRecord
 from protocol.settings import Settings
 
 
-def local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | None:
+def local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:
     """The checkpoint files of a resumed in-process run, on this machine."""
     if not resumed:
         return None
@@ -18,7 +20,7 @@ def local_resume(resumed: dict[str, Any] | None) -> dict[str, dict[str, str]] | 
             for node, plan in resumed["nodes"].items()}
 
 
-def _remote_resume(resumed: dict[str, Any] | None) -> dict[str, wire.ResumeFiles]:
+def _remote_resume(resumed: Mapping[str, Any] | None) -> dict[str, wire.ResumeFiles]:
     """Where a worker's child fetches the checkpoint of a resumed run from."""
     if not resumed:
         return {}
@@ -30,17 +32,16 @@ def _remote_resume(resumed: dict[str, Any] | None) -> dict[str, wire.ResumeFiles
             for node, plan in resumed["nodes"].items()}
 
 
-def assign_frame(row: dict[str, Any], settings: Settings, caps: dict[str, int]) -> wire.Assign:
+def assign_frame(record: RunRecord, settings: Settings, caps: dict[str, int]) -> wire.Assign:
     """``caps``: the shared cards the run holds (device -> card total MiB); its budget
     caps it on each, and only then is it sent."""
     storage = wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
                            s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
-    return wire.Assign(run_id=row["id"], graph=row["graph"], seed=row.get("seed"),
-                       deterministic=bool(row.get("deterministic")), devices=list(row["devices"]),
+    return wire.Assign(run_id=record.id, graph=dict(record.graph), seed=record.seed,
+                       deterministic=record.deterministic, devices=list(record.devices),
                        max_parallel=settings.max_parallel_nodes,
-                       memory_budget_mib=row.get("memory_budget_mib") if caps else None,
+                       memory_budget_mib=record.memory_budget_mib if caps else None,
                        memory_total_mib=caps,
-                       provenance=(row.get("options") or {}).get("provenance"),
-                       record_outputs=bool(row.get("record_outputs")),
-                       storage=storage, resume=_remote_resume(row.get("resumed_from")),
+                       provenance=record.provenance, record_outputs=record.record_outputs,
+                       storage=storage, resume=_remote_resume(record.resumed_from),
                        console_cap_bytes=max(0, settings.run_console_cap_bytes))

@@ -5,13 +5,14 @@ RunActor owns the order of writes; this module only says which."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
 from actors.store.events import RecordOutputs
 from actors.store.runs import UpdateRun
 from protocol import events as ev
+from protocol.run_record import RunRecord
 
 
 class EventRows:
@@ -55,15 +56,15 @@ class EventRows:
             "first_at": self._first_epoch[1], "at": now}})
 
 
-def opening_events(row: dict[str, Any]) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+def opening_events(record: RunRecord) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
     """After ``run_queued``: the checkpoint a resumed run continues from (by content),
     then the warnings its submission gave (a text, or a message with its code and node)."""
-    resumed: dict[str, Any] = row.get("resumed_from") or {}
+    resumed: Mapping[str, Any] = record.resumed_from or {}
     for node_id, plan in resumed.get("nodes", {}).items():
         for part in ("weights", "state"):
             yield ev.PROVENANCE, node_id, {
                 "kind": "checkpoint", "ref": f"run:{resumed['run_id']}/artifacts/{plan[f'{part}_id']}",
                 "mode": "content", "sha256": plan[f"{part}_sha256"], "epoch": plan["epoch"], "resume": part}
-    for warning in row.get("warnings", ()):
+    for warning in record.warnings:
         found = dict(warning) if isinstance(warning, dict) else {"message": warning}
         yield ev.WARNING, found.pop("node_id", None), found

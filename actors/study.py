@@ -27,12 +27,10 @@ from actors.resources import read_flavors
 from actors.run_messages import Cancel, RunStatusChanged
 from actors.store import StoreClient
 from actors.store.studies import GetStudy, SetAttemptStatus, UpdateStudy
-from actors.submission import build_row, share_base, shared_base, target_offer
+from actors.submission import Submission, shared_base
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.graph import Graph
-from protocol.settings import Settings
-from subprocess_runner.catalog import Catalog
 from subprocess_runner.studies import attempt_seed
 from subprocess_runner.sweeps import with_params
 
@@ -66,15 +64,11 @@ class _Persist:
 
 
 class StudyActor(Actor):
-    def __init__(self, study_id: str, store: StoreClient, registry: Registry, settings: Settings,
-                 catalog: Catalog, accelerators: tuple[str, ...]) -> None:
+    def __init__(self, study_id: str, store: StoreClient, registry: Registry) -> None:
         super().__init__(f"studies/{study_id}")
         self.study_id = study_id
         self._store = store
         self._registry = registry
-        self._settings = settings
-        self._catalog = catalog
-        self._accelerators = accelerators
         self._active: float | None = None  # active seconds, counted from the row
         self._last = time.monotonic()
         self._deadline: asyncio.TimerHandle | None = None
@@ -204,18 +198,13 @@ class StudyActor(Actor):
         if placer is None:
             return
         # A worker target applies to every attempt, checked as a single run's target is.
-        worker = await target_offer(placer, options, graph)
-        row, executable = build_row(
-            self._settings, self._catalog, self._accelerators, graph, name, options, "/base_graph", worker,
-            await read_flavors(self._store, graph, options), seed=attempt_seed(spec.get("seed"), repeat),
-            study_id=self.study_id,
-        )
-        if base is not None:
-            share_base(row, shared_base(base), document, chosen["params"])
-        record = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt,
-                  "run_id": row["id"]}
-        _, committed = await placer.ask(Submit(row, executable, record))
-        await committed
+        submission = Submission(
+            graph, name, options, await read_flavors(self._store, graph, options), "/base_graph",
+            seed=attempt_seed(spec.get("seed"), repeat), study_id=self.study_id,
+            shared=(shared_base(base), document, chosen["params"]) if base is not None else None)
+        row = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt}
+        admitted = await placer.ask(Submit(submission, row))
+        await admitted.committed
 
     async def _stop_attempt(self, attempt: dict[str, Any], reason: str) -> None:
         self._store.write(SetAttemptStatus(self.study_id, attempt["attempt"], "over_budget"))

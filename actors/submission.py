@@ -1,7 +1,7 @@
-"""A run's row and executable graph from a submission, validated completely (device,
-lane, graph, declared cpus) before anything is queued. Used by the HTTP routes and by
-the actors that queue runs of their own (studies). Which worker a target may reach is
-decided before, by the placer's target rules (``placer/eligibility.py``)."""
+"""A run's record and executable graph from a submission, validated completely (device,
+lane, graph, declared cpus) before anything is queued. The placer makes them, in the one
+conversation a submitter has with it (``Submit``): it decides first which worker the
+target may reach, by its target rules (``placer/eligibility.py``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.base import ActorRef
 from actors.placer.book import WorkerOffer
-from actors.placer.eligibility import ResolveTarget
 from actors.resources import Machine, resolve
 from protocol import events as ev
 from protocol.api import RunOptions, held_devices
@@ -25,6 +24,7 @@ from protocol.graph import Graph
 from protocol.queue_key import ANY_POOL as ANY
 from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
 from protocol.queue_key import QueueKey
+from protocol.run_record import RunRecord, SharedGraph
 from protocol.settings import UPLOAD_LABEL, Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
@@ -34,14 +34,53 @@ from subprocess_runner.mounts import resolve as resolve_mounts
 from subprocess_runner.transfer import upload_ids
 
 
-def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], graph_doc: Graph,
-              name: str | None, options: RunOptions, prefix: str = "/graph",
-              worker: WorkerOffer | None = None, flavors: Mapping[str, Mapping[str, Any]] | None = None,
-              **extra: Any) -> tuple[dict[str, Any], ExecutableGraph]:
-    """Validates a submission completely (device, lane, graph, resources) before anything
-    is queued, and returns the run's row and executable graph. ``worker`` is what the
-    targeted worker offers; an ask for devices it can never grant is refused here, with
-    the numbers. ``flavors``: those the submission names, as stored now."""
+@dataclass(frozen=True)
+class Submission:
+    """One run as a submitter asks for it; the placer answers it with a ``RunRecord``.
+    ``flavors``: those the graph names, as stored now (a store read the submitter makes);
+    ``shared``: a sweep's or a study's variant, stored as its params over the base."""
+
+    graph: Graph
+    name: str | None
+    options: RunOptions
+    flavors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    prefix: str = "/graph"  # where the graph is in the request, for an error's pointer
+    seed: int | None = None  # a variant's or an attempt's own seed, over options.seed
+    sweep_id: str | None = None
+    sweep_variant: int | None = None
+    study_id: str | None = None
+    rerun_of: str | None = None
+    resumed_from: Mapping[str, Any] | None = None
+    shared: tuple[tuple[str, str], dict[str, Any], dict[str, Any]] | None = None  # (base, document, params)
+
+    @property
+    def node_types(self) -> frozenset[str]:
+        return frozenset(n.type for n in self.graph.nodes)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What validating a submission needs of this server, read once at start."""
+
+    settings: Settings
+    catalog: Catalog
+    accelerators: tuple[str, ...]
+
+    def record(self, submission: Submission, worker: WorkerOffer | None) -> tuple[RunRecord, ExecutableGraph]:
+        """Validates a submission completely (device, lane, graph, resources) before
+        anything is queued. ``worker``: what the worker it targets offers (None: this
+        server); an ask for devices it can never grant is refused here, with the numbers."""
+        record, graph = _build(self.settings, self.catalog, self.accelerators, submission, worker)
+        if submission.shared is not None:
+            base, document, params = submission.shared
+            if dict(record.graph) == document:  # as submitted (a flavor or a mount could make them differ)
+                record = record.with_changes(shared_graph=SharedGraph(*base, params))
+        return record, graph
+
+
+def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], submission: Submission,
+           worker: WorkerOffer | None) -> tuple[RunRecord, ExecutableGraph]:
+    graph_doc, options, prefix = submission.graph, submission.options, submission.prefix
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
     requested, where = options.device, "/options/device"
@@ -76,7 +115,7 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
                       f"worker {worker.name} has" if not anywhere else "the largest worker has") \
         if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
                                            "this server lends (TROUPE_CPUS)")
-    resolved = resolve(graph_doc, options, flavors or {}, prefix, machine, worker is not None)
+    resolved = resolve(graph_doc, options, submission.flavors, prefix, machine, worker is not None)
     engine_doc = _with_own_mounts(resolved.graph, settings, prefix) if worker is None else resolved.graph
     if worker is not None:
         _check_mounts(worker, graph_doc, prefix, settings)
@@ -88,46 +127,42 @@ def build_row(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...
         raise InvalidRequest("options.target.memory_gib budgets a run on a worker's shared card; runs in this "
                              "server share one process and cannot be capped, so name a worker (or any)",
                              pointer="/options/target/memory_gib", code="memory_budget_needs_worker")
-    row = {
-        "id": uuid.uuid4().hex,
-        "name": name or graph_doc.name,
-        "status": ev.QUEUED,
-        "device": device,
-        "queue_key": str(QueueKey(worker.name if worker is not None else None, device)),
-        "worker": worker.name if worker is not None and not anywhere else None,  # a pool's: set when placed
-        "one_shot": worker is not None and worker.one_shot,
-        "duration_s": resolved.duration_s,
-        "lane": options.lane,
-        "editor_session": options.editor_session,
-        "seed": options.seed,
-        "deterministic": options.deterministic,
-        "record_outputs": options.record_outputs,
-        "graph": graph_json,
-        "options": (dumped := options.model_dump(mode="json", exclude_none=True)),
-        "devices": held_devices(dumped, device),
-        "warnings": ([warning] if warning else []) + resolved.warnings,
-        "created_at": ev.utc_now(),
-        "graph_digest": graph_digest(graph_json),
+    dumped = options.model_dump(mode="json", exclude_none=True)
+    record = RunRecord(
+        id=uuid.uuid4().hex,
+        name=submission.name or graph_doc.name,
+        queue_key=QueueKey(worker.name if worker is not None else None, device),
+        device=device,
+        devices=tuple(held_devices(dumped, device)),
+        worker=worker.name if worker is not None and not anywhere else None,  # a pool's: set when placed
+        one_shot=worker is not None and worker.one_shot,
+        lane=options.lane,
+        graph=graph_json,
+        options=dumped,
+        created_at=ev.utc_now(),
+        editor_session=options.editor_session,
+        seed=submission.seed if submission.seed is not None else options.seed,
+        deterministic=options.deterministic,
+        record_outputs=options.record_outputs,
+        warnings=tuple(([warning] if warning else []) + resolved.warnings),
+        graph_digest=graph_digest(graph_json),
+        duration_s=resolved.duration_s,
         # A declared budget; the placer derives one from a measured peak for a worker run.
-        "memory_budget_mib": math.ceil(memory_gib * 1024) if memory_gib is not None else None,
-        "memory_budget_source": "declared" if memory_gib is not None else None,
-        **extra,
-    }
-    return row, graph
+        memory_budget_mib=math.ceil(memory_gib * 1024) if memory_gib is not None else None,
+        memory_budget_source="declared" if memory_gib is not None else None,
+        sweep_id=submission.sweep_id,
+        sweep_variant=submission.sweep_variant,
+        study_id=submission.study_id,
+        rerun_of=submission.rerun_of,
+        resumed_from=submission.resumed_from,
+    )
+    return record, graph
 
 
 def shared_base(base: dict[str, Any]) -> tuple[str, str]:
     """The digest and text a sweep's or a study's runs store their base graph under."""
     text = json.dumps(base, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest(), text
-
-
-def share_base(row: dict[str, Any], base: tuple[str, str], graph: dict[str, Any], params: dict[str, Any]) -> None:
-    """The run keeps the variant's graph, whose unchanged nodes are the base's own, and
-    is stored as its params over the base, which is stored once."""
-    if row["graph"] == graph:  # as submitted (a flavor or a mount could make them differ)
-        row["graph"] = graph
-        row["shared_graph"] = (*base, params)
 
 
 def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph:
@@ -223,15 +258,3 @@ def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
             f"the run asks for {len(devices)} devices ({', '.join(devices)}); worker {worker.name} offers "
             f"{len(cards)} card{'s' if len(cards) != 1 else ''} ({', '.join(cards) or 'none'}) and lacks "
             f"{', '.join(lacking)}", pointer="/options/target/devices", code="worker_cannot_grant")
-
-
-async def target_offer(placer: ActorRef, options: RunOptions, graph: Graph | None = None) -> WorkerOffer | None:
-    """What the worker a submission targets offers (None: this server), for every
-    submitter (runs, sweeps, studies and their attempts). The placer's target rules
-    decide, and refuse what cannot or may not go there; a run for this server asks
-    nothing."""
-    if options.target is None or (options.target.remote is None and options.target.pool is None):
-        return None
-    node_types = frozenset(n.type for n in graph.nodes) if graph is not None else frozenset()
-    offer: WorkerOffer | None = await placer.ask(ResolveTarget(options, node_types))
-    return offer

@@ -15,7 +15,6 @@ import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from actors.base import ActorRef, Registry, Shutdown
@@ -34,10 +33,12 @@ from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
 from actors.store.studies import ListStudies, UpdateStudy
 from actors.store.workers import WorkerExited
 from actors.study import StudyActor, Wake
+from actors.submission import Admission
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
 from protocol import events as ev
 from protocol.graph import Graph
+from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import host_machine_id, parse_device, probe_accelerators, visible_cards
@@ -45,6 +46,7 @@ from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
 from supervisors import tree
+from supervisors.failed import FailedWorkers
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Supervisor
 from web.app import WebService
 from web.context import Services
@@ -75,7 +77,7 @@ class ControlPlane:
         self.login = LoginBook(token=self.token)  # browsers and terminals log in with links (web/login.py)
         self.lan_hosts: tuple[str, ...] = ()  # bound beyond loopback: the names it is reached by
         # Workers whose connection actor kept crashing, with the reason (GET /api/workers).
-        self.failed_workers: dict[str, str] = {}
+        self.failed_workers = FailedWorkers()
         self.placer: ActorRef | None = None  # the live placer's ref, set by its factory
 
     @property
@@ -131,8 +133,8 @@ class ControlPlane:
                 settings=self.settings, catalog=self.catalog, store=self.store, registry=self.registry,
                 token=self.token, version=self.version, started_at=ev.utc_now(),
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
-                node_cache=self.node_cache, login=self.login, failed_workers=MappingProxyType(self.failed_workers),
-                forget_failed=lambda name: self.failed_workers.pop(name, None),
+                node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers.snapshot,
+                forget_failed=self.failed_workers.forget,
                 start_ssh=self.start_ssh, lan_hosts=self.lan_hosts,
             )
         )
@@ -162,9 +164,12 @@ class ControlPlane:
                                              {"status": ev.INTERRUPTED, "error": error, "reason": "server_restart"})
                     await self.store.write(AppendEvents(row["id"], (finished,)))
                     continue
-                specs[kind].append(RunSpec(row["id"], row["queue_key"], row["lane"], row, graph))
+                adoption = Adoption(int(row["next_seq"]), int(row.get("worker_counter") or 0),
+                                    tuple((str(p), str(d)) for p, d in row.get("holds") or ())) \
+                    if kind == "adopted" else None
+                specs[kind].append(RunSpec(RunRecord.from_row(row), graph, adoption))
         for spec in specs["adopted"]:
-            self.start_worker(str(spec.row["worker"])).tell(Adopted(spec.run_id, spec.row["device"]))
+            self.start_worker(str(spec.record.worker)).tell(Adopted(spec.run_id, spec.record.device))
         if specs["adopted"] or specs["queued"]:
             log.warning("adopting %d worker runs and restoring %d queued runs", len(specs["adopted"]),
                         len(specs["queued"]))
@@ -186,14 +191,16 @@ class ControlPlane:
             self.store, self.registry, interactive_limit=self.settings.run_interactive_max_concurrent,
             spawn_run=self._spawn_run, ensure_queue=self._ensure_queue, ensure_ledger=self._ensure_ledger,
             local_devices=local, catalog_types=frozenset(self.catalog.types),
+            admission=Admission(self.settings, self.catalog, self.accelerators),
         )
         self.placer = placer.start(self.registry)
         return self.placer
 
     def _spawn_run(self, spec: RunSpec) -> ActorRef:
         def factory() -> ActorRef:
-            actor = RunActor(dict(spec.row), spec.graph, self.store, self.registry, self.settings,
-                             executor_pool=self.executor_pool, node_pool=self.node_pool, node_cache=self.node_cache)
+            actor = RunActor(spec.record, spec.graph, self.store, self.registry, self.settings,
+                             executor_pool=self.executor_pool, node_pool=self.node_pool, node_cache=self.node_cache,
+                             adoption=spec.adoption)
             return actor.start(self.registry)
 
         return self.runs.start_child(ChildSpec(f"{tree.RUNS.name}/{spec.run_id}", factory, tree.RUNS.restart))
@@ -237,7 +244,7 @@ class ControlPlane:
             return
 
         def factory() -> ActorRef:
-            actor = StudyActor(study_id, self.store, self.registry, self.settings, self.catalog, self.accelerators)
+            actor = StudyActor(study_id, self.store, self.registry)
             return actor.start(self.registry)
 
         self.studies.start_child(ChildSpec(name, factory, tree.STUDIES.restart))
@@ -246,7 +253,7 @@ class ControlPlane:
         existing = self.workers.child(f"workers/{name}")
         if existing is not None:
             return existing
-        self.failed_workers.pop(name, None)  # a fresh connection gets a fresh chance
+        self.failed_workers.forget(name)  # a fresh connection gets a fresh chance
 
         def factory() -> ActorRef:
             settings = self.settings
@@ -268,12 +275,12 @@ class ControlPlane:
         name = f"{tree.SSH.name}/{target.name}"
         if self.workers.child(name) is not None or self.port is None:
             return None
-        self.failed_workers.pop(target.name, None)
+        self.failed_workers.forget(target.name)
 
         port, forward = self.port, self.web.forward_target
 
         def failed(worker: str, reason: str) -> None:
-            self.failed_workers[worker] = reason
+            self.failed_workers.record(worker, reason)
 
         return self.workers.start_child(ChildSpec(
             name, lambda: SshSession(target, port, self.store, failed, forward).start(self.registry),
@@ -284,7 +291,7 @@ class ControlPlane:
         lost (nothing can route their frames) and its agent's next connection retries."""
         name = spec.name.removeprefix("workers/")
         log.error("worker %s failed: its connection actor kept crashing (%s)", name, exit_info.reason)
-        self.failed_workers[name] = f"crashed repeatedly: {exit_info.reason}"
+        self.failed_workers.record(name, f"crashed repeatedly: {exit_info.reason}")
         for run_name in self.registry.names("runs/"):
             run = self.registry.lookup(run_name)
             if run is not None:

@@ -42,9 +42,9 @@ class Services:
     # Login links and the cookies of logged-in browsers.
     login: LoginBook = field(default_factory=LoginBook)
     # Workers whose connection actor kept crashing, or whose SSH session cannot be kept
-    # up, with the reason: a read-only view of the root's record, which only the root
-    # changes (``forget_failed`` when a worker is removed).
-    failed_workers: Mapping[str, str] = field(default_factory=dict)
+    # up, with the reason: an immutable snapshot of the root's record, which only the
+    # root changes (``forget_failed`` when a worker is removed).
+    failed_workers: Callable[[], Mapping[str, str]] = lambda: {}
     forget_failed: Callable[[str], str | None] = lambda name: None
     # Opens the SSH session of a worker served over ``ssh -R``; None when one is open.
     start_ssh: Callable[[SshTarget], ActorRef | None] = lambda target: None

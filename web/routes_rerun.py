@@ -36,13 +36,14 @@ async def rerun(request: web.Request) -> web.Response:
     row = await svc.store.read(GetRun(old_id))
     if row is None:
         raise NotFound(f"no run {old_id}", code="run_not_found")
-    extra: dict[str, Any] = {"rerun_of": old_id}
+    resumed_from = None
     if body.resume:
         if row["status"] in ev.ACTIVE_STATES:
             raise StateConflict(f"run {old_id} is {row['status']}; a run is resumed once it has ended",
                                 code="run_active")
-        extra["resumed_from"] = await _resume_plan(svc, row)
-    reply = await queue_run(svc, Graph.model_validate(row["graph"]), row["name"], rerun_options(row), **extra)
+        resumed_from = await _resume_plan(svc, row)
+    reply = await queue_run(svc, Graph.model_validate(row["graph"]), row["name"], rerun_options(row),
+                            rerun_of=old_id, resumed_from=resumed_from)
     return json_reply(reply, status=201)
 
 

@@ -6,19 +6,17 @@ import asyncio
 import csv
 import io
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
-from actors.placer.actor import Submit
-from actors.placer.book import WorkerOffer
+from actors.placer.actor import Admitted, Submit
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun
-from actors.submission import build_row, target_offer
+from actors.submission import Submission
 from actors.worker import ReadRecordedOutputs
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
@@ -101,13 +99,6 @@ def warning_texts(warnings: list[Any]) -> list[str]:
     return [w["message"] if isinstance(w, dict) else w for w in warnings]
 
 
-def run_row(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions, prefix: str = "/graph",
-            worker: WorkerOffer | None = None, flavors: Mapping[str, Any] | None = None,
-            **extra: Any) -> tuple[dict[str, Any], Any]:
-    return build_row(svc.settings, svc.catalog, svc.accelerators, graph_doc, name, options, prefix, worker,
-                     flavors, **extra)
-
-
 @routes.post("/api/runs")
 async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
@@ -115,15 +106,15 @@ async def submit_run(request: web.Request) -> web.Response:
 
 
 async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions,
-                    **extra: Any) -> dict[str, Any]:
-    """Validates and queues one run, as ``POST /api/runs`` answers it."""
-    placer = svc.actor("placer")
-    row, graph = run_row(svc, graph_doc, name, options, worker=await target_offer(placer, options, graph_doc),
-                         flavors=await read_flavors(svc.store, graph_doc, options), **extra)
-    run_id, committed = await placer.ask(Submit(row, graph))
-    position = await committed
-    return {"run_id": run_id, "status": ev.QUEUED, "device": row["device"], "queue_key": row["queue_key"],
-            "lane": row["lane"], "queue_position": position, "warnings": warning_texts(row["warnings"])}
+                    **asked: Any) -> dict[str, Any]:
+    """Validates and queues one run, as ``POST /api/runs`` answers it: one ``Submit`` to
+    the placer. ``asked``: more of the ``Submission`` (a rerun's origin)."""
+    submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options), **asked)
+    admitted: Admitted = await svc.actor("placer").ask(Submit(submission))
+    position = await admitted.committed
+    record = admitted.record
+    return {"run_id": record.id, "status": ev.QUEUED, "device": record.device, "queue_key": str(record.queue_key),
+            "lane": record.lane, "queue_position": position, "warnings": warning_texts(list(record.warnings))}
 
 
 # A page of runs ends before the run of this enqueue sequence: digits, opaque to clients.

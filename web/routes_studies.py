@@ -10,11 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
+from actors.placer.actor import Check
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
 from actors.study import Wake
-from actors.submission import build_row, target_offer
+from actors.submission import Submission
 from protocol import events as ev
 from protocol.errors import NotFound, StateConflict
 from protocol.graph import Graph
@@ -67,11 +68,10 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
     single run's target."""
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
     variants = compile_variants(body, svc.catalog, sweep_limits(svc))
-    worker = await target_offer(svc.actor("placer"), body.options, body.base_graph)
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
-    for variant in variants:
-        build_row(svc.settings, svc.catalog, svc.accelerators, Graph.model_validate(variant["graph"]), body.name,
-                  body.options, "/base_graph", worker, flavors)
+    await svc.actor("placer").ask(Check(tuple(
+        Submission(Graph.model_validate(variant["graph"]), body.name, body.options, flavors, "/base_graph")
+        for variant in variants)))
     return {
         "id": uuid.uuid4().hex, "name": body.name or body.base_graph.name or "study", "state": "running",
         # The base graph once; each variant is its params over it.

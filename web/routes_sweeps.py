@@ -13,7 +13,7 @@ from actors.placer.actor import SubmitSweep as PlacerSubmitSweep
 from actors.resources import read_flavors
 from actors.run_messages import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
-from actors.submission import share_base, shared_base, target_offer
+from actors.submission import Submission, shared_base
 from protocol import events as ev
 from protocol.errors import NotFound
 from protocol.graph import Graph
@@ -23,7 +23,6 @@ from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
 from web.requests import hex_id, read_model
-from web.routes_runs import run_row
 
 routes = web.RouteTableDef()
 
@@ -41,25 +40,22 @@ async def submit_sweep(request: web.Request) -> web.Response:
     compiled = compile_sweep(body, svc.catalog, sweep_limits(svc))
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
-    runs, variants = [], []
-    # A target applies to every variant.
-    worker = await target_offer(svc.actor("placer"), body.options, body.base_graph)
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     base = shared_base(compiled.base)
-    for variant in compiled.variants:
-        row, graph = run_row(svc, Graph.model_validate(variant.graph), name, body.options, "/base_graph",
-                             worker, flavors, seed=variant.seed, sweep_id=sweep_id, sweep_variant=variant.index)
-        share_base(row, base, variant.graph, variant.params)
-        runs.append((row, graph))
-        variants.append({"index": variant.index, "run_id": row["id"], "params": variant.params, "seed": variant.seed})
+    # A target applies to every variant.
+    submissions = tuple(
+        Submission(Graph.model_validate(variant.graph), name, body.options, flavors, "/base_graph", seed=variant.seed,
+                   sweep_id=sweep_id, sweep_variant=variant.index, shared=(base, variant.graph, variant.params))
+        for variant in compiled.variants)
+    variants = tuple({"index": v.index, "params": v.params, "seed": v.seed} for v in compiled.variants)
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),
              "objective": body.objective.model_dump(mode="json"), "domains": compiled.domains,
              "total": compiled.total_combinations, "created_at": ev.utc_now()}
-    committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, tuple(variants), tuple(runs)))
+    records, committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, variants, submissions))
     await committed
     return json_reply(
         {"sweep_id": sweep_id, "total_combinations": compiled.total_combinations, "params": compiled.domains,
-         "variants": [{**v, "status": ev.QUEUED} for v in variants]},
+         "variants": [{**v, "run_id": r.id, "status": ev.QUEUED} for v, r in zip(variants, records, strict=True)]},
         status=201,
     )
 

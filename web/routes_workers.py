@@ -72,10 +72,11 @@ async def list_workers(request: web.Request) -> web.Response:
     views = [_connection_view(live) for live in lives]
     instances = _instances(svc, [row["name"] for row in enrolled])
     cards = _cards(svc, policies, [view.inventory for view in views if view is not None])
+    failures = svc.failed_workers()
     texts: list[str] = []  # each worker's JSON: a view's own part is encoded once per view
     for row, live, view in zip(enrolled, lives, views, strict=True):
         mine = instances.get(row["name"], [])
-        failed = svc.failed_workers.get(row["name"])
+        failed = failures.get(row["name"])
         if view is not None and not mine and (failed is None or live is not None):
             texts.append(view.json_text(cards=cards(view.inventory), instances=mine, enrolled_at=row["enrolled_at"]))
             continue
@@ -102,11 +103,12 @@ async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any
     before it could, such as a refused key)."""
     sessions = {name.removeprefix("ssh/"): ref for name in svc.registry.names("ssh/")
                 if (ref := svc.registry.lookup(name)) is not None}
-    names = sorted((set(sessions) | set(svc.failed_workers)) - enrolled)
+    failures = svc.failed_workers()
+    names = sorted((set(sessions) | set(failures)) - enrolled)
     rows: list[dict[str, Any]] = []
     for name in names:
         session = _view(sessions.get(name))
-        failed = svc.failed_workers.get(name)
+        failed = failures.get(name)
         rows.append({"name": name, "state": "failed" if failed else "connecting", "failed_reason": failed,
                      "ssh": session, "one_shot": False, "devices": [], "inventory": None, "slots": [],
                      "running_runs": [], "cards": [], "instances": [], "degraded": False, "draining": False,

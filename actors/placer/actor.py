@@ -25,10 +25,23 @@ from typing import Any
 
 from actors.base import Actor, ActorRef, Registry, Shutdown
 from actors.errors import EditorSessionBusy, LaneFull, QueueQuarantined, SeedGateClosed, ShuttingDown
-from actors.placer.book import MOUNT_NEED, WorkerBook
+from actors.placer.book import MOUNT_NEED, WorkerBook, WorkerOffer
 from actors.placer.eligibility import Eligibility, ResolveTarget
 from actors.placer.ledger import Policy
-from actors.placer.messages import Admit, CardMemory, CardPolicy, Reannounce, Released, WorkerOffline, WorkerOnline
+from actors.placer.messages import (
+    Admit,
+    Admitted,
+    CardMemory,
+    CardPolicy,
+    Check,
+    Reannounce,
+    Released,
+    RunSpec,
+    Submit,
+    SubmitSweep,
+    WorkerOffline,
+    WorkerOnline,
+)
 from actors.placer.placement import WorkerPlacement
 from actors.placer.queue import Enqueue, Occupying, Readmit
 from actors.run_messages import Discard, Placement, Start
@@ -36,8 +49,10 @@ from actors.store import StoreClient
 from actors.store.memory import CardPolicies, LastPeak
 from actors.store.runs import InsertRun, MaxEnqueueSeq
 from actors.store.sweeps import CreateSweep
+from actors.submission import Admission, Submission
 from protocol import events as ev
 from protocol.queue_key import QueueKey
+from protocol.run_record import RunRecord
 from protocol.settings import UPLOAD_LABEL
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.mounts import labels_of
@@ -49,8 +64,10 @@ PEAK_MARGIN = 1.2
 
 __all__ = [
     "Admit",
+    "Admitted",
     "CardMemory",
     "CardPolicy",
+    "Check",
     "Placer",
     "Quarantine",
     "Quarantined",
@@ -64,38 +81,6 @@ __all__ = [
     "WorkerOffline",
     "WorkerOnline",
 ]
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What a RunActor needs to exist; built by the placer from a submission."""
-
-    run_id: str
-    queue_key: str
-    lane: str
-    row: Mapping[str, Any]
-    graph: ExecutableGraph
-
-
-@dataclass(frozen=True)
-class Submit:
-    """Ask: queue a new run from its validated row and graph. Replies
-    ``(run_id, commit_future)``; the future resolves when the row is committed."""
-
-    row: Mapping[str, Any]
-    graph: ExecutableGraph
-    # A study's attempt row, written in the run's own transaction.
-    attempt: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class SubmitSweep:
-    """Ask: queue every variant run of a sweep at once. Replies the commit future of the
-    one transaction that stores the sweep, its variants and its runs."""
-
-    sweep: Mapping[str, Any]
-    variants: tuple[Mapping[str, Any], ...]
-    runs: tuple[tuple[Mapping[str, Any], ExecutableGraph], ...]
 
 
 @dataclass(frozen=True)
@@ -154,6 +139,7 @@ class Placer(Actor):
         ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
         local_devices: Mapping[str, tuple[str, int]] | None = None,
         catalog_types: frozenset[str] = frozenset(),
+        admission: Admission,
     ) -> None:
         super().__init__("placer")
         self._store = store
@@ -173,6 +159,7 @@ class Placer(Actor):
         self._slots = WorkerPlacement(self._book, registry, ensure_ledger, lambda: registry.lookup("placer"),
                                       local_devices)
         self._types = catalog_types
+        self._admission = admission
         self._needs: dict[str, frozenset[str]] = {}  # runs for ``any``: the node types of their graph
         self._eligibility = Eligibility(self._book)
         self._closed = False
@@ -212,21 +199,23 @@ class Placer(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Submit(row, graph, attempt):
-                row = dict(row)
-                await self._memory_budget(row)
-                return self._submit(row, graph, attempt)
-            case SubmitSweep(sweep, variants, runs):
-                rows = [dict(row) for row, _ in runs]
-                for each in rows:
-                    await self._memory_budget(each)
-                return self._submit_sweep(sweep, variants, tuple(zip(rows, (g for _, g in runs), strict=True)))
+            case Submit(submission, attempt):
+                record, graph = await self._admission_of(submission)
+                return self._submit(record, graph, attempt)
+            case SubmitSweep(sweep, variants, submissions):
+                rule = submissions[0] if submissions else None
+                runs = [await self._admission_of(each, rule) for each in submissions]
+                return self._submit_sweep(sweep, variants, runs)
+            case Check(submissions):
+                offer = self._offer(submissions[0]) if submissions else None
+                for each in submissions:
+                    self._admission.record(each, offer)
             case ResolveTarget(options, node_types):
                 return self._eligibility.resolve(options, node_types)
             case Admit(run_id, key) if run_id in self._executing or self._slots.holds(run_id):
                 pass  # handed on again after a restart, and already started
             case Admit(run_id, key):
-                if "/" in key:
+                if QueueKey.parse(key).provider is not None:
                     # A run for ``any`` needs a worker with its graph's node types (after a
                     # restart of this placer, unknown: one with every type of this server).
                     await self._slots.admit(message, self._needs.get(run_id, self._types))
@@ -282,7 +271,7 @@ class Placer(Actor):
         return {"runs": found, "held": held}
 
     async def _predict(self, key: str, seeded: bool) -> dict[str, str] | None:
-        if "/" not in key:  # a local key: the seed gate, then the device
+        if QueueKey.parse(key).provider is None:  # a local key: the seed gate, then the device
             if not self._gate_allows(seeded) or (seeded and self._waiting):
                 return {"code": "seed_gate", "message": "waits for the seed gate: a seeded run executes alone in "
                                                         "this server"}
@@ -293,29 +282,45 @@ class Placer(Actor):
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
         for spec in adopted:
             self._spawn_run(spec)
-            self._ensure_queue(spec.queue_key).tell(Occupying(spec.run_id))
-            self._slots.adopt(spec.run_id, tuple((p, d) for p, d in spec.row.get("holds") or ()),
-                              spec.row.get("memory_budget_mib"))
-        for spec in sorted(queued, key=lambda q: q.row["enqueue_seq"]):
-            self._start_run(dict(spec.row), spec.graph)
+            self._ensure_queue(str(spec.record.queue_key)).tell(Occupying(spec.run_id))
+            self._slots.adopt(spec.run_id, spec.adoption.holds if spec.adoption is not None else (),
+                              spec.record.memory_budget_mib)
+        for spec in sorted(queued, key=lambda q: q.record.enqueue_seq):
+            self._start_run(spec.record, spec.graph)
 
-    async def _memory_budget(self, row: dict[str, Any]) -> None:
+    def _offer(self, submission: Submission) -> WorkerOffer | None:
+        """What the worker a submission targets offers (None: this server), by the
+        target rules, which refuse what cannot or may not go there."""
+        options = submission.options
+        if options.target is None or (options.target.remote is None and options.target.pool is None):
+            return None
+        return self._eligibility.resolve(options, submission.node_types)
+
+    async def _admission_of(self, submission: Submission, rule: Submission | None = None
+                            ) -> tuple[RunRecord, ExecutableGraph]:
+        """A submission's record, its memory budget set; ``rule``: the submission whose
+        target decides (a sweep's first: its variants share target and node types)."""
+        record, graph = self._admission.record(submission, self._offer(rule or submission))
+        return await self._memory_budget(record), graph
+
+    async def _memory_budget(self, record: RunRecord) -> RunRecord:
         """A worker run on a card without a declared budget gets one from the last peak
         its graph measured on as many cards (+20%, or more after it ran out of memory
         under such a budget). A run for a named worker's shared card is refused now if it
         could never fit, has no budget, or does not fit now and did not ask to wait."""
-        worker, anywhere = row.get("worker"), QueueKey.parse(row["queue_key"]).pooled
-        if row["lane"] != ev.LANE_QUEUED or (worker is None and not anywhere):
-            return
-        cards = sum(1 for device in row["devices"] if device.startswith("cuda") or device == "auto")
-        if row.get("memory_budget_mib") is None and cards:
-            found = await self._store.read(LastPeak(row["graph_digest"], cards))
+        worker, anywhere = record.worker, record.queue_key.pooled
+        if record.lane != ev.LANE_QUEUED or (worker is None and not anywhere):
+            return record
+        cards = sum(1 for device in record.devices if device.startswith("cuda") or device == "auto")
+        if record.memory_budget_mib is None and cards and record.graph_digest is not None:
+            found = await self._store.read(LastPeak(record.graph_digest, cards))
             if found is not None:
-                row["memory_budget_mib"] = derived_budget(found["peak_mib"], found["failed_budget_mib"])
-                row["memory_budget_source"] = "measured"
+                record = record.with_changes(memory_budget_source="measured", memory_budget_mib=derived_budget(
+                    found["peak_mib"], found["failed_budget_mib"]))
         if worker is not None:
-            wait = ((row.get("options") or {}).get("target") or {}).get("wait")
-            await self._slots.check(worker, tuple(row["devices"]), row.get("memory_budget_mib"), wait)
+            wait = (record.options.get("target") or {}).get("wait")
+            await self._slots.check(worker, record.devices, record.memory_budget_mib, wait)
+        return record
 
     def _check_open(self, key: str) -> None:
         if self._closed:
@@ -323,32 +328,33 @@ class Placer(Actor):
         if key in self._quarantined:
             raise QueueQuarantined(f"queue {key} is quarantined: {self._quarantined[key]}")
 
-    def _submit(self, row: dict[str, Any], graph: ExecutableGraph, attempt: Mapping[str, Any] | None = None
-                ) -> tuple[str, asyncio.Future[Any]]:
-        key, lane, seeded = row["queue_key"], row["lane"], row.get("seed") is not None
-        self._check_open(key)
-        if lane == ev.LANE_INTERACTIVE:
-            self._check_interactive(row.get("editor_session"), seeded)
+    def _submit(self, record: RunRecord, graph: ExecutableGraph, attempt: Mapping[str, Any] | None = None
+                ) -> Admitted:
+        self._check_open(str(record.queue_key))
+        if record.lane == ev.LANE_INTERACTIVE:
+            self._check_interactive(record.editor_session, record.seeded)
         self._next_seq += 1
-        row["enqueue_seq"] = self._next_seq
-        committed = self._store.write(InsertRun(row, attempt))
-        self._start_run(row, graph)
-        committed.add_done_callback(functools.partial(self._discard_unless_stored, (row["id"],)))
-        return row["id"], committed
+        record = record.with_changes(enqueue_seq=self._next_seq)
+        committed = self._store.write(InsertRun(record, {**attempt, "run_id": record.id} if attempt else None))
+        self._start_run(record, graph)
+        committed.add_done_callback(functools.partial(self._discard_unless_stored, (record.id,)))
+        return Admitted(record, committed)
 
     def _submit_sweep(self, sweep: Mapping[str, Any], variants: tuple[Mapping[str, Any], ...],
-                      runs: tuple[tuple[Mapping[str, Any], ExecutableGraph], ...]) -> asyncio.Future[Any]:
-        rows = [dict(row) for row, _ in runs]
-        for row in rows:
-            self._check_open(row["queue_key"])
-        for row in rows:
+                      runs: list[tuple[RunRecord, ExecutableGraph]]
+                      ) -> tuple[tuple[RunRecord, ...], asyncio.Future[Any]]:
+        for record, _ in runs:
+            self._check_open(str(record.queue_key))
+        records = []
+        for record, _ in runs:
             self._next_seq += 1
-            row["enqueue_seq"] = self._next_seq
-        committed = self._store.write(CreateSweep(sweep, variants, tuple(rows)))
-        for row, (_, graph) in zip(rows, runs, strict=True):
-            self._start_run(row, graph)
-        committed.add_done_callback(functools.partial(self._discard_unless_stored, tuple(r["id"] for r in rows)))
-        return committed
+            records.append(record.with_changes(enqueue_seq=self._next_seq))
+        variants = tuple({**variant, "run_id": record.id} for variant, record in zip(variants, records, strict=True))
+        committed = self._store.write(CreateSweep(sweep, variants, tuple(records)))
+        for record, (_, graph) in zip(records, runs, strict=True):
+            self._start_run(record, graph)
+        committed.add_done_callback(functools.partial(self._discard_unless_stored, tuple(r.id for r in records)))
+        return tuple(records), committed
 
     def _discard_unless_stored(self, run_ids: tuple[str, ...], committed: asyncio.Future[Any]) -> None:
         """Runs start before their rows commit (the hot path); runs whose rows could not
@@ -360,19 +366,20 @@ class Placer(Actor):
             if run is not None:
                 run.tell(Discard())
 
-    def _start_run(self, row: dict[str, Any], graph: ExecutableGraph) -> None:
-        run_id, key, lane, seeded = row["id"], row["queue_key"], row["lane"], row.get("seed") is not None
-        self._spawn_run(RunSpec(run_id, key, lane, row, graph))
-        if lane == ev.LANE_INTERACTIVE:
-            self._interactive[run_id] = row.get("editor_session")
-            self._grant(run_id, seeded)
+    def _start_run(self, record: RunRecord, graph: ExecutableGraph) -> None:
+        run_id = record.id
+        self._spawn_run(RunSpec(record, graph))
+        if record.lane == ev.LANE_INTERACTIVE:
+            self._interactive[run_id] = record.editor_session
+            self._grant(run_id, record.seeded)
         else:
-            if QueueKey.parse(key).pooled:  # what a worker must have: node types, storage labels
-                self._needs[run_id] = frozenset(str(n["type"]) for n in row["graph"].get("nodes", ())) | {
-                    f"{MOUNT_NEED}{label}" for label in labels_of(row["graph"]) - {UPLOAD_LABEL}}
-            asked = tuple(row["devices"]) if len(row["devices"]) > 1 else ()
-            self._ensure_queue(key).tell(Enqueue(run_id, row["enqueue_seq"], seeded, asked,
-                                                 row.get("memory_budget_mib"), row.get("duration_s")))
+            if record.queue_key.pooled:  # what a worker must have: node types, storage labels
+                document = dict(record.graph)
+                self._needs[run_id] = frozenset(str(n["type"]) for n in document.get("nodes", ())) | {
+                    f"{MOUNT_NEED}{label}" for label in labels_of(document) - {UPLOAD_LABEL}}
+            asked = record.devices if len(record.devices) > 1 else ()
+            self._ensure_queue(str(record.queue_key)).tell(Enqueue(run_id, record.enqueue_seq, record.seeded, asked,
+                                                                   record.memory_budget_mib, record.duration_s))
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:

@@ -1,10 +1,10 @@
 """Which worker a submission may go to: the one place for the rules of ``options.target``
 (a named worker, ``any``, several devices, drain, degraded catalogs, ``wait``).
 
-The placer answers ``ResolveTarget`` asks from every submitter (the run and sweep
-routes, studies) with these rules, read against its one ``WorkerBook`` (``book.py``), so
-no web module decides placement. It is not an actor: the placer calls it from its own
-mailbox.
+The placer applies these rules to every submission it admits (``Submit``: runs, sweeps,
+study attempts), read against its one ``WorkerBook`` (``book.py``), so no web module
+decides placement; ``ResolveTarget`` asks it what a target would reach. It is not an
+actor: the placer calls it from its own mailbox.
 """
 
 from __future__ import annotations

@@ -1,13 +1,19 @@
-"""Messages the placer receives from its peers (queues, runs, worker connections). They
-live apart from ``actor.py`` so that a peer can send them without importing the placer
-(and the placer's imports), which keeps the actor modules free of import circles."""
+"""Messages the placer receives from its peers (queues, runs, worker connections) and
+from submitters (``Submit``: the one admission conversation). They live apart from
+``actor.py`` so that a peer can send them without importing the placer (and the
+placer's imports), which keeps the actor modules free of import circles."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors.placer.book import WorkerOffer
+from actors.submission import Submission
+from protocol.run_record import Adoption, RunRecord
+from subprocess_runner.engine import ExecutableGraph
 
 
 @dataclass(frozen=True)
@@ -74,3 +80,56 @@ class WorkerOffline:
 @dataclass(frozen=True)
 class Reannounce:
     """To a worker connection, from a restarted placer: tell me your worker again."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a RunActor needs to exist: its record, its graph, and for a run the last
+    server left executing on a worker, where it carries on from."""
+
+    record: RunRecord
+    graph: ExecutableGraph
+    adoption: Adoption | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.record.id
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Ask, the one admission conversation: validate a submission against its target,
+    queue it, and reply ``Admitted``. A refusal is raised to the asker (an
+    ``InvalidRequest`` with its pointer, or why the queue cannot take it)."""
+
+    submission: Submission
+    # A study's attempt row (without its run id), written in the run's own transaction.
+    attempt: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The run as admitted, and a future that resolves to its queue position once its
+    row is committed (or fails, and the run is gone)."""
+
+    record: RunRecord
+    committed: asyncio.Future[Any]
+
+
+@dataclass(frozen=True)
+class SubmitSweep:
+    """Ask: validate and queue every variant run of a sweep at once (one target rule for
+    all). Replies ``(records, commit_future)``: one transaction stores the sweep, its
+    variants (each given its run's id) and its runs."""
+
+    sweep: Mapping[str, Any]
+    variants: tuple[Mapping[str, Any], ...]
+    submissions: tuple[Submission, ...]
+
+
+@dataclass(frozen=True)
+class Check:
+    """Ask: would these submissions be admitted (a study's variants, before it is
+    stored)? Raises what ``Submit`` would; queues nothing."""
+
+    submissions: tuple[Submission, ...]

@@ -22,6 +22,7 @@ from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
 from protocol.api import held_devices
+from protocol.run_record import RunRecord
 from subprocess_runner.sweeps import with_params
 
 # Messages: writes --------------------------------------------------------------
@@ -32,7 +33,7 @@ class InsertRun:
     """Answers the new run's queue position, read in the same transaction. A study's
     run comes with its ``attempt`` row, written in the same transaction."""
 
-    row: Mapping[str, Any]
+    record: RunRecord
     attempt: Mapping[str, Any] | None = None
 
 
@@ -198,15 +199,14 @@ def _encode(key: str, value: Any) -> Any:
     return value
 
 
-def insert_run(conn: apsw.Connection, row: Mapping[str, Any]) -> None:
-    """``row["shared_graph"]``, when given, is ``(digest, base text, params)``: the base is
-    stored once for every run that names it, and the run's graph column holds its params."""
-    values = {k: row[k] for k in RUN_COLUMNS if k in row}
-    shared = row.get("shared_graph")
+def insert_run(conn: apsw.Connection, record: RunRecord) -> None:
+    """A variant's run (``shared_graph``): the base is stored once for every run that
+    names it, and the run's graph column holds its params."""
+    values = record.columns()
+    shared = record.shared_graph
     if shared is not None:
-        digest, text, params = shared
-        conn.execute("INSERT OR IGNORE INTO graph_bases(digest, graph) VALUES (?, ?)", (digest, text))
-        values.update(graph=params, graph_base=digest)
+        conn.execute("INSERT OR IGNORE INTO graph_bases(digest, graph) VALUES (?, ?)", (shared.digest, shared.text))
+        values.update(graph=dict(shared.params), graph_base=shared.digest)
     conn.execute(
         f"INSERT OR IGNORE INTO runs({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
         tuple(_encode(k, v) for k, v in values.items()),
@@ -346,10 +346,10 @@ def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
 
 
 def _insert(s: Session, op: InsertRun) -> int | None:
-    insert_run(s.conn, op.row)
+    insert_run(s.conn, op.record)
     if op.attempt is not None:
         insert_attempt(s.conn, op.attempt)
-    return queue_position(s.conn, op.row["id"])
+    return queue_position(s.conn, op.record.id)
 
 
 def _update(s: Session, op: UpdateRun) -> None:

@@ -17,6 +17,7 @@ import apsw
 
 from actors.store.runs import insert_run
 from actors.store.table import Table
+from protocol.run_record import RunRecord
 
 # Messages ----------------------------------------------------------------------
 
@@ -27,7 +28,7 @@ class CreateSweep:
 
     sweep: Mapping[str, Any]
     variants: tuple[Mapping[str, Any], ...]
-    runs: tuple[Mapping[str, Any], ...]
+    runs: tuple[RunRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class ListSweeps:
 
 
 def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequence[Mapping[str, Any]],
-                 runs: Sequence[Mapping[str, Any]]) -> None:
+                 runs: Sequence[RunRecord]) -> None:
     conn.execute(
         "INSERT INTO sweeps(id, name, state, spec, objective, domains, total, created_at) VALUES (?,?,?,?,?,?,?,?)",
         (sweep["id"], sweep["name"], "running", json.dumps(sweep["spec"]), json.dumps(sweep["objective"]),

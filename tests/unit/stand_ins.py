@@ -6,6 +6,10 @@ import asyncio
 from typing import Any
 
 from actors.base import Actor
+from actors.store import StoreClient
+from actors.store.runs import InsertRun, UpdateRun
+from protocol.queue_key import QueueKey
+from protocol.run_record import RunRecord
 
 
 class Inbox(Actor):
@@ -28,3 +32,19 @@ class Inbox(Actor):
     async def settled(self) -> list[Any]:
         await self.ref.ask(Inbox._PING)
         return self.got
+
+
+def run_record(run_id: str, seq: int = 1, **fields: Any) -> RunRecord:
+    """A queued cpu run's record, as the placer would admit it."""
+    return RunRecord(**{"id": run_id, "name": None, "queue_key": QueueKey(None, "cpu"), "device": "cpu",
+                        "devices": ("cpu",), "lane": "queued", "graph": {}, "options": {}, "created_at": "t",
+                        "enqueue_seq": seq, **fields})
+
+
+def store_run(store: StoreClient, record: RunRecord, status: str = "queued", **later: Any) -> asyncio.Future[Any]:
+    """Stores a run as admitted, then as it went on (its status, the columns ``later``
+    sets), in one batch; the last write's future."""
+    written = store.write(InsertRun(record))
+    if status != "queued" or later:
+        written = store.write(UpdateRun(record.id, {"status": status, **later}))
+    return written

@@ -16,10 +16,15 @@ from actors.placer.ledger import LedgerActor
 from actors.placer.queue import Occupying
 from actors.run_messages import Start
 from actors.store import StoreActor, StoreClient
+from actors.submission import Admission
 from actors.threaded import start_thread_actor
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
-from tests.unit.stand_ins import Inbox
+from protocol.queue_key import QueueKey
+from protocol.run_record import Adoption
+from protocol.settings import Settings
+from subprocess_runner.catalog import load_catalog
+from tests.unit.stand_ins import Inbox, run_record
 
 TYPES = frozenset({"core.Add", "core.Sleep"})
 DEVICES = {"cpu": ("cpu@m1", 2), "cuda:0": ("GPU-0", 1), "cuda:1": ("GPU-1", 1)}
@@ -35,6 +40,7 @@ class Plane:
         self.ledgers: dict[str, object] = {}
         self.inboxes: dict[str, Inbox] = {}
         self.placer = Placer(self.store, self.registry, interactive_limit=2, spawn_run=self.spawn,
+                             admission=Admission(Settings(home=tmp_path), load_catalog(), ()),
                              ensure_queue=self.queue, ensure_ledger=self.ledger, catalog_types=TYPES
                              ).start(self.registry)
 
@@ -130,8 +136,9 @@ async def test_a_run_on_two_cards_holds_both_or_waits_without_a_lookup(plane):
 
 
 async def test_adopted_runs_hold_their_slots_before_anything_is_admitted(plane):
-    adopted = RunSpec("old", "gpu-a/cuda:0", "queued",
-                      {"id": "old", "worker": "gpu-a", "holds": [["gpu-a", "GPU-0"]]}, graph=None)  # type: ignore[arg-type]  # a restart placement reads no graph
+    record = run_record("old", queue_key=QueueKey("gpu-a", "cuda:0"), device="cuda:0", devices=("cuda:0",),
+                        worker="gpu-a")
+    adopted = RunSpec(record, graph=None, adoption=Adoption(2, holds=(("gpu-a", "GPU-0"),)))  # type: ignore[arg-type]  # a restart placement reads no graph
     plane.placer.tell(Restore(adopted=(adopted,)))
     assert await plane.got("queues/gpu-a/cuda:0") == [Occupying("old")]
     plane.placer.tell(online())  # the worker comes back and offers the card again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from actors.base import Registry
 from actors.executor import GraphEnded
@@ -14,31 +15,30 @@ from actors.run import RunActor
 from actors.run_messages import Cancel, RunStatusChanged, Start
 from actors.store import StoreActor, StoreClient
 from actors.store.events import GetEvents
-from actors.store.runs import GetRun, InsertRun
+from actors.store.runs import GetRun
 from actors.threaded import start_thread_actor
 from protocol.graph import Graph
 from protocol.settings import Settings
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.engine import prepare_executable_graph
 from tests.helpers import hello
-from tests.unit.stand_ins import Inbox
+from tests.unit.stand_ins import Inbox, run_record, store_run
 
 RUN_ID = "ab" * 16
 
 
 
-async def setup(tmp_path: Path, registry: Registry | None = None, **extra: object):
+async def setup(tmp_path: Path, registry: Registry | None = None, **extra: Any):
     registry = registry or Registry()
     store = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
     queue, placer = Inbox("queues/cpu"), Inbox("placer")
     queue.start(registry)
     placer.start(registry)
-    row = {"id": RUN_ID, "name": "t", "status": "queued", "device": "cpu", "queue_key": "cpu", "lane": "queued",
-           "graph": hello(), "options": {}, "warnings": ["a warning"], "enqueue_seq": 1, "created_at": "t", **extra}
-    await store.write(InsertRun(row))
+    record = run_record(RUN_ID, name="t", graph=hello(), warnings=("a warning",), **extra)
+    await store_run(store, record)
     graph = prepare_executable_graph(Graph.model_validate(hello()), load_catalog())
     settings = Settings(home=tmp_path)
-    run = RunActor(row, graph, store, registry, settings, executor_pool=ThreadPoolExecutor(2)).start(registry)
+    run = RunActor(record, graph, store, registry, settings, executor_pool=ThreadPoolExecutor(2)).start(registry)
     return store, run, queue, placer
 
 

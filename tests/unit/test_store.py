@@ -11,14 +11,18 @@ from actors.errors import RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.run_list import ListRuns
-from actors.store.runs import DeleteRun, GetRun, InsertRun, Prune, Recover, UpdateRun
+from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun
 from actors.store.schema import SCHEMA_VERSION, open_database
 from actors.threaded import start_thread_actor
+from tests.unit.stand_ins import run_record, store_run
 
 
-def row(seq, status="succeeded"):
-    return {"id": f"{seq:032x}", "name": None, "status": status, "device": "cpu", "queue_key": "cpu",
-            "lane": "queued", "graph": {}, "options": {}, "warnings": [], "enqueue_seq": seq, "created_at": "t"}
+def run_id(seq):
+    return f"{seq:032x}"
+
+
+def insert(store, seq, status="succeeded", **later):
+    return store_run(store, run_record(run_id(seq), seq), status, **later)
 
 
 @pytest.fixture
@@ -43,23 +47,23 @@ def test_the_schema_version_is_kept_in_user_version(tmp_path):
 
 
 async def test_writes_from_one_tick_commit_together_in_order(store):
-    await store.write(InsertRun(row(1, "running")))
-    futures = [store.write(AppendEvents(row(1)["id"], ({"seq": i, "type": "log", "ts": "t", "payload": {"i": i}},)))
+    await insert(store, 1, "running")
+    futures = [store.write(AppendEvents(run_id(1), ({"seq": i, "type": "log", "ts": "t", "payload": {"i": i}},)))
                for i in range(1, 201)]
     await asyncio.gather(*futures)
-    events, cursor = await store.read(GetEvents(row(1)["id"]))
+    events, cursor = await store.read(GetEvents(run_id(1)))
     assert [e["seq"] for e in events] == list(range(1, 201)) and cursor is None
     assert [op.events[0]["seq"] for op in store.committed if isinstance(op, AppendEvents)] == list(range(1, 201))
     # Appending a seq again is a no-op, so a retried write cannot duplicate.
-    await store.write(AppendEvents(row(1)["id"], ({"seq": 5, "type": "log", "ts": "t", "payload": {"i": -1}},)))
-    events, _ = await store.read(GetEvents(row(1)["id"]))
+    await store.write(AppendEvents(run_id(1), ({"seq": 5, "type": "log", "ts": "t", "payload": {"i": -1}},)))
+    events, _ = await store.read(GetEvents(run_id(1)))
     assert len(events) == 200 and events[4]["payload"] == {"i": 5}
 
 
 async def test_a_bad_op_fails_alone(store):
-    good = store.write(InsertRun(row(1)))
-    bad = store.write(UpdateRun(row(1)["id"], {"no_such_column": 1}))
-    also_good = store.write(InsertRun(row(2)))
+    good = insert(store, 1)
+    bad = store.write(UpdateRun(run_id(1), {"no_such_column": 1}))
+    also_good = insert(store, 2)
     await good
     with pytest.raises(ValueError):
         await bad
@@ -69,9 +73,9 @@ async def test_a_bad_op_fails_alone(store):
 
 
 async def test_delete_only_finished_runs(store):
-    await store.write(InsertRun(row(1, "running")))
+    await insert(store, 1, "running")
     with pytest.raises(RunStillActive):
-        await store.write(DeleteRun(row(1)["id"]))
+        await store.write(DeleteRun(run_id(1)))
     with pytest.raises(RunNotFound):
         await store.write(DeleteRun("f" * 32))
 
@@ -79,59 +83,58 @@ async def test_delete_only_finished_runs(store):
 @pytest.mark.parametrize("keep, survivors", [(-1, 6), (0, 1), (2, 2), (4, 4), (10, 6)])
 async def test_retention_window_counts_active_runs_but_never_prunes_them(store, keep, survivors):
     for seq in range(1, 6):
-        await store.write(InsertRun(row(seq)))
-    await store.write(InsertRun(row(6, "running")))  # newest, active
+        await insert(store, seq)
+    await insert(store, 6, "running")  # newest, active
     pruned = await store.write(Prune(keep))
     left = [r["id"] for r in (await store.read(ListRuns(limit=100)))[0]]
-    assert len(left) == survivors and row(6)["id"] in left
+    assert len(left) == survivors and run_id(6) in left
     assert len(pruned) == 6 - survivors
 
 
 async def test_recovery_interrupts_leftover_runs_with_a_terminal_event(store):
-    await store.write(InsertRun(row(1, "running")))
-    await store.write(InsertRun(row(2, "queued")))
-    await store.write(InsertRun(row(3, "succeeded")))
-    await store.write(AppendEvents(row(1)["id"], ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},)))
+    await insert(store, 1, "running")
+    await insert(store, 2, "queued")
+    await insert(store, 3, "succeeded")
+    await store.write(AppendEvents(run_id(1), ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},)))
     recovered = (await store.write(Recover()))["interrupted"]
-    assert sorted(recovered) == [row(1)["id"], row(2)["id"]]
-    assert (await store.read(GetRun(row(1)["id"])))["status"] == "interrupted"
-    events, _ = await store.read(GetEvents(row(1)["id"]))
+    assert sorted(recovered) == [run_id(1), run_id(2)]
+    assert (await store.read(GetRun(run_id(1))))["status"] == "interrupted"
+    events, _ = await store.read(GetEvents(run_id(1)))
     assert [e["seq"] for e in events] == [1, 2] and events[1]["payload"]["status"] == "interrupted"
 
 
 async def test_recovery_adopts_worker_runs_and_keeps_queued_runs_when_asked(store):
-    on_worker = {**row(1, "running"), "worker": "gpu-a", "holds": [["gpu-a", "GPU-1"]]}
-    await store.write(InsertRun(on_worker))
-    await store.write(InsertRun(row(2, "queued")))
-    await store.write(InsertRun(row(3, "running")))
-    await store.write(AppendEvents(row(1)["id"], ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},), 7))
+    await insert(store, 1, "running", worker="gpu-a", holds=[["gpu-a", "GPU-1"]])
+    await insert(store, 2, "queued")
+    await insert(store, 3, "running")
+    await store.write(AppendEvents(run_id(1), ({"seq": 1, "type": "run_queued", "ts": "t", "payload": {}},), 7))
     found = await store.write(Recover(keep_queued=True))
-    assert found["interrupted"] == [row(3)["id"]]
-    assert [r["id"] for r in found["queued"]] == [row(2)["id"]]
+    assert found["interrupted"] == [run_id(3)]
+    assert [r["id"] for r in found["queued"]] == [run_id(2)]
     [adopted] = found["adopted"]
-    assert adopted["id"] == row(1)["id"] and adopted["next_seq"] == 2 and adopted["worker_counter"] == 7
+    assert adopted["id"] == run_id(1) and adopted["next_seq"] == 2 and adopted["worker_counter"] == 7
     assert adopted["holds"] == [["gpu-a", "GPU-1"]]
 
 
 async def test_one_op_that_raises_anything_fails_alone_in_its_batch(store):
-    await store.write(InsertRun(row(1, "running")))
-    await store.write(InsertRun(row(2, "running")))
+    await insert(store, 1, "running")
+    await insert(store, 2, "running")
     huge = {"seq": 1, "type": "metric", "ts": "t", "payload": {"name": "loss", "step": 2**63, "value": 1.0}}
     fine = {"seq": 1, "type": "log", "ts": "t", "payload": {"message": "kept"}}
     # Written together: one batch, one transaction.
-    bad, good = store.write(AppendEvents(row(1)["id"], (huge,))), store.write(AppendEvents(row(2)["id"], (fine,)))
+    bad, good = store.write(AppendEvents(run_id(1), (huge,))), store.write(AppendEvents(run_id(2), (fine,)))
     with pytest.raises(OverflowError):
         await bad
     await good
-    events, _ = await store.read(GetEvents(row(2)["id"]))
+    events, _ = await store.read(GetEvents(run_id(2)))
     assert [e["payload"] for e in events] == [{"message": "kept"}]
 
 
 async def test_a_removed_database_file_breaks_the_store(tmp_path):
     client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
-    await client.write(InsertRun(row(1)))
+    await insert(client, 1)
     (tmp_path / "db").unlink()
     with pytest.raises(Exception, match="removed or replaced"):
-        await client.write(InsertRun(row(2)))
+        await insert(client, 2)
     exit_ = await asyncio.wait_for(client.ref.wait(), 5)
     assert exit_.reason == "broken" and isinstance(exit_.error, apsw.CantOpenError)

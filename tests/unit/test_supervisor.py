@@ -11,10 +11,10 @@ from actors.base import Actor, Registry
 from actors.placer.messages import Admit
 from actors.placer.queue import Occupying, QueueActor, Release, Snapshot
 from actors.store import StoreActor, StoreClient
-from actors.store.runs import InsertRun, UpdateRun
+from actors.store.runs import UpdateRun
 from actors.threaded import start_thread_actor
 from supervisors.supervisor import ChildSpec, MaxRestartsExceeded, Restart, Supervisor
-from tests.unit.stand_ins import Inbox
+from tests.unit.stand_ins import Inbox, run_record, store_run
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,7 @@ async def test_a_crashed_queue_rebuilds_its_fifo_from_the_store(tmp_path):
     placer.start(registry)
     for seq, run_id in enumerate(("a" * 32, "b" * 32, "c" * 32), start=1):
         Inbox(f"runs/{run_id}").start(registry)
-        await store.write(InsertRun({
-            "id": run_id, "name": None, "status": "queued", "device": "cpu", "queue_key": "cpu", "lane": "queued",
-            "graph": {}, "options": {}, "warnings": [], "enqueue_seq": seq, "created_at": "t",
-        }))
+        await store_run(store, run_record(run_id, seq))
     sup = Supervisor("queues")
     queue = sup.start_child(ChildSpec("queues/cpu", lambda: FragileQueue("cpu", 1, store, registry).start(registry)))
     assert await queue.ask(Snapshot()) == {"queue_key": "cpu", "limit": 1, "running": 0, "queued": 3}
