@@ -73,8 +73,11 @@ class Admission:
         record, graph = _build(self.settings, self.catalog, self.accelerators, submission, worker)
         if submission.shared is not None:
             base, document, params = submission.shared
-            if dict(record.graph) == document:  # as submitted (a flavor or a mount could make them differ)
-                record = record.with_changes(shared_graph=SharedGraph(*base, params))
+            # As submitted (a flavor or a mount could make them differ), the run keeps the
+            # variant's graph, whose unchanged nodes are the base's own objects: a sweep of
+            # a large graph holds it about once, not once a variant.
+            if dict(record.graph) == document:
+                record = record.with_changes(graph=document, shared_graph=SharedGraph(*base, params))
         return record, graph
 
 
