@@ -378,6 +378,8 @@ def _prune(s: Session, op: Prune) -> list[str]:
 
 
 def _delete_runs(s: Session, run_ids: list[str]) -> None:
+    if not run_ids:  # retention after most runs: nothing to prune, no scan of the bases
+        return
     # Sweep and study results are harvested first: their tables outlive their runs.
     s.runs_ended(run_ids)
     s.conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
