@@ -128,20 +128,33 @@ class Registry:
 
     def __init__(self) -> None:
         self._refs: dict[str, ActorRef] = {}
+        # The same refs by kind (``runs/``, ``ledgers/``...): a lab has thousands of card
+        # ledgers and worker connections, and listing one kind must not scan them all.
+        self._kinds: dict[str, dict[str, ActorRef]] = {}
 
     def register(self, ref: ActorRef) -> None:
         self._refs[ref.name] = ref
+        self._kinds.setdefault(_kind(ref.name), {})[ref.name] = ref
 
     def unregister(self, ref: ActorRef) -> None:
         if self._refs.get(ref.name) is ref:
             del self._refs[ref.name]
+            kind = self._kinds[_kind(ref.name)]
+            del kind[ref.name]
 
     def lookup(self, name: str) -> ActorRef | None:
         ref = self._refs.get(name)
         return ref if ref is not None and ref.is_alive else None
 
     def names(self, prefix: str = "") -> list[str]:
-        return [n for n, r in self._refs.items() if n.startswith(prefix) and r.is_alive]
+        refs = self._kinds.get(prefix, {}) if prefix.endswith("/") and prefix.count("/") == 1 else self._refs
+        return [n for n, r in refs.items() if n.startswith(prefix) and r.is_alive]
+
+
+def _kind(name: str) -> str:
+    """``runs/`` of ``runs/<id>``; a name without a slash is a kind of its own."""
+    head, slash, _ = name.partition("/")
+    return head + slash if slash else name
 
 
 class Actor:

@@ -5,7 +5,9 @@ changes. Apart from ``worker.py``, whose concern is the link and its runs."""
 from __future__ import annotations
 
 import functools
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,17 +53,24 @@ class ConnectionView:
     def as_json(self) -> dict[str, Any]:
         return {**self._json, "heard_s_ago": self._heard()}  # seconds since its last frame: a live link beats
 
-    def json_text(self, **extra: Any) -> str:
-        """``as_json()`` with ``extra`` after it, as JSON text: the view's own part is
-        encoded once per view, whatever the number of polls that read it before the next
-        heartbeat replaces it; only ``heard_s_ago`` and ``extra`` are encoded per read."""
+    def json_text(self, encoded: Mapping[str, str] | None = None, **extra: Any) -> str:
+        """``as_json()`` with ``encoded`` (values that are JSON text already) and ``extra``
+        after it, as JSON text: the view's own part is encoded once per view, whatever the
+        number of polls that read it before the next heartbeat replaces it; only
+        ``heard_s_ago`` and ``extra`` are encoded per read."""
         tail = jsonsafe.dumps({"heard_s_ago": self._heard(), **extra})
-        return f"{self._text[:-1]}, {tail[1:]}"
+        given = "".join(f", {json.dumps(key)}: {text}" for key, text in (encoded or {}).items())
+        return f"{self._text[:-1]}{given}, {tail[1:]}"
 
-    @property
-    def inventory(self) -> dict[str, Any] | None:
-        inventory: dict[str, Any] | None = self._json["inventory"]
-        return inventory
+    @functools.cached_property
+    def cards(self) -> list[dict[str, Any]]:
+        """Each card as the hello reported it, with its free memory as of the last
+        heartbeat. The list shows them once, in ``cards``, not again in the inventory."""
+        said = self.said
+        if said is None:
+            return []
+        return [{**card, "memory_free_mib": self.free.get(card["uuid"], card["memory_free_mib"])}
+                for card in said["cards"]]
 
     def _heard(self) -> float | None:
         at = self.heard.at
@@ -75,16 +84,11 @@ class ConnectionView:
     def _json(self) -> dict[str, Any]:
         """Made once per view, on its first read: a view read by every poll until the
         next heartbeat replaces it is dumped once."""
-        said = self.said
-        inventory = None
-        if said is not None:
-            inventory = {**said["inventory"], "cards": [
-                {**card, "memory_free_mib": self.free.get(card["uuid"], card["memory_free_mib"])}
-                for card in said["inventory"]["cards"]]}
+        said = {k: v for k, v in self.said.items() if k != "cards"} if self.said is not None else _UNSAID
         return {
             "name": self.name, "state": "connected" if self.connected else "disconnected",
             "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
-            **(said or _UNSAID), "inventory": inventory,
+            **said,
             "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
             "running_runs": list(self.runs),
             "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
@@ -93,12 +97,14 @@ class ConnectionView:
 
 
 _UNSAID: dict[str, Any] = {"version": None, "one_shot": False, "deadline": None, "mounts": {}, "machine_id": None,
-                           "devices": []}
+                           "devices": [], "inventory": None}
 
 
 def said_of(hello: wire.Hello) -> dict[str, Any]:
-    """The parts of the Workers list that only a hello changes, in their order there."""
+    """The parts of the Workers list that only a hello changes, in their order there; its
+    cards apart (``cards``), since a heartbeat moves their free memory."""
     return {"version": hello.version, "one_shot": hello.one_shot, "deadline": hello.deadline,
             "mounts": dict(hello.mounts), "machine_id": hello.machine_id,
             "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
-            "inventory": hello.inventory.model_dump()}
+            "inventory": hello.inventory.model_dump(exclude={"cards"}),
+            "cards": [card.model_dump() for card in hello.inventory.cards]}

@@ -25,6 +25,12 @@ class Conn:
         self.http.close()
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        status, data = self.raw(method, path, body)
+        return status, json.loads(data) if data else None
+
+    def raw(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """The status and the body's bytes, undecoded: a timer around this measures the
+        server and the transfer, not the client's own JSON parsing."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -42,7 +48,7 @@ class Conn:
                 self.http.close()
                 if attempt == 2:
                     raise
-        return response.status, json.loads(data) if data else None
+        return response.status, data
 
     def stream(self, path: str) -> Iterator[tuple[str, Any]]:
         """Yields (event, data) of a server-sent event stream on this connection; reads the

@@ -5,8 +5,9 @@ For each count in ``--agents`` (default 200,800): a fresh ``troupe start``, that
 simulated agents (``bench/_scale_agents.py``: real websockets, real hellos, heartbeats at
 ``--heartbeat-s``) pinned to the last core (``sched_setaffinity``) when there is more than one,
 then ``GET /api/workers`` read every ``--every`` seconds (a fixed clock, never back to
-back) for ``--seconds``. It prints the median and p99 a client sees and the server's CPU
-over the sampling, with the command that reproduces them.
+back) for ``--seconds``. It prints the median and p99 from the request to the body's last
+byte (the client's own JSON parsing is not the server's time), the reply's size, and the
+server's CPU over the sampling, with the command that reproduces them.
 
     .venv/bin/python bench/workers_list.py --agents 200,800
 """
@@ -67,8 +68,10 @@ def _one(agents: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         cpu0, steal0, start = sum(cpu_seconds(server.pid)), steal_s(), time.perf_counter()
         while time.perf_counter() - start < args.seconds:
             t0 = time.perf_counter()
-            status, body = conn.request("GET", "/api/workers")
-            latencies.append(time.perf_counter() - t0)
+            status, data = conn.raw("GET", "/api/workers")
+            latencies.append(time.perf_counter() - t0)  # to the last byte; the parse below is the client's
+            body = json.loads(data)
+            size = len(data)
             if status != 200 or len(body["workers"]) != agents:
                 raise BenchError(f"GET /api/workers answered {status} with "
                                  f"{len(body.get('workers', [])) if isinstance(body, dict) else body!r} workers")
@@ -76,7 +79,7 @@ def _one(agents: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
             time.sleep((math.floor(ticks) + 1 - ticks) * args.every)
         elapsed = time.perf_counter() - start
         cpu = sum(cpu_seconds(server.pid)) - cpu0
-        return {"agents": agents, "latency": summary(latencies), "server_cpu_pct": 100 * cpu / elapsed,
+        return {"agents": agents, "latency": summary(latencies), "server_cpu_pct": 100 * cpu / elapsed, "bytes": size,
                 "steal_s": steal_s() - steal0, "pinned": pinned}
     finally:
         if fleet is not None:
@@ -100,7 +103,7 @@ def main() -> int:
         return 0
     print(f"machine: {machine()}")
     for r in results:
-        print(f"{r['agents']:>4} agents: GET /api/workers {fmt_ms(r['latency'])}; "
+        print(f"{r['agents']:>4} agents: GET /api/workers {fmt_ms(r['latency'])}; {r['bytes'] / 1e3:.0f} kB; "
               f"server CPU {r['server_cpu_pct']:.0f}% of a core; steal {r['steal_s']:.1f} s; {r['pinned']}")
     print(f"reproduce: .venv/bin/python bench/workers_list.py --agents {args.agents} --every {args.every:g} "
           f"--seconds {args.seconds:g}")

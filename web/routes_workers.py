@@ -71,14 +71,15 @@ async def list_workers(request: web.Request) -> web.Response:
     lives = [svc.registry.lookup(f"workers/{row['name']}") for row in enrolled]
     views = [_connection_view(live) for live in lives]
     instances = _instances(svc, [row["name"] for row in enrolled])
-    cards = _cards(svc, policies, [view.inventory for view in views if view is not None])
+    cards = _Cards(svc, policies)
+    shown = _CARDS.texts(views, cards)
     failures = svc.failed_workers()
     texts: list[str] = []  # each worker's JSON: a view's own part is encoded once per view
     for row, live, view in zip(enrolled, lives, views, strict=True):
         mine = instances.get(row["name"], [])
         failed = failures.get(row["name"])
         if view is not None and not mine and (failed is None or live is not None):
-            texts.append(view.json_text(cards=cards(view.inventory), instances=mine, enrolled_at=row["enrolled_at"]))
+            texts.append(view.json_text({"cards": shown(view)}, instances=mine, enrolled_at=row["enrolled_at"]))
             continue
         if view is None and row["exited_at"] and not mine:
             continue  # a spent one-shot worker whose agent exited: its history is in its runs
@@ -92,8 +93,8 @@ async def list_workers(request: web.Request) -> web.Response:
         if mine:  # a batch array's worker: its tasks connect as instances
             snapshot = {**snapshot, "one_shot": True, "state": "connected" if any(
                 i["state"] == "connected" for i in mine) else snapshot["state"]}
-        texts.append(jsonsafe.dumps({**snapshot, "cards": cards(snapshot["inventory"]), "instances": mine,
-                                     "enrolled_at": row["enrolled_at"]}))
+        texts.append(jsonsafe.dumps({**snapshot, "cards": cards(view.cards if view is not None else []),
+                                     "instances": mine, "enrolled_at": row["enrolled_at"]}))
     texts += [jsonsafe.dumps(row) for row in await _not_enrolled(svc, {row["name"] for row in enrolled})]
     return web.Response(text='{"workers": [' + ", ".join(texts) + "]}", content_type="application/json")
 
@@ -147,27 +148,67 @@ def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]
     return {worker: sorted(found, key=lambda i: i["instance"]) for worker, found in by_worker.items()}
 
 
-def _cards(svc: Services, policies: dict[str, Any], inventories: list[dict[str, Any] | None]
-           ) -> Callable[[dict[str, Any] | None], list[Any]]:
-    """Each card of a worker with its policy and its ledger's books (memory promised to
-    the runs holding it), as each physical card's ledger last published them."""
-    uuids = sorted({card["uuid"] for inventory in inventories if inventory for card in inventory["cards"]})
-    ledgers = [svc.registry.lookup(f"ledgers/{uuid}") for uuid in uuids]
-    books = dict(zip(uuids, (_view(ledger) for ledger in ledgers), strict=True))
+class _CardTexts:
+    """The encoded ``cards`` of each worker whose cards have no sharing policy and no
+    ledger books (nearly every worker of a lab, nearly always): made once per connection
+    view, so a poll of 800 workers encodes only what changed. Kept for the views of the
+    last list only; those of other workers are encoded at each read."""
 
-    def of(inventory: dict[str, Any] | None) -> list[Any]:
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[ConnectionView, str]] = {}
+
+    def texts(self, views: list[ConnectionView | None], cards: _Cards) -> Callable[[ConnectionView], str]:
+        kept: dict[int, tuple[ConnectionView, str]] = {}
+        for view in views:
+            if view is None or cards.special(view.cards):
+                continue
+            found = self._kept.get(id(view))
+            kept[id(view)] = found if found is not None and found[0] is view else (
+                view, jsonsafe.dumps(cards(view.cards)))
+        self._kept = kept
+
+        def of(view: ConnectionView) -> str:
+            found = kept.get(id(view))
+            return found[1] if found is not None else jsonsafe.dumps(cards(view.cards))
+
+        return of
+
+
+_CARDS = _CardTexts()
+
+
+class _Cards:
+    """Each card of a worker, as its agent reported it, with its policy and its ledger's
+    books (memory promised to the runs holding it) as each physical card's ledger last
+    published them. Only cards that were ever held have a ledger: those are looked up,
+    not every card of every worker."""
+
+    def __init__(self, svc: Services, policies: dict[str, Any]) -> None:
+        self._policies = policies
+        self._books = {name.removeprefix("ledgers/"): _view(svc.registry.lookup(name)) or {}
+                       for name in svc.registry.names("ledgers/")}
+        self._context = svc.settings.cuda_context_mib
+
+    def special(self, reported: list[dict[str, Any]]) -> bool:
+        """Whether a card has a policy or memory promised on it: then its entry is made at
+        each read (every card has a ledger once its worker came online; few hold runs)."""
+        return any(card["uuid"] in self._policies or (self._books.get(card["uuid"]) or {}).get("budgets")
+                   for card in reported)
+
+    def __call__(self, reported: list[dict[str, Any]]) -> list[Any]:
         found = []
-        for card in (inventory or {}).get("cards", []):
-            policy = policies.get(card["uuid"], {"sharing": "exclusive", "reserved_mib": 0})
-            book = books.get(card["uuid"]) or {}
+        for card in reported:
+            policy = self._policies.get(card["uuid"], _EXCLUSIVE)
+            budgets = (self._books.get(card["uuid"]) or {}).get("budgets", {})
             found.append({
-                "device": f"cuda:{card['index']}", "uuid": card["uuid"], "name": card["name"], **policy,
-                "total_mib": card["memory_total_mib"], "free_mib": card["memory_free_mib"],
-                "context_mib": svc.settings.cuda_context_mib, "budgets": book.get("budgets", {}),
-                "promised_mib": sum(b + svc.settings.cuda_context_mib for b in book.get("budgets", {}).values())})
+                "device": f"cuda:{card['index']}", "index": card["index"], "uuid": card["uuid"], "name": card["name"],
+                "pci_bus_id": card.get("pci_bus_id"), **policy, "total_mib": card["memory_total_mib"],
+                "free_mib": card["memory_free_mib"], "context_mib": self._context, "budgets": budgets,
+                "promised_mib": sum(b + self._context for b in budgets.values())})
         return found
 
-    return of
+
+_EXCLUSIVE = {"sharing": "exclusive", "reserved_mib": 0}
 
 
 def _view(live: ActorRef | None) -> dict[str, Any] | None:
@@ -218,13 +259,13 @@ async def set_card_sharing(request: web.Request) -> web.Response:
     svc = services(request)
     name, device = request.match_info["name"], request.match_info["device"]
     body = await read_model(request, CardSharing)
-    snapshot = _connection(svc.registry.lookup(f"workers/{name}"))
-    if snapshot is None or not snapshot["inventory"]:
+    view = _connection_view(svc.registry.lookup(f"workers/{name}"))
+    if view is None or view.said is None:
         raise NotFound(f"worker {name!r} has not connected since the server started, so its cards are not known",
                        code="worker_not_found")
-    card = next((c for c in snapshot["inventory"]["cards"] if f"cuda:{c['index']}" == device), None)
+    card = next((c for c in view.cards if f"cuda:{c['index']}" == device), None)
     if card is None:
-        offered = ", ".join(f"cuda:{c['index']}" for c in snapshot["inventory"]["cards"]) or "no cards"
+        offered = ", ".join(f"cuda:{c['index']}" for c in view.cards) or "no cards"
         raise NotFound(f"worker {name} has no card {device} (it offers {offered}); only a CUDA card can be shared "
                        "by memory", code="device_not_found")
     await svc.store.write(SetCardPolicy(card["uuid"], body.sharing, body.reserved_mib))

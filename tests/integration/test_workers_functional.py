@@ -92,7 +92,7 @@ def test_an_agent_enrolls_once_connects_and_never_listens(make_server, tmp_path)
         worker = worker_state(server, "gpu-a")
         assert worker["state"] == "connected" and worker["version"] == __version__
         assert worker["machine_id"] == "machine-1" and worker["devices"] == ["cpu", "cuda:0"]
-        assert worker["degraded"] is False and worker["inventory"]["cards"][0]["uuid"] == "GPU-aaaa"
+        assert worker["degraded"] is False and worker["cards"][0]["uuid"] == "GPU-aaaa"
         assert not socket_inodes(agent.pid) & listening_inodes()
         stored = json.loads((tmp_path / "config" / "troupe" / "agent-credentials.json").read_text())
         assert list(stored) == [f"{server.url}|gpu-a"]

@@ -164,3 +164,23 @@ async def test_a_published_view_is_read_without_an_ask_and_rebuilt_once_per_burs
     await ref.ask(Get())
     assert ref.view == {"seen": 50}
     assert builds <= 2  # the burst of 50 and the ask: not one build per message
+
+
+class Named(Actor):
+    async def receive(self, message):
+        return None
+
+
+async def test_the_registry_lists_the_live_actors_of_a_kind_and_of_a_longer_prefix():
+    registry = Registry()
+    refs = {name: Named(name).start(registry) for name in
+            ("placer", "queues/cpu", "queues/gpu-a/cuda:0", "queues/gpu-a/cuda:1", "ledgers/GPU-1", "workers/gpu-a")}
+    assert sorted(registry.names("queues/")) == ["queues/cpu", "queues/gpu-a/cuda:0", "queues/gpu-a/cuda:1"]
+    assert sorted(registry.names("queues/gpu-a/")) == ["queues/gpu-a/cuda:0", "queues/gpu-a/cuda:1"]
+    assert registry.names("placer") == ["placer"] and len(registry.names()) == 6
+    refs["queues/cpu"].stop()
+    await refs["queues/cpu"].wait()
+    assert registry.names("queues/") == ["queues/gpu-a/cuda:0", "queues/gpu-a/cuda:1"]
+    assert registry.lookup("queues/cpu") is None and registry.names("runs/") == []
+    again = Named("queues/cpu").start(registry)  # a restarted actor is found again under its name
+    assert registry.lookup("queues/cpu") is again and "queues/cpu" in registry.names("queues/")
