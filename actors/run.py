@@ -91,7 +91,9 @@ class RunActor(Actor):
         self._settings = settings
         self._status = ev.QUEUED
         self._next_seq = 1
-        self._cancel = threading.Event()
+        # Made when this process executes it: a worker run, or one that never starts,
+        # has no executor to stop (and a lab queues thousands of runs).
+        self._cancel: threading.Event | None = None
         self._stop_as: str | None = None  # the status a requested stop ends in
         self._stop_reason: str | None = None
         self._released = False
@@ -244,7 +246,7 @@ class RunActor(Actor):
                 seed=self._record.seed,
                 deterministic=self._record.deterministic,
                 max_parallel=self._settings.max_parallel_nodes,
-                cancel=self._cancel,
+                cancel=self._executor_cancel(),
                 pool=self._node_pool,
                 run_dir=self._settings.home / "runs" / self.run_id,
                 cpu_gate=self._cpu_gate(),
@@ -292,10 +294,18 @@ class RunActor(Actor):
         if not repeat:
             self._stop_as = final_status
             self._stop_reason = reason
-        self._cancel.set()
+        self._stop_executor()
         if self._worker is not None:
             self._send_to_worker("cancel")
         return {"run_id": self.run_id, "status": self._status, "repeat": repeat}
+
+    def _executor_cancel(self) -> threading.Event:
+        self._cancel = threading.Event()
+        return self._cancel
+
+    def _stop_executor(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
 
     def _release(self) -> None:
         if self._released:
@@ -348,7 +358,7 @@ class RunActor(Actor):
     def _discard(self) -> None:
         self._writes.discard()
         self._outbox.clear()
-        self._cancel.set()
+        self._stop_executor()
         self._release()
         self._status = ev.FAILED
         self.stop_self("not stored")
@@ -369,7 +379,7 @@ class RunActor(Actor):
 
     async def on_failure(self, error: BaseException) -> None:
         # A crashed RunActor fails its run; it is never silently retried.
-        self._cancel.set()
+        self._stop_executor()
         self._release()
         if self._status not in ev.TERMINAL_STATES:
             message = f"internal error: {type(error).__name__}: {error}"
