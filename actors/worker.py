@@ -31,7 +31,7 @@ from actors.errors import WorkerNotConnected
 from actors.placer.book import WorkerOffer
 from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
-from actors.worker_view import ConnectionView, LastHeard, said_of
+from actors.worker_view import ConnectionView, LastHeard, Said, said_of
 from protocol import worker as wire
 
 log = logging.getLogger("troupe.worker")
@@ -156,7 +156,7 @@ class WorkerConnection(Actor):
         self._runs: dict[str, str] = {}  # run id -> the device it executes on
         self._took_a_run = False
         self._hello: wire.Hello | None = None
-        self._said: tuple[wire.Hello | None, dict[str, Any] | None] | None = None  # the hello last dumped for views
+        self._said: tuple[wire.Hello | None, Said | None] | None = None  # the hello last dumped for views
         self._heard = LastHeard()  # shared by its views: moved on every frame without a new view
         self._made: tuple[tuple[Any, ...], ConnectionView] | None = None  # the newest view, and what it shows
         self._missing: tuple[str, ...] = ()

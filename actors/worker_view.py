@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from protocol import jsonsafe
 from protocol import worker as wire
@@ -42,7 +42,7 @@ class ConnectionView:
     missing: tuple[str, ...]
     # What the view shows of the hello, dumped once per hello (never changed): a heartbeat's
     # new view copies only its cards' free memory.
-    said: dict[str, Any] | None
+    said: Said | None
     free: dict[str, int]  # a card's free memory as of the last heartbeat
     slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
     runs: tuple[str, ...]
@@ -70,7 +70,7 @@ class ConnectionView:
         if said is None:
             return []
         return [{**card, "memory_free_mib": self.free.get(card["uuid"], card["memory_free_mib"])}
-                for card in said["cards"]]
+                for card in said.cards]
 
     def _heard(self) -> float | None:
         at = self.heard.at
@@ -84,7 +84,7 @@ class ConnectionView:
     def _json(self) -> dict[str, Any]:
         """Made once per view, on its first read: a view read by every poll until the
         next heartbeat replaces it is dumped once."""
-        said = {k: v for k, v in self.said.items() if k != "cards"} if self.said is not None else _UNSAID
+        said = self.said.shown if self.said is not None else _UNSAID
         return {
             "name": self.name, "state": "connected" if self.connected else "disconnected",
             "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
@@ -100,11 +100,17 @@ _UNSAID: dict[str, Any] = {"version": None, "one_shot": False, "deadline": None,
                            "devices": [], "inventory": None}
 
 
-def said_of(hello: wire.Hello) -> dict[str, Any]:
-    """The parts of the Workers list that only a hello changes, in their order there; its
-    cards apart (``cards``), since a heartbeat moves their free memory."""
-    return {"version": hello.version, "one_shot": hello.one_shot, "deadline": hello.deadline,
-            "mounts": dict(hello.mounts), "machine_id": hello.machine_id,
-            "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
-            "inventory": hello.inventory.model_dump(exclude={"cards"}),
-            "cards": [card.model_dump() for card in hello.inventory.cards]}
+class Said(NamedTuple):
+    """What the Workers list shows of a hello: the parts only a hello changes, in their
+    order there, and its cards apart, since a heartbeat moves their free memory."""
+
+    shown: dict[str, Any]
+    cards: list[dict[str, Any]]
+
+
+def said_of(hello: wire.Hello) -> Said:
+    return Said({"version": hello.version, "one_shot": hello.one_shot, "deadline": hello.deadline,
+                 "mounts": dict(hello.mounts), "machine_id": hello.machine_id,
+                 "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
+                 "inventory": hello.inventory.model_dump(exclude={"cards"})},
+                [card.model_dump() for card in hello.inventory.cards])
