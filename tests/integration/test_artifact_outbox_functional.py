@@ -45,6 +45,8 @@ def _kept(tmp_path: Path, run_id: str) -> dict[str, str]:
     """What the outbox holds for the run: path -> sha256 of the file itself."""
     kept = {}
     for index in (_outbox(tmp_path) / run_id).glob("*/entry.json"):
+        if index.parent.name.startswith("."):
+            continue  # still being made by the run's child: whole only once renamed
         entry = json.loads(index.read_text())
         kept[entry["path"]] = hashlib.sha256((index.parent / "data").read_bytes()).hexdigest()
         assert kept[entry["path"]] == entry["sha256"]
