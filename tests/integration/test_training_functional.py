@@ -60,14 +60,15 @@ def test_a_seeded_run_is_reproducible_and_another_seed_is_not(make_server):
 
 def test_recorded_outputs_describe_tensors_models_and_datasets(make_server):
     server = make_server(TROUPE_RECORDED_OUTPUTS_KEEP="1")
-    run_id = server.submit(quick_digits(epochs=1), record_outputs=True)["run_id"]
+    # Seeded: one epoch of an unseeded run can land either side of the accuracy check.
+    run_id = server.submit(quick_digits(epochs=1), record_outputs=True, seed=7, deterministic=True)["run_id"]
     server.events_until_finished(run_id, timeout=120)
     outputs = server.get(f"/api/runs/{run_id}/outputs")["outputs"]
     assert outputs["digits"]["train"] == {"type": "dataset", "rows": 1438, "features": 64,
                                           "task": "classification", "classes": 10}
     model = outputs["mlp"]["model"]
     assert model["type"] == "model" and model["parameters"] == 64 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10
-    assert outputs["evaluate"]["accuracy"] > 0.5
+    assert outputs["evaluate"]["accuracy"] > 0.5, outputs["evaluate"]
     one = server.get(f"/api/runs/{run_id}/outputs/trainer")
     assert one["outputs"]["model"]["type"] == "model"
     status, reply = server.client.request("GET", f"/api/runs/{run_id}/outputs/nope")
