@@ -57,13 +57,16 @@ class _Outbox:
     size: int = 0
     dropped: dict[str, tuple[int, int]] = field(default_factory=dict)  # run -> (how many, last counter)
 
-    def add(self, frame: wire.RunEvent | wire.RunEnded | wire.Gap) -> list[str]:
+    def add(self, frame: wire.RunFrame) -> list[str]:
         """Keeps the frame (or counts it dropped); returns what to send now, in order."""
         text = frame.model_dump_json()
+        if isinstance(frame, wire.RunEvents) and len(text) > wire.BATCH_BYTES and len(frame.events) > 1:
+            return self._split(frame)
         run = frame.run_id
         if not isinstance(frame, wire.RunEnded) and self.size + len(text) > self.limit:
             count, _ = self.dropped.get(run, (0, 0))
-            self.dropped[run] = (count + 1, frame.counter)
+            self.dropped[run] = (count + (len(frame.events) if isinstance(frame, wire.RunEvents) else 1),
+                                 frame.counter)
             return []
         kept = []
         if run in self.dropped:
@@ -76,6 +79,15 @@ class _Outbox:
             entries.append(entry)
             self.size += len(entry[1])
         return [entry[1] for entry in kept]
+
+    def _split(self, frame: wire.RunEvents) -> list[str]:
+        """A frame of large events, as two frames (each split again while too big): one
+        websocket message stays under the control plane's limit."""
+        half = len(frame.events) // 2
+        head = wire.RunEvents.model_construct(run_id=frame.run_id, counter=frame.first + half - 1,
+                                              events=frame.events[:half])
+        tail = wire.RunEvents.model_construct(run_id=frame.run_id, counter=frame.counter, events=frame.events[half:])
+        return self.add(head) + self.add(tail)
 
     def ack(self, run: str, counter: int) -> None:
         entries = self.runs.get(run)
@@ -97,7 +109,7 @@ class Send:
     """Run frames for the control plane; each is kept until acknowledged, and frames sent
     while disconnected go with the next connection."""
 
-    frames: tuple[Any, ...]
+    frames: tuple[wire.RunFrame, ...]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ limit-1 key for that moment; nothing runs twice).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -389,7 +390,7 @@ class RunActor(Actor):
             self._flush_events()
 
     # Worker frames -----------------------------------------------------------------
-    def _on_worker_frames(self, worker: str, frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]) -> None:
+    def _on_worker_frames(self, worker: str, frames: tuple[wire.RunFrame, ...]) -> None:
         """Applies each frame once: a frame whose counter was applied already (replayed
         after a reconnect, or sent twice) is dropped, and so is one from a worker this
         run was not assigned to. Applied frames are acknowledged once persisted."""
@@ -399,8 +400,14 @@ class RunActor(Actor):
         for frame in frames:
             if frame.counter <= self._applied or self._status in ev.TERMINAL_STATES:
                 continue
-            self._applied = frame.counter
             self._frames += 1
+            if isinstance(frame, wire.RunEvents):  # from the first event not applied yet
+                skip = max(0, self._applied - frame.first + 1)
+                self._applied = frame.counter
+                for kind, node_id, text in frame.events[skip:]:
+                    self._on_worker_event(kind, node_id, text)
+                continue
+            self._applied = frame.counter
             if isinstance(frame, wire.RunEvent):
                 self._on_node_event(frame.kind, frame.node_id, frame.payload, remote=True)
             elif isinstance(frame, wire.Gap):
@@ -434,18 +441,29 @@ class RunActor(Actor):
         else:
             last.add_done_callback(persisted)
 
+    def _on_worker_event(self, kind: str, node_id: str | None, text: str) -> None:
+        """An event of an ``events`` frame, its payload still JSON text (kept as the
+        stored encoding when nothing in it has to change)."""
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            self._refuse(kind, node_id, "its payload is not a JSON object")
+            return
+        self._on_node_event(kind, node_id, payload, remote=True, text=text)
+
     # Events ------------------------------------------------------------------------
-    def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False) -> None:
+    def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False,
+                       text: str | None = None) -> None:
         if kind == ev.ENVIRONMENT and remote:  # a fact of the run, not an event of its log
             self._write(UpdateRun(self.run_id, {"execution_facts": payload}))
             return
-        payload, encoded, refused = ev.admit_event(kind, payload)
+        payload, encoded, refused = ev.admit_event(kind, payload, text)
         if refused is None and remote and kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING):
             refused = ev.worker_artifact_problem(payload, pending=kind == ev.ARTIFACT_PENDING)
         if refused is not None:
-            log.warning("run %s: refused a %s event of node %s: %s", self.run_id, kind, node_id, refused)
-            self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {refused}",
-                                             "code": "event_rejected", "kind": kind})
+            self._refuse(kind, node_id, refused)
             return
         if remote and node_id is not None:
             if kind == ev.NODE_STARTED:
@@ -456,6 +474,11 @@ class RunActor(Actor):
         if row is not None:
             self._write(row)
         self._emit(kind, node_id, payload, encoded)
+
+    def _refuse(self, kind: str, node_id: str | None, why: str) -> None:
+        log.warning("run %s: refused a %s event of node %s: %s", self.run_id, kind, node_id, why)
+        self._emit(ev.WARNING, node_id, {"message": f"a {kind} event was refused: {why}",
+                                         "code": "event_rejected", "kind": kind})
 
     def _emit(self, kind: str, node_id: str | None, payload: dict[str, Any], encoded: str | None = None) -> None:
         self._outbox.append(ev.make_event(self._next_seq, kind, node_id, payload,

@@ -89,7 +89,7 @@ class WorkerFrames:
     not assigned to."""
 
     worker: str
-    frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]
+    frames: tuple[wire.RunFrame, ...]
 
 
 @dataclass(frozen=True)

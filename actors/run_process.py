@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import multiprocessing
 import signal
@@ -115,9 +116,15 @@ class RunProcess(Actor):
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
-                batch: list[pipe.FromChild] = [self._conn.recv()]
-                while len(batch) < 512 and self._conn.poll():
-                    batch.append(self._conn.recv())
+                batch: list[pipe.FromChild] = []
+                while True:  # what waits goes to the actor together
+                    said = self._conn.recv()  # a list of the run's frames, or a warm child's lone one
+                    if isinstance(said, list):
+                        batch.extend(said)
+                    else:
+                        batch.append(said)
+                    if len(batch) >= wire.EVENTS_PER_FRAME or not self._conn.poll():
+                        break
                 loop.call_soon_threadsafe(self.ref.tell, _FromChild(tuple(batch)))
         except (EOFError, OSError):
             pass
@@ -128,8 +135,7 @@ class RunProcess(Actor):
         run_id = self._assign.run_id
         match message:
             case _FromChild(from_child):
-                # A warm child handed over before it finished its imports says so once.
-                frames = [self._frame(frame) for frame in from_child if not isinstance(frame, pipe.Warm)]
+                frames = self._frames(from_child)
                 ended = [f for f in frames if isinstance(f, wire.RunEnded)]
                 if ended and self._uploader is not None:
                     self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
@@ -161,24 +167,44 @@ class RunProcess(Actor):
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def _frame(self, frame: pipe.FromChild) -> wire.RunEvent | wire.RunEnded:
+    def _frames(self, from_child: tuple[pipe.FromChild, ...]) -> list[wire.RunFrame]:
+        """The child's frames as wire frames: its consecutive events as ``events`` frames
+        (up to ``EVENTS_PER_FRAME`` each), its end as ``ended``. Built without validation:
+        the child is this agent's own code, and the control plane validates every frame on
+        arrival anyway."""
         run_id = self._assign.run_id
-        match frame:
-            case pipe.ChildEvent(counter, kind, node_id, payload):
-                self._counter = counter
-                if kind == ev.ARTIFACT_PENDING and self._uploader is not None:
-                    self._uploader.tell(Wake())  # it is in the outbox: send it on
-                if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
-                    self._shelf.record(run_id, node_id, payload.get("outputs") or {})
-                # Built without validation: the child is this agent's own code, and the
-                # control plane validates every frame on arrival anyway.
-                return wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,
-                                                     payload=payload)
-            case pipe.ChildEnded(counter, status, error, node_id, peak_mib, out_of_memory):
-                self._ended, self._counter = True, counter
-                return wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error, node_id=node_id,
-                                     peak_memory_mib=peak_mib, out_of_memory=out_of_memory)
-        raise TypeError(f"run child {run_id} sent an unknown frame {frame!r}")
+        frames: list[wire.RunFrame] = []
+        events: list[tuple[str, str | None, str]] = []
+
+        def flush() -> None:
+            if events:
+                frames.append(wire.RunEvents.model_construct(run_id=run_id, counter=self._counter,
+                                                             events=list(events)))
+                events.clear()
+
+        for frame in from_child:
+            match frame:
+                case pipe.ChildEvent(counter, kind, node_id, payload):
+                    self._counter = counter
+                    if kind == ev.ARTIFACT_PENDING and self._uploader is not None:
+                        self._uploader.tell(Wake())  # it is in the outbox: send it on
+                    if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
+                        self._shelf.record(run_id, node_id, payload.get("outputs") or {})
+                    events.append((kind, node_id, json.dumps(payload, default=str)))
+                    if len(events) == wire.EVENTS_PER_FRAME:
+                        flush()
+                case pipe.ChildEnded(counter, status, error, node_id, peak_mib, out_of_memory):
+                    flush()
+                    self._ended, self._counter = True, counter
+                    frames.append(wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error,
+                                                node_id=node_id, peak_memory_mib=peak_mib,
+                                                out_of_memory=out_of_memory))
+                case pipe.Warm():
+                    pass  # a warm child handed over before it finished its imports says so once
+                case _:
+                    raise TypeError(f"run child {run_id} sent an unknown frame {frame!r}")
+        flush()
+        return frames
 
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():

@@ -314,7 +314,7 @@ class WorkerConnection(Actor):
         for run_id, run_frames in by_run.items():
             self._route(run_id, tuple(run_frames))
 
-    def _route(self, run_id: str, frames: tuple[wire.RunEvent | wire.RunEnded | wire.Gap, ...]) -> None:
+    def _route(self, run_id: str, frames: tuple[wire.RunFrame, ...]) -> None:
         """A worker run's frames take the in-process runs' path: the RunActor numbers
         them, one message and one write for the frames of one batch. Frames of a run this
         server no longer holds (it ended; the ack was lost) are acknowledged, so the agent

@@ -91,12 +91,14 @@ STEP_MAX = 2**53
 NAME_MAX = 200
 
 
-def admit_event(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None, str | None]:
+def admit_event(kind: str, payload: dict[str, Any],
+                text: str | None = None) -> tuple[dict[str, Any], str | None, str | None]:
     """Where an event enters (node code in-process, a worker's frame): the payload to
     record, with non-finite numbers made JSON (``null`` and a ``non_finite`` marker), its
     JSON when it did not change after (``make_event`` reuses it), and why the event is
-    refused, if it is; a refused event never reaches the store."""
-    checked, encoded = jsonsafe.finite_json(payload)
+    refused, if it is; a refused event never reaches the store. ``text``: the JSON the
+    payload was parsed from (a worker's event), reused when it needs no change."""
+    checked, encoded = jsonsafe.finite_json(payload, text)
     admitted, refused = _admit(kind, checked)
     # _admit makes a new payload when it changes one (a huge int value becomes a float).
     return admitted, encoded if admitted is checked else None, refused

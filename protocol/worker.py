@@ -1,6 +1,6 @@
 """The frames of ``/ws/worker``: JSON objects with a ``type``, validated on receipt by
 both ends. Every frame carries the sender's per-connection ``frame_no`` (dedup within one
-connection). A run's frames (event, ended, gap) also carry the run's own ``counter``, set
+connection). A run's frames (event, events, ended, gap) also carry the run's own ``counter``, set
 by the run's child and gap-free from 1: it survives reconnects and control-plane
 restarts, so the agent can resend what was not acknowledged and the control plane can
 drop what it already applied. A run's event ``seq`` is never the agent's to assign.
@@ -229,6 +229,11 @@ class Outputs(_Frame):
     outputs: dict[str, Any] = Field(default_factory=dict)
 
 
+# The most events one ``events`` frame carries; the agent also splits a frame whose text
+# is over ``BATCH_BYTES``.
+EVENTS_PER_FRAME = 512
+
+
 class _RunFrame(_Frame):
     run_id: str
     # The run's own frame counter (from 1, gap-free), kept until acknowledged.
@@ -243,6 +248,26 @@ class RunEvent(_RunFrame):
     kind: str
     node_id: str | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunEvents(_RunFrame):
+    """Agent -> control plane: consecutive events of one run in one frame, each
+    ``[kind, node_id, payload_json]``; ``counter`` is the last one's, so the first is
+    ``counter - len(events) + 1``. A run emitting fast costs one frame, one parse and one
+    acknowledgement per batch rather than per event; a frame replayed after a reconnect is
+    applied only from the first event the RunActor has not applied yet.
+
+    ``payload_json``: the event's payload (a JSON object) as text, which the control plane
+    stores and streams as it came unless it has to change it (a non-finite number, a
+    payload over the cap), instead of encoding it again; one whose text is not an object
+    is refused with a warning in the run's log, as a bad metric is."""
+
+    type: Literal["events"] = "events"
+    events: list[tuple[str, str | None, str]] = Field(min_length=1, max_length=EVENTS_PER_FRAME)
+
+    @property
+    def first(self) -> int:
+        return self.counter - len(self.events) + 1
 
 
 class RunEnded(_RunFrame):
@@ -265,11 +290,12 @@ class Gap(_RunFrame):
     dropped: int = Field(ge=1)
 
 
-RUN_FRAMES = (RunEvent, RunEnded, Gap)
+RUN_FRAMES = (RunEvent, RunEvents, RunEnded, Gap)
+RunFrame = RunEvent | RunEvents | RunEnded | Gap
 
 Frame = Annotated[
     Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
-    | RunEnded | Gap | ReadOutputs | Outputs,
+    | RunEvents | RunEnded | Gap | ReadOutputs | Outputs,
     Field(discriminator="type"),
 ]
 FRAME = TypeAdapter(Frame)

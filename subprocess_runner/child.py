@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import platformdirs
 
 from protocol import pipe
+from subprocess_runner.upstream import Upstream
 
 if TYPE_CHECKING:
     from protocol.worker import Storage
@@ -152,28 +153,24 @@ def _set_cards(assign: dict[str, Any]) -> list[str]:
 
 class _Run:
     """One run in this process: what its steps share (the pipe, the run's own directory,
-    its cards, the cancel request). Its frames up the pipe are numbered here."""
+    its cards, the cancel request). Its frames go up the pipe through its ``Upstream``."""
 
     def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str]) -> None:
         self.conn = conn
         self.assign = assign
         self.devices = devices
-        self.counter = 0  # the run's own frame counter: gap-free from 1, the agent's replay key
+        self.upstream = Upstream(conn, _PIPE)  # numbers the run's frames and sends them in batches
         # The run's files live in a directory of its own; its artifacts are stored from there
         # (their paths relative to it: the control plane refuses one that points elsewhere).
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
         self.cancel = threading.Event()
 
     def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
-        with _PIPE:
-            self.counter += 1
-            self.conn.send(pipe.ChildEvent(self.counter, kind, node_id, payload))
+        self.upstream.event(kind, node_id, payload)
 
     def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
             out_of_memory: bool) -> None:
-        with _PIPE:
-            self.counter += 1
-            self.conn.send(pipe.ChildEnded(self.counter, status, error, node_id, peak_mib, out_of_memory))
+        self.upstream.end(status, error, node_id, peak_mib, out_of_memory)
 
     def listen(self) -> None:
         """Until the agent cancels the run (or the pipe closes: the agent is gone)."""

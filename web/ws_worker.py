@@ -115,8 +115,7 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             try:
                 frames = wire.parse_frames(message.data)
                 for frame in frames:
-                    if isinstance(frame, wire.RunEvent) and frame.kind not in ev.WORKER_KINDS:
-                        raise ValueError(f"event kind {frame.kind!r} is not the worker's to send")
+                    _check_kinds(frame)
             except (ValidationError, ValueError) as exc:
                 log.warning("worker %s sent a malformed frame: %s", name, exc)
                 await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
@@ -138,6 +137,20 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
         if live is not None:
             live.tell(Detached(outbox))
     return ws
+
+
+def _check_kinds(frame: Any) -> None:
+    """A worker sends its runs' node events; the run's own lifecycle events (queued,
+    started, finished) are the RunActor's alone."""
+    if isinstance(frame, wire.RunEvent):
+        kinds: Any = (frame.kind,)
+    elif isinstance(frame, wire.RunEvents):
+        kinds = {kind for kind, _, _ in frame.events}
+    else:
+        return
+    for kind in kinds:
+        if kind not in ev.WORKER_KINDS:
+            raise ValueError(f"event kind {kind!r} is not the worker's to send")
 
 
 async def _connected(live: Any) -> bool:

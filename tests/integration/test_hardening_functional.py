@@ -79,9 +79,7 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
     session, ws = await forger(shared_server, "bounds")
     try:
         run_id = shared_server.submit(hello(), target={"worker": "bounds"})["run_id"]
-        assign = wire.parse_frame((await ws.receive(timeout=10)).data)
-        while not isinstance(assign, wire.Assign):
-            assign = wire.parse_frame((await ws.receive(timeout=10)).data)
+        await assigned(ws)
         bad = [("artifact", {"kind": "checkpoint", "path": "/etc/shadow"}),
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/../../escape.pt"}),
                ("metric", {"name": "loss", "step": 2**63, "value": 1.0}),
@@ -104,6 +102,59 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
     assert len(rejected) == 5
     artifacts = shared_server.get(f"/api/runs/{run_id}")["artifacts"]
     assert [a["path"] for a in artifacts] == ["checkpoints/last.pt"]
+
+
+async def assigned(ws) -> wire.Assign:
+    frame = wire.parse_frame((await ws.receive(timeout=10)).data)
+    while not isinstance(frame, wire.Assign):
+        frame = wire.parse_frame((await ws.receive(timeout=10)).data)
+    return frame
+
+
+async def test_an_events_frame_is_applied_once_from_its_first_new_event(shared_server):
+    session, ws = await forger(shared_server, "batches")
+
+    def events(counter: int, *items: tuple[str, str | None, str]) -> str:
+        return wire.RunEvents(run_id=run_id, counter=counter, events=list(items)).model_dump_json()
+
+    def line(i: int) -> tuple[str, None, str]:
+        return "log", None, json.dumps({"message": f"line {i}"})
+
+    try:
+        run_id = shared_server.submit(hello(), target={"worker": "batches"})["run_id"]
+        await assigned(ws)
+        await ws.send_str(events(3, line(1), line(2), line(3)))
+        await ws.send_str(events(5, line(2), line(3), line(4), line(5)))  # replayed, with two new ones
+        await ws.send_str(events(8, ("metric", "m", '{"name": "loss", "step": 1, "value": NaN}'),
+                                 ("log", None, "[1, 2]"), ("log", None, "not json")))
+        await ws.send_str(wire.RunEnded(run_id=run_id, counter=9, status="succeeded").model_dump_json())
+        shared_server.wait_status(run_id, "succeeded")
+    finally:
+        await session.close()
+    logged = shared_server.get(f"/api/runs/{run_id}/events")["events"]
+    assert [e["seq"] for e in logged] == list(range(1, len(logged) + 1))
+    assert [e["payload"]["message"] for e in logged if e["type"] == "log"] == [f"line {i}" for i in range(1, 6)]
+    metric = next(e["payload"] for e in logged if e["type"] == "metric")
+    assert metric["value"] is None and metric["non_finite"] == "nan"
+    rejected = [e["payload"]["message"] for e in logged if e["payload"].get("code") == "event_rejected"]
+    assert rejected == ["a log event was refused: its payload is not a JSON object"] * 2
+
+
+async def test_an_events_frame_with_a_lifecycle_event_closes_the_socket(shared_server):
+    session, ws = await forger(shared_server, "lifecycle")
+    try:
+        run_id = shared_server.submit(sleeper(30), target={"worker": "lifecycle"})["run_id"]
+        await assigned(ws)
+        await ws.send_str(wire.RunEvents(run_id=run_id, counter=2, events=[
+            ("log", None, '{"message": "fine"}'), ("run_finished", None, '{"status": "succeeded"}')]).model_dump_json())
+        closed = await ws.receive(timeout=10)
+        while closed.type == aiohttp.WSMsgType.TEXT:
+            closed = await ws.receive(timeout=10)
+        assert ws.close_code == wire.CLOSE_PROTOCOL
+    finally:
+        await session.close()
+        shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert shared_server.get(f"/api/runs/{run_id}")["status"] != "succeeded"
 
 
 def diverging() -> dict:

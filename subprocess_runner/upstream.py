@@ -1,0 +1,84 @@
+"""A run child's frames up the pipe to its agent, numbered and sent by one thread of
+their own.
+
+A node that emits fast (a metric per step, a log line per batch) used to pay a pickle
+and a pipe write per event, and its agent a read and an unpickle per event: those were
+most of what a relayed event cost on the worker's side. Here the node only appends the
+event to a list; the sender thread takes everything that waits as one pipe message (a
+list of frames). A lone event still goes at once, since the sender waits for nothing
+but the first frame; events coming while a send is under way go together in the next.
+
+The list is bounded (``BACKLOG`` frames): past it, the node waits for the sender, as it
+used to wait on a full pipe. It imports nothing but the standard library and
+``protocol.pipe``: the child imports it before it sets its cards.
+"""
+
+from __future__ import annotations
+
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from protocol import pipe
+
+# Frames waiting for the sender before an emitting node waits too: about a pipe message
+# of metric events, so a stalled agent holds the node back instead of the child's memory.
+BACKLOG = 1024
+
+
+class Upstream:
+    """The run's own frame counter (gap-free from 1: the agent's replay key) and the
+    frames not yet handed to the pipe. ``lock``: the pipe's one-writer lock, shared with
+    whatever else writes to the same pipe (a warm child's ``Warm``)."""
+
+    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
+        self._conn = conn
+        self._pipe_lock = lock
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting: list[pipe.FromChild] = []
+        self._counter = 0
+        self._closed = False  # the end was queued, or the pipe broke: nothing more is taken
+        self._sender = threading.Thread(target=self._send_all, name="upstream", daemon=True)
+        self._sender.start()
+
+    def event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+        with self._cond:
+            while len(self._waiting) >= BACKLOG and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return  # the run has ended (or its agent is gone): a late event has no reader
+            self._counter += 1
+            self._waiting.append(pipe.ChildEvent(self._counter, kind, node_id, payload))
+            if len(self._waiting) == 1:
+                self._cond.notify_all()
+
+    def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
+            out_of_memory: bool) -> None:
+        """Queues the run's last frame and returns once every frame is in the pipe (the
+        process may exit right after)."""
+        with self._cond:
+            if not self._closed:
+                self._counter += 1
+                self._waiting.append(pipe.ChildEnded(self._counter, status, error, node_id, peak_mib,
+                                                     out_of_memory))
+                self._closed = True
+                self._cond.notify_all()
+        self._sender.join()
+
+    def _send_all(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                batch, self._waiting = self._waiting, []
+                self._cond.notify_all()  # a node waiting on a full backlog goes on
+            try:
+                with self._pipe_lock:
+                    self._conn.send(batch)
+            except OSError:  # the agent is gone: the cancel listener stops the run
+                with self._cond:
+                    self._closed, self._waiting = True, []
+                    self._cond.notify_all()
+                return

@@ -1,0 +1,82 @@
+"""A run child's frames go up a real pipe numbered gap-free, several to a pipe message
+when they come faster than the pipe takes them, and the end flushes everything first."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+
+from protocol import pipe
+from subprocess_runner.upstream import BACKLOG, Upstream
+from tests.helpers import REPO
+
+
+def read_all(conn) -> list[list[pipe.FromChild]]:
+    messages = []
+    while True:
+        message = conn.recv()
+        assert isinstance(message, list) and message
+        messages.append(message)
+        if isinstance(message[-1], pipe.ChildEnded):
+            return messages
+
+
+def test_events_waiting_behind_a_send_go_together_and_the_end_comes_last():
+    agent, child = multiprocessing.Pipe()
+    lock = threading.Lock()
+    upstream = Upstream(child, lock)
+    with lock:  # the pipe is busy: whatever is emitted meanwhile waits in one list
+        for step in range(1, 101):
+            upstream.event("metric", "t", {"name": "loss", "step": step, "value": float(step)})
+    upstream.end("succeeded", None, None, 12, False)
+    messages = read_all(agent)
+    frames = [frame for message in messages for frame in message]
+    assert [f.counter for f in frames] == list(range(1, 102))
+    assert [f.payload["step"] for f in frames[:-1]] == list(range(1, 101))
+    assert frames[-1] == pipe.ChildEnded(101, "succeeded", None, None, 12, False)
+    assert len(messages) <= 3  # the first event alone at most, then the rest, then the end
+
+
+def test_a_full_backlog_holds_the_emitting_node_until_the_pipe_takes_it():
+    agent, child = multiprocessing.Pipe()
+    lock = threading.Lock()
+    upstream = Upstream(child, lock)
+    lock.acquire()
+    emitter = threading.Thread(target=lambda: [upstream.event("log", None, {"message": str(i)})
+                                               for i in range(2 * BACKLOG + 10)])
+    emitter.start()
+    emitter.join(timeout=0.5)
+    assert emitter.is_alive()  # held back: the sender cannot hand anything to the pipe
+    reader = threading.Thread(target=lambda: result.extend(read_all(agent)))
+    result: list[list[pipe.FromChild]] = []
+    reader.start()
+    lock.release()
+    emitter.join(timeout=30)
+    assert not emitter.is_alive()
+    upstream.end("cancelled", None, None, None, False)
+    reader.join(timeout=30)
+    frames = [frame for message in result for frame in message]
+    assert [f.counter for f in frames] == list(range(1, 2 * BACKLOG + 12))
+
+
+def test_an_event_after_the_end_is_not_sent():
+    agent, child = multiprocessing.Pipe()
+    upstream = Upstream(child, threading.Lock())
+    upstream.event("log", None, {"message": "before"})
+    upstream.end("failed", "boom", "n", None, False)
+    upstream.event("log", None, {"message": "after"})
+    frames = [frame for message in read_all(agent) for frame in message]
+    assert [type(f).__name__ for f in frames] == ["ChildEvent", "ChildEnded"]
+    assert not agent.poll(0.1)
+
+
+def test_the_upstream_module_imports_nothing_but_the_standard_library_and_the_pipe():
+    code = ("import sys\nbefore = set(sys.modules)\nimport subprocess_runner.upstream\n"
+            "print(sorted(m for m in set(sys.modules) - before\n"
+            "             if m.split('.')[0] not in sys.stdlib_module_names and m != '__mp_main__'))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    # (``__mp_main__`` is multiprocessing's alias of the main module.)
+    assert result.stdout.strip() == "['protocol', 'protocol.pipe', 'subprocess_runner', 'subprocess_runner.upstream']"
