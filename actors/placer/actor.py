@@ -266,8 +266,10 @@ class Placer(Actor):
             else:
                 note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}: this server shares that "
                                            "device with a worker on the same machine, and its runs hold it")
-        for admit, code, message in self._slots.waiting():
-            note(admit, code, message)
+        for admit in self._slots.waiting_admits():
+            held[admit.queue_key] = held.get(admit.queue_key, 0) + 1
+        for admit, code, message in self._slots.waiting(run_ids):
+            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
         return {"runs": found, "held": held}
 
     async def _predict(self, key: str, seeded: bool) -> dict[str, str] | None:

@@ -257,11 +257,27 @@ class WorkerPlacement:
         """Something was freed on these devices: the runs waiting for them try again, in
         order (those that still do not fit wait again), then the runs for ``any``."""
         for physical in physicals:
-            waiting, self._device_waiting[physical] = self._device_waiting.get(physical, deque()), deque()
+            waiting, line = self._device_waiting.get(physical, deque()), deque[Admit]()
+            self._device_waiting[physical] = line
             for admit in waiting:
-                if self._registry.lookup(f"runs/{admit.run_id}") is not None:
+                if self._registry.lookup(f"runs/{admit.run_id}") is None:
+                    continue
+                if line and self._would_wait_in(admit, physical):
+                    line.append(admit)  # a run ahead of it waits again: it cannot pass
+                else:
                     await self.admit_named(admit)
         await self._place_anywhere()
+
+    def _would_wait_in(self, admit: Admit, physical: str) -> bool:
+        """Whether ``admit_named`` could only put the run back in ``physical``'s line, as
+        one ahead of it waits there: its worker takes runs now and ``physical`` is the
+        first device it asks. Then a freed slot costs one try for a line of 300, not 300."""
+        key = QueueKey.parse(admit.queue_key)
+        worker = key.provider or LOCAL
+        if not self._is_online(worker) or self._book.spent(worker) or not self._in_time(worker, admit):
+            return False
+        first = (admit.devices or (key.device,))[0]
+        return self._providers.get(worker, {}).get(first, (f"{worker}/{first}", 1))[0] == physical
 
     def _free_all(self, run_id: str) -> list[str]:
         freed = [physical for _, physical in self._held.pop(run_id, [])]
@@ -274,11 +290,23 @@ class WorkerPlacement:
     def _caps_of(self, run_id: str) -> tuple[tuple[str, int], ...]:
         return tuple(self._caps.get(run_id, {}).items())
 
-    def waiting(self) -> Iterator[tuple[Admit, str, str]]:
-        """Every run admitted here that has not started, with the code and the words of
-        what it waits for."""
+    def waiting_admits(self) -> Iterator[Admit]:
+        """Every run admitted here that has not started."""
+        for parked in self._parked.values():
+            yield from parked
+        for line in self._device_waiting.values():
+            yield from line
+        for admit, _ in self._any_waiting:
+            yield admit
+
+    def waiting(self, run_ids: frozenset[str] | None = None) -> Iterator[tuple[Admit, str, str]]:
+        """The runs admitted here that have not started (those of ``run_ids`` only, when
+        given: a page of the runs list asks for its own, not for every waiting run's
+        words), with the code and the words of what each waits for."""
         for worker, parked in self._parked.items():
             for admit in parked:
+                if run_ids is not None and admit.run_id not in run_ids:
+                    continue
                 if self._book.spent(worker) and self._is_online(worker):
                     yield admit, "one_shot_spent", (f"waits for a new one-shot agent named {worker}: the one "
                                                     "connected has taken its run")
@@ -290,6 +318,8 @@ class WorkerPlacement:
                     yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
         for physical, line in self._device_waiting.items():
             for admit in line:
+                if run_ids is not None and admit.run_id not in run_ids:
+                    continue
                 named = self._named(physical)
                 if self._shared(physical) and admit.budget_mib is None:
                     yield admit, "memory_budget_required", (f"has no memory budget and {named} is now shared by "
@@ -300,6 +330,8 @@ class WorkerPlacement:
                 else:
                     yield admit, "device_busy", f"waits for a free slot of {named}"
         for admit, needs in self._any_waiting:
+            if run_ids is not None and admit.run_id not in run_ids:
+                continue
             key = QueueKey.parse(admit.queue_key)
             what = "a free card" if key.device == "auto" else f"a free {key.device}"
             kind = "one-shot agent" if key.one_shot else "worker"
