@@ -217,7 +217,7 @@ class SimAgent:
             self.stats.add("heartbeats_sent")
 
     # The runs ----------------------------------------------------------------------
-    def _send(self, frame: wire.RunEvent | wire.RunEnded) -> None:
+    def _send(self, frame: wire.RunEvents | wire.RunEnded) -> None:
         text = frame.model_dump_json()
         self.outbox.setdefault(frame.run_id, deque()).append((frame.counter, text))
         self.stats.add("frames_sent")
@@ -225,14 +225,21 @@ class SimAgent:
             self.live.put_nowait(text)
 
     async def _play(self, assign: wire.Assign) -> None:
-        """Plays the graph as the run child would report it; the clock is a Ticker's own."""
+        """Plays the graph as the run child would report it; the clock is a Ticker's own.
+        Events of the same moment go in one ``events`` frame, as a real agent's child
+        sends a burst (``subprocess_runner.upstream``)."""
         run_id, counter = assign.run_id, 0
+        burst: list[tuple[str, str | None, str]] = []
 
         def event(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
             nonlocal counter
             counter += 1
-            self._send(wire.RunEvent.model_construct(run_id=run_id, counter=counter, kind=kind, node_id=node_id,
-                                                     payload=payload))
+            burst.append((kind, node_id, json.dumps(payload)))
+
+        def flush() -> None:
+            if burst:
+                self._send(wire.RunEvents.model_construct(run_id=run_id, counter=counter, events=list(burst)))
+                burst.clear()
 
         status: Literal["succeeded", "cancelled"] = "succeeded"
         try:
@@ -242,6 +249,7 @@ class SimAgent:
                 params = node.get("params") or {}
                 if node["type"] == "core.Ticker":
                     for step in range(1, int(params.get("count", 10)) + 1):
+                        flush()
                         await asyncio.sleep(float(params.get("interval", 0.1)))
                         if run_id in self.cancelled:
                             break
@@ -253,6 +261,7 @@ class SimAgent:
                     status = "cancelled"
                     break
                 event("node_finished", node["id"], {"duration_s": time.monotonic() - started, "outputs": {}})
+            flush()
             self._send(wire.RunEnded(run_id=run_id, counter=counter + 1, status=status))
             self.stats.add(f"runs_{status}")
         finally:

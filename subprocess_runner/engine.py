@@ -376,8 +376,10 @@ class _Walk:
 
     def start(self, node_id: str) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]]
-        if len(self.ready) == 0 and not self.running and not self.claiming and not self.granted:
-            # The only node that can run now runs in this thread: no pool for a chain.
+        if self.graph.nodes[node_id].node_type.quick or (
+                len(self.ready) == 0 and not self.running and not self.claiming and not self.granted):
+            # A quick node, or the only node that can run now (a chain), runs in this
+            # thread: no pool hand-off.
             future = Future()
             try:
                 future.set_result(self.run_one(node_id))

@@ -80,6 +80,7 @@ PACK = Pack(
             outputs=(Port("value", "float"),),
             params=(Param("value", "float"),),
             description="Emits a fixed number.",
+            quick=True,
         ),
         NodeType(
             "core.Add",
@@ -87,6 +88,7 @@ PACK = Pack(
             inputs=(Port("a", "float"), Port("b", "float")),
             outputs=(Port("sum", "float"),),
             description="a + b",
+            quick=True,
         ),
         NodeType(
             "core.Multiply",
@@ -94,6 +96,7 @@ PACK = Pack(
             inputs=(Port("a", "float"), Port("b", "float")),
             outputs=(Port("product", "float"),),
             description="a * b",
+            quick=True,
         ),
         NodeType(
             "core.Sleep",
@@ -117,6 +120,7 @@ PACK = Pack(
             inputs=(Port("x", "any", required=False),),
             params=(Param("message", "string", default="core.Fail was asked to fail"),),
             description="Raises an error with the given message.",
+            quick=True,
         ),
         NodeType(
             "core.LogMetric",
@@ -125,6 +129,7 @@ PACK = Pack(
             outputs=(Port("value", "float"),),
             params=(Param("name", "string", default="value"),),
             description="Records its input as the next point of series `name`.",
+            quick=True,
         ),
         NodeType(
             "core.Ticker",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -132,3 +133,33 @@ def test_busy_burns_cpu_until_cancelled():
     started = time.monotonic()
     outcome, _ = run(graph(node("b", "core.Busy", seconds=60)), cancel=cancel)
     assert outcome.status == "cancelled" and time.monotonic() - started < 30
+
+
+class _CountingPool(ThreadPoolExecutor):
+    """A real pool that counts what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=4)
+        self.handed = 0
+
+    def submit(self, *args, **kwargs):
+        self.handed += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_quick_nodes_run_in_the_walking_thread_and_slow_ones_in_the_pool():
+    def walk(doc):
+        pool = _CountingPool()
+        ctx = ExecutionContext("r" * 32, None, "cpu", None, Sinks(lambda *event: None), None)
+        try:
+            outcome = execute_graph(prepare_executable_graph(Graph.model_validate(doc), CATALOG), ctx,
+                                    max_parallel=4, pool=pool)
+        finally:
+            pool.shutdown()
+        assert outcome.status == "succeeded", outcome.error
+        return pool.handed
+
+    assert walk(hello()) == 0  # two constants side by side, an add, a metric: all quick
+    two_sleeps = graph(node("x", "core.Sleep", seconds=0.01), node("y", "core.Sleep", seconds=0.01),
+                       node("a", "core.Constant", value=1))
+    assert walk(two_sleeps) >= 1  # side by side, a sleep waits in the pool, not in the walker
