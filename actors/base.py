@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from actors.errors import ActorDeadError, AskTimeout
 from protocol.errors import TroupeError
@@ -64,13 +64,25 @@ class _Stop:
     reason: str
 
 
+class _Tombstone:
+    """What an actor's ref points at once the actor has exited: its name, its last view
+    and its exit, which is all a ref reads of a dead actor (``_alive`` is False, so every
+    message to it is dropped or refused without touching a mailbox)."""
+
+    __slots__ = ("_exited", "_view", "name")
+    _alive = False
+
+    def __init__(self, name: str, view: Any, exited: asyncio.Future[Exit]) -> None:
+        self.name, self._view, self._exited = name, view, exited
+
+
 class ActorRef:
     """The only handle other code gets to an actor."""
 
     __slots__ = ("_actor",)
 
     def __init__(self, actor: Actor) -> None:
-        self._actor = actor
+        self._actor: Actor | _Tombstone = actor
 
     @property
     def name(self) -> str:
@@ -89,7 +101,7 @@ class ActorRef:
     def tell(self, message: Any) -> None:
         """Fire and forget; a message to a dead actor is dropped."""
         if self._actor._alive:
-            self._actor._mailbox.put_nowait(_Envelope(message, None))
+            self._live_mailbox().put_nowait(_Envelope(message, None))
         else:
             log.debug("dropped %s to dead actor %s", type(message).__name__, self.name)
 
@@ -98,7 +110,7 @@ class ActorRef:
             raise ActorDeadError(f"actor {self.name} is not running")
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
-        self._actor._mailbox.put_nowait(_Envelope(message, reply))
+        self._live_mailbox().put_nowait(_Envelope(message, reply))
         # One timer handle per ask, not wait_for's task and a shield's extra future: an
         # asker cancelled meanwhile still has its message handled (the actor skips only
         # asks that timed out), as a shielded ask had.
@@ -111,10 +123,14 @@ class ActorRef:
     def stop(self, reason: str = "normal") -> None:
         """Asks the actor to stop after the messages already in its mailbox."""
         if self._actor._alive:
-            self._actor._mailbox.put_nowait(_Envelope(_Stop(reason), None))
+            self._live_mailbox().put_nowait(_Envelope(_Stop(reason), None))
 
     async def wait(self) -> Exit:
         return await asyncio.shield(self._actor._exited)
+
+    def _live_mailbox(self) -> asyncio.Queue[_Envelope]:
+        """The mailbox of an actor the caller found alive (a tombstone has none)."""
+        return cast("Actor", self._actor)._mailbox
 
 
 def _expire(reply: asyncio.Future[Any], name: str, message: Any, timeout: float) -> None:
@@ -248,6 +264,10 @@ class Actor:
         if self._home_registry is not None:
             self._home_registry.unregister(self._ref)
         self._exited.set_result(Exit(self.name, reason, error))
+        # Refs handed out outlive the actor; they now point at its tombstone, so the actor
+        # and its ref no longer point at each other and a finished run is freed at once
+        # by reference counting, not later by a full collection that walks them all.
+        self._ref._actor = _Tombstone(self.name, self._view, self._exited)
 
     async def _actor_handle(self, envelope: _Envelope) -> None:
         reply = envelope.reply

@@ -10,6 +10,7 @@ limit-1 key for that moment; nothing runs twice).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -354,7 +355,7 @@ class RunActor(Actor):
             self._write(Prune(self._settings.run_retention_keep_last))
         self._flush_events()
         # It stops once its final writes are stored (the run keeps no slot meanwhile).
-        self._writes.then(lambda: self.stop_self("finished"))
+        self._writes.then(functools.partial(self.ref.stop, "finished"))
 
     def _discard(self) -> None:
         self._writes.discard()

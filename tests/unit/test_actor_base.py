@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -184,3 +186,35 @@ async def test_the_registry_lists_the_live_actors_of_a_kind_and_of_a_longer_pref
     assert registry.lookup("queues/cpu") is None and registry.names("runs/") == []
     again = Named("queues/cpu").start(registry)  # a restarted actor is found again under its name
     assert registry.lookup("queues/cpu") is again and "queues/cpu" in registry.names("queues/")
+
+
+class Viewed(Recorder):
+    publishes_view = True
+
+    def make_view(self):
+        return tuple(self.seen)
+
+
+async def test_an_exited_actor_is_freed_without_the_collector_and_its_ref_still_answers():
+    registry = Registry()
+    actor = Viewed()
+    ref = actor.start(registry)
+    ref.tell(Put(7))
+    assert await ref.ask(Get()) == [7]
+    freed = weakref.ref(actor)
+    del actor
+    gc.disable()  # only reference counting may free it
+    try:
+        ref.stop()
+        exit_ = await ref.wait()
+        await asyncio.sleep(0)
+        assert freed() is None
+    finally:
+        gc.enable()
+    assert exit_.reason == "normal" and not ref.is_alive and ref.name == "recorder"
+    assert ref.view == (7,)  # the last view stays readable
+    ref.tell(Put(8))  # dropped
+    ref.stop()
+    with pytest.raises(ActorDeadError):
+        await ref.ask(Get())
+    assert registry.lookup("recorder") is None

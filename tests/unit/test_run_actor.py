@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -109,4 +111,22 @@ async def test_a_crashed_run_actor_fails_its_run_and_frees_its_slot(tmp_path):
     events, _ = await store.read(GetEvents(RUN_ID))
     assert events[-1]["type"] == "run_finished" and events[-1]["payload"]["internal"] is True
     assert queue.got == [Release(RUN_ID)] and placer.got == [Released(RUN_ID)]
+    await store.ref.stop()
+
+
+async def test_a_finished_run_is_freed_at_once_not_by_the_collector(tmp_path):
+    store, run, _, _ = await setup(tmp_path)
+    freed = weakref.ref(run._actor)  # the test's one look inside: whether the actor is gone
+    run.tell(Start())
+    await asyncio.wait_for(run.wait(), 10)
+    await store.drain()
+    gc.collect()  # what the run's start made in cycles elsewhere (the test's set-up) goes first
+    gc.disable()  # then only reference counting may free the RunActor
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert freed() is None
+    finally:
+        gc.enable()
+    assert not run.is_alive and (await run.wait()).reason == "finished"
     await store.ref.stop()
