@@ -88,11 +88,20 @@ def relay_rate(conn: Conn, events: int, worker: str | None, timeout: float) -> d
     ``run_started``), every point checked persisted."""
     run_id = submit(conn, ticker(events, 0.0), worker)
     deadline = time.monotonic() + timeout
+    lagged = 0
     for kind, data in conn.stream(f"/api/runs/{run_id}/stream"):
         if kind == "run_event" and data["type"] == "run_finished":
             break
+        if kind == "stream_lagged":  # this reader fell behind: the stream ends here
+            lagged += 1
         if time.monotonic() > deadline:
             raise BenchError(f"run {run_id} did not finish within {timeout}s")
+    # A stream the server ended for a reader too far behind: the run goes on; wait for
+    # its end by asking, at a slow fixed rate.
+    while conn.request("GET", f"/api/runs/{run_id}")[1]["status"] in ("queued", "running"):
+        if time.monotonic() > deadline:
+            raise BenchError(f"run {run_id} did not finish within {timeout}s")
+        time.sleep(0.1)
     _, page = conn.request("GET", f"/api/runs/{run_id}/events?tail=1")
     _, first = conn.request("GET", f"/api/runs/{run_id}/events?after=1")
     _, metrics = conn.request("GET", f"/api/runs/{run_id}/metrics")
@@ -106,4 +115,4 @@ def relay_rate(conn: Conn, events: int, worker: str | None, timeout: float) -> d
     # recorded before 2026-12-05): on a worker it includes the run's child starting its
     # interpreter (about 0.3 s here), which is no part of relaying events.
     seconds, from_start = end - ts_seconds(node["ts"]), end - ts_seconds(started["ts"])
-    return {"seconds": seconds, "rate": events / seconds, "rate_from_start": events / from_start}
+    return {"seconds": seconds, "rate": events / seconds, "rate_from_start": events / from_start, "lagged": lagged}

@@ -386,6 +386,9 @@ def _print_summary(args: argparse.Namespace, figures: _Figures, command: str) ->
             print(f"  {label:<30}{w:10.0f}{p:12.0f}{w / p:8.2f}"
                   + (f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted; "
                      "node_started -> run_finished)" if key == "rate" else "   (includes the child's start)"))
+        print(f"  the bench's stream of a relay run ended for lagging (the run went on): "
+              f"worker {sum(int(r['lagged']) for r in relay['worker'])}, "
+              f"in-process {sum(int(r['lagged']) for r in relay['in-process'])}")
     if figures.resumed:
         print(f"  cut end -> first replayed event at a subscriber: {fmt_ms(summary(figures.resumed))}"
               f"   ({args.cuts} cuts of {args.cut_seconds:g} s; the agent retries after 0.25, 0.5, then every 1 s)")
