@@ -27,7 +27,7 @@ from actors.executor import Execute, GraphEnded, NodeEvents
 from actors.placer.messages import Released
 from actors.placer.queue import Occupying, Release
 from actors.run_assign import assign_frame, local_resume
-from actors.run_effects import EventRows, opening_events
+from actors.run_effects import EventRows, opening_events, peak_row
 from actors.run_messages import (
     Abandon,
     ArtifactArrived,
@@ -45,7 +45,6 @@ from actors.run_messages import (
 from actors.run_writes import RetryWrites, RunWrites, Unwritten, Written
 from actors.store import StoreClient
 from actors.store.events import AppendEvents
-from actors.store.memory import RecordPeak
 from actors.store.runs import Prune, UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
@@ -345,7 +344,9 @@ class RunActor(Actor):
         if memory is not None and memory[0] is not None:
             fields.update(peak_memory_mib=memory[0], peak_memory_exact=memory[1], out_of_memory=memory[2])
         self._write(UpdateRun(self.run_id, fields))
-        self._record_peak(status, memory)
+        peak = peak_row(self._record, status, memory)
+        if peak is not None:
+            self._write(peak)
         if node_id is not None:
             payload["node_id"] = node_id
         if reason is not None:
@@ -364,20 +365,6 @@ class RunActor(Actor):
         self._release()
         self._status = ev.FAILED
         self.stop_self("not stored")
-
-    def _record_peak(self, status: str, memory: tuple[int | None, bool, bool] | None) -> None:
-        """An exact peak on a worker's cards becomes the next budget of the same graph on
-        as many cards: from a run that succeeded, or one that ran out of memory (then a
-        budget that was derived from an earlier peak is known to be too small)."""
-        record = self._record
-        if memory is None or memory[0] is None or not memory[1] or record.graph_digest is None:
-            return
-        cards = sum(1 for device in record.devices if device.startswith("cuda"))
-        if not cards or not (status == ev.SUCCEEDED or memory[2]):
-            return
-        derived = record.memory_budget_source == "measured"
-        failed = record.memory_budget_mib if memory[2] and derived else None
-        self._write(RecordPeak(record.graph_digest, cards, memory[0], failed, status == ev.SUCCEEDED))
 
     async def on_failure(self, error: BaseException) -> None:
         # A crashed RunActor fails its run; it is never silently retried.
@@ -425,22 +412,9 @@ class RunActor(Actor):
     def _acknowledge(self) -> None:
         """Tells the worker connection, once the newest write committed, which counter
         it may acknowledge (a write commits after every write before it)."""
-        connection, counter, frames = f"workers/{self._worker}", self._applied, self._frames
+        persisted = Persisted(self.run_id, self._applied, max(self._frames, 1))
         self._frames = 0
-        registry, run_id = self._registry, self.run_id
-
-        def persisted(future: asyncio.Future[Any] | None = None) -> None:
-            if future is not None and (future.cancelled() or future.exception() is not None):
-                return  # not persisted: the agent keeps the frames and replays them
-            ref = registry.lookup(connection)
-            if ref is not None:
-                ref.tell(Persisted(run_id, counter, max(frames, 1)))
-
-        last = self._writes.last
-        if last is None or last.done():
-            persisted()
-        else:
-            last.add_done_callback(persisted)
+        self._writes.after_committed(functools.partial(_tell, self._registry, f"workers/{self._worker}", persisted))
 
     def _on_worker_event(self, kind: str, node_id: str | None, text: str) -> None:
         """An event of an ``events`` frame, its payload still JSON text (kept as the
@@ -505,3 +479,9 @@ class RunActor(Actor):
 
 
 __all__ = ["RunActor"]
+
+
+def _tell(registry: Registry, name: str, message: Any) -> None:
+    ref = registry.lookup(name)
+    if ref is not None:
+        ref.tell(message)

@@ -1,7 +1,8 @@
 """What a run's events mean beyond its log: the rows some of them write beside it (a
 node's recorded outputs, a training's epoch as the run's progress, an artifact listed
-stored, pending or failed), and the events a queued run opens its log with. The
-RunActor owns the order of writes; this module only says which."""
+stored, pending or failed), the peak a run's end records for the next budget, and the
+events a queued run opens its log with. The RunActor owns the order of writes; this
+module only says which."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
 from actors.store.events import RecordOutputs
+from actors.store.memory import RecordPeak
 from actors.store.runs import UpdateRun
 from protocol import events as ev
 from protocol.run_record import RunRecord
@@ -68,3 +70,18 @@ def opening_events(record: RunRecord) -> Iterator[tuple[str, str | None, dict[st
     for warning in record.warnings:
         found = dict(warning) if isinstance(warning, dict) else {"message": warning}
         yield ev.WARNING, found.pop("node_id", None), found
+
+
+def peak_row(record: RunRecord, status: str, memory: tuple[int | None, bool, bool] | None) -> RecordPeak | None:
+    """An exact peak on a worker's cards becomes the next budget of the same graph on
+    as many cards: from a run that succeeded, or one that ran out of memory (then a
+    budget that was derived from an earlier peak is known to be too small). ``memory``:
+    the run's peak in MiB, whether it is exact, and whether it ran out of memory."""
+    if memory is None or memory[0] is None or not memory[1] or record.graph_digest is None:
+        return None
+    cards = sum(1 for device in record.devices if device.startswith("cuda"))
+    if not cards or not (status == ev.SUCCEEDED or memory[2]):
+        return None
+    derived = record.memory_budget_source == "measured"
+    failed = record.memory_budget_mib if memory[2] and derived else None
+    return RecordPeak(record.graph_digest, cards, memory[0], failed, status == ev.SUCCEEDED)

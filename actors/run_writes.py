@@ -72,6 +72,16 @@ class RunWrites:
         """The run's row was never stored: nothing more of it is written."""
         self._discarded = True
 
+    def after_committed(self, done: Callable[[], None]) -> None:
+        """Calls ``done`` once the newest write made so far is committed (at once when
+        none is on its way); not when it failed: a worker's frames it carried are then
+        replayed by the agent, never acknowledged."""
+        last = self.last
+        if last is None or last.done():
+            done()
+        else:
+            last.add_done_callback(functools.partial(_if_committed, done))
+
     def then(self, done: Callable[[], None]) -> None:
         """Calls ``done`` once every write made so far (and retried) is stored."""
         self._done = done
@@ -104,6 +114,11 @@ class RunWrites:
                 self._done()
             return
         self.last.add_done_callback(lambda _: self._ref.tell(Written()))
+
+
+def _if_committed(done: Callable[[], None], future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        done()
 
 
 def _retry_if_full(ref: ActorRef, op: Any, future: asyncio.Future[Any]) -> None:
