@@ -264,6 +264,8 @@ class Actor:
         if self._home_registry is not None:
             self._home_registry.unregister(self._ref)
         self._exited.set_result(Exit(self.name, reason, error))
+        if self._view_due:  # what its last message changed, before the view is kept
+            self._publish_view()
         # Refs handed out outlive the actor; they now point at its tombstone, so the actor
         # and its ref no longer point at each other and a finished run is freed at once
         # by reference counting, not later by a full collection that walks them all.

@@ -478,10 +478,10 @@ class RunActor(Actor):
 
 
 
-__all__ = ["RunActor"]
-
-
 def _tell(registry: Registry, name: str, message: Any) -> None:
     ref = registry.lookup(name)
     if ref is not None:
         ref.tell(message)
+
+
+__all__ = ["RunActor"]
