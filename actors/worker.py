@@ -6,8 +6,8 @@ The websocket lives in its aiohttp handler task, which only authenticates the ag
 tells this actor ``Attached`` (with an outbox queue the handler drains onto the socket),
 ``FromWorker`` for every frame, and ``Detached``. This actor answers the hello, routes
 run frames to their RunActors and acknowledges them once the RunActor reports them
-persisted (``Persisted``), batched: at every heartbeat, after 256 frames, or 100 ms after
-the first unacknowledged one.
+persisted (``Persisted``), batched: at every heartbeat, after 256 frames, once a run's end
+is persisted, or a second after the first unacknowledged one.
 
 Lifecycle: three missed heartbeats, or the socket closing, make the worker
 ``disconnected``; a reconnect within ``TROUPE_WORKER_RESUME_GRACE_S`` rebinds the runs
@@ -37,7 +37,9 @@ from protocol import worker as wire
 log = logging.getLogger("troupe.worker")
 
 ACK_EVERY_FRAMES = 256
-ACK_AFTER_S = 0.1
+# A second: an agent keeps a second of frames more, and a run whose Ticker reports every
+# 100 ms costs one ack a second instead of ten; a run's end is acknowledged at once.
+ACK_AFTER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,10 @@ class WorkerConnection(Actor):
             case Persisted(run_id, counter, frames):
                 self._acks[run_id] = max(counter, self._acks.get(run_id, 0))
                 self._unacked += frames
-                self._want_ack()
+                if run_id in self._runs:
+                    self._want_ack()
+                else:  # the run ended here: its agent (a one-shot one may exit) hears it at once
+                    self._flush_acks()
             case _FlushAcks():
                 self._ack_timer = None
                 self._flush_acks()

@@ -93,13 +93,20 @@ async def test_persisted_frames_are_acknowledged_in_batches_and_unheld_runs_at_o
     outbox: asyncio.Queue = asyncio.Queue()
     connection.tell(Attached(hello(), outbox))
     await frames(outbox, 1)
+    for run in ("r1", "r2"):
+        connection.tell(AssignRun(run, wire.Assign(run_id=run, graph={}, devices=["cpu"])))
+    await frames(outbox, 2)
     connection.tell(Persisted("r1", 3, frames=3))
     connection.tell(Persisted("r1", 5, frames=2))
-    (ack,) = await frames(outbox, 1)  # one ack, 100 ms after the first
+    (ack,) = await frames(outbox, 1)  # one ack, a second after the first
     assert ack == wire.Ack(upto=0, runs={"r1": 5})
     connection.tell(Persisted("r2", 300, frames=300))  # past 256 frames: at once
-    (ack,) = await frames(outbox, 1, timeout=0.09)
+    (ack,) = await frames(outbox, 1, timeout=0.5)
     assert ack.runs == {"r2": 300}
+    connection.tell(FromWorker((wire.RunEnded(run_id="r1", counter=6, status="succeeded"),)))
+    connection.tell(Persisted("r1", 6, frames=1))  # a run's end: at once
+    (ack,) = await frames(outbox, 1, timeout=0.5)
+    assert ack.runs == {"r1": 6}
     connection.tell(FromWorker((event("gone", 7),)))  # no RunActor holds it: the agent may forget it
     connection.tell(FromWorker((wire.Heartbeat(frame_no=9),)))  # a heartbeat flushes
     (ack,) = await frames(outbox, 1)
