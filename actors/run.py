@@ -389,15 +389,10 @@ class RunActor(Actor):
             if frame.counter <= self._applied or self._status in ev.TERMINAL_STATES:
                 continue
             self._frames += 1
+            applied, self._applied = self._applied, frame.counter
             if isinstance(frame, wire.RunEvents):  # from the first event not applied yet
-                skip = max(0, self._applied - frame.first + 1)
-                self._applied = frame.counter
-                for kind, node_id, text in frame.events[skip:]:
+                for kind, node_id, text in frame.events[max(0, applied - frame.first + 1):]:
                     self._on_worker_event(kind, node_id, text)
-                continue
-            self._applied = frame.counter
-            if isinstance(frame, wire.RunEvent):
-                self._on_node_event(frame.kind, frame.node_id, frame.payload, remote=True)
             elif isinstance(frame, wire.Gap):
                 self._emit(ev.WARNING, None, {
                     "message": f"the worker's outbox overflowed while the link was down: {frame.dropped} events "

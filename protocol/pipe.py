@@ -9,8 +9,9 @@ payload)``) rather than on the position of a string in a tuple.
 
 Down the pipe, to the child: ``StartRun`` (the run a warm child takes), ``CancelRun``,
 ``Dismiss`` (a warm child leaves without a run). Up the pipe, from the child: ``Ready``,
-``Unfit`` and ``Warm`` while it waits in the warm pool, then the run's ``ChildEvent``
-frames and one ``ChildEnded``.
+``Unfit`` and ``Warm`` while it waits in the warm pool, each alone, then the run's
+``ChildEvent`` frames and one ``ChildEnded``, in lists: each pipe message carries the
+frames that waited together (``subprocess_runner.upstream``).
 
 A child imports this module before it sets its cards and caps its threads, so it
 imports nothing but the standard library. Nothing here is validated: both ends are the

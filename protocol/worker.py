@@ -1,6 +1,6 @@
 """The frames of ``/ws/worker``: JSON objects with a ``type``, validated on receipt by
 both ends. Every frame carries the sender's per-connection ``frame_no`` (dedup within one
-connection). A run's frames (event, events, ended, gap) also carry the run's own ``counter``, set
+connection). A run's frames (events, ended, gap) also carry the run's own ``counter``, set
 by the run's child and gap-free from 1: it survives reconnects and control-plane
 restarts, so the agent can resend what was not acknowledged and the control plane can
 drop what it already applied. A run's event ``seq`` is never the agent's to assign.
@@ -240,19 +240,10 @@ class _RunFrame(_Frame):
     counter: int = Field(ge=1, le=2**62)
 
 
-class RunEvent(_RunFrame):
-    """Agent -> control plane: one event of a run, not yet numbered (the RunActor
-    assigns ``seq``)."""
-
-    type: Literal["event"] = "event"
-    kind: str
-    node_id: str | None = None
-    payload: dict[str, Any] = Field(default_factory=dict)
-
-
 class RunEvents(_RunFrame):
-    """Agent -> control plane: consecutive events of one run in one frame, each
-    ``[kind, node_id, payload_json]``; ``counter`` is the last one's, so the first is
+    """Agent -> control plane: consecutive events of one run (one or more) in one frame,
+    each ``[kind, node_id, payload_json]``, not yet numbered (the RunActor assigns
+    ``seq``); ``counter`` is the last one's, so the first is
     ``counter - len(events) + 1``. A run emitting fast costs one frame, one parse and one
     acknowledgement per batch rather than per event; a frame replayed after a reconnect is
     applied only from the first event the RunActor has not applied yet.
@@ -290,11 +281,11 @@ class Gap(_RunFrame):
     dropped: int = Field(ge=1)
 
 
-RUN_FRAMES = (RunEvent, RunEvents, RunEnded, Gap)
-RunFrame = RunEvent | RunEvents | RunEnded | Gap
+RUN_FRAMES = (RunEvents, RunEnded, Gap)
+RunFrame = RunEvents | RunEnded | Gap
 
 Frame = Annotated[
-    Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun | RunEvent
+    Hello | Welcome | Refused | Heartbeat | Ack | InventoryUpdate | Drain | Assign | CancelRun | KillRun
     | RunEvents | RunEnded | Gap | ReadOutputs | Outputs,
     Field(discriminator="type"),
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from cli.client import Client
+from protocol import worker as wire
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -165,6 +166,12 @@ class Server:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
+
+
+def run_event(run_id: str, counter: int, kind: str, payload: dict[str, Any], node_id: str | None = None) -> str:
+    """A worker's frame of one event of a run, as JSON text for the socket."""
+    frame = wire.RunEvents(run_id=run_id, counter=counter, events=[(kind, node_id, json.dumps(payload))])
+    return frame.model_dump_json()
 
 
 def graph(*nodes: dict[str, Any], edges: tuple[dict[str, Any], ...] = (), device: str | None = None,

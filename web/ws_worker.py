@@ -142,13 +142,9 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
 def _check_kinds(frame: Any) -> None:
     """A worker sends its runs' node events; the run's own lifecycle events (queued,
     started, finished) are the RunActor's alone."""
-    if isinstance(frame, wire.RunEvent):
-        kinds: Any = (frame.kind,)
-    elif isinstance(frame, wire.RunEvents):
-        kinds = {kind for kind, _, _ in frame.events}
-    else:
+    if not isinstance(frame, wire.RunEvents):
         return
-    for kind in kinds:
+    for kind in {kind for kind, _, _ in frame.events}:
         if kind not in ev.WORKER_KINDS:
             raise ValueError(f"event kind {kind!r} is not the worker's to send")
 

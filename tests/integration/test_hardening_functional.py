@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from protocol import worker as wire
-from tests.helpers import edge, graph, hello, node, sleeper
+from tests.helpers import edge, graph, hello, node, run_event, sleeper
 from tests.integration.test_workers_functional import hello as agent_hello
 
 
@@ -56,13 +56,11 @@ async def test_a_worker_cannot_end_or_touch_runs_that_are_not_its_own(shared_ser
     try:
         for counter in range(1, 4):
             await ws.send_str(wire.RunEnded(run_id=running, counter=counter, status="succeeded").model_dump_json())
-            await ws.send_str(wire.RunEvent(run_id=running, counter=10 + counter, kind="artifact",
-                                            payload={"kind": "x", "path": "/etc/shadow"}).model_dump_json())
+            await ws.send_str(run_event(running, 10 + counter, "artifact", {"kind": "x", "path": "/etc/shadow"}))
         row = shared_server.get(f"/api/runs/{running}")
         assert row["status"] == "running" and row["artifacts"] == []
         for counter in range(100):  # an agent that keeps at it is disconnected
-            await ws.send_str(wire.RunEvent(run_id=running, counter=20 + counter, kind="log",
-                                            payload={"message": "x"}).model_dump_json())
+            await ws.send_str(run_event(running, 20 + counter, "log", {"message": "x"}))
         closed = await ws.receive(timeout=10)
         while closed.type == aiohttp.WSMsgType.TEXT:
             closed = await ws.receive(timeout=10)
@@ -90,8 +88,7 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt", "backend": "mount",
                              "label": "data", "size": 3, "sha256": "a" * 64})]
         for counter, (kind, payload) in enumerate(bad, start=1):
-            await ws.send_str(wire.RunEvent(run_id=run_id, counter=counter, kind=kind, payload=payload)
-                              .model_dump_json())
+            await ws.send_str(run_event(run_id, counter, kind, payload))
         await ws.send_str(wire.RunEnded(run_id=run_id, counter=len(bad) + 1, status="succeeded").model_dump_json())
         shared_server.wait_status(run_id, "succeeded")
     finally:

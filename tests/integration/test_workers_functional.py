@@ -13,7 +13,7 @@ import pytest
 
 from protocol import worker as wire
 from protocol.version import __version__
-from tests.helpers import REPO, base_env, troupe_cmd
+from tests.helpers import REPO, base_env, run_event, troupe_cmd
 
 CARD = {"uuid": "GPU-aaaa", "name": "Fake 16G", "index": 0, "memory_total_mib": 16000, "memory_free_mib": 15000}
 
@@ -224,8 +224,7 @@ async def test_a_worker_cannot_send_the_events_the_control_plane_owns(shared_ser
     async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
         await ws.send_str(hello(name="forger"))
         assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Welcome)
-        forged = wire.RunEvent(run_id="0" * 32, counter=1, kind="run_finished", payload={"status": "succeeded"})
-        await ws.send_str(forged.model_dump_json())
+        await ws.send_str(run_event("0" * 32, 1, "run_finished", {"status": "succeeded"}))
         closing = await ws.receive(timeout=10)
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert ws.close_code == wire.CLOSE_PROTOCOL

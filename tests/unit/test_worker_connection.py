@@ -39,8 +39,8 @@ def hello(*runs: str, node_types=("core.Add", "core.Sleep"), digest="d1") -> wir
                       inventory=wire.Inventory(cpus=4, cards=[CARD]), runs=list(runs))
 
 
-def event(run_id: str, counter: int) -> wire.RunEvent:
-    return wire.RunEvent(run_id=run_id, counter=counter, kind="log", payload={"message": str(counter)})
+def event(run_id: str, counter: int) -> wire.RunEvents:
+    return wire.RunEvents(run_id=run_id, counter=counter, events=[("log", None, f'{{"message": "{counter}"}}')])
 
 
 async def frames(outbox: asyncio.Queue, count: int, timeout: float = 5.0) -> list:
