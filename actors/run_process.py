@@ -138,11 +138,14 @@ class RunProcess(Actor):
                 frames = self._frames(from_child)
                 ended = [f for f in frames if isinstance(f, wire.RunEnded)]
                 if ended and self._uploader is not None:
-                    self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
-                    # The run's files go up first (while the control plane answers), so a run
-                    # that ended has its artifacts stored, or says which are still pending.
-                    await (await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id)))
-                    frames = list(ended)
+                    # The run's files go up first, so a run that ended has its artifacts
+                    # stored, or says which are still pending. With none to send, its last
+                    # events and its end go up as one message (one commit up there).
+                    uploaded = await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id))
+                    if not uploaded.done():
+                        self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
+                        await uploaded  # meanwhile the control plane takes its events
+                        frames = list(ended)
                 self._send(*frames)
             case _Exited(code):
                 if not self._ended and self._cancelled:

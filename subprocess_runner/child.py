@@ -134,8 +134,9 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
 
     run = _Run(conn, assign, devices)
     # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
-    run.emit("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(),
-                                   "started_warm": warm_catalog is not None})
+    # Facts nobody waits for: they go up with the first node's start.
+    run.upstream.event("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(),
+                                             "started_warm": warm_catalog is not None}, hold=True)
     threading.Thread(target=run.listen, name="cancel-listener", daemon=True).start()
     run.execute(warm_catalog)
 

@@ -29,6 +29,10 @@ BACKLOG = 1024
 # on the link and a message through the control plane, so a run of short nodes costs a
 # few of each instead of one per event. Invisible beside what a person watching needs.
 LINGER_S = 0.002
+# How long a frame sent with ``hold`` waits for the next one (the run's environment
+# facts, taken before its graph is loaded, wait for its first node): each frame that
+# goes up alone costs the control plane a message, a commit and an acknowledgement.
+HOLD_S = 0.25
 
 
 class Upstream:
@@ -43,10 +47,13 @@ class Upstream:
         self._waiting: list[pipe.FromChild] = []
         self._counter = 0
         self._closed = False  # the end was queued, or the pipe broke: nothing more is taken
+        self._held = False  # what waits is only frames sent with ``hold``
         self._sender = threading.Thread(target=self._send_all, name="upstream", daemon=True)
         self._sender.start()
 
-    def event(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
+    def event(self, kind: str, node_id: str | None, payload: dict[str, Any], hold: bool = False) -> None:
+        """``hold``: a frame nobody watches for, which waits up to ``HOLD_S`` for the next
+        one to go up with it."""
         with self._cond:
             while len(self._waiting) >= BACKLOG and not self._closed:
                 self._cond.wait()
@@ -54,7 +61,8 @@ class Upstream:
                 return  # the run has ended (or its agent is gone): a late event has no reader
             self._counter += 1
             self._waiting.append(pipe.ChildEvent(self._counter, kind, node_id, payload))
-            if len(self._waiting) == 1:
+            if len(self._waiting) == 1 or self._held:
+                self._held = hold and len(self._waiting) == 1
                 self._cond.notify_all()
 
     def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
@@ -75,6 +83,9 @@ class Upstream:
             with self._cond:
                 while not self._waiting and not self._closed:
                     self._cond.wait()
+                if self._held and not self._closed:
+                    self._cond.wait(HOLD_S)  # until the next frame comes (then its burst)
+                    self._held = False
                 if not self._closed and len(self._waiting) < BACKLOG:
                     self._cond.wait(LINGER_S)  # the rest of a burst goes with its first event
                 if not self._waiting:

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from protocol import pipe
-from subprocess_runner.upstream import BACKLOG, Upstream
+from subprocess_runner.upstream import BACKLOG, HOLD_S, Upstream
 from tests.helpers import REPO
 
 
@@ -37,6 +37,31 @@ def test_events_waiting_behind_a_send_go_together_and_the_end_comes_last():
     assert [f.payload["step"] for f in frames[:-1]] == list(range(1, 101))
     assert frames[-1] == pipe.ChildEnded(101, "succeeded", None, None, 12, False)
     assert len(messages) <= 3  # the first event alone at most, then the rest, then the end
+
+
+def test_a_held_frame_waits_for_the_next_one_and_goes_up_with_it():
+    agent, child = multiprocessing.Pipe()
+    upstream = Upstream(child, threading.Lock())
+    upstream.event("environment", None, {"pid": 1}, hold=True)
+    assert not agent.poll(HOLD_S / 5)  # nothing goes up alone while it may get company
+    upstream.event("node_started", "a", {})
+    upstream.event("node_finished", "a", {})
+    first = agent.recv()
+    assert [(f.counter, f.kind) for f in first] == [(1, "environment"), (2, "node_started"), (3, "node_finished")]
+    upstream.end("succeeded", None, None, None, False)
+    assert [type(f).__name__ for f in agent.recv()] == ["ChildEnded"]
+
+
+def test_a_held_frame_with_no_company_goes_up_alone_after_the_hold():
+    agent, child = multiprocessing.Pipe()
+    upstream = Upstream(child, threading.Lock())
+    upstream.event("environment", None, {"pid": 1}, hold=True)
+    assert agent.poll(30)
+    assert [f.kind for f in agent.recv()] == ["environment"]
+    upstream.event("node_started", "a", {})  # later frames are not held
+    assert [f.kind for f in agent.recv()] == ["node_started"]
+    upstream.end("succeeded", None, None, None, False)
+    assert [type(f).__name__ for f in agent.recv()] == ["ChildEnded"]
 
 
 def test_a_full_backlog_holds_the_emitting_node_until_the_pipe_takes_it():
