@@ -246,11 +246,12 @@ class WorkerPlacement:
 
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
-        self._any_waiting = deque(a for a in self._any_waiting if a[0].run_id != run_id)
-        self._unshared.pop(run_id, None)
-        for line in self._device_waiting.values():  # withdrawn while it waited
-            if any(a.run_id == run_id for a in line):
-                line.remove(next(a for a in line if a.run_id == run_id))
+        if self._unshared.pop(run_id, None) is None and run_id not in self._held:
+            # Withdrawn while it waited (a run that holds slots waits in no line).
+            self._any_waiting = deque(a for a in self._any_waiting if a[0].run_id != run_id)
+            for line in self._device_waiting.values():
+                if any(a.run_id == run_id for a in line):
+                    line.remove(next(a for a in line if a.run_id == run_id))
         await self._retry(self._free_all(run_id))
 
     async def _retry(self, physicals: list[str]) -> None:
@@ -259,13 +260,18 @@ class WorkerPlacement:
         for physical in physicals:
             waiting, line = self._device_waiting.get(physical, deque()), deque[Admit]()
             self._device_waiting[physical] = line
+            would_wait: dict[tuple[Any, ...], bool] = {}  # the runs of a line mostly ask alike
             for admit in waiting:
-                if self._registry.lookup(f"runs/{admit.run_id}") is None:
-                    continue
-                if line and self._would_wait_in(admit, physical):
-                    line.append(admit)  # a run ahead of it waits again: it cannot pass
-                else:
+                if line:
+                    alike = (admit.queue_key, admit.devices[:1], admit.duration_s)
+                    if alike not in would_wait:
+                        would_wait[alike] = self._would_wait_in(admit, physical)
+                    if would_wait[alike]:
+                        line.append(admit)  # a run ahead of it waits again: it cannot pass
+                        continue
+                if self._registry.lookup(f"runs/{admit.run_id}") is not None:  # else withdrawn
                     await self.admit_named(admit)
+                    would_wait.clear()  # placing it may have spent its worker
         await self._place_anywhere()
 
     def _would_wait_in(self, admit: Admit, physical: str) -> bool:
