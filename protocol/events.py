@@ -185,22 +185,23 @@ class Event(dict[str, Any]):
 
 
 def make_event(seq: int, kind: str, node_id: str | None, payload: dict[str, Any], cap_bytes: int = 0,
-               payload_json: str | None = None) -> Event:
+               payload_json: str | None = None, ts: str | None = None) -> Event:
     """A numbered event; a payload over ``cap_bytes`` is capped (``cap_payload``).
-    ``payload_json``: the payload's JSON, when the caller has it already."""
+    ``payload_json``: the payload's JSON, when the caller has it already; ``ts``: its
+    timestamp, when the caller took one for several events (else now)."""
     if payload_json is None:
         payload_json = jsonsafe.dumps(payload, default=str)
     if 0 < cap_bytes < len(payload_json):
         payload = cap_payload(payload, cap_bytes)
         payload_json = jsonsafe.dumps(payload, default=str)
-    event = Event(seq=seq, type=kind, ts=utc_now(), node_id=node_id, payload=payload)
+    event = Event(seq=seq, type=kind, ts=ts or utc_now(), node_id=node_id, payload=payload)
     event.payload_json = payload_json
     return event
 
 
 def stored_event(seq: int, kind: str, ts: str, node_id: str | None, payload_json: str) -> Event:
     """An event read back from the store, which keeps its payload as JSON text."""
-    event = Event(seq=seq, type=kind, ts=ts, node_id=node_id, payload=json.loads(payload_json))
+    event = Event(seq=seq, type=kind, ts=ts, node_id=node_id, payload=jsonsafe.loads(payload_json))
     event.payload_json = payload_json
     return event
 
