@@ -16,6 +16,8 @@ not the server's and are printed apart.
 
     .venv/bin/python bench/profile_drain.py --drain 300
     .venv/bin/python bench/profile_drain.py --drain 300 --worker
+
+``--raw FILE`` keeps py-spy's raw stacks, to read further than the summary by module.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def main() -> int:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples a second (default 250)")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--worker", action="store_true", help="drain on one worker agent, not in-process")
+    p.add_argument("--raw", type=Path, help="also keep py-spy's raw stacks in this file")
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
@@ -147,6 +150,8 @@ def main() -> int:
               f"server CPU {1000 * cpu / args.drain:.2f} ms per run"
               + (f"; agent {1000 * agent_cpu[0] / args.drain:.2f} ms and its run children "
                  f"{1000 * agent_cpu[1] / args.drain:.2f} ms per run (not the server's)" if args.worker else ""))
+        if out.exists() and args.raw:
+            shutil.copyfile(out, args.raw)
         if out.exists():
             print("share of the server's samples (innermost frame of ours, else of the library):")
             for key, pct in _summarise(out, args.top):
