@@ -11,6 +11,7 @@ stop the rest in reverse.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from actors.store.events import AppendEvents
 from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
 from actors.store.studies import ListStudies, UpdateStudy
 from actors.store.workers import WorkerExited
+from actors.store.writer import Writer
 from actors.study import StudyActor, Wake
 from actors.submission import Admission
 from actors.threaded import ThreadActorRef, start_thread_actor
@@ -96,7 +98,8 @@ class ControlPlane:
         self.runs: Supervisor[ActorRef] = Supervisor(tree.RUNS.name)
         self.studies: Supervisor[ActorRef] = Supervisor(tree.STUDIES.name, on_give_up=self._study_failed)
         self.workers: Supervisor[ActorRef] = Supervisor(tree.WORKERS.name, on_give_up=self._worker_failed)
-        self.store = StoreClient(on_committed=self._publish)
+        self.store = StoreClient(on_committed=self._publish,
+                                 open_inline=functools.partial(Writer.open, self.db_path, self.runs_dir))
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
         # of its own. More nodes than threads wait their turn (they never wait on each
@@ -363,6 +366,7 @@ class ControlPlane:
         await self.queues.stop()
         await self.ledgers.stop()
         await self.store.drain()
+        self.store.close()  # the loop's connection; the store's own closes as it stops
         await self.root.stop(timeout=grace)
         self.node_pool.shutdown(wait=False, cancel_futures=True)
         self.executor_pool.shutdown(wait=False, cancel_futures=True)

@@ -1,7 +1,8 @@
 """The store: the only writer of the SQLite database (DESIGN section 3).
 
-``actor`` owns the connection and dispatches; ``client`` is its asyncio face (group
-commit); ``schema`` opens and migrates the file; one module per concern holds its
+``actor`` owns the store's connection and dispatches; ``client`` is its asyncio face
+(group commit, and the small hot batches committed on the loop); ``writer`` turns a batch
+into one transaction on either connection; ``schema`` opens and migrates the file; one module per concern holds its
 messages next to their SQL: ``runs`` (rows, queue order, recovery, retention), ``events``
 (a run's log), ``sweeps``, ``studies``, ``workers``. Import messages from their module.
 """

@@ -1,4 +1,6 @@
-"""The store: schema version, batched ordered writes, retention, recovery."""
+"""The store: schema version, batched ordered writes, retention, recovery. Every test
+that takes the ``store`` fixture runs twice: with every batch committed by the store's
+thread, and with the small batches of a run's writes committed on the loop."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from actors.store.events import AppendEvents, GetEvents
 from actors.store.run_list import ListRuns
 from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun
 from actors.store.schema import SCHEMA_VERSION, open_database
+from actors.store.writer import Writer
 from actors.threaded import start_thread_actor
 from tests.unit.stand_ins import run_record, store_run
 
@@ -26,13 +29,29 @@ def insert(store, seq, status="succeeded", **later):
 
 
 @pytest.fixture
-async def store(tmp_path):
+async def client_of(tmp_path):
+    """Makes a client and its store (``on_loop``: small batches of a run's writes are
+    committed on the loop); stops them at the end, whatever the test did."""
+    made = []
+
+    def make(on_loop, **kwargs):
+        db, runs = tmp_path / "db", tmp_path / "runs"
+        made.append(StoreClient(start_thread_actor(StoreActor, "store", db, runs),
+                                open_inline=(lambda: Writer.open(db, runs)) if on_loop else None, **kwargs))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.close()
+        await client.ref.stop()
+
+
+@pytest.fixture(params=["thread", "loop"])
+async def store(client_of, request):
     committed = []
-    client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"),
-                         on_committed=lambda writes: committed.extend(op for op, _ in writes))
+    client = client_of(request.param == "loop", on_committed=lambda writes: committed.extend(op for op, _ in writes))
     client.committed = committed
-    yield client
-    await client.ref.stop()
+    return client
 
 
 def test_the_schema_version_is_kept_in_user_version(tmp_path):
@@ -130,11 +149,28 @@ async def test_one_op_that_raises_anything_fails_alone_in_its_batch(store):
     assert [e["payload"] for e in events] == [{"message": "kept"}]
 
 
-async def test_a_removed_database_file_breaks_the_store(tmp_path):
-    client = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
+@pytest.mark.parametrize("on_loop", [False, True])
+async def test_a_removed_database_file_breaks_the_store(tmp_path, client_of, on_loop):
+    client = client_of(on_loop)
     await insert(client, 1)
+    await insert(client, 2)  # on the loop, when it may
     (tmp_path / "db").unlink()
     with pytest.raises(Exception, match="removed or replaced"):
-        await insert(client, 2)
+        await insert(client, 3)
     exit_ = await asyncio.wait_for(client.ref.wait(), 5)
     assert exit_.reason == "broken" and isinstance(exit_.error, apsw.CantOpenError)
+
+
+async def test_what_the_loop_commits_is_read_at_once_and_kept(tmp_path, client_of):
+    client = client_of(True)
+    await client.write(Recover(keep_queued=False))  # the thread's first commit: the file is migrated
+    for seq in range(1, 301):  # a checkpoint is asked for on the way
+        await insert(client, seq, "running")
+        await client.write(AppendEvents(run_id(seq), ({"seq": 1, "type": "log", "ts": "t", "payload": {"n": seq}},)))
+    events, _ = await client.read(GetEvents(run_id(300)))
+    assert [e["payload"] for e in events] == [{"n": 300}]
+    client.close()
+    await client.ref.stop()
+    conn = open_database(tmp_path / "db")
+    assert conn.execute("SELECT COUNT(*) FROM events").fetchall()[0][0] == 300
+    assert conn.execute("SELECT status FROM runs WHERE id = ?", (run_id(300),)).fetchall()[0][0] == "running"
