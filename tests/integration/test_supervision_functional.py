@@ -70,15 +70,23 @@ async def test_a_queue_that_keeps_crashing_is_quarantined_with_its_reason(tmp_pa
     plane, session = await start_plane(tmp_path)
     try:
         await submit(session, hello())
+
+        async def queue_state():
+            async with session.get("/api/queues") as response:
+                (queue,) = (await response.json())["queues"]
+            return queue
+
         for _ in range(6):
             ref = plane.registry.lookup("queues/cpu")
-            if ref is None:
-                break
+            assert ref is not None
             ref.tell(Garbage())
             await ref.wait()
-            await asyncio.sleep(0.01)
-        async with session.get("/api/queues") as response:
-            (queue,) = (await response.json())["queues"]
+
+            async def restarted_or_quarantined(old=ref):
+                return await _alive(plane, "queues/cpu", old) or (await queue_state())["state"] == "quarantined"
+
+            await until(restarted_or_quarantined)
+        queue = await queue_state()
         assert queue["state"] == "quarantined" and "unknown message" in queue["reason"]
         refused = await submit(session, hello(), expect=503)
         assert refused["error"]["code"] == "queue_quarantined"
