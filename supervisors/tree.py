@@ -27,7 +27,7 @@ class Kind:
 
 
 _ESCALATES = "restarted; past the limit the server stops"
-STORE = Kind("store", "thread actor: the one apsw connection", Restart.PERMANENT, _ESCALATES)
+STORE = Kind("store", "thread actor: the store's apsw connection (reads, large batches)", Restart.PERMANENT, _ESCALATES)
 EVENTS = Kind("events", "the hub: committed events -> stream subscribers", Restart.PERMANENT, _ESCALATES)
 PLACER = Kind("placer", "admission: lanes, the seed gate, the book of workers", Restart.PERMANENT, _ESCALATES)
 CPUS = Kind("cpus", "the CPU ledger: TROUPE_CPUS lent to declared nodes", Restart.PERMANENT, _ESCALATES)
