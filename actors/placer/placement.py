@@ -43,6 +43,7 @@ class WorkerPlacement:
         self._cards: dict[str, tuple[int, int]] = {}  # physical -> (total, free) MiB, as last reported
         self._policies: dict[str, Policy] = {}  # physical -> its sharing policy (exclusive when absent)
         self._device_waiting: dict[str, deque[Admit]] = {}  # physical -> named-worker runs
+        self._mixed: set[str] = set()  # lines that hold more than one kind of ask (``_alike``)
         # Target ``any``, in admission order, with the node types each run's graph needs.
         self._any_waiting: deque[tuple[Admit, frozenset[str]]] = deque()
         # Local runs on a device no worker shares: the queue's limit is the whole quota,
@@ -179,7 +180,10 @@ class WorkerPlacement:
                     admit.run_id, worker, physical, name, admit.budget_mib):
                 self._free_all(admit.run_id)
                 if placed is None:
-                    self._device_waiting.setdefault(physical, deque()).append(admit)
+                    line = self._device_waiting.setdefault(physical, deque())
+                    if line and _alike(line[0]) != _alike(admit):
+                        self._mixed.add(physical)
+                    line.append(admit)
                 return False
         self._placed_on(worker)
         self._start(admit.run_id, Start(worker=placed, holds=tuple(self._held[admit.run_id]),
@@ -260,18 +264,26 @@ class WorkerPlacement:
         for physical in physicals:
             waiting, line = self._device_waiting.get(physical, deque()), deque[Admit]()
             self._device_waiting[physical] = line
+            mixed = physical in self._mixed
+            self._mixed.discard(physical)
             would_wait: dict[tuple[Any, ...], bool] = {}  # the runs of a line mostly ask alike
-            for admit in waiting:
+            while waiting:
+                admit = waiting.popleft()
                 if line:
-                    alike = (admit.queue_key, admit.devices[:1], admit.duration_s)
+                    alike = _alike(admit)
                     if alike not in would_wait:
                         would_wait[alike] = self._would_wait_in(admit, physical)
                     if would_wait[alike]:
                         line.append(admit)  # a run ahead of it waits again: it cannot pass
+                        if not mixed:
+                            line.extend(waiting)  # and neither can those behind, asking alike
+                            break
                         continue
                 if self._registry.lookup(f"runs/{admit.run_id}") is not None:  # else withdrawn
                     await self.admit_named(admit)
                     would_wait.clear()  # placing it may have spent its worker
+            if mixed and len({_alike(admit) for admit in line}) > 1:
+                self._mixed.add(physical)
         await self._place_anywhere()
 
     def _would_wait_in(self, admit: Admit, physical: str) -> bool:
@@ -447,3 +459,8 @@ class WorkerPlacement:
         placer = self._placer()
         if placer is not None:
             placer.tell(Released(run_id))  # withdrawn meanwhile: the slot goes back
+
+
+def _alike(admit: Admit) -> tuple[Any, ...]:
+    """What ``_would_wait_in`` reads of a run: runs alike in it wait, or not, together."""
+    return admit.queue_key, admit.devices[:1], admit.duration_s
