@@ -5,7 +5,7 @@ across batches (one batch in flight at a time), and ``on_committed`` sees a batc
 writes (with their results) only after the commit, once per batch, so the event hub
 never publishes an event the database could still lose.
 
-A small batch of the writes a run makes as it goes (its row, its events) is committed
+A small batch of the writes a run makes as it goes (its row, a few events) is committed
 here, on the loop, by a ``Writer`` on a connection of this client's own: a hand-over to
 the store's thread and back costs two thread wake-ups, about 100 us of CPU on a VM,
 more than the commit. A large batch, or any other write (retention, recovery, deletes,
@@ -34,10 +34,12 @@ from protocol.errors import TroupeError
 log = logging.getLogger("troupe.store")
 
 WRITE_TIMEOUT_S = 30.0
-# What the loop commits itself: the writes of a run as it goes, in batches this small
-# (a burst of many runs goes to the thread, whose SQLite work then overlaps the loop's).
+# What the loop commits itself: the writes of a run as it goes, in batches this small,
+# counting an op as one row and an ``AppendEvents`` as its events. A burst of many runs,
+# or a relayed frame of 500 metric points, goes to the thread, whose SQLite work then
+# overlaps the loop's parsing of what comes next.
 INLINE_WRITES = frozenset({InsertRun, UpdateRun, AppendEvents})
-INLINE_MAX_OPS = 16
+INLINE_MAX_ROWS = 32
 CHECKPOINT_EVERY = 200
 
 
@@ -156,7 +158,12 @@ class StoreClient:
 
     def _commit_here(self, ops: tuple[Any, ...]) -> list[Any] | None:
         """The batch's outcomes, committed on the loop; None when the thread is to."""
-        if len(ops) > INLINE_MAX_OPS or any(type(op) not in INLINE_WRITES for op in ops):
+        rows = 0
+        for op in ops:
+            if type(op) not in INLINE_WRITES:
+                return None
+            rows += len(op.events) if isinstance(op, AppendEvents) else 1
+        if rows > INLINE_MAX_ROWS:
             return None
         writer = self._writer()
         if writer is None:
