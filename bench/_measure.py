@@ -132,8 +132,13 @@ def machine() -> dict[str, str]:
 
 def environ() -> dict[str, str]:
     """A copy of this process's environment, the base of every child's (the one place the
-    bench reads it)."""
-    return dict(os.environ)
+    bench reads it), with this tree first on ``PYTHONPATH``: the ``troupe`` script of an
+    editable install imports the tree it was installed from, so a bench run from another
+    worktree (a before column) would otherwise measure that tree's server."""
+    env = dict(os.environ)
+    tree = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def time_limit(seconds: int) -> None:
