@@ -174,3 +174,16 @@ async def test_what_the_loop_commits_is_read_at_once_and_kept(tmp_path, client_o
     conn = open_database(tmp_path / "db")
     assert conn.execute("SELECT COUNT(*) FROM events").fetchall()[0][0] == 300
     assert conn.execute("SELECT status FROM runs WHERE id = ?", (run_id(300),)).fetchall()[0][0] == "running"
+
+
+async def test_a_runs_small_writes_commit_on_the_loop_and_larger_ones_need_the_stores_thread(tmp_path, client_of):
+    client = client_of(True)
+    await insert(client, 1, "running")  # the thread's first commit: the loop's connection may open
+    await client.ref.stop()  # only the loop's own connection is left
+    log = [{"seq": seq, "type": "log", "ts": "t", "payload": {"n": seq}} for seq in range(1, 66)]
+    await client.write(AppendEvents(run_id(1), tuple(log[:32])))  # 32 rows: committed on the loop
+    with pytest.raises(Exception, match="store"):
+        await client.write(AppendEvents(run_id(1), tuple(log[32:])))  # 33: the thread's, and it is gone
+    client.close()
+    conn = open_database(tmp_path / "db")
+    assert conn.execute("SELECT MAX(seq), COUNT(*) FROM events").fetchall()[0] == (32, 32)
