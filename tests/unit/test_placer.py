@@ -147,3 +147,17 @@ async def test_adopted_runs_hold_their_slots_before_anything_is_admitted(plane):
     assert await plane.got("runs/new") == []  # no double booking of the card
     plane.placer.tell(Released("old"))
     assert [type(m) for m in await plane.got("runs/new")] == [Start]
+
+
+async def test_a_line_for_a_card_starts_its_runs_one_by_one_in_order(plane):
+    plane.placer.tell(online())
+    for name in ("first", "a", "b", "c", "d"):
+        plane.run(name)
+        plane.placer.tell(Admit(name, "gpu-a/cuda:1", False))
+    assert [type(m) for m in await plane.got("runs/first")] == [Start]
+    for ended, starts in (("first", "a"), ("a", "b"), ("b", "c"), ("c", "d")):
+        plane.placer.tell(Released(ended))  # the runs behind the one that starts wait again, in order
+        assert [type(m) for m in await plane.got(f"runs/{starts}")] == [Start]
+        for later in ("a", "b", "c", "d"):
+            if later > starts:
+                assert await plane.got(f"runs/{later}") == []
