@@ -147,6 +147,9 @@ class Registry:
         # The same refs by kind (``runs/``, ``ledgers/``...): a lab has thousands of card
         # ledgers and worker connections, and listing one kind must not scan them all.
         self._kinds: dict[str, dict[str, ActorRef]] = {}
+        # Refs an actor marked as having some state readers look for (a card's ledger
+        # that promises memory): a reader finds the few among thousands without a scan.
+        self._marks: dict[str, dict[str, ActorRef]] = {}
 
     def register(self, ref: ActorRef) -> None:
         self._refs[ref.name] = ref
@@ -157,6 +160,8 @@ class Registry:
             del self._refs[ref.name]
             kind = self._kinds[_kind(ref.name)]
             del kind[ref.name]
+            for marked in self._marks.values():
+                marked.pop(ref.name, None)
 
     def lookup(self, name: str) -> ActorRef | None:
         ref = self._refs.get(name)
@@ -165,6 +170,18 @@ class Registry:
     def names(self, prefix: str = "") -> list[str]:
         refs = self._kinds.get(prefix, {}) if prefix.endswith("/") and prefix.count("/") == 1 else self._refs
         return [n for n, r in refs.items() if n.startswith(prefix) and r.is_alive]
+
+
+    def mark(self, tag: str, ref: ActorRef, on: bool) -> None:
+        marked = self._marks.setdefault(tag, {})
+        if on and self._refs.get(ref.name) is ref:
+            marked[ref.name] = ref
+        elif not on and marked.get(ref.name) is ref:
+            del marked[ref.name]
+
+    def marked(self, tag: str) -> list[ActorRef]:
+        """The live actors that marked themselves ``tag``."""
+        return [ref for ref in self._marks.get(tag, {}).values() if ref.is_alive]
 
 
 def _kind(name: str) -> str:
@@ -205,6 +222,12 @@ class Actor:
     def stop_self(self, reason: str = "normal") -> None:
         """Stops after the current message; queued messages are failed at teardown."""
         self._mailbox.put_nowait(_Envelope(_Stop(reason), None))
+
+    def mark(self, tag: str, on: bool) -> None:
+        """Says in its registry whether it has what ``tag`` names, part of what it
+        publishes: readers list the few marked without looking at every view."""
+        if self._home_registry is not None:
+            self._home_registry.mark(tag, self._ref, on)
 
     def changed(self) -> None:
         """Readers should see the state anew: the view is rebuilt once, when this burst

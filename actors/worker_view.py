@@ -55,12 +55,28 @@ class ConnectionView:
 
     def json_text(self, encoded: Mapping[str, str] | None = None, **extra: Any) -> str:
         """``as_json()`` with ``encoded`` (values that are JSON text already) and ``extra``
-        after it, as JSON text: the view's own part is encoded once per view, whatever the
-        number of polls that read it before the next heartbeat replaces it; only
-        ``heard_s_ago`` and ``extra`` are encoded per read."""
-        tail = jsonsafe.dumps({"heard_s_ago": self._heard(), **extra})
-        given = "".join(f", {json.dumps(key)}: {text}" for key, text in (encoded or {}).items())
-        return f"{self._text[:-1]}{given}, {tail[1:]}"
+        after its own keys, as JSON text."""
+        given = dict(encoded or {})
+        given.update((key, jsonsafe.dumps(value)) for key, value in extra.items())
+        return self.with_heard(self.head(given))
+
+    def head(self, encoded: Mapping[str, str]) -> str:
+        """The view's JSON text with ``encoded`` (values that are JSON text already) after
+        its own keys, open for ``heard_s_ago``, the one part that moves between reads. A
+        reader keeps it for as long as the view is the newest: 800 workers polled several
+        times a second are encoded once per view, not once per read."""
+        given = "".join(f", {json.dumps(key)}: {text}" for key, text in encoded.items())
+        return f"{self._text[:-1]}{given}"
+
+    def with_heard(self, head: str) -> str:
+        """``head`` closed with the seconds since the last frame: a live link beats."""
+        heard = self._heard()
+        return f'{head}, "heard_s_ago": {"null" if heard is None else repr(heard)}}}'
+
+    @functools.cached_property
+    def card_ids(self) -> frozenset[str]:
+        """Its cards' UUIDs, to find at once whether any has a policy or promised memory."""
+        return frozenset(card["uuid"] for card in self.said.cards) if self.said is not None else frozenset()
 
     @functools.cached_property
     def cards(self) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from actors.base import ActorRef, Snapshot
 from actors.placer.book import INSTANCE_MARK
+from actors.placer.ledger import PROMISING
 from actors.placer.messages import CardPolicy
 from actors.ssh_session import SshTarget
 from actors.store.memory import CardPolicies, SetCardPolicy
@@ -72,14 +73,14 @@ async def list_workers(request: web.Request) -> web.Response:
     views = [_connection_view(live) for live in lives]
     instances = _instances(svc, [row["name"] for row in enrolled])
     cards = _Cards(svc, policies)
-    shown = _CARDS.texts(views, cards)
+    shown = _TEXTS.heads(cards)
     failures = svc.failed_workers()
     texts: list[str] = []  # each worker's JSON: a view's own part is encoded once per view
     for row, live, view in zip(enrolled, lives, views, strict=True):
         mine = instances.get(row["name"], [])
         failed = failures.get(row["name"])
         if view is not None and not mine and (failed is None or live is not None):
-            texts.append(view.json_text({"cards": shown(view)}, instances=mine, enrolled_at=row["enrolled_at"]))
+            texts.append(view.with_heard(shown(view, row["enrolled_at"])))
             continue
         if view is None and row["exited_at"] and not mine:
             continue  # a spent one-shot worker whose agent exited: its history is in its runs
@@ -148,58 +149,61 @@ def _instances(svc: Services, names: list[str]) -> dict[str, list[dict[str, Any]
     return {worker: sorted(found, key=lambda i: i["instance"]) for worker, found in by_worker.items()}
 
 
-class _CardTexts:
-    """The encoded ``cards`` of each worker whose cards have no sharing policy and no
-    ledger books (nearly every worker of a lab, nearly always): made once per connection
-    view, so a poll of 800 workers encodes only what changed. Kept for the views of the
-    last list only; those of other workers are encoded at each read."""
+class _WorkerTexts:
+    """Each worker's JSON text but for ``heard_s_ago``, for workers whose cards have no
+    sharing policy and no memory promised (nearly every worker of a lab, nearly always):
+    made once per connection view, so a poll of 800 workers encodes only the views that
+    changed since the last. Kept for the views of the last list only; the others are
+    made at each read."""
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[ConnectionView, str]] = {}
+        self._kept: dict[int, tuple[ConnectionView, str, str]] = {}  # view, enrolled at, head
 
-    def texts(self, views: list[ConnectionView | None], cards: _Cards) -> Callable[[ConnectionView], str]:
-        kept: dict[int, tuple[ConnectionView, str]] = {}
-        for view in views:
-            if view is None or cards.special(view.cards):
-                continue
-            found = self._kept.get(id(view))
-            kept[id(view)] = found if found is not None and found[0] is view else (
-                view, jsonsafe.dumps(cards(view.cards)))
+    def heads(self, cards: _Cards) -> Callable[[ConnectionView, str], str]:
+        last: dict[int, tuple[ConnectionView, str, str]] = self._kept
+        kept: dict[int, tuple[ConnectionView, str, str]] = {}
         self._kept = kept
 
-        def of(view: ConnectionView) -> str:
-            found = kept.get(id(view))
-            return found[1] if found is not None else jsonsafe.dumps(cards(view.cards))
+        def head(view: ConnectionView, enrolled_at: str) -> str:
+            special = cards.special(view)
+            found = None if special else last.get(id(view))
+            if found is not None and found[0] is view and found[1] == enrolled_at:
+                kept[id(view)] = found
+                return found[2]
+            text = view.head({"cards": jsonsafe.dumps(cards(view.cards)), "instances": "[]",
+                              "enrolled_at": jsonsafe.dumps(enrolled_at)})
+            if not special:
+                kept[id(view)] = (view, enrolled_at, text)
+            return text
 
-        return of
+        return head
 
 
-_CARDS = _CardTexts()
+_TEXTS = _WorkerTexts()
 
 
 class _Cards:
     """Each card of a worker, as its agent reported it, with its policy and its ledger's
     books (memory promised to the runs holding it) as each physical card's ledger last
-    published them. Only cards that were ever held have a ledger: those are looked up,
-    not every card of every worker."""
+    published them. Only the ledgers that promise memory are looked up (they mark
+    themselves so), not every card's."""
 
     def __init__(self, svc: Services, policies: dict[str, Any]) -> None:
         self._policies = policies
-        self._books = {name.removeprefix("ledgers/"): _view(svc.registry.lookup(name)) or {}
-                       for name in svc.registry.names("ledgers/")}
+        self._books = {ref.name.removeprefix("ledgers/"): ref.view or {} for ref in svc.registry.marked(PROMISING)}
+        self._special = frozenset(policies) | frozenset(self._books)
         self._context = svc.settings.cuda_context_mib
 
-    def special(self, reported: list[dict[str, Any]]) -> bool:
-        """Whether a card has a policy or memory promised on it: then its entry is made at
-        each read (every card has a ledger once its worker came online; few hold runs)."""
-        return any(card["uuid"] in self._policies or (self._books.get(card["uuid"]) or {}).get("budgets")
-                   for card in reported)
+    def special(self, view: ConnectionView) -> bool:
+        """Whether a card of the view has a policy or memory promised on it: then its
+        entry is made at each read."""
+        return not view.card_ids.isdisjoint(self._special)
 
     def __call__(self, reported: list[dict[str, Any]]) -> list[Any]:
         found = []
         for card in reported:
             policy = self._policies.get(card["uuid"], _EXCLUSIVE)
-            budgets = (self._books.get(card["uuid"]) or {}).get("budgets", {})
+            budgets = self._books.get(card["uuid"], {}).get("budgets", {})
             found.append({
                 "device": f"cuda:{card['index']}", "index": card["index"], "uuid": card["uuid"], "name": card["name"],
                 "pci_bus_id": card.get("pci_bus_id"), **policy, "total_mib": card["memory_total_mib"],

@@ -26,6 +26,9 @@ from actors.base import Actor, Snapshot
 log = logging.getLogger("troupe.ledger")
 
 EXCLUSIVE, MEMORY = "exclusive", "memory"
+# The registry mark of a ledger whose holders have memory budgets: the Workers list shows
+# those books, and finds the few ledgers that have any without reading thousands.
+PROMISING = "ledgers promising memory"
 
 
 @dataclass(frozen=True)
@@ -132,19 +135,26 @@ class LedgerActor(Actor):
             case Policy() as policy:
                 self._policy = policy
             case TryHold(run_id, budget_mib):
-                return self._try_hold(run_id, budget_mib)
+                hold = self._try_hold(run_id, budget_mib)
+                self._mark_promising()
+                return hold
             case Fits(budget_mib):
                 return self._fits(budget_mib)
             case Free(run_id):
                 self._holders.pop(run_id, None)
+                self._mark_promising()
             case Adopt(run_ids, budgets):
                 for run_id in run_ids:
                     self._holders[run_id] = budgets.get(run_id)
+                self._mark_promising()
             case Snapshot():
                 return self.make_view()
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _mark_promising(self) -> None:
+        self.mark(PROMISING, any(budget is not None for budget in self._holders.values()))
 
     @property
     def _shared(self) -> bool:

@@ -3,8 +3,10 @@ among the providers online; on a card shared by memory, budgets that fit."""
 
 from __future__ import annotations
 
+from actors.base import Registry
 from actors.placer.ledger import (
     MEMORY,
+    PROMISING,
     Adopt,
     Fits,
     Free,
@@ -81,3 +83,26 @@ async def test_reserved_memory_is_never_promised():
     assert await ledger.ask(TryHold("r1", 6 * GIB)) is not None
     ledger.stop()
     await ledger.wait()
+
+
+async def test_a_ledger_marks_itself_while_a_holder_has_a_memory_budget():
+    """The Workers list reads the books of the marked ledgers only: one that promises
+    memory and is not marked would show no budgets."""
+    registry = Registry()
+    ledger = LedgerActor("GPU-m").start(registry)
+    plain = LedgerActor("GPU-p").start(registry)
+    for card in (ledger, plain):
+        card.tell(Offer("w", 4))
+    assert await ledger.ask(TryHold("r1", 2 * GIB)) == Hold() and await plain.ask(TryHold("r2")) == Hold()
+    assert registry.marked(PROMISING) == [ledger]
+    ledger.tell(Free("r1"))
+    await ledger.ask(Snapshot())
+    assert registry.marked(PROMISING) == []
+    ledger.tell(Adopt(("r3",), {"r3": GIB}))
+    await ledger.ask(Snapshot())
+    assert registry.marked(PROMISING) == [ledger]
+    ledger.stop()
+    await ledger.wait()
+    assert registry.marked(PROMISING) == []  # a stopped ledger leaves the marks with its name
+    plain.stop()
+    await plain.wait()
