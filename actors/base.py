@@ -13,6 +13,7 @@ any other exception crashes the actor, and its supervisor decides what happens n
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,35 @@ class _Tombstone:
         self.name, self._view, self._exited = name, view, exited
 
 
+class _Mailbox(asyncio.Queue[_Envelope]):
+    """A mailbox where a read may go ahead of the line (``put_first``), behind the reads
+    put there before it: they leave in the order they came."""
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: collections.deque[_Envelope] = collections.deque()
+        self._ahead = 0  # envelopes put first, at the head of the line
+        self._putting_first = False
+
+    def put_first(self, envelope: _Envelope) -> None:
+        self._putting_first = True
+        try:
+            self.put_nowait(envelope)
+        finally:
+            self._putting_first = False
+
+    def _put(self, item: _Envelope) -> None:
+        if self._putting_first:
+            self._queue.insert(self._ahead, item)
+            self._ahead += 1
+        else:
+            self._queue.append(item)
+
+    def _get(self) -> _Envelope:
+        if self._ahead:
+            self._ahead -= 1
+        return self._queue.popleft()
+
+
 class ActorRef:
     """The only handle other code gets to an actor."""
 
@@ -105,12 +135,19 @@ class ActorRef:
         else:
             log.debug("dropped %s to dead actor %s", type(message).__name__, self.name)
 
-    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT) -> Any:
+    async def ask(self, message: Any, timeout: float = DEFAULT_ASK_TIMEOUT, *, first: bool = False) -> Any:
+        """``first``: the ask goes ahead of the messages waiting in the mailbox (behind
+        other such asks), for a read that a page waits on: it sees the state as it was
+        a little earlier, instead of waiting for every message already in line."""
         if not self._actor._alive:
             raise ActorDeadError(f"actor {self.name} is not running")
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
-        self._live_mailbox().put_nowait(_Envelope(message, reply))
+        mailbox = self._live_mailbox()
+        if first:
+            mailbox.put_first(_Envelope(message, reply))
+        else:
+            mailbox.put_nowait(_Envelope(message, reply))
         # One timer handle per ask, not wait_for's task and a shield's extra future: an
         # asker cancelled meanwhile still has its message handled (the actor skips only
         # asks that timed out), as a shielded ask had.
@@ -128,7 +165,7 @@ class ActorRef:
     async def wait(self) -> Exit:
         return await asyncio.shield(self._actor._exited)
 
-    def _live_mailbox(self) -> asyncio.Queue[_Envelope]:
+    def _live_mailbox(self) -> _Mailbox:
         """The mailbox of an actor the caller found alive (a tombstone has none)."""
         return cast("Actor", self._actor)._mailbox
 
@@ -195,7 +232,7 @@ class Actor:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._mailbox: asyncio.Queue[_Envelope] = asyncio.Queue()
+        self._mailbox = _Mailbox()
         self._alive = False
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
         self._ref = ActorRef(self)

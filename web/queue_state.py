@@ -36,7 +36,10 @@ class QueueState:
         refs = {key: ref for key in (keys if keys is not None else
                                      [name.removeprefix("queues/") for name in svc.registry.names("queues/")])
                 if (ref := svc.registry.lookup(f"queues/{key}")) is not None}
-        waiting, quarantined = await asyncio.gather(placer.ask(Waiting(run_ids)), placer.ask(Quarantined()))
+        # Reads go ahead of the placer's line: a page waits on them, and a busy placer has
+        # hundreds of submissions and releases in its mailbox.
+        waiting, quarantined = await asyncio.gather(placer.ask(Waiting(run_ids), first=True),
+                                                    placer.ask(Quarantined(), first=True))
         return cls(waiting, quarantined, {key: view for key, ref in refs.items() if (view := ref.view) is not None})
 
     def row(self, key: str, limit: int) -> dict[str, Any]:

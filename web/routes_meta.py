@@ -62,7 +62,7 @@ async def queue_prediction(request: web.Request) -> web.Response:
         reason = {"code": "slots_busy", "message": f"#{row['queued'] + 1} in line for {key}: {row['running']} of "
                                                    f"{row['limit']} slots busy"}
     else:
-        reason = await svc.actor("placer").ask(Predict(key, seeded == "true"))
+        reason = await svc.actor("placer").ask(Predict(key, seeded == "true"), first=True)
     return json_reply({"queue_key": key, "starts": reason is None, "reason": reason})
 
 

@@ -76,6 +76,22 @@ async def test_messages_are_handled_one_at_a_time_in_order():
     assert await ref.ask(Get()) == list(range(100))
 
 
+async def test_an_ask_put_first_goes_ahead_of_the_line_behind_earlier_ones_put_first():
+    ref = Recorder().start()
+    gate = asyncio.Event()
+    ref.tell(Block(gate))
+    await asyncio.sleep(0)  # the actor is inside the Block handler; what follows waits in line
+    for i in range(3):
+        ref.tell(Put(i))
+    early = asyncio.ensure_future(ref.ask(Get(), first=True))
+    ref.tell(Put(3))
+    later = asyncio.ensure_future(ref.ask(Put(9), first=True))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await early == [] and await later is None  # ahead of the three Puts, in the order they came
+    assert await ref.ask(Get()) == [9, 0, 1, 2, 3]
+
+
 async def test_ask_can_time_out_if_the_actor_is_busy():
     ref = Recorder().start()
     gate = asyncio.Event()
