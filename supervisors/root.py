@@ -214,13 +214,22 @@ class ControlPlane:
         if existing is not None:
             return existing
 
+        starts = 0
+
         def factory() -> ActorRef:
-            ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry).start(self.registry)
-            # A restarted queue learns from the live runs which slots they hold.
-            for run_name in self.registry.names("runs/"):
-                run = self.registry.lookup(run_name)
-                if run is not None:
-                    run.tell(ReportOccupancy())
+            nonlocal starts
+            starts += 1
+            restarted = starts > 1
+            # A new key's line fills from the placer's Enqueues (on a server's start too:
+            # the placer's Restore hands on each queued run): nothing to read, nothing to
+            # ask of the live runs, which are hundreds in a busy lab.
+            ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry,
+                             rebuild=restarted).start(self.registry)
+            if restarted:  # a restarted queue learns from the live runs which slots they hold
+                for run_name in self.registry.names("runs/"):
+                    run = self.registry.lookup(run_name)
+                    if run is not None:
+                        run.tell(ReportOccupancy())
             return ref
 
         return self.queues.start_child(ChildSpec(name, factory, tree.QUEUES.restart))

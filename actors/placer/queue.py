@@ -56,8 +56,10 @@ class Occupying:
 class QueueActor(Actor):
     publishes_view = True  # the queues panel and a queued run's reason read it without an ask
 
-    def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry) -> None:
+    def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry,
+                 rebuild: bool = True) -> None:
         super().__init__(f"queues/{queue_key}")
+        self._rebuild = rebuild  # a restarted queue reads its line back from the store
         self.queue_key = queue_key
         self._limit = limit
         self._store = store
@@ -71,6 +73,8 @@ class QueueActor(Actor):
     async def on_start(self) -> None:
         # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
         # themselves with Occupying (the runs supervisor asks them after a restart).
+        if not self._rebuild:
+            return
         for run_id, seq, seeded, devices, budget, duration in await self._store.read(QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
                 self._fifo[run_id] = Enqueue(run_id, seq, seeded, devices, budget, duration)
