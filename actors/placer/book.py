@@ -46,6 +46,7 @@ class WorkerBook:
         self._seen: dict[str, WorkerOffer] = {}
         self._taking: set[str] = set()  # connected and not draining
         self._spent: set[str] = set()  # one-shot agents that have taken their run
+        self._instances: dict[str, set[str]] = {}  # a batch array's worker -> its instances seen
         self.seen: Mapping[str, WorkerOffer] = MappingProxyType(self._seen)
         self.taking: Set[str] = self._taking  # read it, never change it: only the book does
 
@@ -59,10 +60,18 @@ class WorkerBook:
             elif name not in self._taking:
                 self._spent.discard(name)
         self._seen[name] = offer
+        worker, mark, _ = name.partition(INSTANCE_MARK)
+        if mark:
+            self._instances.setdefault(worker, set()).add(name)
         (self._taking.discard if draining else self._taking.add)(name)
 
     def offline(self, name: str) -> None:
         self._taking.discard(name)
+
+    def instances(self, name: str) -> list[str]:
+        """The instances (``name#id``) seen of a worker whose agents are a batch array's
+        tasks, in order; a named submission asks, and a lab has hundreds of workers."""
+        return sorted(self._instances.get(name, ()))
 
     def placed_on(self, name: str) -> None:
         """A run went to ``name``: a one-shot agent takes nothing more."""

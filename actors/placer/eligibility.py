@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from actors.placer.book import INSTANCE_MARK, WorkerBook, WorkerOffer
+from actors.placer.book import WorkerBook, WorkerOffer
 from protocol import events as ev
 from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
@@ -55,19 +55,15 @@ class Eligibility:
             offer = self._union(name, able, node_types)
         else:
             offer = self._named(name, node_types)
-            self._check_wait(target.wait, self._instances(name) or [name])
+            self._check_wait(target.wait, self._book.instances(name) or [name])
         if offer.one_shot and options.record_outputs:
             raise InvalidRequest("a one-shot agent exits after its run, so recorded outputs could never be read; drop "
                                  "record_outputs or the one-shot target", pointer="/options/record_outputs",
                                  code="one_shot_record_outputs")
         return offer
 
-    def _instances(self, name: str) -> list[str]:
-        """The instances (``name#id``) of a worker whose agents are a batch array's tasks."""
-        return sorted(seen for seen in self._book.seen if seen.startswith(f"{name}{INSTANCE_MARK}"))
-
     def _named(self, name: str, node_types: frozenset[str]) -> WorkerOffer:
-        instances = self._instances(name)
+        instances = self._book.instances(name)
         offer = self._book.seen.get(name) or (replace(self._book.seen[instances[-1]], name=name) if instances else None)
         if offer is None:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",

@@ -35,8 +35,11 @@ class WorkerPlacement:
         self._placer = placer
         self._parked: dict[str, list[Admit]] = {}  # runs for a worker that is offline
         self._providers: dict[str, dict[str, tuple[str, int]]] = {}  # provider -> device -> (physical, limit)
+        # The same, by device: physical -> its providers, online or not (a local run asks
+        # whether a worker shares its device, and a lab has thousands of devices).
+        self._offering: dict[str, set[str]] = {}
         if local:  # the server's own devices that a same-machine worker can share
-            self._providers[LOCAL] = dict(local)
+            self._set_offer(LOCAL, local)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
         self._budgets: dict[str, int | None] = {}  # run -> its memory budget, while it holds
         self._caps: dict[str, dict[str, int]] = {}  # run -> {device: card total} of the shared cards it holds
@@ -54,8 +57,7 @@ class WorkerPlacement:
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
                      cards: Mapping[str, tuple[int, int]] | None = None) -> None:
         """After the book took the worker's offer: its devices are offered to their ledgers."""
-        before = self._providers.get(name, {})
-        self._providers[name] = dict(devices)
+        before = self._set_offer(name, devices)
         self._cards.update(cards or {})
         gone = {physical for physical, _ in before.values()} - {physical for physical, _ in devices.values()}
         for physical in gone:
@@ -70,6 +72,20 @@ class WorkerPlacement:
         for parked in self._parked.pop(name, []) + self._parked.pop(name.split(INSTANCE_MARK)[0], []):
             await self.admit_named(parked)
         await self._place_anywhere()
+
+    def _set_offer(self, name: str, devices: Mapping[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+        """What ``name`` offers from now on; returns what it offered before."""
+        before = self._providers.get(name, {})
+        for physical, _ in before.values():
+            self._offering.get(physical, set()).discard(name)
+        self._providers[name] = dict(devices)
+        for physical, _ in devices.values():
+            self._offering.setdefault(physical, set()).add(name)
+        return before
+
+    def _shared_with_a_worker(self, physical: str) -> bool:
+        """Whether a worker online now offers this device of the server's own."""
+        return any(provider != LOCAL and self._is_online(provider) for provider in self._offering.get(physical, ()))
 
     def offline(self, name: str) -> None:
         for physical, _ in self._providers.get(name, {}).values():
@@ -206,9 +222,7 @@ class WorkerPlacement:
                 return None  # not a device of its own (``auto``): the server resolves it when it is queued
             return {"code": "worker_offline", "message": f"waits for worker {provider}, which is not connected"}
         physical = offered[0]
-        if provider == LOCAL and not any(
-                name != LOCAL and any(on == physical for on, _ in devices.values())
-                for name, devices in self._providers.items() if self._is_online(name)):
+        if provider == LOCAL and not self._shared_with_a_worker(physical):
             return None  # the server's own device, shared with no worker: its queue's slots say it all
         if (await self._ledger(physical).ask(Fits(None)))["now"] or self._shared(physical):
             return None
@@ -221,8 +235,7 @@ class WorkerPlacement:
         if offered is None:
             return True
         physical = offered[0]
-        if not any(provider != LOCAL and any(on == physical for on, _ in devices.values())
-                   for provider, devices in self._providers.items() if self._is_online(provider)):
+        if not self._shared_with_a_worker(physical):
             self._unshared[run_id] = physical
             return True
         return await self._hold(run_id, LOCAL, physical, device, None)
