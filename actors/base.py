@@ -279,6 +279,9 @@ class Actor:
 
     # Hooks -----------------------------------------------------------------------
     publishes_view = False  # a kind that sets it rebuilds its view after every message
+    # but these, which never change what it publishes (a view is rebuilt on the loop's
+    # next turn: a worker run's acknowledgements alone would cost a rebuild each).
+    quiet_messages: frozenset[type] = frozenset()
 
     def make_view(self) -> Any:
         """The immutable snapshot readers get from ``ref.view``; never mutated after."""
@@ -348,7 +351,8 @@ class Actor:
                 reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
             raise
         finally:
-            self.changed()
+            if type(envelope.message) not in self.quiet_messages:
+                self.changed()
         if reply is not None and not reply.done():
             reply.set_result(result)
 

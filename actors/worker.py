@@ -140,6 +140,7 @@ class Close:
 
 class WorkerConnection(Actor):
     publishes_view = True
+    quiet_messages = frozenset({Persisted, _FlushAcks, Snapshot, ReadRecordedOutputs, CancelOnWorker})
 
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
                  limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
@@ -159,6 +160,7 @@ class WorkerConnection(Actor):
         self._took_a_run = False
         self._hello: wire.Hello | None = None
         self._said: tuple[wire.Hello | None, Said | None] | None = None  # the hello last dumped for views
+        self._offered: tuple[wire.Hello, dict[str, tuple[str, int]]] | None = None  # its devices, per hello
         self._heard = LastHeard()  # shared by its views: moved on every frame without a new view
         self._made: tuple[tuple[Any, ...], ConnectionView] | None = None  # the newest view, and what it shows
         self._missing: tuple[str, ...] = ()
@@ -381,7 +383,7 @@ class WorkerConnection(Actor):
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
         paused = self._draining or (self._artifacts is not None and self._artifacts.full)
-        placer.tell(WorkerOnline(offer, self._devices(), paused, cards))
+        placer.tell(WorkerOnline(offer, dict(self._devices()), paused, cards))
 
     def _note_free_memory(self, free_mib: dict[str, int]) -> None:
         """Tells the placer a card's free memory when it moved by a step or more since it
@@ -397,8 +399,11 @@ class WorkerConnection(Actor):
     def _devices(self) -> dict[str, tuple[str, int]]:
         """Each offered device with its physical identity (NVML UUID for a card; the
         machine for its cpu and its mps:0, so a same-machine worker shares the server's)
-        and its slot limit."""
+        and its slot limit. Made once per hello (limits are settings, read once at start):
+        every view is made with it, after nearly every message."""
         assert self._hello is not None
+        if self._offered is not None and self._offered[0] is self._hello:
+            return self._offered[1]
         limit = self._limit_for
         machine = self._hello.machine_id
         devices = {"cpu": (f"cpu@{machine}", limit(f"{self.worker}/cpu"))}
@@ -406,6 +411,7 @@ class WorkerConnection(Actor):
             devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{self.worker}/cuda:{card.index}"))
         if self._hello.inventory.mps:
             devices["mps:0"] = (f"mps:0@{machine}", limit(f"{self.worker}/mps:0"))
+        self._offered = (self._hello, devices)
         return devices
 
     def _tell_runs(self, message: Any, only: set[str] | None = None) -> None:

@@ -104,6 +104,7 @@ class Adopt:
 
 class LedgerActor(Actor):
     publishes_view = True  # the Workers panel reads each card's books without an ask
+    quiet_messages = frozenset({Fits, Snapshot})
 
     def __init__(self, physical_id: str, context_mib: int = 500) -> None:
         super().__init__(f"ledgers/{physical_id}")

@@ -55,6 +55,7 @@ class Occupying:
 
 class QueueActor(Actor):
     publishes_view = True  # the queues panel and a queued run's reason read it without an ask
+    quiet_messages = frozenset({Readmit, Snapshot})
 
     def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry,
                  rebuild: bool = True) -> None:

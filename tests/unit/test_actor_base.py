@@ -182,6 +182,16 @@ async def test_a_published_view_is_read_without_an_ask_and_rebuilt_once_per_burs
     await ref.ask(Get())
     assert ref.view == {"seen": 50}
     assert builds <= 2  # the burst of 50 and the ask: not one build per message
+    await asyncio.sleep(0)
+    builds = 0
+    actor.quiet_messages = frozenset({Get})  # a read never changes the view: no rebuild after it
+    assert await ref.ask(Get()) == list(range(50))
+    await asyncio.sleep(0)
+    assert builds == 0
+    ref.tell(Put(50))
+    await ref.ask(Get())
+    await asyncio.sleep(0)
+    assert builds == 1 and ref.view == {"seen": 51}
 
 
 class Named(Actor):
