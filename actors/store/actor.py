@@ -1,7 +1,8 @@
 """The Store: one pykka thread actor owning the store's own apsw connection. It answers
-every read, and commits the batches its asyncio face (``actors.store.client``) hands it:
-the large ones, and every write other than a run's row and events, which the face
-commits on the loop (``actors.store.writer`` applies a batch either way).
+the reads its asyncio face (``actors.store.client``) does not answer on the loop (all
+but a few small ones), and commits the batches the face hands it: the large ones, and
+every write other than a run's row and events, which the face commits on the loop
+(``actors.store.writer`` applies a batch either way).
 
 A ``Commit`` batch is one ``BEGIN IMMEDIATE`` transaction in which a bad op fails alone.
 The messages and their SQL live in one module per concern; this module only dispatches
@@ -18,16 +19,14 @@ from typing import Any
 import apsw.bestpractice
 
 from actors.errors import ActorDeadError
-from actors.store.table import Session, Table
-from actors.store.writer import CONCERNS, Writer, is_broken
+from actors.store.table import Session
+from actors.store.writer import Writer, is_broken
 from actors.threaded import ThreadActor
 
 log = logging.getLogger("troupe.store")
 
 # Applied once per process, before the first connection (apsw's own advice).
 apsw.bestpractice.apply(apsw.bestpractice.recommended)
-
-_READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,8 @@ class StoreActor(ThreadActor):
         if isinstance(message, Checkpoint):
             self.writer.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             return None
-        read = _READS.get(type(message))
-        if read is not None:
-            return read(self.session, message)
+        if Writer.reads(message):
+            return self.writer.read(message)
         # A lone write is a batch of one.
         outcome = self.writer.commit((message,))[0]
         if isinstance(outcome, Exception):

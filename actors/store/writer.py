@@ -41,6 +41,7 @@ FULL_LOG_S = 30.0
 
 CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
+_READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
 # What outlives a run copies its result from it when it ends or before it is deleted:
 # each harvest, with the run column that says a run is one of its own.
 _HARVESTS = ((sweeps.harvest, "sweep_id"), (studies.harvest, "study_id"))
@@ -100,6 +101,14 @@ class Writer:
             self._rollback()
             raise
         return results
+
+    @staticmethod
+    def reads(message: Any) -> bool:
+        """Whether ``message`` is a read (any other message is a write)."""
+        return type(message) in _READS
+
+    def read(self, message: Any) -> Any:
+        return _READS[type(message)](self.session, message)
 
     def _runs_ended(self, run_ids: Sequence[str]) -> None:
         # One look at the rows picks the runs each harvest has to read (most runs belong

@@ -12,9 +12,11 @@ import pytest
 from actors.errors import RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
+from actors.store.memory import LastPeak
 from actors.store.run_list import ListRuns
 from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun
 from actors.store.schema import SCHEMA_VERSION, open_database
+from actors.store.workers import ListWorkers
 from actors.store.writer import Writer
 from actors.threaded import start_thread_actor
 from tests.unit.stand_ins import run_record, store_run
@@ -187,3 +189,19 @@ async def test_a_runs_small_writes_commit_on_the_loop_and_larger_ones_need_the_s
     client.close()
     conn = open_database(tmp_path / "db")
     assert conn.execute("SELECT MAX(seq), COUNT(*) FROM events").fetchall()[0] == (32, 32)
+
+
+async def test_the_run_list_is_read_on_the_loop_and_a_search_needs_the_stores_thread(tmp_path, client_of):
+    """A bounded read (the newest runs, the workers, a graph's last peak) is answered on
+    the loop's connection; a search, which may walk every run, goes to the thread."""
+    client = client_of(True)
+    for seq in (1, 2):
+        await insert(client, seq)  # the thread's first commit: the loop's connection may open
+    await client.ref.stop()  # only the loop's own connection is left
+    runs, _ = await client.read(ListRuns(limit=1))
+    assert [run["id"] for run in runs] == [run_id(2)]
+    assert await client.read(LastPeak("no-such-graph", 1)) is None
+    assert await client.read(ListWorkers()) == []
+    with pytest.raises(Exception, match="store"):
+        await client.read(ListRuns(search="x"))
+    client.close()
