@@ -122,9 +122,10 @@ def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], 
     engine_doc = _with_own_mounts(resolved.graph, settings, prefix) if worker is None else resolved.graph
     if worker is not None:
         _check_mounts(worker, graph_doc, prefix, settings)
-    graph, graph_json = _prepared(engine_doc, catalog, prefix)
+    graph, graph_json, digest = _prepared(engine_doc, catalog, prefix)
     if engine_doc is not graph_doc:  # stored as submitted: the next run reads its flavors and mounts again
         graph_json = graph_doc.model_dump(mode="json", exclude_none=True)
+        digest = graph_digest(graph_json)
     memory_gib = resolved.memory_gib
     if memory_gib is not None and worker is None:
         raise InvalidRequest("options.target.memory_gib budgets a run on a worker's shared card; runs in this "
@@ -148,7 +149,7 @@ def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], 
         deterministic=options.deterministic,
         record_outputs=options.record_outputs,
         warnings=tuple(([warning] if warning else []) + resolved.warnings),
-        graph_digest=graph_digest(graph_json),
+        graph_digest=digest,
         duration_s=resolved.duration_s,
         # A declared budget; the placer derives one from a measured peak for a worker run.
         memory_budget_mib=math.ceil(memory_gib * 1024) if memory_gib is not None else None,
@@ -222,27 +223,28 @@ def graph_digest(graph_json: dict[str, Any]) -> str:
 # loop, a script, a retried study attempt) validates and binds its graph once. A prepared
 # graph is never changed by a run (the engine hands each node a copy of its params). Only
 # small documents are kept: the cache is for the hot path, and must not hold large ones.
-_PREPARED: OrderedDict[tuple[str, str, int], tuple[ExecutableGraph, str]] = OrderedDict()
+_PREPARED: OrderedDict[tuple[str, str, int], tuple[ExecutableGraph, str, str]] = OrderedDict()
 _PREPARED_MAX = 64
 _PREPARED_DOC_BYTES = 64 * 1024
 
 
-def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[ExecutableGraph, dict[str, Any]]:
-    """The executable graph and the document as stored, from the cache when the same
-    document was prepared against the same catalog before."""
+def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[ExecutableGraph, dict[str, Any], str]:
+    """The executable graph, the document as stored and its ``graph_digest``, from the
+    cache when the same document was prepared against the same catalog before."""
     text = graph_doc.model_dump_json(exclude_none=True)
     if len(text) > _PREPARED_DOC_BYTES:
-        return prepare_executable_graph(graph_doc, catalog, prefix), json.loads(text)
+        document = json.loads(text)
+        return prepare_executable_graph(graph_doc, catalog, prefix), document, graph_digest(document)
     key = (hashlib.sha256(text.encode()).hexdigest(), prefix, id(catalog))
     found = _PREPARED.get(key)
     if found is None:
-        found = (prepare_executable_graph(graph_doc, catalog, prefix), text)
+        found = (prepare_executable_graph(graph_doc, catalog, prefix), text, graph_digest(json.loads(text)))
         _PREPARED[key] = found
         if len(_PREPARED) > _PREPARED_MAX:
             _PREPARED.popitem(last=False)
     else:
         _PREPARED.move_to_end(key)
-    return found[0], json.loads(found[1])
+    return found[0], json.loads(found[1]), found[2]
 
 
 def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
