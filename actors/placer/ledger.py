@@ -74,10 +74,13 @@ class TryHold:
 @dataclass(frozen=True)
 class Hold:
     """What a run got: ``shared`` says its budget is to be its memory cap on a card of
-    ``total_mib``."""
+    ``total_mib``. ``full``: an exclusive device whose slots are all held now; the placer,
+    the only one that changes a ledger, knows a next ``TryHold`` fails until it sends
+    the ledger anything else, and spares itself the ask."""
 
     shared: bool = False
     total_mib: int | None = None
+    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,17 +165,17 @@ class LedgerActor(Actor):
         return self._policy.sharing == MEMORY and self._total_mib is not None
 
     def _try_hold(self, run_id: str, budget_mib: int | None) -> Hold | None:
-        if run_id in self._holders:
-            return Hold(self._shared, self._total_mib)
-        if not self._providers:
-            return None
-        if self._shared:
-            if budget_mib is None or not self._fits(budget_mib)["now"]:
+        if run_id not in self._holders:
+            if not self._providers:
                 return None
-        elif len(self._holders) >= self._limit:
-            return None
-        self._holders[run_id] = budget_mib
-        return Hold(self._shared, self._total_mib)
+            if self._shared:
+                if budget_mib is None or not self._fits(budget_mib)["now"]:
+                    return None
+            elif len(self._holders) >= self._limit:
+                return None
+            self._holders[run_id] = budget_mib
+        shared = self._shared
+        return Hold(shared, self._total_mib, full=not shared and len(self._holders) >= self._limit)
 
     def _fits(self, budget_mib: int | None) -> dict[str, Any]:
         if not self._shared:

@@ -52,6 +52,9 @@ class WorkerPlacement:
         # Local runs on a device no worker shares: the queue's limit is the whole quota,
         # so they skip the ledger (no ask on the core path) until a worker shares it.
         self._unshared: dict[str, str] = {}  # run -> physical
+        # Exclusive devices whose ledger said all its slots are held, with nothing sent to
+        # it since: a line of 300 runs for one card asks once per freed slot, not twice.
+        self._full: set[str] = set()
 
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
@@ -440,9 +443,13 @@ class WorkerPlacement:
 
     # Ledgers -----------------------------------------------------------------------
     async def _hold(self, run_id: str, provider: str, physical: str, device: str, budget_mib: int | None) -> bool:
+        if physical in self._full:
+            return False  # the ledger said so, and nothing was sent to it since
         hold = await self._ledger(physical).ask(TryHold(run_id, budget_mib))
         if hold is None:
             return False
+        if hold.full:
+            self._full.add(physical)
         held = self._held.setdefault(run_id, [])
         if (provider, physical) not in held:
             held.append((provider, physical))
@@ -452,6 +459,7 @@ class WorkerPlacement:
         return True
 
     def _ledger(self, physical: str) -> ActorRef:
+        self._full.discard(physical)  # whatever is sent may free a slot
         ledger, fresh = self._ensure_ledger(physical)
         if fresh:  # a new (or restarted) ledger learns its providers, its policy and its holders
             for provider in self._online_names():

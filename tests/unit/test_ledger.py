@@ -28,11 +28,14 @@ async def test_the_smallest_limit_among_online_providers_holds():
     assert await ledger.ask(TryHold("r0")) is None  # nobody offers the card yet
     ledger.tell(Offer("gpu-a", 2))
     ledger.tell(Offer("gpu-b", 1))
-    assert await ledger.ask(TryHold("r1")) == Hold()
-    assert await ledger.ask(TryHold("r1")) == Hold()  # asking again for a held slot is fine
+    assert await ledger.ask(TryHold("r1")) == Hold(full=True)  # its one slot: the next ask would fail
+    assert await ledger.ask(TryHold("r1")) == Hold(full=True)  # asking again for a held slot is fine
     assert await ledger.ask(TryHold("r2")) is None
     ledger.tell(Withdraw("gpu-b"))
-    assert await ledger.ask(TryHold("r2")) == Hold()
+    ledger.tell(Free("r1"))
+    assert await ledger.ask(TryHold("r2")) == Hold()  # one of two slots
+    assert await ledger.ask(TryHold("r1")) == Hold(full=True)
+    ledger.tell(Free("r1"))
     ledger.tell(Free("r1"))
     snapshot = await ledger.ask(Snapshot())
     assert (snapshot["limit"], snapshot["providers"], snapshot["holders"]) == (2, {"gpu-a": 2}, ["r2"])
