@@ -240,6 +240,10 @@ class Actor:
         self._task: asyncio.Task[None] | None = None
         self._view: Any = None
         self._view_due = False
+        # A message is in hand (its handler may be waiting on an ask): a view made now
+        # could show half of what it changes, so it is made when the handler is done.
+        self._handling = False
+        self._view_owed = False
 
     @property
     def ref(self) -> ActorRef:
@@ -275,6 +279,9 @@ class Actor:
 
     def _publish_view(self) -> None:
         self._view_due = False
+        if self._handling:
+            self._view_owed = True
+            return
         self._view = self.make_view()
 
     # Hooks -----------------------------------------------------------------------
@@ -338,6 +345,7 @@ class Actor:
         reply = envelope.reply
         if reply is not None and reply.done() and not reply.cancelled():
             return  # the ask timed out: its asker gave up on it
+        self._handling = True
         try:
             result = await self.receive(envelope.message)
         except TroupeError as exc:
@@ -351,7 +359,9 @@ class Actor:
                 reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
             raise
         finally:
-            if type(envelope.message) not in self.quiet_messages:
+            self._handling = False
+            if self._view_owed or type(envelope.message) not in self.quiet_messages:
+                self._view_owed = False
                 self.changed()
         if reply is not None and not reply.done():
             reply.set_result(result)

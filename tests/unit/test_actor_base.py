@@ -245,3 +245,31 @@ async def test_an_exited_actor_is_freed_without_the_collector_and_its_ref_still_
     with pytest.raises(ActorDeadError):
         await ref.ask(Get())
     assert registry.lookup("recorder") is None
+
+
+class HalfWay(Counter):
+    """Changes its state, then waits inside the handler, as the placer does on a ledger."""
+
+    async def receive(self, message):
+        if isinstance(message, Block):
+            self.seen.append(-1)
+            await message.event.wait()
+            self.seen.append(-2)
+            return None
+        return await super().receive(message)
+
+
+async def test_a_view_is_never_made_while_a_handler_waits_half_way():
+    ref = HalfWay().start()
+    await asyncio.sleep(0)
+    assert ref.view == {"seen": 0}
+    gate = asyncio.Event()
+    ref.tell(Put(1))
+    ref.tell(Block(gate))
+    for _ in range(5):
+        await asyncio.sleep(0)  # the view owed after Put(1) comes due while Block waits
+    assert ref.view == {"seen": 0}  # not 1, nor the 2 of a half-done Block
+    gate.set()
+    await ref.ask(Get())
+    await asyncio.sleep(0)
+    assert ref.view == {"seen": 3}
