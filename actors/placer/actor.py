@@ -127,7 +127,25 @@ class Predict:
     seeded: bool = False
 
 
+@dataclass(frozen=True)
+class PlacerView:
+    """What a page reads of the placer without an ask (a busy placer answers an ask only
+    after the handler in hand, which may wait on a ledger): ``waiting`` as ``Waiting()``
+    answers it, None when that is too long to make after every burst of messages or
+    when its words age (a worker's batch job ending): then a reader asks."""
+
+    waiting: dict[str, Any] | None
+    quarantined: dict[str, str]
+
+
+# The most runs waiting here whose reasons the view holds; a longer wait is asked for.
+VIEW_MAX_WAITING = 100
+
+
 class Placer(Actor):
+    publishes_view = True
+    quiet_messages = frozenset({Waiting, Quarantined, Predict, ResolveTarget, Check})
+
     def __init__(
         self,
         store: StoreClient,
@@ -250,6 +268,12 @@ class Placer(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def make_view(self) -> PlacerView:
+        count, parked = self._slots.waiting_count()
+        if parked or count + len(self._waiting) > VIEW_MAX_WAITING:
+            return PlacerView(None, dict(self._quarantined))
+        return PlacerView(self._waiting_runs(None), dict(self._quarantined))
 
     def _waiting_runs(self, run_ids: frozenset[str] | None) -> dict[str, Any]:
         found: dict[str, dict[str, str]] = {}

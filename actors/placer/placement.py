@@ -300,6 +300,8 @@ class WorkerPlacement:
                     would_wait.clear()  # placing it may have spent its worker
             if mixed and len({_alike(admit) for admit in line}) > 1:
                 self._mixed.add(physical)
+            if not line and self._device_waiting.get(physical) is line:
+                del self._device_waiting[physical]  # a lab's thousands of cards keep no empty lines
         await self._place_anywhere()
 
     def _would_wait_in(self, admit: Admit, physical: str) -> bool:
@@ -332,6 +334,12 @@ class WorkerPlacement:
             yield from line
         for admit, _ in self._any_waiting:
             yield admit
+
+    def waiting_count(self) -> tuple[int, int]:
+        """How many runs wait here, and how many of them are parked for a worker (whose
+        words say how long its batch job has left, so they age as they are read)."""
+        parked = sum(map(len, self._parked.values()))
+        return parked + sum(map(len, self._device_waiting.values())) + len(self._any_waiting), parked
 
     def waiting(self, run_ids: frozenset[str] | None = None) -> Iterator[tuple[Admit, str, str]]:
         """The runs admitted here that have not started (those of ``run_ids`` only, when
@@ -376,8 +384,8 @@ class WorkerPlacement:
         """A physical device as people name it: a worker's device (``gpu-a cuda:0``), never
         a card's uuid or a machine id; a CPU by who offers it (this server, a worker)."""
         offers = sorted((("this server" if provider == LOCAL else provider), device)
-                        for provider, devices in self._providers.items()
-                        for device, (held, _) in devices.items() if held == physical)
+                        for provider in self._offering.get(physical, ())
+                        for device, (held, _) in self._providers[provider].items() if held == physical)
         if physical.startswith("cpu@"):
             who = [provider for provider, _ in offers] or ["a worker no longer connected"]
             return f"the CPU of {who[0]}" if len(who) == 1 else f"the CPU that {' and '.join(who)} share"

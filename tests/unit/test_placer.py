@@ -4,12 +4,23 @@ from what the Admit carries, and adopted runs holding their slots before anythin
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from actors.base import Registry
-from actors.placer.actor import Admit, Placer, Released, Restore, RunSpec, WorkerOffline, WorkerOnline
+from actors.placer.actor import (
+    VIEW_MAX_WAITING,
+    Admit,
+    Placer,
+    Released,
+    Restore,
+    RunSpec,
+    Waiting,
+    WorkerOffline,
+    WorkerOnline,
+)
 from actors.placer.book import WorkerOffer
 from actors.placer.eligibility import ResolveTarget
 from actors.placer.ledger import LedgerActor
@@ -161,3 +172,24 @@ async def test_a_line_for_a_card_starts_its_runs_one_by_one_in_order(plane):
         for later in ("a", "b", "c", "d"):
             if later > starts:
                 assert await plane.got(f"runs/{later}") == []
+
+
+async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does_and_leaves_a_long_wait_to_the_ask(plane):
+    """A page reads the reasons from the view without waiting for a busy placer; past
+    VIEW_MAX_WAITING runs the view holds none, and the page asks."""
+    plane.placer.tell(online())
+    for name in ("first", "second"):
+        plane.run(name)
+        plane.placer.tell(Admit(name, "gpu-a/cuda:1", False))
+    await plane.got("runs/first")
+    await asyncio.sleep(0)  # the view is made on the loop's next turn
+    asked = await plane.placer.ask(Waiting())
+    assert plane.placer.view.waiting == asked and asked["held"] == {"gpu-a/cuda:1": 1}
+    assert asked["runs"]["second"]["code"] == "device_busy" and "first" not in asked["runs"]
+    for n in range(VIEW_MAX_WAITING):
+        plane.run(f"r{n:03}")
+        plane.placer.tell(Admit(f"r{n:03}", "gpu-a/cuda:1", False))
+    await plane.got("runs/r000")
+    await asyncio.sleep(0)
+    assert plane.placer.view.waiting is None  # 101 waiting: asked for
+    assert len((await plane.placer.ask(Waiting()))["runs"]) == VIEW_MAX_WAITING + 1
