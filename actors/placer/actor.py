@@ -290,8 +290,7 @@ class Placer(Actor):
             else:
                 note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}: this server shares that "
                                            "device with a worker on the same machine, and its runs hold it")
-        for admit in self._slots.waiting_admits():
-            held[admit.queue_key] = held.get(admit.queue_key, 0) + 1
+        self._slots.held(held)
         for admit, code, message in self._slots.waiting(run_ids):
             found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
         return {"runs": found, "held": held}

@@ -326,14 +326,21 @@ class WorkerPlacement:
     def _caps_of(self, run_id: str) -> tuple[tuple[str, int], ...]:
         return tuple(self._caps.get(run_id, {}).items())
 
-    def waiting_admits(self) -> Iterator[Admit]:
-        """Every run admitted here that has not started."""
+    def held(self, counts: dict[str, int]) -> None:
+        """Adds to ``counts`` the runs admitted here that have not started, by queue key.
+        A line whose runs all ask alike is one queue key's: counted by its length, so a
+        page of a line of 1,000 runs for one card walks none of them."""
         for parked in self._parked.values():
-            yield from parked
-        for line in self._device_waiting.values():
-            yield from line
+            for admit in parked:
+                counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
+        for physical, line in self._device_waiting.items():
+            if line and physical not in self._mixed:
+                counts[line[0].queue_key] = counts.get(line[0].queue_key, 0) + len(line)
+                continue
+            for admit in line:
+                counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
         for admit, _ in self._any_waiting:
-            yield admit
+            counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
 
     def waiting_count(self) -> tuple[int, int]:
         """How many runs wait here, and how many of them are parked for a worker (whose

@@ -192,4 +192,11 @@ async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does_and_leav
     await plane.got("runs/r000")
     await asyncio.sleep(0)
     assert plane.placer.view.waiting is None  # 101 waiting: asked for
-    assert len((await plane.placer.ask(Waiting()))["runs"]) == VIEW_MAX_WAITING + 1
+    asked = await plane.placer.ask(Waiting(frozenset({"r050"})))
+    assert list(asked["runs"]) == ["r050"] and asked["held"] == {"gpu-a/cuda:1": VIEW_MAX_WAITING + 1}
+    plane.run("other")  # a run that asks otherwise (it declares its length) joins the card's line
+    plane.placer.tell(Admit("other", "gpu-a/cuda:1", False, duration_s=5.0))
+    plane.run("cpu-run")
+    plane.placer.tell(Admit("cpu-run", "gpu-a/cpu", False))
+    asked = await plane.placer.ask(Waiting())
+    assert asked["held"] == {"gpu-a/cuda:1": VIEW_MAX_WAITING + 2} and len(asked["runs"]) == VIEW_MAX_WAITING + 2
