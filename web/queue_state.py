@@ -31,18 +31,15 @@ class QueueState:
     async def read(cls, svc: Services, keys: set[str] | None = None,
                    run_ids: frozenset[str] | None = None) -> QueueState:
         """``keys``: the queues to read, ``run_ids``: the runs whose reasons are wanted
-        (None: all). The published views are read (the placer is asked when its view holds no reasons)."""
+        (None: all). The published views are read (the placer is asked before its first view)."""
         placer = svc.actor("placer")
         refs = {key: ref for key in (keys if keys is not None else
                                      [name.removeprefix("queues/") for name in svc.registry.names("queues/")])
                 if (ref := svc.registry.lookup(f"queues/{key}")) is not None}
         view = placer.view
-        if isinstance(view, PlacerView) and view.waiting is not None:  # as of its last burst: no ask
-            found = view.waiting["runs"]
-            waiting = {"runs": found if run_ids is None else {r: found[r] for r in run_ids if r in found},
-                       "held": view.waiting["held"]}
-            quarantined = view.quarantined
-        else:  # ahead of the placer's line: a busy placer has hundreds of messages in its mailbox
+        if isinstance(view, PlacerView):  # as of the placer's last burst of messages: no ask
+            waiting, quarantined = view.board.answer(run_ids), view.quarantined
+        else:  # not published yet: an ask ahead of its line
             waiting, quarantined = await asyncio.gather(placer.ask(Waiting(run_ids), first=True),
                                                         placer.ask(Quarantined(), first=True))
         return cls(waiting, quarantined, {key: view for key, ref in refs.items() if (view := ref.view) is not None})

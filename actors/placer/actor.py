@@ -44,6 +44,7 @@ from actors.placer.messages import (
 )
 from actors.placer.placement import WorkerPlacement
 from actors.placer.queue import Enqueue, Occupying, Readmit
+from actors.placer.waiting import Board, Local
 from actors.run_messages import Discard, Placement, Start
 from actors.store import StoreClient
 from actors.store.memory import CardPolicies, LastPeak
@@ -129,17 +130,11 @@ class Predict:
 
 @dataclass(frozen=True)
 class PlacerView:
-    """What a page reads of the placer without an ask (a busy placer answers an ask only
-    after the handler in hand, which may wait on a ledger): ``waiting`` as ``Waiting()``
-    answers it, None when that is too long to make after every burst of messages or
-    when its words age (a worker's batch job ending): then a reader asks."""
+    """What a page reads of the placer without an ask: the runs waiting there and why
+    (``board.answer()`` is what ``Waiting()`` answers), and the quarantined keys."""
 
-    waiting: dict[str, Any] | None
+    board: Board
     quarantined: dict[str, str]
-
-
-# The most runs waiting here whose reasons the view holds; a longer wait is asked for.
-VIEW_MAX_WAITING = 100
 
 
 class Placer(Actor):
@@ -259,7 +254,7 @@ class Placer(Actor):
             case Quarantined():
                 return dict(self._quarantined)
             case Waiting(run_ids):
-                return self._waiting_runs(run_ids)
+                return self._board().answer(run_ids)
             case Predict(key, seeded):
                 return await self._predict(key, seeded)
             case Shutdown(_):
@@ -270,30 +265,12 @@ class Placer(Actor):
         return None
 
     def make_view(self) -> PlacerView:
-        count, parked = self._slots.waiting_count()
-        if parked or count + len(self._waiting) > VIEW_MAX_WAITING:
-            return PlacerView(None, dict(self._quarantined))
-        return PlacerView(self._waiting_runs(None), dict(self._quarantined))
+        return PlacerView(self._board(), dict(self._quarantined))
 
-    def _waiting_runs(self, run_ids: frozenset[str] | None) -> dict[str, Any]:
-        found: dict[str, dict[str, str]] = {}
-        held: dict[str, int] = {}
-
-        def note(admit: Admit, code: str, message: str) -> None:
-            held[admit.queue_key] = held.get(admit.queue_key, 0) + 1
-            if run_ids is None or admit.run_id in run_ids:
-                found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
-
-        for admit in self._waiting:
-            if self._seeded is not None or (admit.seeded and self._executing):
-                note(admit, "seed_gate", "waits for the seed gate: a seeded run executes alone in this server")
-            else:
-                note(admit, "device_busy", f"waits for a free slot of {admit.queue_key}: this server shares that "
-                                           "device with a worker on the same machine, and its runs hold it")
-        self._slots.held(held)
-        for admit, code, message in self._slots.waiting(run_ids):
-            found[admit.run_id] = {"queue_key": admit.queue_key, "code": code, "message": message}
-        return {"runs": found, "held": held}
+    def _board(self) -> Board:
+        parked, lines, anywhere = self._slots.waiting()
+        local = Local(tuple(self._waiting), self._seeded is not None, bool(self._executing))
+        return Board(local, parked, lines, anywhere)
 
     async def _predict(self, key: str, seeded: bool) -> dict[str, str] | None:
         if QueueKey.parse(key).provider is None:  # a local key: the seed gate, then the device

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.base import ActorRef, Registry
@@ -19,6 +19,7 @@ from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.placer.book import INSTANCE_MARK, WorkerBook
 from actors.placer.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer.messages import Admit, Released
+from actors.placer.waiting import Anywhere, Line, Parked, in_time
 from actors.run_messages import Start
 from protocol.queue_key import QueueKey
 
@@ -38,6 +39,7 @@ class WorkerPlacement:
         # The same, by device: physical -> its providers, online or not (a local run asks
         # whether a worker shares its device, and a lab has thousands of devices).
         self._offering: dict[str, set[str]] = {}
+        self._names: dict[str, str] = {}  # physical -> as people name it (``_named``)
         if local:  # the server's own devices that a same-machine worker can share
             self._set_offer(LOCAL, local)
         self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
@@ -79,6 +81,7 @@ class WorkerPlacement:
     def _set_offer(self, name: str, devices: Mapping[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
         """What ``name`` offers from now on; returns what it offered before."""
         before = self._providers.get(name, {})
+        self._names.clear()
         for physical, _ in before.values():
             self._offering.get(physical, set()).discard(name)
         self._providers[name] = dict(devices)
@@ -177,8 +180,7 @@ class WorkerPlacement:
 
     def _in_time(self, worker: str, admit: Admit) -> bool:
         """Whether the worker's batch job lasts long enough for what the run declares."""
-        deadline = self._book.deadline(worker)
-        return deadline is None or admit.duration_s is None or time.time() + admit.duration_s <= deadline
+        return in_time(self._book.deadline(worker), admit, time.time())
 
     def _free_instances(self, worker: str) -> list[str] | None:
         """None for a worker that has no instances online; else those not spent yet."""
@@ -326,70 +328,25 @@ class WorkerPlacement:
     def _caps_of(self, run_id: str) -> tuple[tuple[str, int], ...]:
         return tuple(self._caps.get(run_id, {}).items())
 
-    def held(self, counts: dict[str, int]) -> None:
-        """Adds to ``counts`` the runs admitted here that have not started, by queue key.
-        A line whose runs all ask alike is one queue key's: counted by its length, so a
-        page of a line of 1,000 runs for one card walks none of them."""
-        for parked in self._parked.values():
-            for admit in parked:
-                counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
-        for physical, line in self._device_waiting.items():
-            if line and physical not in self._mixed:
-                counts[line[0].queue_key] = counts.get(line[0].queue_key, 0) + len(line)
-                continue
-            for admit in line:
-                counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
-        for admit, _ in self._any_waiting:
-            counts[admit.queue_key] = counts.get(admit.queue_key, 0) + 1
-
-    def waiting_count(self) -> tuple[int, int]:
-        """How many runs wait here, and how many of them are parked for a worker (whose
-        words say how long its batch job has left, so they age as they are read)."""
-        parked = sum(map(len, self._parked.values()))
-        return parked + sum(map(len, self._device_waiting.values())) + len(self._any_waiting), parked
-
-    def waiting(self, run_ids: frozenset[str] | None = None) -> Iterator[tuple[Admit, str, str]]:
-        """The runs admitted here that have not started (those of ``run_ids`` only, when
-        given: a page of the runs list asks for its own, not for every waiting run's
-        words), with the code and the words of what each waits for."""
-        for worker, parked in self._parked.items():
-            for admit in parked:
-                if run_ids is not None and admit.run_id not in run_ids:
-                    continue
-                if self._book.spent(worker) and self._is_online(worker):
-                    yield admit, "one_shot_spent", (f"waits for a new one-shot agent named {worker}: the one "
-                                                    "connected has taken its run")
-                elif self._is_online(worker) and not self._in_time(worker, admit):
-                    left = (self._book.deadline(worker) or 0.0) - time.time()
-                    yield admit, "job_ends_too_soon", (f"waits: worker {worker}'s batch job ends in {left:.0f} s, "
-                                                       f"sooner than the {admit.duration_s:g} s the run declares")
-                else:
-                    yield admit, "worker_offline", f"waits for worker {worker}, which is not connected"
-        for physical, line in self._device_waiting.items():
-            for admit in line:
-                if run_ids is not None and admit.run_id not in run_ids:
-                    continue
-                named = self._named(physical)
-                if self._shared(physical) and admit.budget_mib is None:
-                    yield admit, "memory_budget_required", (f"has no memory budget and {named} is now shared by "
-                                                            "memory: it waits until the card is exclusive again")
-                elif self._shared(physical):
-                    yield admit, "memory_busy", (f"waits for {admit.budget_mib} MiB (and the CUDA context) on "
-                                                 f"{named}, shared by memory")
-                else:
-                    yield admit, "device_busy", f"waits for a free slot of {named}"
-        for admit, needs in self._any_waiting:
-            if run_ids is not None and admit.run_id not in run_ids:
-                continue
-            key = QueueKey.parse(admit.queue_key)
-            what = "a free card" if key.device == "auto" else f"a free {key.device}"
-            kind = "one-shot agent" if key.one_shot else "worker"
-            yield admit, "no_free_worker", (f"waits for a connected {kind} with {what}"
-                                            + (" and the node types of its graph" if needs else ""))
+    def waiting(self) -> tuple[tuple[Parked, ...], tuple[Line, ...], Anywhere]:
+        """The runs admitted here that have not started, grouped by what they wait for,
+        with what their words need (copied: part of the placer's view)."""
+        parked = tuple(Parked(worker, tuple(admits), self._book.spent(worker), self._is_online(worker),
+                              self._book.deadline(worker)) for worker, admits in self._parked.items() if admits)
+        lines = tuple(Line(tuple(line), self._named(physical), self._shared(physical), physical not in self._mixed)
+                      for physical, line in self._device_waiting.items() if line)
+        return parked, lines, Anywhere(tuple(self._any_waiting))
 
     def _named(self, physical: str) -> str:
         """A physical device as people name it: a worker's device (``gpu-a cuda:0``), never
-        a card's uuid or a machine id; a CPU by who offers it (this server, a worker)."""
+        a card's uuid or a machine id; a CPU by who offers it (this server, a worker).
+        Kept until an offer changes: the placer's view names every line's device."""
+        found = self._names.get(physical)
+        if found is None:
+            found = self._names[physical] = self._name(physical)
+        return found
+
+    def _name(self, physical: str) -> str:
         offers = sorted((("this server" if provider == LOCAL else provider), device)
                         for provider in self._offering.get(physical, ())
                         for device, (held, _) in self._providers[provider].items() if held == physical)

@@ -11,7 +11,6 @@ import pytest
 
 from actors.base import Registry
 from actors.placer.actor import (
-    VIEW_MAX_WAITING,
     Admit,
     Placer,
     Released,
@@ -174,9 +173,9 @@ async def test_a_line_for_a_card_starts_its_runs_one_by_one_in_order(plane):
                 assert await plane.got(f"runs/{later}") == []
 
 
-async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does_and_leaves_a_long_wait_to_the_ask(plane):
-    """A page reads the reasons from the view without waiting for a busy placer; past
-    VIEW_MAX_WAITING runs the view holds none, and the page asks."""
+async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does(plane):
+    """A page reads the reasons from the view without waiting for a busy placer: the view
+    copies the lines, and the words are made for the runs a page asks about."""
     plane.placer.tell(online())
     for name in ("first", "second"):
         plane.run(name)
@@ -184,19 +183,25 @@ async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does_and_leav
     await plane.got("runs/first")
     await asyncio.sleep(0)  # the view is made on the loop's next turn
     asked = await plane.placer.ask(Waiting())
-    assert plane.placer.view.waiting == asked and asked["held"] == {"gpu-a/cuda:1": 1}
+    assert plane.placer.view.board.answer() == asked and asked["held"] == {"gpu-a/cuda:1": 1}
     assert asked["runs"]["second"]["code"] == "device_busy" and "first" not in asked["runs"]
-    for n in range(VIEW_MAX_WAITING):
+    assert asked["runs"]["second"]["message"] == "waits for a free slot of gpu-a cuda:1"
+    for n in range(300):
         plane.run(f"r{n:03}")
         plane.placer.tell(Admit(f"r{n:03}", "gpu-a/cuda:1", False))
     await plane.got("runs/r000")
     await asyncio.sleep(0)
-    assert plane.placer.view.waiting is None  # 101 waiting: asked for
-    asked = await plane.placer.ask(Waiting(frozenset({"r050"})))
-    assert list(asked["runs"]) == ["r050"] and asked["held"] == {"gpu-a/cuda:1": VIEW_MAX_WAITING + 1}
+    board = plane.placer.view.board
+    assert board.answer(frozenset({"r050"}))["runs"] == {"r050": asked["runs"]["second"]}  # the same words
+    assert board.held() == {"gpu-a/cuda:1": 301}  # a line of runs that ask alike: counted by its length
     plane.run("other")  # a run that asks otherwise (it declares its length) joins the card's line
     plane.placer.tell(Admit("other", "gpu-a/cuda:1", False, duration_s=5.0))
     plane.run("cpu-run")
-    plane.placer.tell(Admit("cpu-run", "gpu-a/cpu", False))
-    asked = await plane.placer.ask(Waiting())
-    assert asked["held"] == {"gpu-a/cuda:1": VIEW_MAX_WAITING + 2} and len(asked["runs"]) == VIEW_MAX_WAITING + 2
+    plane.placer.tell(Admit("cpu-run", "gpu-a/cpu", False))  # a free slot: it starts
+    asked = await plane.placer.ask(Waiting(frozenset({"other", "r299"})))
+    assert sorted(asked["runs"]) == ["other", "r299"] and asked["held"] == {"gpu-a/cuda:1": 302}
+    plane.placer.tell(WorkerOffline("gpu-a"))
+    plane.run("parked")
+    plane.placer.tell(Admit("parked", "gpu-a/cuda:0", False))
+    asked = await plane.placer.ask(Waiting(frozenset({"parked"})))
+    assert asked["runs"]["parked"]["code"] == "worker_offline"
