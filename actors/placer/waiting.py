@@ -134,11 +134,10 @@ class Board:
         return counts
 
     def _words(self, run_ids: frozenset[str] | None) -> Iterator[tuple[Admit, tuple[str, str]]]:
-        def wanted(admit: Admit) -> bool:
-            return run_ids is None or admit.run_id in run_ids
-
-        yield from ((a, self.local.words(a)) for a in self.local.admits if wanted(a))
-        groups: tuple[Parked | Line, ...] = (*self.parked, *self.lines)
+        groups: tuple[Local | Parked | Line, ...] = (self.local, *self.parked, *self.lines)
         for group in groups:
-            yield from ((a, group.words(a)) for a in group.admits if wanted(a))
-        yield from ((a, Anywhere.words(a, needs)) for a, needs in self.anywhere.waiting if wanted(a))
+            admits = group.admits if run_ids is None else [a for a in group.admits if a.run_id in run_ids]
+            yield from ((a, group.words(a)) for a in admits)
+        for admit, needs in self.anywhere.waiting:
+            if run_ids is None or admit.run_id in run_ids:
+                yield admit, Anywhere.words(admit, needs)
