@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import multiprocessing
 import signal
@@ -27,7 +26,7 @@ from actors.recorded_outputs import OutputsShelf
 from actors.threaded import ThreadActorRef
 from actors.warm_pool import Take
 from protocol import events as ev
-from protocol import pipe
+from protocol import jsonsafe, pipe
 from protocol import worker as wire
 
 ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
@@ -193,7 +192,7 @@ class RunProcess(Actor):
                         self._uploader.tell(Wake())  # it is in the outbox: send it on
                     if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
                         self._shelf.record(run_id, node_id, payload.get("outputs") or {})
-                    events.append((kind, node_id, json.dumps(payload, default=str)))
+                    events.append((kind, node_id, jsonsafe.dumps_flat(payload)))
                     if len(events) == wire.EVENTS_PER_FRAME:
                         flush()
                 case pipe.ChildEnded(counter, status, error, node_id, peak_mib, out_of_memory):

@@ -3,6 +3,7 @@ a worker's event payloads and every stored payload are read with it."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 
@@ -39,3 +40,20 @@ def test_what_json_refuses_is_refused(text):
         json.loads(text)
     with pytest.raises(ValueError):
         jsonsafe.loads(text)
+
+
+FLAT = [{"name": "loss", "value": 0.123456789, "step": 3}, {"value": math.nan, "hi": math.inf, "lo": -math.inf},
+        {"big": 10**30, "neg": -0.0, "tiny": 1e-7, "huge": 1e300}, {"text": "é \u2028 \"q\" \\ \n", "ok": True, "none": None},
+        {"lone": "\ud800"}, {}]
+NOT_FLAT = [{"when": datetime.datetime(2020, 1, 2, 3, 4, 5)}, {"set": {1}}, {"nested": {"a": [1, 2]}},
+            {1: "int key"}, {"bytes": b"xy"}]
+
+
+@pytest.mark.parametrize("payload", FLAT + NOT_FLAT)
+def test_an_agents_payload_reads_back_as_json_dumps_wrote_it(payload):
+    """An agent encodes each relayed event with ``dumps_flat``: what the control plane
+    reads back is what ``json.dumps(default=str)`` gave, NaN tokens included."""
+    ours, theirs = jsonsafe.loads(jsonsafe.dumps_flat(payload)), json.loads(json.dumps(payload, default=str))
+    assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)  # NaN == NaN as text
+    if payload in NOT_FLAT:
+        assert jsonsafe.dumps_flat(payload) == json.dumps(payload, default=str)  # not plain: the same text
