@@ -43,8 +43,8 @@ def test_what_json_refuses_is_refused(text):
 
 
 FLAT = [{"name": "loss", "value": 0.123456789, "step": 3}, {"value": math.nan, "hi": math.inf, "lo": -math.inf},
-        {"big": 10**30, "neg": -0.0, "tiny": 1e-7, "huge": 1e300}, {"text": "é \u2028 \"q\" \\ \n", "ok": True, "none": None},
-        {"lone": "\ud800"}, {}]
+        {"big": 10**30, "neg": -0.0, "tiny": 1e-7, "huge": 1e300},
+        {"text": "é \u2028 \"q\" \\ \n", "ok": True, "none": None}, {"lone": "\ud800"}, {}]
 NOT_FLAT = [{"when": datetime.datetime(2020, 1, 2, 3, 4, 5)}, {"set": {1}}, {"nested": {"a": [1, 2]}},
             {1: "int key"}, {"bytes": b"xy"}]
 
