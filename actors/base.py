@@ -208,8 +208,8 @@ class Registry:
         refs = self._kinds.get(prefix, {}) if prefix.endswith("/") and prefix.count("/") == 1 else self._refs
         return [n for n, r in refs.items() if n.startswith(prefix) and r.is_alive]
 
-
     def mark(self, tag: str, ref: ActorRef, on: bool) -> None:
+        """Whether ``ref`` (registered) is among those marked ``tag``."""
         marked = self._marks.setdefault(tag, {})
         if on and self._refs.get(ref.name) is ref:
             marked[ref.name] = ref
