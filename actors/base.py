@@ -165,6 +165,10 @@ class ActorRef:
     async def wait(self) -> Exit:
         return await asyncio.shield(self._actor._exited)
 
+    def on_exit(self, callback: Callable[[Exit], None]) -> None:
+        """``callback(exit)`` once the actor has ended (on the loop's next turn if it has)."""
+        self._actor._exited.add_done_callback(lambda exited: callback(exited.result()))
+
     def _live_mailbox(self) -> _Mailbox:
         """The mailbox of an actor the caller found alive (a tombstone has none)."""
         return cast("Actor", self._actor)._mailbox

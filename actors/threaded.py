@@ -104,6 +104,10 @@ class ThreadActorRef:
     async def wait(self) -> Exit:
         return await asyncio.shield(self._exited)
 
+    def on_exit(self, callback: Callable[[Exit], None]) -> None:
+        """``callback(exit)`` once the actor has ended (on the loop's next turn if it has)."""
+        self._exited.add_done_callback(lambda exited: callback(exited.result()))
+
     @property
     def is_alive(self) -> bool:
         return self._ref.is_alive()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,7 @@ class WebService:
 
     async def wait(self) -> Exit:
         return await asyncio.shield(self._exited)
+
+    def on_exit(self, callback: Callable[[Exit], None]) -> None:
+        """``callback(exit)`` once the web service has stopped."""
+        self._exited.add_done_callback(lambda exited: callback(exited.result()))
