@@ -53,13 +53,6 @@ class ConnectionView:
     def as_json(self) -> dict[str, Any]:
         return {**self._json, "heard_s_ago": self._heard()}  # seconds since its last frame: a live link beats
 
-    def json_text(self, encoded: Mapping[str, str] | None = None, **extra: Any) -> str:
-        """``as_json()`` with ``encoded`` (values that are JSON text already) and ``extra``
-        after its own keys, as JSON text."""
-        given = dict(encoded or {})
-        given.update((key, jsonsafe.dumps(value)) for key, value in extra.items())
-        return self.with_heard(self.head(given))
-
     def head(self, encoded: Mapping[str, str]) -> str:
         """The view's JSON text with ``encoded`` (values that are JSON text already) after
         its own keys, open for ``heard_s_ago``, the one part that moves between reads. A
