@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.base import Registry
+from actors.base import Registry, Snapshot
 from actors.placer.actor import (
     Admit,
     Placer,
@@ -22,8 +22,8 @@ from actors.placer.actor import (
 )
 from actors.placer.book import WorkerOffer
 from actors.placer.eligibility import ResolveTarget
-from actors.placer.ledger import LedgerActor
-from actors.placer.queue import Occupying
+from actors.placer.ledger import LedgerActor, TryHold
+from actors.placer.queue import Enqueue, Occupying, QueueActor
 from actors.run_messages import Start
 from actors.store import StoreActor, StoreClient
 from actors.submission import Admission
@@ -173,6 +173,35 @@ async def test_a_line_for_a_card_starts_its_runs_one_by_one_in_order(plane):
                 assert await plane.got(f"runs/{later}") == []
 
 
+class CountingLedger(LedgerActor):
+    """A card's ledger that counts the placer's asks for a slot."""
+
+    def __init__(self, physical: str) -> None:
+        super().__init__(physical)
+        self.asked = 0
+
+    async def receive(self, message):
+        if isinstance(message, TryHold):
+            self.asked += 1
+        return await super().receive(message)
+
+
+async def test_a_full_card_is_asked_once_per_freed_slot(plane):
+    """Once a ledger says its last slot went, the placer asks it no more until it tells
+    it something: a line of runs for one card costs one ask per freed slot."""
+    card = CountingLedger("GPU-1")
+    plane.ledgers["GPU-1"] = card.start(plane.registry)
+    plane.placer.tell(online())
+    for name in ("first", "a", "b", "c"):
+        plane.run(name)
+        plane.placer.tell(Admit(name, "gpu-a/cuda:1", False))
+    assert [type(m) for m in await plane.got("runs/first")] == [Start]
+    assert card.asked == 1  # the first took the slot, and the ledger said it was the last
+    plane.placer.tell(Released("first"))
+    assert [type(m) for m in await plane.got("runs/a")] == [Start]
+    assert card.asked == 2 and await plane.got("runs/b") == []
+
+
 async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does(plane):
     """A page reads the reasons from the view without waiting for a busy placer: the view
     copies the lines, and the words are made for the runs a page asks about."""
@@ -205,3 +234,18 @@ async def test_the_placers_view_says_why_each_run_waits_as_the_ask_does(plane):
     plane.placer.tell(Admit("parked", "gpu-a/cuda:0", False))
     asked = await plane.placer.ask(Waiting(frozenset({"parked"})))
     assert asked["runs"]["parked"]["code"] == "worker_offline"
+
+
+async def test_a_queue_keys_first_start_reads_nothing_and_a_restarted_queue_reads_its_line_back():
+    """The placer hands a new key's queue every queued run; only a restarted queue reads
+    its line from the store (here a store that is not there: the read fails)."""
+    registry = Registry()
+    absent = StoreClient()
+    first = QueueActor("gpu-b/cuda:0", 1, absent, registry, rebuild=False).start(registry)
+    first.tell(Enqueue("r1", 1, False))
+    assert (await first.ask(Snapshot()))["queued"] == 1  # no placer yet: it waits in line
+    first.stop()
+    await first.wait()
+    restarted = QueueActor("gpu-b/cuda:0", 1, absent, registry).start(registry)
+    exited = await restarted.wait()
+    assert exited.crashed and "store" in str(exited.error)
