@@ -34,6 +34,11 @@ class Exit:
     name: str
     reason: str
     error: BaseException | None = None
+    # The crash came while answering an ask: what one caller sent broke the handler (its
+    # content, say), and the caller was told. Such a crash says nothing about the actor's
+    # health, so a supervisor restarts it without counting it toward its intensity, or
+    # six bad requests would stop the whole control plane.
+    provoked: bool = False
 
     @property
     def crashed(self) -> bool:
@@ -248,6 +253,7 @@ class Actor:
         # could show half of what it changes, so it is made when the handler is done.
         self._handling = False
         self._view_owed = False
+        self._provoked = False  # the crash, if any, came from answering an ask
 
     @property
     def ref(self) -> ActorRef:
@@ -337,7 +343,7 @@ class Actor:
         self._actor_teardown()
         if self._home_registry is not None:
             self._home_registry.unregister(self._ref)
-        self._exited.set_result(Exit(self.name, reason, error))
+        self._exited.set_result(Exit(self.name, reason, error, provoked=error is not None and self._provoked))
         if self._view_due:  # what its last message changed, before the view is kept
             self._publish_view()
         # Refs handed out outlive the actor; they now point at its tombstone, so the actor
@@ -361,6 +367,7 @@ class Actor:
         except Exception as exc:
             if reply is not None and not reply.done():
                 reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
+                self._provoked = True
             raise
         finally:
             self._handling = False

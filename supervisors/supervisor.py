@@ -2,7 +2,9 @@
 
 Restart policies have Erlang's names: ``permanent`` children are always restarted,
 ``transient`` ones only after a crash, ``temporary`` ones never. More than ``intensity``
-restarts of one child within ``period`` seconds and the supervisor gives up on it:
+restarts of one child within ``period`` seconds and the supervisor gives up on it (a
+crash provoked by what one caller asked is restarted but not counted: a client must not
+be able to spend the intensity that protects the process):
 ``on_give_up`` decides whether that quarantines the child (per-kind supervisors) or
 escalates (the root's own services). Children stop in reverse start order.
 
@@ -36,6 +38,7 @@ class ExitInfo(Protocol):
     name: str
     reason: str
     error: BaseException | None
+    provoked: bool  # crashed answering a caller's ask: not counted toward the intensity
 
 
 class Child(Protocol):
@@ -124,7 +127,7 @@ class Supervisor(Generic[C]):
         crashed = exit_info.error is not None
         if spec.restart == Restart.TEMPORARY or (spec.restart == Restart.TRANSIENT and not crashed):
             return
-        if not self._may_restart(spec.name):
+        if not (exit_info.provoked or self._may_restart(spec.name)):
             log.error("%s: %s exceeded %d restarts in %ss", self.name, spec.name, self.intensity, self.period)
             if self._on_give_up is not None:
                 self._on_give_up(spec, exit_info)

@@ -29,6 +29,7 @@ from protocol.errors import (
 from web.context import services
 from web.limits import refuse_announced
 from web.login import REQUEST_HEADER
+from web.requests import refuse_unencodable
 
 log = logging.getLogger("troupe.web")
 
@@ -86,6 +87,7 @@ async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.Stre
                 "to reach this server by that name"
             )
         refuse_announced(request, svc.settings)  # before a byte of it is read
+        _refuse_unencodable_query(request)
         await _authorize(request, svc)
         return await handler(request)
     except HttpProcessingError as exc:  # a body aiohttp could not parse (a broken multipart form)
@@ -99,6 +101,15 @@ async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.Stre
             code = "not_found" if exc.status == 404 else "method_not_allowed" if exc.status == 405 else "http_error"
             return json_reply({"error": {"code": code, "message": exc.reason}}, status=exc.status, headers=_allow(exc))
         raise
+
+
+def _refuse_unencodable_query(request: web.Request) -> None:
+    if request.path.isascii() and request.query_string.isascii():
+        return
+    refuse_unencodable(request.path, "", "the path")
+    for name, value in request.query.items():
+        refuse_unencodable(name, "?", "a query parameter's name")
+        refuse_unencodable(value, f"?{name}", "a query parameter")
 
 
 async def _authorize(request: web.Request, svc: Any) -> None:

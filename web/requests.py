@@ -58,9 +58,64 @@ def _check_depth(body: Any) -> None:
             raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels", pointer=_too_deep_at(body),
                                  code="too_deep")
         if isinstance(value, dict):
+            for key, item in value.items():
+                if not (key.isascii() and (not isinstance(item, str) or item.isascii())):
+                    _check_text(key, body)
+                    if isinstance(item, str):
+                        _check_text(item, body)
             stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
         elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, str) and not item.isascii():
+                    _check_text(item, body)
             stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: JSON's ``\\ud800`` escape reads into a lone
+    surrogate, which passes every schema and then fails the first encoder that meets it
+    (the store's, a log's, a worker frame's), far from the request that sent it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def refuse_unencodable(text: str, pointer: str, what: str = "a string") -> None:
+    """400 ``invalid_text`` for ``text`` that no record can keep, pointing at it."""
+    if not encodable(text):
+        raise InvalidRequest(f"{what} holds a lone surrogate (an escape such as \\ud800 with no pair), which is "
+                             "not text: send valid Unicode", pointer=pointer, code="invalid_text")
+
+
+def _check_text(text: str, body: Any) -> None:
+    if not encodable(text):
+        refuse_unencodable(text, _unencodable_at(body), "the body")
+
+
+def _tokens(pointer: str) -> list[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
+
+
+def _unencodable_at(body: Any) -> str:
+    """The pointer to the first key or string of ``body`` that is not text (only walked
+    for a body already found to hold one)."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, pointer = stack.pop()
+        if isinstance(value, str) and not encodable(value):
+            return pointer
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not encodable(key):  # named as \\ud800 in the pointer, which must itself be text
+                    return pointer_from_path([*_tokens(pointer), key.encode("utf-8", "backslashreplace").decode()])
+                stack.append((item, pointer_from_path([*_tokens(pointer), key])))
+        elif isinstance(value, list):
+            stack.extend((v, f"{pointer}/{i}") for i, v in enumerate(value))
+    return ""
 
 
 def _too_deep_at(body: Any) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from actors.base import Actor, Registry
+from actors.errors import ActorDeadError
 from actors.placer.messages import Admit
 from actors.placer.queue import Occupying, QueueActor, Release, Snapshot
 from actors.store import StoreActor, StoreClient
@@ -150,3 +151,24 @@ def test_the_architecture_doc_draws_the_declared_tree():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     assert drawing() in doc  # the drawing is made from the declaration: change one, the test asks for the other
     assert len({kind.name for kind in TREE}) == len(TREE)  # a name says one kind
+
+
+async def test_crashes_provoked_by_asks_are_restarted_without_spending_the_intensity(reset_starts):
+    # Six bad requests in ten seconds once stopped the whole control plane: a crash that
+    # answered its asker is restarted but never counted; a crash nobody asked for is.
+    sup = Supervisor("test", intensity=2, period=60)
+    child = sup.start_child(ChildSpec("echo", lambda: Echo().start()))
+    for _ in range(6):
+        with pytest.raises(ActorDeadError):
+            await child.ask(Poison())
+        child = await restarted(sup, "echo", child)
+    assert not sup.failed.done() and await child.ask("hi") == "hi"
+    for _ in range(3):
+        child.tell(Poison())
+        exit_info = await child.wait()
+        assert not exit_info.provoked
+        if sup.failed.done():
+            break
+        child = await restarted(sup, "echo", child)
+    assert isinstance(await asyncio.wait_for(sup.failed, 5), MaxRestartsExceeded)
+    await sup.stop()
