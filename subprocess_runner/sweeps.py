@@ -9,6 +9,7 @@ refuse a sweep; they never truncate one.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from collections.abc import Iterator, Mapping
@@ -123,11 +124,15 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         raise SweepInvalid("give either values or a range", pointer=where)
     if entry.values is not None:
         values, at = list(entry.values), f"{where}/values"
-        seen: list[Any] = []
+        if len(values) > limits.max_domain:  # counted before anything compares them
+            raise SweepInvalid(f"{len(values)} values for {entry.node_id}.{entry.param}; the limit is "
+                               f"{limits.max_domain} (TROUPE_MAX_SWEEP_DOMAIN)", pointer=at)
+        seen: set[tuple[str, Any]] = set()
         for i, value in enumerate(values):
-            if any(value == s and type(value) is type(s) for s in seen):
+            key = _identity(value)
+            if key in seen:
                 raise SweepInvalid(f"value {value!r} is listed twice", pointer=f"{at}/{i}")
-            seen.append(value)
+            seen.add(key)
     else:
         assert entry.range is not None
         values, at = _expand_range(entry.range, param.type, f"{where}/range", limits.max_domain), f"{where}/range"
@@ -140,6 +145,14 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         checked.append(check_param(param, value, pointer, entry.node_id))
     return {"key": f"{entry.node_id}.{entry.param}", "node_id": entry.node_id, "param": entry.param,
             "values": checked}
+
+
+def _identity(value: Any) -> tuple[str, Any]:
+    """What makes two listed values the same one: equal and of one JSON type (``1`` and
+    ``1.0`` differ, as ``true`` and ``1`` do), hashable so a list is checked in one pass."""
+    if isinstance(value, dict | list):
+        return type(value).__name__, json.dumps(value, sort_keys=True)
+    return type(value).__name__, value
 
 
 def _combinations(body: SubmitSweep, domains: list[dict[str, Any]], limits: SweepLimits) -> list[tuple[Any, ...]]:
