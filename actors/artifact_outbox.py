@@ -3,11 +3,15 @@ outbox (``subprocess_runner.outbox``) to the control plane, one file at a time, 
 removes each entry only once the control plane confirmed the stored copy's sha256.
 
 An upload that fails for a reason that may pass (the control plane is down or
-restarting, the transfer was cut) is tried again with a growing pause, up to a minute;
-a reconnect of the link tries again at once. One the control plane refuses for good
-(the run was deleted, the worker revoked) is dropped, and the log says so: nothing else
-would ever take it. The outbox may hold at most ``limit_bytes``; past that the agent
-takes no new runs (its heartbeat says so) until uploads free room.
+restarting, the transfer was cut, a 5xx) is tried again with a pause of its own that
+grows up to a minute, while the other files go on: one file never holds up the rest. A
+reconnect of the link tries every file again at once. One the control plane refuses for
+good (the run was deleted, the worker revoked) is dropped; one refused as it is (too
+large, a bad name) or refused each of ``_CUT_TRIES`` times it was sent (bytes that
+differ from their sha256) is given up: the agent tells the control plane, whose row of
+it then says ``failed`` with the reason. The outbox may hold at most ``limit_bytes``; it
+is full when the largest file it has kept would no longer fit, and then the agent takes
+no new runs (its heartbeat says so) until uploads free room.
 """
 
 from __future__ import annotations
@@ -24,14 +28,15 @@ from typing import Any
 from actors.base import Actor
 from protocol.unix_http import connect
 from subprocess_runner import outbox
-from subprocess_runner.artifacts import SHA256_HEADER
+from subprocess_runner.artifacts import FAILED_HEADER, SHA256_HEADER
 
 log = logging.getLogger("troupe.agent")
 
 _FIRST_PAUSE_S = 1.0
 _MAX_PAUSE_S = 60.0
 _REFUSED_FOR_GOOD = (401, 403, 404, 410)  # the run or the worker is gone: nothing will take it
-_CUT_TRIES = 5  # a 400 (cut short, or bytes that differ) this many times for one file: it is dropped
+_MAY_PASS = (0, 408, 409, 429)  # no answer, or an answer that may change (and every 5xx)
+_CUT_TRIES = 5  # a 400 (cut short, or bytes that differ) this many times for one file: given up
 
 
 # Messages ----------------------------------------------------------------------
@@ -80,9 +85,12 @@ class ArtifactOutbox(Actor):
         self._limit = limit_bytes
         self._control = control_plane
         self._busy = False
-        self._pause = _FIRST_PAUSE_S
         self._timer: asyncio.TimerHandle | None = None
         self._cut: dict[str, int] = {}  # entry folder -> 400s so far
+        # entry folder -> (when it may be tried again, its next pause): a file that
+        # failed waits on its own, never in front of the others.
+        self._backoff: dict[str, tuple[float, float]] = {}
+        self._largest = 0  # the largest file kept so far: what "one more" must fit
         self._flushes: list[tuple[asyncio.Future[None], set[str]]] = []
 
     async def on_start(self) -> None:
@@ -99,10 +107,9 @@ class ArtifactOutbox(Actor):
     async def receive(self, message: Any) -> Any:
         match message:
             case Wake():
-                self._pause = _FIRST_PAUSE_S
+                self._backoff.clear()
                 self.ref.tell(_Next())
             case _Next():
-                self._timer = None
                 self._start_next()
             case _Done(entry, status, problem):
                 self._busy = False
@@ -118,8 +125,12 @@ class ArtifactOutbox(Actor):
                     asyncio.get_running_loop().call_later(within_s, _give_up, waiter)
                 return waiter
             case Usage():
-                used = outbox.usage(self._folder)
-                return used, len(outbox.entries(self._folder)), used >= self._limit
+                found = outbox.entries(self._folder)
+                used = outbox.usage(self._folder)  # with the files children are keeping now
+                self._largest = max([self._largest, *(entry.size for entry in found)])
+                # Full once the next file like those it keeps would not fit: a child
+                # refuses a file past the limit, so "used >= limit" would never hold.
+                return used, len(found), used >= self._limit or (bool(found) and used + self._largest > self._limit)
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
@@ -127,35 +138,53 @@ class ArtifactOutbox(Actor):
     def _start_next(self) -> None:
         if self._busy:
             return
+        now = time.monotonic()
         found = outbox.entries(self._folder)
-        if not found:
+        due = [entry for entry in found if self._backoff.get(entry.folder, (0.0, 0.0))[0] <= now]
+        if not due:
+            waits = [self._backoff[entry.folder][0] for entry in found if entry.folder in self._backoff]
+            if waits:
+                self._wake_at(min(waits))
             return
         self._busy = True
-        entry = found[0]
+        entry = due[0]
+        self._largest = max(self._largest, entry.size)
         loop = asyncio.get_running_loop()
         loop.run_in_executor(None, _upload, entry, self._control).add_done_callback(
             lambda done: self.ref.tell(_Done(entry, *(done.result() if not done.exception() else
                                                       (0, str(done.exception()))))))
+
+    def _wake_at(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, when - time.monotonic())
+        self._timer = asyncio.get_running_loop().call_later(delay, self.ref.tell, _Next())
 
     def _after(self, entry: outbox.Entry, status: int, problem: str) -> None:
         cuts = self._cut.get(entry.folder, 0) + (status == 400)
         if status == 201:
             outbox.remove(entry)
             log.info("artifact %s of run %s stored on the control plane", entry.path, entry.run_id)
-        elif status in _REFUSED_FOR_GOOD or cuts >= _CUT_TRIES:
+        elif status in _REFUSED_FOR_GOOD:
             outbox.remove(entry)
             log.warning("artifact %s of run %s was refused for good (%s): dropped from the outbox", entry.path,
                         entry.run_id, problem)
+        elif (400 <= status < 500 and status not in _MAY_PASS and status != 400) or cuts >= _CUT_TRIES:
+            reason = (f"refused {cuts} times: {problem}" if cuts >= _CUT_TRIES else f"refused: {problem}")[:400]
+            outbox.remove(entry)
+            log.warning("artifact %s of run %s was given up (%s)", entry.path, entry.run_id, reason)
+            asyncio.get_running_loop().run_in_executor(None, _report_given_up, entry, self._control, reason)
         else:
             self._cut[entry.folder] = cuts
+            _, pause = self._backoff.get(entry.folder, (0.0, _FIRST_PAUSE_S))
+            self._backoff[entry.folder] = (time.monotonic() + pause, min(_MAX_PAUSE_S, pause * 2))
             log.warning("artifact %s of run %s not stored yet (%s); again in %.0f s", entry.path, entry.run_id,
-                        problem, self._pause)
+                        problem, pause)
             self._settle(entry.folder)
-            self._timer = asyncio.get_running_loop().call_later(self._pause, self.ref.tell, _Next())
-            self._pause = min(_MAX_PAUSE_S, self._pause * 2)
+            self.ref.tell(_Next())
             return
         self._cut.pop(entry.folder, None)
-        self._pause = _FIRST_PAUSE_S
+        self._backoff.pop(entry.folder, None)
         self._settle(entry.folder)
         self.ref.tell(_Next())
 
@@ -173,8 +202,8 @@ def _give_up(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def _upload(entry: outbox.Entry, control: dict[str, Any]) -> tuple[int, str]:
-    """One PUT of the entry's file (blocking: on a thread); the control plane's answer."""
+def _put(entry: outbox.Entry, control: dict[str, Any], body: Any, headers: dict[str, str]) -> tuple[int, str]:
+    """One PUT about the entry (blocking: on a thread); the control plane's answer."""
     query = urllib.parse.urlencode({"path": entry.path, "kind": entry.kind, "node": entry.node_id or ""})
     started = time.monotonic()
     try:
@@ -182,16 +211,30 @@ def _upload(entry: outbox.Entry, control: dict[str, Any]) -> tuple[int, str]:
     except OSError as exc:
         return 0, f"the control plane cannot be reached: {exc}"
     try:
-        with entry.data.open("rb") as body:
-            conn.request("PUT", f"/api/runs/{entry.run_id}/artifacts?{query}", body=body, headers={
-                "Content-Length": str(entry.size), SHA256_HEADER: entry.sha256,
-                "Content-Type": "application/octet-stream", "Authorization": f"Bearer {control.get('credential', '')}"})
-            response = conn.getresponse()
-            answer = response.read(4096).decode("utf-8", "replace")
+        conn.request("PUT", f"/api/runs/{entry.run_id}/artifacts?{query}", body=body, headers={
+            **headers, "Authorization": f"Bearer {control.get('credential', '')}"})
+        response = conn.getresponse()
+        answer = response.read(4096).decode("utf-8", "replace")
         return response.status, f"{response.status} {answer[:200]} after {time.monotonic() - started:.1f} s"
-    except FileNotFoundError:
-        return 410, "its file is gone from the outbox"
     except (OSError, http.client.HTTPException) as exc:
         return 0, f"the transfer was cut: {exc}"
     finally:
         conn.close()
+
+
+def _upload(entry: outbox.Entry, control: dict[str, Any]) -> tuple[int, str]:
+    try:
+        with entry.data.open("rb") as body:
+            return _put(entry, control, body, {"Content-Length": str(entry.size), SHA256_HEADER: entry.sha256,
+                                               "Content-Type": "application/octet-stream"})
+    except FileNotFoundError:
+        return 410, "its file is gone from the outbox"
+
+
+def _report_given_up(entry: outbox.Entry, control: dict[str, Any], reason: str) -> None:
+    """Best effort: the row says ``failed`` and why (a header holds ASCII only)."""
+    text = " ".join(reason.split()).encode("ascii", "backslashreplace").decode()
+    status, answer = _put(entry, control, b"", {"Content-Length": "0", FAILED_HEADER: text})
+    if status != 200:
+        log.warning("artifact %s of run %s: the control plane was not told it failed (%s)", entry.path,
+                    entry.run_id, answer)

@@ -44,6 +44,7 @@ log = logging.getLogger("troupe.artifacts")
 MOUNT_FOLDER = "troupe-artifacts"  # under a storage label: <label>/troupe-artifacts/<run id>/<path>
 # The header a transfer carries the file's sha256 in (the control plane checks it).
 SHA256_HEADER = "X-Troupe-Sha256"
+FAILED_HEADER = "X-Troupe-Artifact-Failed"  # a worker gave up on the file: the reason, no body
 Emit = Callable[[str, str | None, dict[str, Any]], None]
 
 

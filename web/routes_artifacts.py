@@ -28,11 +28,11 @@ from actors.errors import (
 )
 from actors.placer.book import INSTANCE_MARK
 from actors.run_messages import ArtifactArrived
-from actors.store.artifacts import GetArtifact, RecordArtifact, RecordLateArtifact
+from actors.store.artifacts import FAILED, GetArtifact, RecordArtifact, RecordLateArtifact
 from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unauthorized
-from subprocess_runner.artifacts import MOUNT_FOLDER, SHA256_HEADER
+from subprocess_runner.artifacts import FAILED_HEADER, MOUNT_FOLDER, SHA256_HEADER
 from subprocess_runner.digest import CHUNK, pour_async
 from web.context import Services, services
 from web.errors import disk_full, json_reply
@@ -48,6 +48,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 async def receive_artifact(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
+    if FAILED_HEADER in request.headers:
+        return await _given_up(svc, request, run_id)
     path, sha256, size = _announced(request, svc.settings.upload_max_mb)
     row = await svc.store.read(GetRun(run_id))
     if row is None:
@@ -61,7 +63,9 @@ async def receive_artifact(request: web.Request) -> web.Response:
     # worker's outbox while the control plane was away) is written here.
     run = svc.registry.lookup(f"runs/{run_id}") if row["status"] in (ev.RUNNING, ev.DISCONNECTED) else None
     final = _placed(svc.settings.home / "runs" / run_id, path)
-    handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.")
+    # Not named after the file: a name near 255 bytes, with a prefix and a suffix, would
+    # be too long for the file system, and the worker would be told 500 forever.
+    handle, temporary = tempfile.mkstemp(dir=final.parent, prefix=".arriving-")
     try:
         with os.fdopen(handle, "wb") as out:
             try:
@@ -89,6 +93,23 @@ async def receive_artifact(request: web.Request) -> web.Response:
         final.unlink(missing_ok=True)  # no row: no file either
         raise
     return json_reply({"run_id": run_id, "path": path, "size": size, "sha256": sha256}, status=201)
+
+
+async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Response:
+    """The worker gave up on a file of the run (refused for good, or refused each time
+    it was sent): its row says ``failed`` with the reason, not ``pending`` for ever."""
+    path = request.query.get("path", "")
+    problem = ev.outside_run_dir(path)
+    if problem is not None:
+        raise InvalidRequest(problem, pointer="?path")
+    row = await svc.store.read(GetRun(run_id))
+    if row is None:
+        raise RunNotFound(f"no run {run_id}")
+    await _authorize(svc, request, row.get("worker"))
+    reason = request.headers[FAILED_HEADER][:500] or "the worker gave up on it"
+    node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
+    await svc.store.write(RecordArtifact(run_id, node, kind, path, "transfer", None, None, None, FAILED, reason))
+    return json_reply({"run_id": run_id, "path": path, "state": FAILED, "reason": reason})
 
 
 def _placed(folder: Path, path: str) -> Path:
