@@ -15,7 +15,7 @@ from typing import Any
 import platformdirs
 
 from cli.client import Client
-from cli.errors import EXIT_OK, CliError
+from cli.errors import EXIT_OK, CliError, NoServer
 
 FILE = "logins.json"
 
@@ -82,14 +82,27 @@ def login(url: str, token: str | None, ca: str | None = None) -> int:
 
 
 def logout(url: str | None) -> int:
+    """Ends the session on the server (its secret opens nothing from then on), then
+    forgets it here. A server that cannot be told is said so (exit 1): the session then
+    lives until it expires or the teacher revokes it."""
     logins = read_logins()
     base = url.rstrip("/") if url else logins.get("current")
     if not base or base not in (logins.get("servers") or {}):
         raise CliError("this terminal is not logged in" + (f" to {base}" if base else ""))
+    entry = logins["servers"][base]
+    try:
+        status, body = Client(base, str(entry["secret"]), ca=entry.get("ca")).request("POST", "/api/logout")
+        told = status in (200, 401, 409)  # 401: it had ended already; 409: a teacher's token, not a session
+        problem = "" if told else f"it answered {status}: {body}"
+    except NoServer as exc:
+        told, problem = False, str(exc)
     del logins["servers"][base]
     if logins.get("current") == base:
         logins["current"] = next(iter(logins["servers"]), None)
     _write(logins)
+    if not told:
+        raise CliError(f"forgot the session of {base} here, but the server was not told ({problem}): it stays "
+                       "valid until it expires or the teacher revokes it (troupe links, or DELETE /api/sessions/ID)")
     print(f"logged out of {base}")
     return EXIT_OK
 

@@ -7,6 +7,7 @@ command could not do its job), 2 usage error (typer's), 130 Ctrl+C.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -196,6 +197,28 @@ def open_(
 
 
 @app.command()
+def links(revoke: Annotated[str | None, typer.Option(
+        help="revoke the link of this id: no one logs in with it any more, and its sessions end")] = None) -> None:
+    """The login links this server made (never their tokens): kind, uses left, expiry."""
+    from cli.runs_cmd import answer, table
+
+    client = connect.client(None, None)
+    try:
+        if revoke is not None:
+            ended = answer(client.request("DELETE", f"/api/login-links/{revoke}"), f"revoking link {revoke}")
+            print(f"revoked link {revoke}; {len(ended['sessions_ended'])} session(s) it opened ended")
+            return
+        found = answer(client.request("GET", "/api/login-links"), "listing the login links")["links"]
+    except CliError as exc:
+        _fail(exc)
+    now = time.time()
+    rows = [(link["id"], link["kind"], str(link["uses_left"]), str(link["sessions"]),
+             "revoked" if link["revoked"] else "expired" if link["expires_at"] < now else
+             f"{(link['expires_at'] - now) / 3600:.1f} h left") for link in found]
+    print(table(rows, ("ID", "KIND", "USES LEFT", "SESSIONS", "STATE")))
+
+
+@app.command()
 def token() -> None:
     """Print the bearer token this terminal uses (the server's session token here, or the
     session `troupe login` keeps), for curl: TOKEN=$(troupe token)."""
@@ -224,7 +247,7 @@ def login(url: Annotated[str, typer.Argument(help="the login link you were given
 @app.command()
 def logout(url: Annotated[str | None, typer.Argument(help="the server (default: the last one logged in to)")]
            = None) -> None:
-    """Forget this terminal's session with a server."""
+    """End this terminal's session on the server, and forget it here."""
     from cli.logins import logout as log_out
 
     try:

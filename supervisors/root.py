@@ -76,7 +76,8 @@ class ControlPlane:
         # Set by ``troupe stop --leave-worker-runs`` before the stop: worker runs keep
         # executing and queued runs stay queued, for the next start to adopt.
         self.leave_worker_runs = False
-        self.login = LoginBook(token=self.token)  # browsers and terminals log in with links (web/login.py)
+        # Browsers and terminals log in with links (web/login.py).
+        self.login = LoginBook(token=self.token, session_max_s=settings.session_max_s)
         self.lan_hosts: tuple[str, ...] = ()  # bound beyond loopback: the names it is reached by
         # Workers whose connection actor kept crashing, with the reason (GET /api/workers).
         self.failed_workers = FailedWorkers()

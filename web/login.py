@@ -12,7 +12,11 @@ session of the link's kind:
 * ``read``: reads only.
 
 Links and sessions are stored by the sha256 of their secrets, so a restart mid-lesson
-logs nobody out and a copy of the database logs nobody in. The page's mutations carry
+logs nobody out and a copy of the database logs nobody in. A session ends when its link
+said the link would (or after ``TROUPE_SESSION_MAX_S``), when its holder logs out
+(``POST /api/logout``), or when the teacher revokes it or the link that opened it.
+Opening a link's address spends none of its uses: the page spends one by a ``POST``
+(a chat app's preview of the link fetches the page and runs no script). The page's mutations carry
 the cookie plus ``X-Troupe-Request``, a header a cross-site form cannot send. A
 terminal logs in with ``troupe login URL`` and then sends its session secret as a
 bearer token. The session token itself never reaches a page.
@@ -26,13 +30,22 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
-from actors.store.logins import AddLoginLink, ListSessions, RevokeSession, SeenSessions, UseLoginLink
+from actors.store.logins import (
+    AddLoginLink,
+    ListSessions,
+    RevokeLoginLink,
+    RevokeSession,
+    SeenSessions,
+    UseLoginLink,
+)
 
 REQUEST_HEADER = "X-Troupe-Request"
+LOGOUT_PATH = "/api/logout"
 TEACHER, CLASS, READ = "teacher", "class", "read"
 # What a class session may change: its own work. Everything else is the teacher's.
 CLASS_ROUTES = ("/api/runs", "/api/sweeps", "/api/studies", "/api/files", "/api/export", "/api/estimates",
@@ -54,7 +67,7 @@ class Who:
     by_cookie: bool = False
 
     def may_change(self, path: str) -> bool:
-        if self.kind == TEACHER:
+        if self.kind == TEACHER or path == LOGOUT_PATH:  # every session may end itself
             return True
         return self.kind == CLASS and any(path == p or path.startswith(p + "/") for p in CLASS_ROUTES)
 
@@ -66,6 +79,7 @@ class LoginBook:
 
     port: int = 0
     token: str = ""
+    session_max_s: float = 30 * 86400
     store: Any = None
     _sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # secret hash -> row
     _seen: dict[str, float] = field(default_factory=dict)  # session id -> last written (monotonic)
@@ -80,6 +94,9 @@ class LoginBook:
         self.store = store
         for row in await store.read(ListSessions()):
             if not row["revoked"]:
+                if row["expires_at"] is None:  # opened before sessions ended: the maximum from its start
+                    started = datetime.fromisoformat(str(row["created_at"]).replace("Z", "+00:00"))
+                    row["expires_at"] = started.timestamp() + self.session_max_s
                 self._sessions[row["secret_hash"]] = row
 
     async def new_link(self, base_url: str, kind: str = TEACHER, uses: int = 1, expires_s: float = 7 * 86400) -> str:
@@ -91,17 +108,28 @@ class LoginBook:
         """A fresh session secret for a link token, one of its uses spent; None for a link
         that is unknown, used up or expired."""
         secret = secrets.token_urlsafe(32)
-        row = await self.store.write(UseLoginLink(digest(token), digest(secret), uuid.uuid4().hex[:16], label))
+        row = await self.store.write(UseLoginLink(digest(token), digest(secret), uuid.uuid4().hex[:16], label,
+                                                  self.session_max_s))
         if row is None:
             return None
         self._sessions[row["secret_hash"]] = row
         return secret, row
 
     async def revoke(self, session_id: str) -> bool:
-        for hashed, row in list(self._sessions.items()):
-            if row["id"] == session_id:
-                del self._sessions[hashed]
+        self._forget({session_id})
         return bool(await self.store.write(RevokeSession(session_id)))
+
+    async def revoke_link(self, link_id: str) -> list[str] | None:
+        """Revokes a link and ends the sessions it opened; None: no such link."""
+        ended: list[str] | None = await self.store.write(RevokeLoginLink(link_id))
+        if ended is not None:
+            self._forget(set(ended))
+        return ended
+
+    def _forget(self, session_ids: set[str]) -> None:
+        for hashed, row in list(self._sessions.items()):
+            if row["id"] in session_ids:
+                del self._sessions[hashed]
 
     def who(self, request: web.Request) -> Who | None:
         """The session a request comes with, by bearer token or by cookie; None: none."""
@@ -110,11 +138,19 @@ class LoginBook:
         if scheme.lower() == "bearer" and given:
             if self.token and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
                 return Who(TEACHER)
-            row = self._sessions.get(digest(given))
+            row = self._live(digest(given))
             return Who(row["kind"], row["id"]) if row is not None and self._touch(row) else None
         value = request.cookies.get(self.cookie_name, "")
-        row = self._sessions.get(digest(value)) if value else None
+        row = self._live(digest(value)) if value else None
         return Who(row["kind"], row["id"], by_cookie=True) if row is not None and self._touch(row) else None
+
+    def _live(self, hashed: str) -> dict[str, Any] | None:
+        """The session of that secret, unless it has ended with its time."""
+        row = self._sessions.get(hashed)
+        if row is not None and row["expires_at"] is not None and float(row["expires_at"]) < time.time():
+            del self._sessions[hashed]
+            return None
+        return row
 
     def logged_in(self, request: web.Request) -> str | None:
         """The kind of session the page's cookie opened, or None."""
@@ -129,9 +165,13 @@ class LoginBook:
             self.store.write(SeenSessions(((row["id"], row["last_seen_at"]),)))
         return True
 
-    def set_cookie(self, response: web.StreamResponse, value: str, secure: bool = False) -> None:
+    def set_cookie(self, response: web.StreamResponse, value: str, expires_at: float, secure: bool = False) -> None:
+        """The cookie lives as long as its session (a browser drops it when that ends)."""
         response.set_cookie(self.cookie_name, value, httponly=True, samesite="Strict", path="/", secure=secure,
-                            max_age=30 * 86400)
+                            max_age=max(1, int(expires_at - time.time())))
+
+    def clear_cookie(self, response: web.StreamResponse) -> None:
+        response.del_cookie(self.cookie_name, path="/")
 
 
 def _utc_now() -> str:

@@ -10,12 +10,12 @@ from typing import Annotated
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from actors.store.logins import ListSessions
-from protocol.errors import NotFound, Unauthorized
+from actors.store.logins import ListLoginLinks, ListSessions
+from protocol.errors import NotFound, StateConflict, Unauthorized
 from protocol.numbers import INTEGRAL
-from web.context import services
+from web.context import Services, services
 from web.errors import LOGIN_LINKS_PATH, json_reply
-from web.login import CLASS, READ, TEACHER
+from web.login import CLASS, LOGOUT_PATH, READ, REQUEST_HEADER, TEACHER
 from web.requests import read_model
 
 routes = web.RouteTableDef()
@@ -34,30 +34,29 @@ class NewLoginLink(BaseModel):
 
 
 class Login(BaseModel):
-    """Body of ``POST /api/login``: a terminal trades a login link's token for a session."""
+    """Body of ``POST /api/login``: a terminal trades a login link's token for a session;
+    ``browser``: the page does, and gets the session as its cookie, never in the body."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     token: str = Field(min_length=1, max_length=200)
+    browser: StrictBool = False
 
 
 async def index(request: web.Request) -> web.StreamResponse:
-    """The page. ``?token=`` (a login link) logs the browser in with a cookie and drops
-    the token from the address bar; without a session the page says how to log in."""
+    """The page. Opened with ``?token=`` (a login link), it spends no use of the link: the
+    page's script does, by ``POST /api/login``, and drops the token from the address bar
+    (whatever only fetches the address, such as a chat app's preview, logs nobody in).
+    Without a session the page says how to log in."""
     login = services(request).login
-    token = request.query.get("token")
-    if token is not None:
-        made = await login.redeem(token, _label("browser", request))
-        if made is not None:
-            response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store"})
-            login.set_cookie(response, made[0], secure=request.secure)
-            return response
     kind = login.logged_in(request)
-    state = "in" if kind else ("used" if token is not None else "out")
+    token = request.query.get("token")
+    state = "in" if kind else ("link" if token else "used" if "used" in request.query else "out")
     html = (STATIC / "index.html").read_text().replace(
         '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
         f'<meta name="troupe-session" content="{html_escape(kind or "")}">')
-    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+    return web.Response(text=html, content_type="text/html",
+                        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
 @routes.post(LOGIN_LINKS_PATH)
@@ -75,14 +74,66 @@ async def new_login_link(request: web.Request) -> web.Response:
 @routes.post("/api/login")
 async def login_terminal(request: web.Request) -> web.Response:
     """``troupe login``: a link's token (one of its uses) for a session secret, which the
-    terminal sends as its bearer token from then on."""
+    terminal sends as its bearer token from then on. The page logs in the same way with
+    ``browser``, and gets a cookie (only with the page's request header, which a form of
+    another site cannot send: no site logs a browser in to a session of its choosing)."""
     svc = services(request)
     body = await read_model(request, Login)
-    made = await svc.login.redeem(body.token, _label("terminal", request))
+    if body.browser and not request.headers.get(REQUEST_HEADER):
+        raise Unauthorized(f"a browser logs in from this server's page (it sends {REQUEST_HEADER})")
+    made = await svc.login.redeem(body.token, _label("browser" if body.browser else "terminal", request))
     if made is None:
-        raise Unauthorized("this login link is unknown, used up or expired; ask for a new one", code="link_not_valid")
+        raise Unauthorized("this login link is unknown, used up, expired or revoked; ask for a new one",
+                           code="link_not_valid")
     secret, row = made
-    return json_reply({"session": secret, "kind": row["kind"], "id": row["id"]}, status=201)
+    if body.browser:
+        response = json_reply({"kind": row["kind"], "id": row["id"]}, status=201)
+        svc.login.set_cookie(response, secret, float(row["expires_at"]), secure=request.secure)
+        return response
+    return json_reply({"session": secret, "kind": row["kind"], "id": row["id"], "expires_at": row["expires_at"]},
+                      status=201)
+
+
+@routes.post(LOGOUT_PATH)
+async def logout(request: web.Request) -> web.Response:
+    """Ends the session the request comes with, on the server: its secret opens nothing
+    from now on (the server's own token is not a session and ends with the server)."""
+    svc = services(request)
+    who = svc.login.who(request)
+    if who is None or who.session_id is None:
+        raise StateConflict("the server's own token is not a session: it ends when the server stops",
+                            code="not_a_session")
+    await svc.login.revoke(who.session_id)
+    response = json_reply({"id": who.session_id, "revoked": True})
+    if who.by_cookie:
+        svc.login.clear_cookie(response)
+    return response
+
+
+@routes.get(LOGIN_LINKS_PATH)
+async def list_login_links(request: web.Request) -> web.Response:
+    """Every login link: its kind, uses left, when it expires, whether it was revoked and
+    how many sessions it opened (never its token) (teacher)."""
+    svc = services(request)
+    _teacher_only(svc, request, "the login links are the teacher's to see")
+    return json_reply({"links": await svc.store.read(ListLoginLinks())})
+
+
+@routes.delete(LOGIN_LINKS_PATH + "/{link_id}")
+async def revoke_login_link(request: web.Request) -> web.Response:
+    """No one logs in with the link any more, and the sessions it opened end."""
+    svc = services(request)
+    link_id = request.match_info["link_id"][:64]
+    ended = await svc.login.revoke_link(link_id)
+    if ended is None:
+        raise NotFound(f"no login link {link_id!r}", code="link_not_found")
+    return json_reply({"id": link_id, "revoked": True, "sessions_ended": ended})
+
+
+def _teacher_only(svc: Services, request: web.Request, message: str) -> None:
+    who = svc.login.who(request)
+    if who is None or who.kind != TEACHER:
+        raise Unauthorized(message, code="teacher_only")
 
 
 _BROWSERS = (("Edg/", "Edge"), ("OPR/", "Opera"), ("Firefox/", "Firefox"), ("Chrome/", "Chrome"),
@@ -105,12 +156,10 @@ def _label(what: str, request: web.Request) -> str:
 async def list_sessions(request: web.Request) -> web.Response:
     """Who is connected: every session, its kind and when it was last seen (teacher)."""
     svc = services(request)
-    who = svc.login.who(request)
-    if who is None or who.kind != TEACHER:
-        raise Unauthorized("the sessions are the teacher's to see", code="teacher_only")
+    _teacher_only(svc, request, "the sessions are the teacher's to see")
     rows = await svc.store.read(ListSessions())
     return json_reply({"sessions": [{k: r[k] for k in ("id", "kind", "label", "created_at", "last_seen_at",
-                                                         "revoked")} for r in rows]})
+                                                         "revoked", "expires_at", "link_id")} for r in rows]})
 
 
 @routes.delete("/api/sessions/{session_id}")

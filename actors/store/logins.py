@@ -1,9 +1,11 @@
 """Login links and the sessions they open, kept hashed so that a restart logs nobody out
 and a copy of the database logs nobody in. Called only from the store's thread.
 
-A link is good for ``uses`` browsers (or terminals) until it expires; each use opens a
-session of the link's kind: ``teacher`` (everything), ``class`` (runs, sweeps and
-studies, and every read) or ``read`` (reads only)."""
+A link is good for ``uses`` browsers (or terminals) until it expires or is revoked; each
+use opens a session of the link's kind: ``teacher`` (everything), ``class`` (runs, sweeps
+and studies, and every read) or ``read`` (reads only), which lives no longer than the link
+(nor than the server's maximum) and ends with it when the link is revoked. A link's id
+is the head of its token's hash: it names the link in lists without giving it away."""
 
 from __future__ import annotations
 
@@ -36,6 +38,20 @@ class UseLoginLink:
     session_hash: str
     session_id: str
     label: str
+    max_s: float  # the longest a session may live, whatever its link says
+
+
+@dataclass(frozen=True)
+class ListLoginLinks:
+    pass
+
+
+@dataclass(frozen=True)
+class RevokeLoginLink:
+    """Revokes the link and the sessions it opened; replies the ids of those sessions,
+    or None for no such link."""
+
+    link_id: str
 
 
 @dataclass(frozen=True)
@@ -59,7 +75,13 @@ class SeenSessions:
 
 # SQL ---------------------------------------------------------------------------
 
-_COLUMNS = ("id", "secret_hash", "kind", "label", "created_at", "last_seen_at", "revoked")
+_COLUMNS = ("id", "secret_hash", "kind", "label", "created_at", "last_seen_at", "revoked", "expires_at", "link_id")
+_LINK_COLUMNS = ("kind", "uses_left", "expires_at", "created_at", "revoked")
+LINK_ID_CHARS = 16
+
+
+def _link_id(token_hash: str) -> str:
+    return token_hash[:LINK_ID_CHARS]
 
 
 def _add_link(s: Session, op: AddLoginLink) -> None:
@@ -68,24 +90,48 @@ def _add_link(s: Session, op: AddLoginLink) -> None:
 
 
 def _use_link(s: Session, op: UseLoginLink) -> dict[str, Any] | None:
-    found = s.conn.execute("SELECT kind, uses_left, expires_at FROM login_links WHERE token_hash = ?",
+    found = s.conn.execute("SELECT kind, uses_left, expires_at, revoked FROM login_links WHERE token_hash = ?",
                            (op.token_hash,)).fetchall()
     if not found:
         return None
-    kind, uses_left, expires_at = found[0]
-    if int(str(uses_left)) <= 0 or float(str(expires_at)) < time.time():
+    kind, uses_left, link_expires, revoked = found[0]
+    now_s = time.time()
+    if int(str(uses_left)) <= 0 or float(str(link_expires)) < now_s or revoked:
         return None
     s.conn.execute("UPDATE login_links SET uses_left = uses_left - 1 WHERE token_hash = ?", (op.token_hash,))
-    now = ev.utc_now()
-    s.conn.execute("INSERT INTO sessions(id, secret_hash, kind, label, created_at, last_seen_at, revoked) "
-                   "VALUES (?, ?, ?, ?, ?, ?, 0)", (op.session_id, op.session_hash, kind, op.label[:200], now, now))
+    now, expires_at = ev.utc_now(), min(float(str(link_expires)), now_s + op.max_s)
+    link_id = _link_id(op.token_hash)
+    s.conn.execute("INSERT INTO sessions(id, secret_hash, kind, label, created_at, last_seen_at, revoked, expires_at, "
+                   "link_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                   (op.session_id, op.session_hash, kind, op.label[:200], now, now, expires_at, link_id))
     return {"id": op.session_id, "secret_hash": op.session_hash, "kind": str(kind), "label": op.label[:200],
-            "created_at": now, "last_seen_at": now, "revoked": False}
+            "created_at": now, "last_seen_at": now, "revoked": False, "expires_at": expires_at, "link_id": link_id}
 
 
 def list_sessions(s: Session, _: ListSessions) -> list[dict[str, Any]]:
     rows = s.conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sessions ORDER BY created_at").fetchall()
-    return [{**dict(zip(_COLUMNS, row, strict=True)), "revoked": bool(row[-1])} for row in rows]
+    return [{**dict(zip(_COLUMNS, row, strict=True)), "revoked": bool(row[6])} for row in rows]
+
+
+def _list_links(s: Session, _: ListLoginLinks) -> list[dict[str, Any]]:
+    rows = s.conn.execute(f"SELECT token_hash, {', '.join(_LINK_COLUMNS)}, (SELECT COUNT(*) FROM sessions "
+                          "WHERE sessions.link_id = substr(login_links.token_hash, 1, ?)) FROM login_links "
+                          "ORDER BY created_at", (LINK_ID_CHARS,)).fetchall()
+    return [{"id": _link_id(str(row[0])), **dict(zip(_LINK_COLUMNS, row[1:6], strict=True)), "revoked": bool(row[5]),
+             "sessions": row[6]} for row in rows]
+
+
+def _revoke_link(s: Session, op: RevokeLoginLink) -> list[str] | None:
+    if len(op.link_id) != LINK_ID_CHARS:
+        return None
+    s.conn.execute("UPDATE login_links SET revoked = 1 WHERE substr(token_hash, 1, ?) = ?",
+                   (LINK_ID_CHARS, op.link_id))
+    if s.conn.changes() == 0:
+        return None
+    ended = [str(sid) for sid, in s.conn.execute("SELECT id FROM sessions WHERE link_id = ? AND revoked = 0",
+                                                   (op.link_id,))]
+    s.conn.execute("UPDATE sessions SET revoked = 1 WHERE link_id = ?", (op.link_id,))
+    return ended
 
 
 def _revoke(s: Session, op: RevokeSession) -> bool:
@@ -97,5 +143,6 @@ def _seen(s: Session, op: SeenSessions) -> None:
     s.conn.executemany("UPDATE sessions SET last_seen_at = ? WHERE id = ?", [(at, sid) for sid, at in op.seen])
 
 
-WRITES: Table = {AddLoginLink: _add_link, UseLoginLink: _use_link, RevokeSession: _revoke, SeenSessions: _seen}
-READS: Table = {ListSessions: list_sessions}
+WRITES: Table = {AddLoginLink: _add_link, UseLoginLink: _use_link, RevokeSession: _revoke, SeenSessions: _seen,
+                 RevokeLoginLink: _revoke_link}
+READS: Table = {ListSessions: list_sessions, ListLoginLinks: _list_links}

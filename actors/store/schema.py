@@ -333,6 +333,13 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX run_tags_tag ON run_tags(tag, run_id);
     CREATE INDEX runs_study ON runs(study_id);
     """,
+    # 20: a session ends when its link said (or a setting's maximum), and with its link
+    # when that is revoked; a link can be revoked.
+    """
+    ALTER TABLE sessions ADD COLUMN expires_at REAL;
+    ALTER TABLE sessions ADD COLUMN link_id TEXT;
+    ALTER TABLE login_links ADD COLUMN revoked INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -27,20 +27,38 @@ def post(url: str, path: str, body: dict, headers: dict) -> tuple[int, dict]:
     return response.status, json.loads(response.read() or b"{}")
 
 
+def browser_login(url: str, token: str) -> str:
+    """What the page does with a login link: one use of it for an HttpOnly cookie, whose
+    ``name=value`` is returned."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("POST", "/api/login", body=json.dumps({"token": token, "browser": True}),
+                 headers={"Content-Type": "application/json", "X-Troupe-Request": "1"})
+    response = conn.getresponse()
+    assert response.status == 201, response.read()
+    cookie = response.getheader("Set-Cookie")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie and "Max-Age=" in cookie
+    return cookie.split(";")[0]
+
+
 def test_the_login_link_sets_a_strict_http_only_cookie_once(shared_server):
     link = urlsplit(shared_server.login_url)
     assert link.query.startswith("token=") and f"http://{link.netloc}" == shared_server.url
     page = get(shared_server.url, "/").read().decode()
     assert shared_server.token not in page and 'name="troupe-login" content="out"' in page
-    response = get(shared_server.url, f"/?{link.query}")
-    assert response.status == 303 and response.getheader("Location") == "/"
-    cookie = response.getheader("Set-Cookie")
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
-    name_value = cookie.split(";")[0]
+    for _ in range(3):  # a preview of the link (a chat app fetching it) spends no use
+        opened = get(shared_server.url, f"/?{link.query}")
+        assert opened.status == 200 and 'name="troupe-login" content="link"' in opened.read().decode()
+        assert opened.getheader("Set-Cookie") is None
+    token = link.query.removeprefix("token=")
+    status, reply = post(shared_server.url, "/api/login", {"token": token, "browser": True}, {})
+    assert status == 401  # only the page logs a browser in: no other site's form can
+    name_value = browser_login(shared_server.url, token)
     logged_in = get(shared_server.url, "/", {"Cookie": name_value}).read().decode()
     assert 'content="in"' in logged_in and shared_server.token not in logged_in
-    again = get(shared_server.url, f"/?{link.query}")  # one use only
-    assert again.status == 200 and 'content="used"' in again.read().decode()
+    status, reply = post(shared_server.url, "/api/login", {"token": token, "browser": True},
+                         {"X-Troupe-Request": "1"})
+    assert status == 401 and reply["error"]["code"] == "link_not_valid"  # one use only
     body = {"graph": hello()}
     status, reply = post(shared_server.url, "/api/runs", body, {"Cookie": name_value})
     assert status == 401 and reply["error"]["code"] == "unauthorized"  # a form could send the cookie, not this
@@ -62,6 +80,6 @@ def test_troupe_open_prints_a_fresh_link_that_logs_in(shared_server):
     assert result.returncode == 0, result.stderr
     link = result.stdout.strip()
     assert link != shared_server.login_url and link.startswith(shared_server.url + "/?token=")
-    assert get(shared_server.url, "/?" + urlsplit(link).query).status == 303
+    assert browser_login(shared_server.url, urlsplit(link).query.removeprefix("token="))
     session = json.loads((shared_server.home / "session.json").read_text())
     assert session["login_url"] == shared_server.login_url  # what `troupe start` printed

@@ -98,7 +98,20 @@ function loginWall() {
     el("code", {}, "troupe open --uses 30 --expires 2h"), ". From a terminal: ", el("code", {}, "troupe login URL"), "."));
 }
 
+// Opened with a login link: the page, not the GET that fetched it, spends one of the
+// link's uses (a chat app's preview of the link runs no script), then drops the token.
+async function redeemLink() {
+  const token = new URLSearchParams(location.search).get("token") || "";
+  try {
+    await api("POST", "/api/login", { token, browser: true });
+    location.replace("/");
+  } catch {
+    location.replace("/?used");
+  }
+}
+
 async function start() {
+  if (login === "link") return redeemLink();
   const info = await api("GET", "/api/info");
   document.body.classList.add(`session-${login === "in" ? session : "none"}`);
   if (login !== "in" && info.login.reads_need_session) return loginWall();

@@ -1,7 +1,8 @@
 // What every panel shares: the HTTP API, element builders, the message line and the dialog.
 
 // "in": this browser is logged in (an HttpOnly cookie the page cannot read); "out": the
-// page is read-only; "used": it was opened with a login link that is used up or unknown.
+// page is read-only; "used": it was opened with a login link that is used up or unknown;
+// "link": it was opened with a login link, which the page now spends.
 export const login = document.querySelector('meta[name="troupe-login"]').content;
 // The kind of session the cookie opened: "teacher" (everything), "class" (runs, sweeps,
 // studies; not workers or links), "read" (a projector or a guest), or "" (none).
