@@ -57,10 +57,11 @@ class RunProcess(Actor):
                  mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
                  shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
                  ddp_cpu_ranks: int = 0, artifact_outbox: dict[str, Any] | None = None,
-                 uploader: ActorRef | None = None) -> None:
+                 uploader: ActorRef | None = None, data_roots: tuple[str, ...] = ()) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
+        self._data_roots = data_roots  # and the folders its owner lets runs read by absolute path
         # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
         self._control_plane = control_plane or {}
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
@@ -81,7 +82,8 @@ class RunProcess(Actor):
         from subprocess_runner import child
 
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane,
-                  "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox}
+                  "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox,
+                  "data_roots": list(self._data_roots)}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:

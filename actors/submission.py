@@ -29,7 +29,7 @@ from protocol.settings import UPLOAD_LABEL, Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
-from subprocess_runner.mounts import labels_of
+from subprocess_runner.mounts import FILE_PARAMS, PathNotAllowed, confine, labels_of
 from subprocess_runner.mounts import resolve as resolve_mounts
 from subprocess_runner.transfer import upload_ids
 
@@ -170,9 +170,13 @@ def shared_base(base: dict[str, Any]) -> tuple[str, str]:
 
 
 def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph:
-    """A run in this server: its label references become this server's paths."""
+    """A run in this server: its label references become this server's paths, and each
+    file it names must lie where runs may read (``mounts.confine``)."""
+    if not any(isinstance(n.params.get(p), str) for n in graph_doc.nodes for p in FILE_PARAMS):
+        return graph_doc
     document = graph_doc.model_dump(mode="json", exclude_none=True)
     if not labels_of(document):
+        _confined(document, settings, prefix)
         return graph_doc
     try:
         resolved = resolve_mounts(document, settings.mounts)
@@ -182,12 +186,21 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
                 raise InvalidRequest(f"node {before['id']}: no uploaded file {ref.split(':', 1)[1]!r} (GET /api/files "
                                      "lists them)", pointer=f"{prefix}/nodes", node_id=before["id"],
                                      code="file_not_found")
+        _confined(resolved, settings, prefix)
         return Graph.model_validate(resolved)
     except ValueError as exc:
         raise InvalidRequest(f"{exc}; this server mounts "
                              + (f"{settings.mount_label} (TROUPE_MOUNT_LABEL) at {settings.mount_path}"
                                 if settings.mount_path else "nothing (set TROUPE_MOUNT_PATH)"),
                              pointer=f"{prefix}/nodes", code="mount_unavailable") from None
+
+
+def _confined(document: dict[str, Any], settings: Settings, prefix: str) -> None:
+    try:
+        confine(document, [*settings.mounts.values(), *settings.data_roots, settings.home / "runs"])
+    except PathNotAllowed as exc:
+        raise InvalidRequest(str(exc), pointer=f"{prefix}/nodes/{exc.index}/params/path",
+                             node_id=document["nodes"][exc.index].get("id"), code="path_not_allowed") from None
 
 
 def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str, settings: Settings) -> None:

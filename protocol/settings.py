@@ -94,6 +94,9 @@ class Settings:
     mount_label: str = "data"
     mount_path: Path | None = None
     upload_max_mb: int = 1024  # the largest file POST /api/files takes
+    # Folders a run may read files from by absolute path (TROUPE_DATA_ROOTS, os.pathsep
+    # between them), besides storage labels, uploads and run folders.
+    data_roots: tuple[Path, ...] = ()
     # The longest a login session lives, however long its link was good for (30 days,
     # as long as the browser keeps its cookie).
     session_max_s: int = 30 * 86400
@@ -197,6 +200,8 @@ class Settings:
             mount_label=environ.get("TROUPE_MOUNT_LABEL", "data").strip() or "data",
             mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
+            data_roots=tuple(Path(p).expanduser() for p in environ.get("TROUPE_DATA_ROOTS", "").split(os.pathsep)
+                             if p.strip()),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,

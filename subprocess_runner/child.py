@@ -225,11 +225,13 @@ class _Run:
         from subprocess_runner.context import ExecutionContext, Sinks
         from subprocess_runner.ddp import plan_for, when_stuck
         from subprocess_runner.engine import execute_graph, prepare_executable_graph
+        from subprocess_runner.mounts import confine
         from subprocess_runner.mounts import resolve as resolve_mounts
 
         assign, run_dir = self.assign, self.run_dir
         resume = self._fetch_inputs(mounts, control_plane, storage)
         resolved = resolve_mounts(assign["graph"], mounts)
+        confine(resolved, [*mounts.values(), run_dir, *(assign.get("data_roots") or ())])
         graph = prepare_executable_graph(resolved, warm_catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
                        bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))

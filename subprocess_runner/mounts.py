@@ -11,7 +11,7 @@ so the stored graph keeps the references.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,34 @@ def resolve(graph: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, An
                 params[name] = str(_inside(mounts, match.group(1), match.group(2), node.get("id")))
         nodes.append({**node, "params": params})
     return {**graph, "nodes": nodes}
+
+
+class PathNotAllowed(ValueError):
+    """Raised when a node would read or write a file outside the folders runs may use:
+    said before the file is touched, so the answer tells nothing of what is there.
+    ``index``: the node's place in the graph's list."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def confine(graph: Mapping[str, Any], roots: Iterable[str | Path]) -> None:
+    """Every file a node names (its ``path``, label references already resolved) must
+    lie inside one of ``roots`` (storage labels, uploads, run folders, the data roots
+    the machine's owner named): a run is someone's code path into this machine's files,
+    and a class session is not its owner."""
+    allowed = [Path(root).expanduser().resolve() for root in roots]
+    for index, node in enumerate(graph.get("nodes", [])):
+        for name in FILE_PARAMS:
+            value = (node.get("params") or {}).get(name)
+            if not isinstance(value, str):
+                continue
+            where = Path(value).expanduser()
+            if not where.is_absolute() or not any(where.resolve().is_relative_to(root) for root in allowed):
+                raise PathNotAllowed(
+                    f"node {node.get('id')}: {value} is outside the folders runs may read (storage labels such as "
+                    "data:file.csv, uploads, run folders, and TROUPE_DATA_ROOTS on the machine that runs it)", index)
 
 
 def _inside(mounts: Mapping[str, str], label: str, relative: str, node_id: Any) -> Path:

@@ -83,6 +83,14 @@ def synthetic_regression(ctx: Any, inputs: dict[str, Any], params: dict[str, Any
     return _split(x, y, "regression", None, params)
 
 
+def _numeric(cells: Any) -> bool:
+    try:
+        [float(cell) for cell in cells]
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 def csv_dataset(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     prepare(ctx)
     path = Path(params["path"]).expanduser()
@@ -91,15 +99,18 @@ def csv_dataset(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         rows = list(csv.DictReader(handle))
     if not rows:
         raise ValueError(f"{path} has no rows")
+    # An error names places in the file, never what is there: every session reads a
+    # run's error, and the file may not be theirs to read.
     target = params["target"]
     if target not in rows[0]:
-        raise ValueError(f"{path} has no column {target!r}; it has {sorted(rows[0])}")
+        raise ValueError(f"{path} has no column {target!r} in its header ({len(rows[0])} columns)")
     columns = [c for c in rows[0] if c != target]
     try:
         x = torch.tensor([[float(r[c]) for c in columns] for r in rows], dtype=torch.float32)
         raw_y = [float(r[target]) for r in rows]
-    except ValueError as exc:
-        raise ValueError(f"{path}: every column must be numeric ({exc})") from None
+    except (ValueError, TypeError):
+        line = next(i for i, r in enumerate(rows, start=2) if not _numeric(r.values()))
+        raise ValueError(f"{path}: every column must be numeric; line {line} is not") from None
     if params["task"] == "classification":
         labels = sorted(set(raw_y))
         index = {v: i for i, v in enumerate(labels)}

@@ -115,5 +115,9 @@ def load_checkpoint(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) ->
         raise FileNotFoundError(f"no checkpoint at {path}")
     ctx.reading("checkpoint", path)
     model: torch.nn.Module = inputs["model"]
-    model.load_state_dict(torch.load(path, weights_only=True))
+    try:
+        weights = torch.load(path, weights_only=True)
+    except Exception as exc:  # its words may quote the file's bytes: named by kind only
+        raise ValueError(f"{path} is not a checkpoint torch can load ({type(exc).__name__})") from None
+    model.load_state_dict(weights)
     return {"model": model}

@@ -14,13 +14,13 @@ def reader(path) -> dict:
 
 
 def test_identity_and_content_are_recorded_per_reading_node_on_both_paths(make_server, tmp_path):
-    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_DATA_ROOTS=str(tmp_path))
     data = tmp_path / "data.csv"
     data.write_text("a,b,y\n" + "".join(f"{i},{i * 2},{i % 2}\n" for i in range(40)))
     by_content = server.submit(reader(data), provenance="content")["run_id"]
     by_identity = server.submit(reader(data), provenance="identity")["run_id"]
     plain = server.submit(reader(data))["run_id"]
-    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"], TROUPE_DATA_ROOTS=str(tmp_path))
     try:
         read_until(agent, "connected as gpu-a")
         remote = server.submit(reader(data), provenance="content", target={"worker": "gpu-a"})["run_id"]
