@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,9 +75,12 @@ class NodeEvent:
 
 @dataclass(frozen=True)
 class NodeEvents:
-    """Node events in the order they happened (sent to the RunActor)."""
+    """Node events in the order they happened (sent to the RunActor). ``settled``: to
+    be called with their count once the store has them, which lets their producer on
+    (see ``_Courier``)."""
 
     events: tuple[NodeEvent, ...]
+    settled: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,27 +90,55 @@ class GraphEnded:
     outcome: Outcome
 
 
+# The most events of one run emitted and not yet stored. A node that produces faster
+# than the store writes (a Ticker at interval 0 made 4 million points) then waits in
+# ``emit``: the server's memory stays bounded, nothing is dropped, the loop keeps up.
+MAX_UNSETTLED_EVENTS = 20_000
+
+
 class _Courier:
-    """Carries messages from the executor's threads to the run's mailbox, in order."""
+    """Carries messages from the executor's threads to the run's mailbox, in order, and
+    holds a producing thread back while ``MAX_UNSETTLED_EVENTS`` of its run's events are
+    on their way to the store."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, run: ActorRef) -> None:
         self._loop = loop
         self._run = run
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
         self._events: list[NodeEvent] = []
+        self._unsettled = 0
 
     def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         with self._lock:
+            # Never on the loop's own thread (a graph walked at once is a few quick nodes):
+            # the loop is what settles them.
+            # A run whose actor is gone settles nothing more: its producer is let on.
+            while self._unsettled >= MAX_UNSETTLED_EVENTS and self._run.is_alive and not self._on_loop():
+                self._room.wait(0.5)
             self._events.append(NodeEvent(kind, node_id, payload))
+            self._unsettled += 1
             first = len(self._events) == 1
         if first:
             self._loop.call_soon_threadsafe(self._deliver)
+
+    def settled(self, count: int) -> None:
+        """``count`` events reached the store (or will not: a run's end lets all go)."""
+        with self._lock:
+            self._unsettled -= count
+            self._room.notify_all()
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     def _deliver(self) -> None:
         with self._lock:
             events, self._events = self._events, []
         if events:
-            self._run.tell(NodeEvents(tuple(events)))
+            self._run.tell(NodeEvents(tuple(events), self.settled))
 
     def finish(self, outcome: Outcome) -> None:
         # After the last events: _deliver runs first, as call_soon_threadsafe keeps order.

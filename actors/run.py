@@ -143,9 +143,12 @@ class RunActor(Actor):
                 self._start(worker, device, holds)
             case WorkerFrames(worker, frames):
                 self._on_worker_frames(worker, frames)
-            case NodeEvents(events):
+            case NodeEvents(events, settled):
                 for event in events:
                     self._on_node_event(event.type, event.node_id, event.payload)
+                if settled is not None:  # their producer goes on once they are stored (or refused)
+                    self._flush_events()
+                    self._writes.after_settled(functools.partial(settled, len(events)))
             case GraphEnded(outcome):
                 self._finish(outcome.status, outcome.error, outcome.node_id,
                              memory=(outcome.peak_memory_mib, False, outcome.out_of_memory))

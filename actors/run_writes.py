@@ -82,6 +82,15 @@ class RunWrites:
         else:
             last.add_done_callback(functools.partial(_if_committed, done))
 
+    def after_settled(self, done: Callable[[], None]) -> None:
+        """Calls ``done`` once the newest write made so far has an outcome, stored or not
+        (at once when none is on its way, or once the run stops writing)."""
+        last = self.last
+        if last is None or last.done() or self._discarded:
+            done()
+        else:
+            last.add_done_callback(lambda _: done())
+
     def then(self, done: Callable[[], None]) -> None:
         """Calls ``done`` once every write made so far (and retried) is stored."""
         self._done = done
