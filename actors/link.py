@@ -6,13 +6,18 @@ with exit 1, since no retry can fix it.
 Every run frame stays in the link's outbox until the control plane acknowledges it as
 persisted, and is sent again after a reconnect (to the same control plane within its
 grace, or to a restarted one that adopts the run). The outbox is bounded
-(``TROUPE_AGENT_OUTBOX_MB``): past it, events are dropped and a ``gap`` frame says how
-many, never a silent loss; a run's end is always kept."""
+(``TROUPE_AGENT_OUTBOX_MB``). While the link is up, the runs are slowed before it fills:
+past half of it, ``room`` is cleared and the agent stops reading its children's pipes
+(a child then waits on its pipe), until acknowledgements bring it under a quarter. Only
+across an outage, when nothing is acknowledged, does it fill: past it, events are
+dropped and a ``gap`` frame says how many, never a silent loss; a run's end is always
+kept."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +51,9 @@ class LinkConfig:
     # Dial through this Unix socket (an ``ssh -R`` session's forward) instead of TCP.
     unix_socket: str | None = None
     ca: str | None = None  # an https control plane's own certificate (``--ca``)
+    # Set while the runs may hand on frames; the run processes' pipe readers wait on it
+    # (a threading.Event: they read on threads of their own).
+    room: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -135,6 +143,16 @@ class Link(Actor):
         self._live: asyncio.Queue[str] | None = None  # what the connection up now sends
         self._settled: list[asyncio.Future[None]] = []
         self._announcements: list[Any] = []  # agent frames for the sender to number and send
+        config.room.set()
+
+    def _pace(self) -> None:
+        """Holds the runs back while the link is up and the outbox half full; lets them
+        on under a quarter, or while no link is up (an outage drops what will not fit)."""
+        size, limit, room = self._outbox.size, self._outbox.limit, self._config.room
+        if self._live is not None and size > limit // 2:
+            room.clear()
+        elif self._live is None or size <= limit // 4:
+            room.set()
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="link")
@@ -142,6 +160,7 @@ class Link(Actor):
     async def on_stop(self, reason: str) -> None:
         if self._task is not None:
             self._task.cancel()
+        self._config.room.set()
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Send):
@@ -149,6 +168,7 @@ class Link(Actor):
                 for text in self._outbox.add(frame):
                     if self._live is not None:
                         self._live.put_nowait(text)
+            self._pace()
             return None
         if isinstance(message, Announce):
             self._announcements.append(message.frame)
@@ -220,6 +240,7 @@ class Link(Actor):
         for text in replay:
             live.put_nowait(text)
         self._live = live
+        self._pace()
         beats = asyncio.ensure_future(self._beat(ws, answer.heartbeat_s, numbers))
         if self._announcements:
             live.put_nowait(_ANNOUNCE)
@@ -244,10 +265,12 @@ class Link(Actor):
                     self._outbox.forget(frame.run_id)  # the control plane no longer holds it
                 if isinstance(frame, wire.Ack | wire.KillRun):
                     self._check_settled()
+                    self._pace()
                 if isinstance(frame, wire.Assign | wire.CancelRun | wire.KillRun | wire.ReadOutputs):
                     self._config.on_frame(frame)
         finally:
             self._live = None
+            self._pace()
             beats.cancel()
             sending.cancel()
             if self._outbox.runs:

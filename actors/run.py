@@ -105,6 +105,7 @@ class RunActor(Actor):
         # frames applied since the last write, and the newest write in flight.
         self._applied = adoption.worker_counter if adoption is not None else 0
         self._frames = 0
+        self._events_dropped = 0  # by a worker's outbox across outages, in all
         self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
         self._writes = RunWrites(self.run_id, record.study_id, store, registry, self.ref)
         self._effects = EventRows(self.run_id, record.record_outputs, settings.recorded_outputs_keep)
@@ -397,15 +398,22 @@ class RunActor(Actor):
                 for kind, node_id, text in frame.events[max(0, applied - frame.first + 1):]:
                     self._on_worker_event(kind, node_id, text)
             elif isinstance(frame, wire.Gap):
-                self._emit(ev.WARNING, None, {
-                    "message": f"the worker's outbox overflowed while the link was down: {frame.dropped} events "
-                               "of this run were dropped (TROUPE_AGENT_OUTBOX_MB)",
-                    "code": "events_dropped", "count": frame.dropped})
+                self._dropped(frame.dropped)
             else:
                 self._finish(frame.status, frame.error, frame.node_id,
                              memory=(frame.peak_memory_mib, True, frame.out_of_memory))
         self._flush_events()
         self._acknowledge()
+
+    def _dropped(self, count: int) -> None:
+        """A worker's outbox overflowed: what was lost is said in the run's events and in
+        its row's warnings, where a list and ``show`` read it."""
+        self._events_dropped += count
+        warning = {"message": f"the worker's outbox overflowed while the link to the control plane was down: "
+                              f"{self._events_dropped} events of this run were dropped (TROUPE_AGENT_OUTBOX_MB)",
+                   "code": "events_dropped", "count": self._events_dropped}
+        self._emit(ev.WARNING, None, {**warning, "count": count})
+        self._write(UpdateRun(self.run_id, {"warnings": [*self._record.warnings, warning]}))
 
     def _acknowledge(self) -> None:
         """Tells the worker connection, once the newest write committed, which counter

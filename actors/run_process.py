@@ -30,6 +30,9 @@ from protocol import jsonsafe, pipe
 from protocol import worker as wire
 
 ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
+# Batches of a child's frames read from its pipe and not yet handed to the link: one
+# more may be read while the last is handed on.
+_BATCHES_IN_HAND = 2
 log = logging.getLogger("troupe.agent")
 
 
@@ -57,11 +60,16 @@ class RunProcess(Actor):
                  mounts: dict[str, str] | None = None, control_plane: dict[str, Any] | None = None,
                  shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
                  ddp_cpu_ranks: int = 0, artifact_outbox: dict[str, Any] | None = None,
-                 uploader: ActorRef | None = None, data_roots: tuple[str, ...] = ()) -> None:
+                 uploader: ActorRef | None = None, data_roots: tuple[str, ...] = (),
+                 room: threading.Event | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
         self._data_roots = data_roots  # and the folders its owner lets runs read by absolute path
+        self._room = room  # cleared while the link's outbox is too full: the pipe is not read
+        # Batches read from the pipe and not yet handed to the link: the reader waits for
+        # them, so the link's ``room`` is current when it reads again.
+        self._in_hand = threading.BoundedSemaphore(_BATCHES_IN_HAND)
         # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
         self._control_plane = control_plane or {}
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
@@ -115,9 +123,15 @@ class RunProcess(Actor):
         self._kill()
 
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            while True:
-                batch: list[pipe.FromChild] = []
+        ended = False
+        while not ended:
+            while not self._in_hand.acquire(timeout=0.5):
+                if not self._alive:
+                    return
+            if self._room is not None:
+                self._room.wait()  # the child waits on its full pipe meanwhile: slowed, nothing dropped
+            batch: list[pipe.FromChild] = []
+            try:
                 while True:  # what waits goes to the actor together
                     said = self._conn.recv()  # a list of the run's frames, or a warm child's lone one
                     if isinstance(said, list):
@@ -126,9 +140,14 @@ class RunProcess(Actor):
                         batch.append(said)
                     if len(batch) >= wire.EVENTS_PER_FRAME or not self._conn.poll():
                         break
+            except (EOFError, OSError):
+                # The child's last frames may come with its pipe's end (a reader that was
+                # held back finds both waiting): they still go on, before its exit.
+                ended = True
+            if batch:
                 loop.call_soon_threadsafe(self.ref.tell, _FromChild(tuple(batch)))
-        except (EOFError, OSError):
-            pass
+            else:
+                self._in_hand.release()
         self._process.join()
         loop.call_soon_threadsafe(self.ref.tell, _Exited(self._process.exitcode))
 
@@ -136,18 +155,10 @@ class RunProcess(Actor):
         run_id = self._assign.run_id
         match message:
             case _FromChild(from_child):
-                frames = self._frames(from_child)
-                ended = [f for f in frames if isinstance(f, wire.RunEnded)]
-                if ended and self._uploader is not None:
-                    # The run's files go up first, so a run that ended has its artifacts
-                    # stored, or says which are still pending. With none to send, its last
-                    # events and its end go up as one message (one commit up there).
-                    uploaded = await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id))
-                    if not uploaded.done():
-                        self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
-                        await uploaded  # meanwhile the control plane takes its events
-                        frames = list(ended)
-                self._send(*frames)
+                try:
+                    await self._hand_on(from_child)
+                finally:
+                    self._in_hand.release()
             case _Exited(code):
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
@@ -170,6 +181,21 @@ class RunProcess(Actor):
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    async def _hand_on(self, from_child: tuple[pipe.FromChild, ...]) -> None:
+        run_id = self._assign.run_id
+        frames = self._frames(from_child)
+        ended = [f for f in frames if isinstance(f, wire.RunEnded)]
+        if ended and self._uploader is not None:
+            # The run's files go up first, so a run that ended has its artifacts
+            # stored, or says which are still pending. With none to send, its last
+            # events and its end go up as one message (one commit up there).
+            uploaded = await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id))
+            if not uploaded.done():
+                self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
+                await uploaded  # meanwhile the control plane takes its events
+                frames = list(ended)
+        self._send(*frames)
 
     def _frames(self, from_child: tuple[pipe.FromChild, ...]) -> list[wire.RunFrame]:
         """The child's frames as wire frames: its consecutive events as ``events`` frames

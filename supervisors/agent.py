@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,10 @@ class _Tree:
         self.runs: Supervisor[ActorRef] = Supervisor("runs")
         self.pool: ActorRef | ThreadActorRef | None = None
         self.link: ActorRef | ThreadActorRef | None = None
+        # Whether run children may hand on frames: the link clears it while its outbox is
+        # too full to take more without dropping (actors/link.py).
+        self.room = threading.Event()
+        self.room.set()
 
     async def start(self) -> ActorRef | ThreadActorRef:
         """The link starts last: its Hello, sent as soon as it connects, reads the others
@@ -179,7 +184,7 @@ class _Tree:
         self.pool = self.root.start_child(ChildSpec("warm-pool", lambda: WarmPool(config.warm).start(
             self.registry))) if config.warm > 0 else None
         link_config = LinkConfig(config.url, config.credential, self.hello, self.final, self.on_frame,
-                                 config.outbox_bytes, self.heartbeat, config.unix_socket, config.ca)
+                                 config.outbox_bytes, self.heartbeat, config.unix_socket, config.ca, self.room)
         self.link = self.root.start_child(ChildSpec("link", lambda: Link(link_config).start(self.registry)))
         return self.link
 
@@ -232,7 +237,8 @@ class _Tree:
         if config.one_shot:
             self.one_shot.take(frame.run_id)
         process = RunProcess(frame, self.send, config.kill_grace_s, config.mounts, self.control_plane, self.shelf,
-                             self.pool, config.ddp_cpu_ranks, self.outbox_spec, self.artifacts, config.data_roots)
+                             self.pool, config.ddp_cpu_ranks, self.outbox_spec, self.artifacts, config.data_roots,
+                             self.room)
         self.runs.start_child(ChildSpec(process.name, lambda: process.start(self.registry), Restart.TEMPORARY))
 
 
