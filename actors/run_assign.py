@@ -16,7 +16,8 @@ def local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]]
     """The checkpoint files of a resumed in-process run, on this machine."""
     if not resumed:
         return None
-    return {node: {"weights": plan["weights_path"], "state": plan["state_path"]}
+    return {node: {"weights": plan["weights_path"], "state": plan["state_path"],
+                   "weights_sha256": plan["weights_sha256"], "state_sha256": plan["state_sha256"]}
             for node, plan in resumed["nodes"].items()}
 
 

@@ -19,6 +19,17 @@ class RunCancelled(TroupeError):
     code = "run_cancelled"
 
 
+class CheckpointUnavailable(TroupeError):
+    """Raised when the checkpoint a resumed run continues from is not, when it is loaded,
+    the one its run records (swapped or damaged since the rerun was asked for), or cannot
+    be read: the run never trains on weights its record does not name."""
+
+    code = "checkpoint_unavailable"
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
 class PackLoadError(TroupeError):
     """Raised when a pack named by the ``troupe.packs`` entry points cannot be loaded."""
 

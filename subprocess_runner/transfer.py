@@ -95,6 +95,6 @@ def fetch_resume(resume: Mapping[str, Mapping[str, Any]], url: str, folder: Path
             expected = str(files[f"{part}_sha256"])
             fetch_checked(str(files[part]), target, expected.__eq__, url, unix_socket,
                           f"the {part} of {node_id}'s checkpoint (epoch {files['epoch']})", credential, ca)
-            paths[part] = str(target)
+            paths[part], paths[f"{part}_sha256"] = str(target), expected
         found[node_id] = paths
     return found

@@ -3,6 +3,8 @@ executes)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +64,37 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
     return {"model": model, "train_loss": train_loss}
 
 
+def _checked(point: Any, part: str) -> io.BytesIO:
+    from subprocess_runner.errors import CheckpointUnavailable
+
+    path = point[part]
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointUnavailable(f"the {part} of the checkpoint to resume from cannot be read ({exc.strerror})") \
+            from None
+    expected = point.get(f"{part}_sha256")
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointUnavailable(f"the {part} of the checkpoint to resume from is not the file the run records "
+                                    f"(sha256 {expected[:16]}...): it changed after the rerun was asked for")
+    return io.BytesIO(data)
+
+
 def _resume(ctx: Any, point: Any, model: torch.nn.Module, optimizer: Any, train: Loader,
             device: torch.device) -> tuple[int, float]:
-    """Loads the checkpoint the run continues from; returns its epoch and training loss."""
-    model.load_state_dict(torch.load(point["weights"], weights_only=True, map_location=device))
-    state = torch.load(point["state"], weights_only=True)
+    """Loads the checkpoint the run continues from; returns its epoch and training loss.
+    Each file is read once, checked against the sha256 the run records, and loaded from
+    those very bytes: a file swapped after the rerun was asked for is never trained on."""
+    from subprocess_runner.errors import CheckpointUnavailable
+
+    weights, state_file = _checked(point, "weights"), _checked(point, "state")
+    try:
+        weights_dict = torch.load(weights, weights_only=True, map_location=device)
+        state = torch.load(state_file, weights_only=True)
+    except Exception as exc:  # its words may quote the file's bytes: named by kind only
+        raise CheckpointUnavailable(f"the checkpoint to resume from cannot be loaded ({type(exc).__name__})") \
+            from None
+    model.load_state_dict(weights_dict)
     optimizer.load_state_dict(state["optimizer"])
     restore_rng(state["rng"], train)
     epoch = int(state["epoch"])

@@ -110,3 +110,22 @@ def test_a_worker_training_resumed_on_its_worker_ends_exactly_as_one_without_a_s
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def test_a_checkpoint_swapped_after_the_rerun_was_asked_for_is_never_trained_on(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    stopped = server.submit(quick_digits(epochs=EPOCHS, checkpoint_every=1), seed=3)["run_id"]
+    _cancel_after_epoch(server, stopped, 2)
+    blocker = server.submit(sleeper(60))["run_id"]  # holds the one slot: the resumed run waits
+    server.wait_status(blocker, "running")
+    status, resumed = server.client.request("POST", f"/api/runs/{stopped}/rerun", {"resume": True})
+    assert status == 201 and resumed["status"] == "queued", resumed
+    point = server.get(f"/api/runs/{resumed['run_id']}")["resumed_from"]
+    folder = server.home / "runs" / stopped / "checkpoints"
+    named = folder / f"trainer-epoch-{point['epoch']}.pt"
+    named.write_bytes((folder / "trainer-epoch-1.pt").read_bytes())  # valid weights, not the recorded ones
+    server.client.request("POST", f"/api/runs/{blocker}/cancel")
+    row = server.wait_status(resumed["run_id"], "failed", timeout=180)
+    assert "checkpoint_unavailable" in row["error"] and "Errno" not in row["error"], row["error"]
+    metrics = server.get(f"/api/runs/{resumed['run_id']}/metrics")["series"]
+    assert "train_loss" not in metrics  # not one epoch on the swapped weights
