@@ -19,6 +19,7 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would let a tra
 MAX_DEPTH = 64
 # The largest seq, step or cursor a query may name (SQLite's INTEGER is 64-bit).
 MAX_INT_QUERY = 2**62
+_INTEGER = re.compile(r"-?[0-9]{1,40}")  # no integer of thousands of digits
 
 
 async def read_model(request: web.Request, model: type[Model]) -> Model:
@@ -170,10 +171,11 @@ def int_query(request: web.Request, name: str, *, default: int | None = None, mi
     raw = given[0] if given else None
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw) if len(raw) <= 40 else int("x")  # no integer of thousands of digits
-    except ValueError:
-        raise InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", pointer=f"?{name}") from None
+    # ASCII digits, an optional minus, nothing else: Python's int() also reads "1_0",
+    # "+5", " 5" and other scripts' digits, which no client means and no schema allows.
+    if not _INTEGER.fullmatch(raw):
+        raise InvalidRequest(f"query parameter {name} must be an integer, got {raw!r}", pointer=f"?{name}")
+    value = int(raw)
     if value < minimum or value > maximum:
         bound = f"between {minimum} and {maximum}"
         raise InvalidRequest(f"query parameter {name} must be {bound}, got {value}", pointer=f"?{name}")

@@ -168,7 +168,7 @@ async def read_artifact(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     run_id = run_id_from(request)
     raw = request.match_info["artifact_id"]
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise ArtifactNotFound(f"{raw[:40]!r} is not an artifact id (a number from the run's artifacts)")
     found = await svc.store.read(GetArtifact(run_id, int(raw)))
     if found is None:

@@ -37,10 +37,10 @@ async def upload(request: web.Request) -> web.Response:
         raise InvalidRequest("send the file as multipart/form-data, in a field named file", pointer="")
     reader = await request.multipart()
     part = await reader.next()
-    while part is not None and getattr(part, "name", None) != "file":
-        part = await reader.next()
-    if not isinstance(part, BodyPartReader):
+    if part is None:
         raise InvalidRequest("the form has no field named file", pointer="/file")
+    _only_the_file(part)
+    assert isinstance(part, BodyPartReader)
     folder = svc.settings.home / "files"
     folder.mkdir(parents=True, exist_ok=True)
     limit = svc.settings.upload_max_mb * 1024 * 1024
@@ -50,16 +50,30 @@ async def upload(request: web.Request) -> web.Response:
             size, sha256 = await pour_async(paced(_chunks(part), svc.settings.request_read_timeout_s), out, limit)
         if size > limit:
             raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
+        extra = await reader.next()
+        if extra is not None:
+            _only_the_file(extra)
         file_id = sha256[:32]
         os.replace(temporary, folder / file_id)
     finally:
         Path(temporary).unlink(missing_ok=True)
-    name = Path(part.filename or "upload").name[:255]
+    # A name sent in bytes that are not UTF-8 is kept readable (U+FFFD for each), never
+    # refused: the file is the point, its name only a label.
+    name = Path(part.filename or "upload").name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:255]
     if svc.settings.s3 is not None:  # workers take it from the bucket; this copy serves runs here
         await _to_bucket(svc.settings.s3, folder / file_id, file_id, sha256)
     row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256}))
     return json_reply({"file_id": row["id"], "name": row["name"], "size": row["size"], "sha256": row["sha256"],
                        "ref": f"upload:{row['id']}"}, status=201)
+
+
+def _only_the_file(part: object) -> None:
+    """The form holds one field, ``file``: any other is refused, not ignored."""
+    name = getattr(part, "name", None)
+    if name != "file" or not isinstance(part, BodyPartReader):
+        shown = str(name).encode("utf-8", "backslashreplace").decode()[:100]
+        raise InvalidRequest(f"the form holds a field {shown!r}; it takes one field, named file",
+                             pointer=f"/{shown}", code="unknown_form_field")
 
 
 async def _to_bucket(bucket: S3Bucket, path: Path, file_id: str, sha256: str) -> None:

@@ -57,6 +57,8 @@ async def list_runs(request: web.Request) -> web.Response:
     raw_search = request.query.get("q") or ""
     if len(raw_search) > MAX_SEARCH:  # the document's bound, refused, never cut short
         raise InvalidRequest(f"q is at most {MAX_SEARCH} characters, got {len(raw_search)}", pointer="?q")
+    if not raw_search.isprintable():  # a NUL or another control character matches nothing a person wrote
+        raise InvalidRequest("q holds a control character; search for text", pointer="?q")
     search = raw_search.strip() or None
     tag = _tag_query(request)
     sweep_id, study_id = request.query.get("sweep_id") or None, request.query.get("study_id") or None

@@ -189,7 +189,7 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     after = int_query(request, "after", default=0) or 0
     resumed = request.headers.get("Last-Event-ID", "")
-    if resumed.isdigit() and len(resumed) < 18:  # an EventSource reconnecting says where it was
+    if resumed.isascii() and resumed.isdigit() and len(resumed) < 18:  # an EventSource reconnecting says where it was
         after = max(after, int(resumed))
     stream = _RunStream(svc, request, run_id_from(request), after)
     try:

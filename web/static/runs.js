@@ -1,6 +1,6 @@
 // The Runs panel: every run the server holds, newest first and live, a sweep's or a
 // study's runs folded into one row that opens; filter chips, a search box (name, id,
-// tags, note, node types, param values), tags on each row; Stop and Delete; tick two to
+// tags, note), tags on each row; Stop and Delete; tick two to
 // eight runs to compare them. A run opens as its own page (#/runs/ID, runpage.js).
 
 import { api, age, confirmDialog, duration, el, progressText, showMessage } from "./util.js";
