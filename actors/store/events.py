@@ -13,6 +13,7 @@ from typing import Any
 
 import apsw
 
+from actors.errors import RunNotFound
 from actors.store.table import Table
 from protocol import events as ev
 
@@ -90,9 +91,16 @@ def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[s
             metrics.append((run_id, str(payload.get("name")), int(payload.get("step") or 0),
                             None if value is None else float(value), payload.get("non_finite"), event["ts"],
                             event["seq"]))
-    conn.executemany(
-        "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)", rows
-    )
+    try:
+        conn.executemany(
+            "INSERT OR IGNORE INTO events(run_id, seq, type, ts, node_id, payload) VALUES (?, ?, ?, ?, ?, ?)", rows
+        )
+    except apsw.ConstraintError:
+        # A run starts before its row commits; a row refused (a full disk) leaves its
+        # first events with no run to belong to. An answer, not a fault to log.
+        if not conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchall():
+            raise RunNotFound(f"run {run_id} was never stored: its events are not kept") from None
+        raise
     if metrics:
         conn.executemany(
             "INSERT OR IGNORE INTO metrics(run_id, series, step, value, non_finite, ts, seq) "

@@ -345,8 +345,20 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+class _QuietConstraints(logging.Filter):
+    """apsw hands SQLite's own log to the root logger, where a failed constraint (which
+    the store answers and logs in its own words) was two more lines per write."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        code = getattr(record, "sqlite_code", None)
+        return not (isinstance(code, int) and code & 0xFF == apsw.SQLITE_CONSTRAINT)
+
+
 def open_database(path: Path) -> apsw.Connection:
     """Opens (creating if needed) and migrates the database."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _QuietConstraints) for f in root.filters):
+        root.addFilter(_QuietConstraints())
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = apsw.Connection(str(path))
     conn.execute("PRAGMA synchronous=NORMAL")

@@ -38,6 +38,7 @@ from protocol.errors import DiskFull, TroupeError
 
 log = logging.getLogger("troupe.store")
 FULL_LOG_S = 30.0
+_FULL_SAID: dict[str, list[float]] = {}  # database path -> [when the last line was, writes since]
 
 CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
@@ -62,8 +63,9 @@ class Writer:
         self._db_path = db_path
         self._db_file = str(db_path)
         self._inode = os.stat(self._db_file).st_ino
-        self._full_said = -FULL_LOG_S
-        self._full_unsaid = 0
+        # One line per FULL_LOG_S for the whole store: the thread's writer and the loop's
+        # share it (both meet the same full disk).
+        self._full = _FULL_SAID.setdefault(str(db_path), [-FULL_LOG_S, 0])
 
     @classmethod
     def open(cls, db_path: Path, runs_dir: Path) -> Writer:
@@ -96,7 +98,11 @@ class Writer:
             conn.execute("COMMIT")
         except apsw.FullError:
             self._rollback()
-            return [self._apply_in_own_transaction(handler, op) for handler, op in zip(handlers, ops, strict=True)]
+            results, full = [], False
+            for handler, op in zip(handlers, ops, strict=True):
+                results.append(self._apply_in_own_transaction(handler, op, full))
+                full = full or isinstance(results[-1], DiskFull)
+            return results
         except BaseException:
             self._rollback()
             raise
@@ -153,7 +159,10 @@ class Writer:
                 log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
             return exc
 
-    def _apply_in_own_transaction(self, handler: Any, op: Any) -> Any:
+    def _apply_in_own_transaction(self, handler: Any, op: Any, after_full: bool = False) -> Any:
+        """``after_full``: an op before it in the batch did not fit, so its failing is most
+        likely that one's consequence (a run's events whose row was not saved): it is
+        counted with the full disk's writes, not logged as a fault of its own."""
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -164,7 +173,7 @@ class Writer:
             self._rollback()
             if is_broken(exc):
                 raise
-            if isinstance(exc, apsw.FullError):
+            if isinstance(exc, apsw.FullError) or (after_full and not isinstance(exc, TroupeError)):
                 self._say_full(type(op).__name__)
                 return DiskFull(f"the disk under the database ({self._db_path.parent}) is full; this change was not "
                                 "saved. Free some space (delete finished runs or files in TROUPE_HOME)")
@@ -175,12 +184,13 @@ class Writer:
     def _say_full(self, op_name: str) -> None:
         """One line per ``FULL_LOG_S`` however many writes a full disk refuses."""
         now = time.monotonic()
-        if now - self._full_said < FULL_LOG_S:
-            self._full_unsaid += 1
+        said, unsaid = self._full
+        if now - said < FULL_LOG_S:
+            self._full[1] = unsaid + 1
             return
         log.warning("the disk under %s is full: %s and %d more writes since the last such line were not saved; "
-                    "they are tried again once there is room", self._db_path, op_name, self._full_unsaid)
-        self._full_said, self._full_unsaid = now, 0
+                    "they are tried again once there is room", self._db_path, op_name, unsaid)
+        self._full[:] = [now, 0]
 
 
 def _no_such_write(session: Session, op: Any) -> Any:

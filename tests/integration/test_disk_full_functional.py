@@ -73,8 +73,11 @@ def test_a_full_disk_refuses_what_does_not_fit_and_strands_no_run(make_server, s
     running = server.submit(sleeper(2))["run_id"]
     server.wait_status(running, "running")
     filler = _fill(small_disk)
+    said_before = len(server.output)
     try:
         # The run ends while nothing fits: it stays what it last was, and is not lost.
+        for _ in range(10):  # a client that keeps trying: each refused, and the log says it once
+            server.submit(hello(), expect=507)
         refused = server.submit(hello(), expect=507)["error"]
         assert refused["code"] == "disk_full" and "cannot rollback" not in refused["message"], refused
         status, reply = _upload(server, b"x" * 4 * 1024 * 1024)
@@ -82,6 +85,8 @@ def test_a_full_disk_refuses_what_does_not_fit_and_strands_no_run(make_server, s
         # The run ends (its slot is free) while its final write cannot be saved.
         server.poll_until(lambda: _queue(server, "cpu")["running"] == 0, timeout=30)
         assert server.get(f"/api/runs/{running}")["status"] == "running"
+        said = server.output[said_before:]
+        assert len(said) <= 2 and "FOREIGN KEY" not in "".join(said), said  # one line per 30 s
     finally:
         filler.unlink()
     # Once there is room, the run's writes go through: it ends as it ended, log whole.
