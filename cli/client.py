@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cli.errors import CliError, NoServer
+from protocol.tls import untrusted
 from protocol.unix_http import connect
 
 
@@ -32,6 +33,14 @@ class Client:
             headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
+    def _unreachable(self, exc: BaseException, hint: str = "") -> CliError:
+        """A server that answered with a certificate this terminal does not trust is
+        there: the error says how to trust it, not that nothing answers."""
+        why = untrusted(exc)
+        if why is not None:
+            return CliError(f"{self.url}: {why}")
+        return NoServer(f"no troupe server answers at {self.url} ({exc}){hint}")
+
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
         raw = json.dumps(body).encode() if body is not None else None
         conn = self._connection(timeout)
@@ -40,7 +49,7 @@ class Client:
             response = conn.getresponse()
             data = response.read()
         except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
-            raise NoServer(f"no troupe server answers at {self.url} ({exc}); start one with `troupe start`") from None
+            raise self._unreachable(exc, "; start one with `troupe start`") from None
         finally:
             conn.close()
         try:
@@ -76,7 +85,7 @@ class Client:
             response = conn.getresponse()
         except (ConnectionRefusedError, OSError) as exc:
             conn.close()
-            raise NoServer(f"no troupe server answers at {self.url} ({exc})") from None
+            raise self._unreachable(exc) from None
         if response.status != 200:
             body = response.read()
             conn.close()

@@ -102,10 +102,12 @@ def _check_tls(settings: Settings) -> None:
         return
     import ssl
 
-    from protocol.tls import server_context
+    from protocol.tls import EncryptedKey, server_context
 
     try:
         server_context(str(settings.tls_cert), str(settings.tls_key))
+    except EncryptedKey as exc:
+        raise CliError(str(exc)) from None
     except (OSError, ssl.SSLError) as exc:
         raise CliError(f"cannot serve TLS from {settings.tls_cert} and {settings.tls_key}: {exc}") from None
 

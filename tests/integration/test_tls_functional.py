@@ -27,7 +27,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 def test_tls_needs_both_halves_and_a_pair_that_loads(tmp_path):
-    cert, _ = self_signed(tmp_path)
+    cert, _ = self_signed(tmp_path)  # _: the key
     env = base_env(tmp_path / "home")
     half = subprocess.run(troupe_cmd("start", "--port", "0", "--tls-cert", str(cert)), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -35,6 +35,12 @@ def test_tls_needs_both_halves_and_a_pair_that_loads(tmp_path):
     wrong = subprocess.run(troupe_cmd("start", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(cert)),
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 1 and "cannot serve TLS" in wrong.stderr
+    locked = tmp_path / "locked.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(_), "-out", str(locked), "-aes256", "-passout", "pass:secret"],
+                   check=True, capture_output=True)
+    encrypted = subprocess.run(troupe_cmd("start", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(locked)),
+                               cwd=REPO, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert encrypted.returncode == 1 and "encrypted with a passphrase" in encrypted.stderr, encrypted.stderr
 
 
 def test_https_on_a_lan_with_a_self_signed_certificate(make_server, lan, tmp_path):
@@ -58,6 +64,7 @@ def test_https_on_a_lan_with_a_self_signed_certificate(make_server, lan, tmp_pat
     assert made.stdout.startswith("https://")
     refused = student(lan, tmp_path / "ann", "login", link)
     assert refused.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in refused.stderr
+    assert "--ca FILE" in refused.stderr and "no troupe server answers" not in refused.stderr, refused.stderr
     logged = student(lan, tmp_path / "ann", "login", link, "--ca", str(cert))
     assert logged.returncode == 0, logged.stderr
     ran = student(lan, tmp_path / "ann", "run", str(REPO / "examples" / "hello.json"))
