@@ -56,7 +56,9 @@ class RunOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
         "if": {"required": ["lane"], "properties": {"lane": {"const": "interactive"}}},
-        "then": {"required": ["editor_session"], "properties": {"editor_session": {"type": "string"}}}})
+        # An interactive run has its editor's session and runs here: never a target.
+        "then": {"required": ["editor_session"], "properties": {"editor_session": {"type": "string"},
+                                                                "target": {"type": "null"}}}})
 
     device: str | None = Field(default=None, max_length=64, description="cpu | auto | cuda | cuda:N | mps",
                                json_schema_extra={"pattern": DEVICE_PATTERN})

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.api import SEED_MAX, RunOptions
 from protocol.graph import Graph
 from protocol.numbers import INTEGRAL, Integer
-from protocol.sweeps import SweepSpec
+from protocol.sweeps import SweepSpec, one_of_two
 
 
 class ParamValue(BaseModel):
@@ -50,8 +50,7 @@ class SubmitStudy(BaseModel):
     """Body of ``POST /api/studies``: ``variants`` or a ``sweep_spec`` that makes them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
-        "oneOf": [{"required": ["variants"], "not": {"required": ["sweep_spec"]}},
-                  {"required": ["sweep_spec"], "not": {"required": ["variants"]}}]})
+        "oneOf": [one_of_two("variants", "array", "sweep_spec"), one_of_two("sweep_spec", "object", "variants")]})
 
     name: str | None = Field(default=None, max_length=200)
     base_graph: Graph

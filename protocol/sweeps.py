@@ -28,10 +28,19 @@ class SweepRange(BaseModel):
     type: Literal["float", "int"] | None = None
 
 
+def one_of_two(given: str, kind: str, other: str) -> dict[str, Any]:
+    """A JSON Schema branch: ``given`` is there (a ``kind``, not null) and ``other`` is
+    absent or null. Two of them under ``oneOf`` say "exactly one of the two" as the
+    server reads it, so a client generated from the document never sends both or none."""
+    return {"required": [given], "properties": {given: {"type": kind}},
+            "not": {"required": [other], "properties": {other: {"not": {"type": "null"}}}}}
+
+
 class SweepParam(BaseModel):
     """One swept param of one node: explicit distinct ``values``, or a ``range``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
+        "oneOf": [one_of_two("values", "array", "range"), one_of_two("range", "object", "values")]})
 
     node_id: str
     param: str

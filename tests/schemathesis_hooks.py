@@ -4,7 +4,8 @@ schemathesis through ``SCHEMATHESIS_HOOKS``.
 
 Answers that are not defects: 401 (the token is the fuzzer's to get right), 404 (an
 id that names nothing), 409 (a state that forbids it), and the 400s that judge a graph
-against the catalog or a sweep against its graph, which no schema can say."""
+against the catalog or a sweep against its graph, or name a worker that never connected,
+which no schema can say."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import schemathesis
 ANSWERS = frozenset({401, 404, 409})
 MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "invalid_device", "target_needs_worker",
                            "memory_budget_needs_worker", "unknown_target_option", "flavor_not_found",
-                           "upload_not_found", "worker_cannot_grant", "too_many_cpus", "unknown_flavor"})
+                           "upload_not_found", "worker_cannot_grant", "too_many_cpus", "unknown_flavor",
+                           "unknown_target", "one_shot_record_outputs"})
 
 
 @schemathesis.check

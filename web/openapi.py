@@ -13,7 +13,7 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
-from web.routes_find import CURSOR_PATTERN, MAX_SEARCH
+from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN
 from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
@@ -60,6 +60,12 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
         ]
     if mutation:
         op["security"] = [{"session": []}]
+    return op
+
+
+def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
+    """An idempotent creation: a repeat answers 200 with what the first made."""
+    op["responses"]["200"] = {"description": description}
     return op
 
 
@@ -118,7 +124,7 @@ def _run_paths() -> dict[str, Any]:
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
                 ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
                 ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
-                ("q", "query", {"type": "string", "maxLength": MAX_SEARCH}),
+                ("q", "query", {"type": "string", "maxLength": MAX_SEARCH, "pattern": SEARCH_PATTERN}),
                 ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
                                   "description": "empty: any tag"}),
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}))),
@@ -193,8 +199,9 @@ def _other_paths() -> dict[str, Any]:
         "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", None, params=(
             ("study_id", "path", "string"),), body=ResumeStudy, mutation=True)},
         "/api/plugins/{plugin_id}/jobs": {
-            "post": _op("Create a plugin job (idempotent per key)", None, status="201", body=PluginJob, params=(
-                ("plugin_id", "path", "string"),), mutation=True),
+            "post": _again(_op("Create a plugin job (idempotent per key)", None, status="201", body=PluginJob,
+                               params=(("plugin_id", "path", "string"),), mutation=True),
+                           "the job of this idempotency key, already made with the same spec"),
             "get": _op("A plugin's jobs", None, params=(("plugin_id", "path", "string"),)),
         },
         "/api/plugins/{plugin_id}/jobs/{job_id}": {"get": _op("One plugin job", None, params=(

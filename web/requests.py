@@ -151,6 +151,15 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
     return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id, code=code)
 
 
+def wants_csv(request: web.Request) -> bool:
+    """``?format=csv`` (True) or ``json``, the default; anything else is refused, as the
+    document's enum says, never read as json."""
+    fmt = request.query.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise InvalidRequest(f"format must be json or csv, got {fmt[:40]!r}", pointer="?format")
+    return fmt == "csv"
+
+
 def hex_id(request: web.Request, kind: str) -> str:
     """The ``{kind}_id`` of the path; 404 ``{kind}_not_found`` unless it is 32 lowercase hex."""
     value = request.match_info[f"{kind}_id"]

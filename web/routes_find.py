@@ -24,6 +24,8 @@ CURSOR_PATTERN = r"^([0-9]{1,18})?$"
 _TAG = re.compile(TAG_PATTERN)
 
 MAX_SEARCH = 200  # characters of ?q; the OpenAPI document states the same bound
+SEARCH_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"  # no control character (ECMA-262, as the document says)
+_CONTROL = re.compile("[\u0000-\u001f\u007f-\u009f]")
 
 
 def _decode_cursor(raw: str | None) -> int | None:
@@ -57,7 +59,7 @@ async def list_runs(request: web.Request) -> web.Response:
     raw_search = request.query.get("q") or ""
     if len(raw_search) > MAX_SEARCH:  # the document's bound, refused, never cut short
         raise InvalidRequest(f"q is at most {MAX_SEARCH} characters, got {len(raw_search)}", pointer="?q")
-    if not raw_search.isprintable():  # a NUL or another control character matches nothing a person wrote
+    if _CONTROL.search(raw_search):  # a NUL or another control character matches nothing a person wrote
         raise InvalidRequest("q holds a control character; search for text", pointer="?q")
     search = raw_search.strip() or None
     tag = _tag_query(request)

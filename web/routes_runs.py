@@ -25,7 +25,7 @@ from protocol.graph import Graph
 from web.context import Services, services
 from web.errors import json_reply
 from web.queue_state import with_queue_reasons
-from web.requests import RUN_ID, int_query, read_model, run_id_from
+from web.requests import RUN_ID, int_query, read_model, run_id_from, wants_csv
 
 routes = web.RouteTableDef()
 TRAINING_LOOP = "torch.TrainingLoop"
@@ -286,11 +286,8 @@ async def run_metrics(request: web.Request) -> web.Response:
     run_id = run_id_from(request)
     await _get_row(svc, run_id)
     series = await svc.store.read(GetMetrics(run_id))
-    fmt = request.query.get("format", "json")
-    if fmt == "json":
+    if not wants_csv(request):
         return json_reply({"series": series})
-    if fmt != "csv":
-        raise InvalidRequest(f"format must be json or csv, got {fmt!r}", pointer="?format")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["series", "step", "value", "ts"])

@@ -24,7 +24,7 @@ from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.requests import hex_id, read_model
+from web.requests import hex_id, read_model, wants_csv
 from web.routes_sweeps import sweep_limits
 
 routes = web.RouteTableDef()
@@ -115,7 +115,7 @@ async def list_studies(request: web.Request) -> web.Response:
 @routes.get("/api/studies/{study_id}")
 async def get_study(request: web.Request) -> web.Response:
     reply = study_reply(await load(services(request), hex_id(request, "study")))
-    if request.query.get("format") != "csv":
+    if not wants_csv(request):
         return json_reply(reply)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")

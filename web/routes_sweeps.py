@@ -22,7 +22,7 @@ from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.requests import hex_id, read_model
+from web.requests import hex_id, read_model, wants_csv
 
 routes = web.RouteTableDef()
 
@@ -108,7 +108,7 @@ async def list_sweeps(request: web.Request) -> web.Response:
 async def get_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     reply = _ranked(await _load(svc, hex_id(request, "sweep")))
-    if request.query.get("format") != "csv":
+    if not wants_csv(request):
         return json_reply(reply)
     keys = [d["key"] for d in reply["params"]]
     out = io.StringIO()
