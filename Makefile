@@ -8,7 +8,7 @@ STAMP := $(VENV)/.troupe-installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint typecheck unit integration bench clean
+.PHONY: run test lint typecheck unit integration bench clean screenshots
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(PY) -m pytest -q
+
+# The images of README.md and docs/, shot by the browser tests (run by hand; make test
+# writes its shots to a temporary folder).
+screenshots: $(STAMP)
+	TROUPE_SCREENSHOTS=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e
 
 bench: $(STAMP)
 	$(PY) bench/queue.py

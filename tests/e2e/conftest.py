@@ -3,7 +3,9 @@ network, one page per test against a real server on loopback."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ from typing import Any
 import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-IMAGES = Path(__file__).resolve().parent.parent.parent / "docs" / "images"
+# Where the shots go: a temporary folder, so that `make test` leaves a clean checkout;
+# `make screenshots` points it at docs/images to renew the README's and the docs' images.
+IMAGES = Path(os.environ.get("TROUPE_SCREENSHOTS") or Path(tempfile.gettempdir()) / "troupe-screenshots")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--disable-quic"]
 
