@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,10 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         screenshot(teacher, "classroom-class-link.png")
         class_link = on_lan(link.inner_text(), port)
         dialog.get_by_role("button", name="Close").click()
+        for _ in range(3):  # a chat app previewing the link (a GET, no script) spends none of its two uses
+            preview = subprocess.run(["ip", "netns", "exec", lan, "curl", "-s", "-o", "/dev/null", "-w",
+                                      "%{http_code}", class_link], capture_output=True, text=True, timeout=30)
+            assert preview.stdout == "200", preview
 
         ann = context_page(class_link)
         ann.locator("#editor-status").get_by_text("nodes").wait_for()
@@ -101,5 +106,9 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         expect(bob.locator("#login-wall")).to_be_visible()  # revoked: logged out
         ann.reload()
         ann.locator(f'tr[data-run="{run_id}"]').wait_for()  # the other student goes on
+        ann.get_by_role("button", name="Log out").click()  # ends the session on the server
+        expect(ann.locator("#login-wall")).to_be_visible()
+        ann_session = next(s for s in sessions if s["kind"] == "class")["id"]
+        assert {s["id"]: s["revoked"] for s in server.get("/api/sessions")["sessions"]}[ann_session] is True
         browser.close()
     assert errors == []

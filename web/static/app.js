@@ -125,6 +125,13 @@ async function start() {
     PANELS.people = refreshPeople; // who is connected: the teacher's to see
     document.querySelector('.tab[data-tab="people"]').hidden = false;
   }
+  // A browser logged in with a link ends its session on the server, not only here.
+  const logOut = document.getElementById("log-out");
+  logOut.hidden = login !== "in";
+  logOut.addEventListener("click", async () => {
+    await api("POST", "/api/logout").catch(report);
+    location.replace("/");
+  });
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
   document.getElementById("new-sweep").addEventListener("click", newSweepDialog);
   document.getElementById("add-worker").addEventListener("click", addWorkerDialog);
