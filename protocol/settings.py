@@ -97,6 +97,9 @@ class Settings:
     # Folders a run may read files from by absolute path (TROUPE_DATA_ROOTS, os.pathsep
     # between them), besides storage labels, uploads and run folders.
     data_roots: tuple[Path, ...] = ()
+    # Whether class sessions may submit privileged node types (a command, a pack's nodes
+    # so marked): off, the teacher's choice (TROUPE_CLASS_PRIVILEGED_NODES).
+    class_privileged_nodes: bool = False
     # The longest a login session lives, however long its link was good for (30 days,
     # as long as the browser keeps its cookie).
     session_max_s: int = 30 * 86400
@@ -202,6 +205,7 @@ class Settings:
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
             data_roots=tuple(Path(p).expanduser() for p in environ.get("TROUPE_DATA_ROOTS", "").split(os.pathsep)
                              if p.strip()),
+            class_privileged_nodes=reader.flag("TROUPE_CLASS_PRIVILEGED_NODES", False),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,

@@ -102,6 +102,9 @@ class NodeType:
     # runs it in the thread that walks the graph, as handing it to the node pool and
     # waking the walker again costs more than the node itself.
     quick: bool = False
+    # Runs code or reads files its params name (a command, a user's pack marked so by its
+    # author): only a session trusted with the machine may submit it (web/login.py).
+    privileged: bool = False
 
     def input(self, name: str) -> Port | None:
         return next((p for p in self.inputs if p.name == name), None)
@@ -119,6 +122,7 @@ class NodeType:
             "inputs": [p.to_json() for p in self.inputs],
             "outputs": [p.to_json() for p in self.outputs],
             "params": [p.to_json() for p in self.params],
+            **({"privileged": True} if self.privileged else {}),
         }
 
 

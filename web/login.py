@@ -43,6 +43,7 @@ from actors.store.logins import (
     SeenSessions,
     UseLoginLink,
 )
+from protocol.errors import Forbidden
 
 REQUEST_HEADER = "X-Troupe-Request"
 LOGOUT_PATH = "/api/logout"
@@ -172,6 +173,24 @@ class LoginBook:
 
     def clear_cookie(self, response: web.StreamResponse) -> None:
         response.del_cookie(self.cookie_name, path="/")
+
+
+def refuse_privileged(svc: Any, request: web.Request, graph: Any, prefix: str) -> None:
+    """403 ``privileged_node`` for a graph holding a node type that runs code or reads
+    files its params name, sent by a session the machine's owner did not trust with it:
+    a read session never, a class session unless the teacher allowed it
+    (``TROUPE_CLASS_PRIVILEGED_NODES``)."""
+    who = svc.login.who(request)
+    if who is None or who.kind == TEACHER or (who.kind == CLASS and svc.settings.class_privileged_nodes):
+        return
+    for index, node in enumerate(graph.nodes):
+        node_type = svc.catalog.get(node.type)
+        if node_type is not None and node_type.privileged:
+            raise Forbidden(f"node {node.id} is a {node.type}, which runs code on the server's machine: a {who.kind} "
+                            "session may not submit it" + (" unless the teacher allows it "
+                                                           "(TROUPE_CLASS_PRIVILEGED_NODES=1)"
+                                                           if who.kind == CLASS else ""),
+                            pointer=f"{prefix}/nodes/{index}/type", node_id=node.id, code="privileged_node")
 
 
 def _utc_now() -> str:

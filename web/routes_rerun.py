@@ -22,6 +22,7 @@ from protocol.graph import Graph
 from subprocess_runner.digest import file_sha256
 from web.context import Services, services
 from web.errors import json_reply
+from web.login import refuse_privileged
 from web.requests import read_model, run_id_from
 from web.routes_artifacts import local_file
 from web.routes_runs import queue_run, resume_points
@@ -42,8 +43,9 @@ async def rerun(request: web.Request) -> web.Response:
             raise StateConflict(f"run {old_id} is {row['status']}; a run is resumed once it has ended",
                                 code="run_active")
         resumed_from = await _resume_plan(svc, row)
-    reply = await queue_run(svc, Graph.model_validate(row["graph"]), row["name"], rerun_options(row),
-                            rerun_of=old_id, resumed_from=resumed_from)
+    graph = Graph.model_validate(row["graph"])
+    refuse_privileged(svc, request, graph, "")  # another's run is no way around the rule
+    reply = await queue_run(svc, graph, row["name"], rerun_options(row), rerun_of=old_id, resumed_from=resumed_from)
     return json_reply(reply, status=201)
 
 

@@ -24,6 +24,7 @@ from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
 from web.errors import json_reply
+from web.login import refuse_privileged
 from web.queue_state import with_queue_reasons
 from web.requests import RUN_ID, int_query, read_model, run_id_from, wants_csv
 
@@ -102,7 +103,9 @@ def warning_texts(warnings: list[Any]) -> list[str]:
 @routes.post("/api/runs")
 async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
-    return json_reply(await queue_run(services(request), body.graph, body.name, body.options), status=201)
+    svc = services(request)
+    refuse_privileged(svc, request, body.graph, "/graph")
+    return json_reply(await queue_run(svc, body.graph, body.name, body.options), status=201)
 
 
 async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions,

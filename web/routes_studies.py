@@ -24,6 +24,7 @@ from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
+from web.login import refuse_privileged
 from web.requests import hex_id, read_model, wants_csv
 from web.routes_sweeps import sweep_limits
 
@@ -95,6 +96,7 @@ async def store_and_start(svc: Services, study: dict[str, Any]) -> dict[str, Any
 async def submit_study(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitStudy)
+    refuse_privileged(svc, request, body.base_graph, "/base_graph")
     return json_reply(await store_and_start(svc, await create_study(svc, body)), status=201)
 
 

@@ -22,6 +22,7 @@ from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
+from web.login import refuse_privileged
 from web.requests import hex_id, read_model, wants_csv
 
 routes = web.RouteTableDef()
@@ -37,6 +38,7 @@ async def submit_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitSweep)
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
+    refuse_privileged(svc, request, body.base_graph, "/base_graph")
     compiled = compile_sweep(body, svc.catalog, sweep_limits(svc))
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
