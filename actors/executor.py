@@ -111,9 +111,9 @@ class _Courier:
 
     def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         with self._lock:
-            # Never on the loop's own thread (a graph walked at once is a few quick nodes):
-            # the loop is what settles them.
-            # A run whose actor is gone settles nothing more: its producer is let on.
+            # Never on the loop's own thread (a graph walked at once is a few quick nodes:
+            # the loop is what settles them), nor for a run whose actor is gone (nothing
+            # settles its events any more).
             while self._unsettled >= MAX_UNSETTLED_EVENTS and self._run.is_alive and not self._on_loop():
                 self._room.wait(0.5)
             self._events.append(NodeEvent(kind, node_id, payload))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from cli.config import load_settings
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
 from cli.render import Renderer
 from cli.run_cmd import _load_graph
+from cli.set_params import apply_sets, catalog_params
 from protocol import events as ev
 from protocol.graph import Graph
 from subprocess_runner.catalog import load_catalog
@@ -21,27 +23,31 @@ from subprocess_runner.errors import GraphInvalid
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
 
-def load_valid_graph(path: str) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
-    """The file's document, its model and its executable form; CliError when invalid."""
+def load_valid_graph(path: str, sets: Sequence[str] = ()) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
+    """The file's document (with the params ``--set`` changed), its model and its
+    executable form; CliError when invalid."""
     from pydantic import ValidationError
 
     raw = _load_graph(path)
+    catalog = load_catalog()
+    apply_sets(raw, sets, catalog_params(catalog.to_json()["nodes"]))
     try:
         graph = Graph.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CliError(f"{path}: {'/'.join(map(str, first['loc']))}: {first['msg']}") from None
     try:
-        executable = prepare_executable_graph(graph, load_catalog(), prefix="")
+        executable = prepare_executable_graph(graph, catalog, prefix="")
     except GraphInvalid as exc:
         raise CliError(f"{path}: {exc.message} (at {exc.pointer})") from None
     return raw, graph, executable
 
 
-def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int, events_json: bool = False) -> int:
+def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int, events_json: bool = False,
+               sets: Sequence[str] = ()) -> int:
     cap_threads()  # before the first node imports torch
     number_cards_by_bus()
-    _, graph, executable = load_valid_graph(path)
+    _, graph, executable = load_valid_graph(path, sets)
     try:
         # This process runs the graph itself: cards by torch's names, the visible ones only.
         visible = load_settings().cuda_visible_devices

@@ -80,6 +80,8 @@ def run(
     wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     target: Annotated[str | None, typer.Option(help="a worker to run on")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
+    = None,
     host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
     port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
 ) -> None:
@@ -91,7 +93,7 @@ def run(
         "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
     }
     try:
-        code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout)
+        code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout, sets or ())
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -124,12 +126,14 @@ def exec_(
     device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     max_parallel: Annotated[int, typer.Option(min=1, help="nodes executing at once")] = 4,
     events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
+    = None,
 ) -> None:
     """Execute a graph here, without a server."""
     from cli.exec_cmd import exec_graph
 
     try:
-        code = exec_graph(graph, seed, device, max_parallel, events_json)
+        code = exec_graph(graph, seed, device, max_parallel, events_json, sets or ())
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -141,13 +145,15 @@ def export(
     output: Annotated[str | None, typer.Option("-o", "--output", help="the script to write (default: NAME.py)")] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1, help="seed the script's run")] = None,
     deterministic: Annotated[bool, typer.Option("--deterministic", help="ask for deterministic kernels")] = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
+    = None,
 ) -> None:
     """Write a graph as a Python script that runs without a server."""
     from cli.exec_cmd import load_valid_graph
     from subprocess_runner.codegen import generate_script, script_name
 
     try:
-        raw, _, _ = load_valid_graph(graph)
+        raw, _, _ = load_valid_graph(graph, sets or ())
         target = Path(output or script_name(raw))
         try:
             target.write_text(generate_script(raw, seed, deterministic))

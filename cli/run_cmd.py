@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, SubmitRejected
 from cli.render import Renderer
+from cli.set_params import apply_sets_by_server
 from protocol import events as ev
 
 # The server sends a keepalive every 15 s; a stream silent for longer is gone.
@@ -32,8 +34,9 @@ def _load_graph(path: str) -> dict[str, Any]:
 
 
 def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: str | None, detach: bool,
-                      timeout: float | None) -> int:
+                      timeout: float | None, sets: Sequence[str] = ()) -> int:
     graph = _load_graph(path)
+    apply_sets_by_server(client, graph, sets)
     body: dict[str, Any] = {"graph": graph, "options": {k: v for k, v in options.items() if v is not None}}
     if name:
         body["name"] = name

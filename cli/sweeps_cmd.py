@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
 from cli.runs_cmd import age, answer, table
+from cli.set_params import apply_sets_by_server
 from protocol import events as ev
 
 
@@ -31,8 +32,19 @@ def _spec(path: str) -> dict[str, Any]:
     return body
 
 
-def sweep_start(client: Client, path: str, detach: bool, as_json: bool) -> int:
-    reply = answer(client.request("POST", "/api/sweeps", _spec(path)), f"starting the sweep of {path}")
+def _spec_with(client: Client, path: str, sets: Sequence[str]) -> dict[str, Any]:
+    """The spec, its base graph's params changed by ``--set``."""
+    body = _spec(path)
+    if sets:
+        if not isinstance(body.get("base_graph"), dict):
+            raise CliError(f"{path} has no base_graph for --set to change")
+        apply_sets_by_server(client, body["base_graph"], sets)
+    return body
+
+
+def sweep_start(client: Client, path: str, detach: bool, as_json: bool, sets: Sequence[str] = ()) -> int:
+    reply = answer(client.request("POST", "/api/sweeps", _spec_with(client, path, sets)),
+                   f"starting the sweep of {path}")
     if as_json:
         print(json.dumps(reply, indent=2))
     else:
@@ -129,10 +141,11 @@ def sweep_cancel(client: Client, sweep_id: str) -> int:
     return EXIT_OK
 
 
-def study_start(client: Client, path: str, as_json: bool, wait: bool = False) -> int:
+def study_start(client: Client, path: str, as_json: bool, wait: bool = False, sets: Sequence[str] = ()) -> int:
     """``wait``: follow it until it finishes, halts on its budget (both exit 0: it did
     what it was told; ``study resume`` raises the budget) or is cancelled (exit 1)."""
-    reply = answer(client.request("POST", "/api/studies", _spec(path)), f"starting the study of {path}")
+    reply = answer(client.request("POST", "/api/studies", _spec_with(client, path, sets)),
+                   f"starting the study of {path}")
     if as_json:
         print(json.dumps(reply, indent=2))
     else:

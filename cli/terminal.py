@@ -33,6 +33,8 @@ Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
 Port = Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")]
 Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
+Sets = Annotated[list[str] | None, typer.Option("--set", help="change a param of the base graph: NODE.PARAM=VALUE "
+                                                               "(repeatable)")]
 
 
 def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None]) -> None:
@@ -113,9 +115,9 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
 
     @app.command("start")
     def start(spec: Spec, wait: Annotated[bool, typer.Option("--wait/--detach")] = True, as_json: AsJson = False,
-              host: Host = None, port: Port = None) -> None:
+              sets: Sets = None, host: Host = None, port: Port = None) -> None:
         """Queue a sweep and follow it: done/total and the best so far."""
-        done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json))
+        done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json, sets or ()))
 
     @app.command("ls")
     def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,
@@ -147,9 +149,9 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
     def start(spec: Spec, wait: Annotated[bool, typer.Option(
                   "--wait/--detach",
                   help="follow it until it finishes or its budget halts it (exit 0; 1 if cancelled)")]
-              = False, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+              = False, as_json: AsJson = False, sets: Sets = None, host: Host = None, port: Port = None) -> None:
         """Start a study; the server runs it under its budget."""
-        done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json, wait))
+        done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json, wait, sets or ()))
 
     @app.command("ls")
     def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,

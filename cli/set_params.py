@@ -1,0 +1,93 @@
+"""``--set NODE.PARAM=VALUE``: one param of a graph changed from the terminal, without a
+hand-edited copy of its JSON. Each value is read by the type the node type declares for
+the param (``int``, ``float``, ``bool``, ``select``, ``string``, ``secret``); a node or a
+param that does not exist is a usage error (exit 2) that lists the names that do.
+
+The graph is changed before it is sent: the server validates it as any other (bounds,
+options), and the run's graph holds the values it ran with."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cli.errors import EXIT_USAGE, CliError
+
+# What a node type's params are, by type name: the catalog's JSON of each (``name``,
+# ``type``, ``options``...), or None for a type the catalog does not have.
+ParamsOf = Callable[[str], Sequence[Mapping[str, Any]] | None]
+
+_INTEGER = re.compile(r"-?[0-9]+")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+class BadSet(CliError):
+    """A ``--set`` that names nothing in the graph, or a value its param cannot take."""
+
+    code = "bad_set"
+    exit_code = EXIT_USAGE
+
+
+def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) -> dict[str, Any]:
+    """Changes ``graph`` in place; returns what was set (``"node.param"`` -> value)."""
+    nodes = {str(n.get("id")): n for n in graph.get("nodes", []) if isinstance(n, dict)}
+    done: dict[str, Any] = {}
+    for given in sets:
+        target, equals, raw = given.partition("=")
+        node_id, dot, param = target.rpartition(".")
+        if not equals or not dot or not node_id or not param:
+            raise BadSet(f"--set {given!r}: write NODE.PARAM=VALUE (for instance adam.lr=0.02)")
+        node = nodes.get(node_id)
+        if node is None:
+            raise BadSet(f"--set {given!r}: the graph has no node {node_id!r}; its nodes are "
+                         f"{', '.join(sorted(nodes)) or 'none'}")
+        declared = {str(p["name"]): p for p in params_of(str(node.get("type"))) or ()}
+        spec = declared.get(param)
+        if spec is None:
+            raise BadSet(f"--set {given!r}: node {node_id} ({node.get('type')}) has no param {param!r}; it has "
+                         f"{', '.join(sorted(declared)) or 'none'}")
+        value = _parsed(given, spec, raw)
+        node.setdefault("params", {})[param] = value
+        done[f"{node_id}.{param}"] = value
+    return done
+
+
+def _parsed(given: str, spec: Mapping[str, Any], raw: str) -> Any:
+    kind = spec.get("type")
+    if kind == "int":
+        if not _INTEGER.fullmatch(raw.strip()):
+            raise BadSet(f"--set {given!r}: {spec['name']} is an int")
+        return int(raw)
+    if kind == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise BadSet(f"--set {given!r}: {spec['name']} is a number") from None
+    if kind == "bool":
+        word = raw.strip().lower()
+        if word not in _TRUE + _FALSE:
+            raise BadSet(f"--set {given!r}: {spec['name']} is true or false")
+        return word in _TRUE
+    if kind == "select":
+        options = [str(o) for o in spec.get("options") or ()]
+        if raw not in options:
+            raise BadSet(f"--set {given!r}: {spec['name']} is one of {', '.join(options)}")
+        return raw
+    return raw  # string, secret
+
+
+def apply_sets_by_server(client: Any, graph: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
+    """``apply_sets`` read by the server's catalog: its packs are what the run will meet."""
+    if not sets:
+        return {}
+    status, catalog = client.request("GET", "/api/nodes")
+    if status != 200:
+        raise CliError(f"the server did not list its node types ({status}): {catalog}")
+    return apply_sets(graph, sets, catalog_params(catalog["nodes"]))
+
+
+def catalog_params(nodes: Sequence[Mapping[str, Any]]) -> ParamsOf:
+    """``ParamsOf`` from a list of node types as the catalog's JSON gives them."""
+    by_type = {str(n["type"]): n.get("params") or () for n in nodes}
+    return by_type.get

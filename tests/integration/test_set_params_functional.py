@@ -1,0 +1,66 @@
+"""``--set NODE.PARAM=VALUE`` from the terminal: each value read by the param's declared
+type, on ``run`` and ``export`` (through the server's catalog) and ``exec`` (the local
+one); a node or param that does not exist is a usage error (exit 2) naming those that do."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import EXAMPLES
+from tests.integration.test_cli_functional import cli
+
+HELLO = str(EXAMPLES / "hello.json")
+
+
+def test_set_changes_a_param_by_its_declared_type_on_run(shared_server):
+    hello = json.loads((EXAMPLES / "hello.json").read_text())
+    constant = next(n for n in hello["nodes"] if n["type"] == "core.Constant")
+    ran = cli(shared_server, "run", HELLO, "--set", f"{constant['id']}.value=41.5", "--detach")
+    assert ran.returncode == 0, ran.stderr
+    run_id = ran.stdout.split("Run ID")[1].split()[0]
+    row = shared_server.get(f"/api/runs/{run_id}")
+    params = {n["id"]: n.get("params") for n in row["graph"]["nodes"]}
+    assert params[constant["id"]]["value"] == 41.5
+
+
+def test_a_bad_set_exits_2_and_names_what_exists(shared_server):
+    before = len(shared_server.get("/api/runs?limit=500")["runs"])
+    hello = json.loads((EXAMPLES / "hello.json").read_text())
+    ids = sorted(n["id"] for n in hello["nodes"])
+    constant = next(n["id"] for n in hello["nodes"] if n["type"] == "core.Constant")
+    nowhere = cli(shared_server, "run", HELLO, "--set", "nowhere.value=1")
+    assert nowhere.returncode == 2 and ", ".join(ids) in nowhere.stderr, nowhere.stderr
+    unknown = cli(shared_server, "run", HELLO, "--set", f"{constant}.colour=red")
+    assert unknown.returncode == 2 and "has no param 'colour'; it has value" in unknown.stderr, unknown.stderr
+    typed = cli(shared_server, "run", HELLO, "--set", f"{constant}.value=high")
+    assert typed.returncode == 2 and "is a number" in typed.stderr
+    shape = cli(shared_server, "run", HELLO, "--set", "value")
+    assert shape.returncode == 2 and "NODE.PARAM=VALUE" in shape.stderr
+    assert len(shared_server.get("/api/runs?limit=500")["runs"]) == before  # nothing was submitted
+
+
+def test_set_on_exec_and_export(shared_server, tmp_path):
+    hello = json.loads((EXAMPLES / "hello.json").read_text())
+    constant = next(n["id"] for n in hello["nodes"] if n["type"] == "core.Constant")
+    executed = cli(tmp_path / "nohome", "exec", HELLO, "--set", "a.value=100")
+    assert executed.returncode == 0, executed.stderr
+    assert "val_loss=103" in executed.stdout  # 100 + 3
+    exported = cli(shared_server, "export", HELLO, "--set", f"{constant}.value=77", "-o", str(tmp_path / "x.py"))
+    assert exported.returncode == 0, exported.stderr
+    assert "77" in (tmp_path / "x.py").read_text()
+
+
+def test_set_changes_a_sweeps_base_graph(shared_server, tmp_path):
+    spec = {"name": "set base", "base_graph": json.loads((EXAMPLES / "hello.json").read_text()),
+            "sweep_spec": {"method": "grid", "params": [{"node_id": "b", "param": "value", "values": [1, 2]}]},
+            "objective": {"metric": "val_loss", "direction": "minimize"}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    started = cli(shared_server, "sweep", "start", str(path), "--set", "a.value=10", "--detach", "--json")
+    assert started.returncode == 0, started.stderr
+    sweep_id = json.loads(started.stdout)["sweep_id"]
+    runs = shared_server.get(f"/api/runs?sweep_id={sweep_id}")["runs"]
+    finals = sorted(shared_server.wait_status(r["id"], "succeeded")["final_loss"] for r in runs)
+    assert finals == [11, 12]  # 10 + 1, 10 + 2
+    bad = cli(shared_server, "study", "start", str(path), "--set", "a.nothing=1")
+    assert bad.returncode == 2 and "it has value" in bad.stderr
