@@ -118,7 +118,8 @@ class _RunStream:
             if found is None:  # deleted while followed: nothing more will come
                 self.finished = True
                 return
-            events, next_after, position = found
+            events, next_after, position, ended = found
+            self.finished = self.finished or ended  # the reader has the whole log already
             chunks = [self.event_frame(event) for event in events]
             del events, found  # only the frames wait for the reader
             if next_after is None:

@@ -83,7 +83,8 @@ class GetRun:
 class ReadStream:
     """What a run's stream sends first, read together: None when there is no such run,
     else a page of its events after ``after`` (capped), the ``after`` to read on from when
-    the cap cut the page, and the run's queue position."""
+    the cap cut the page, the run's queue position, and whether its log ended at or
+    before ``after`` (a reader that has it all: its stream ends at once)."""
 
     run_id: str
     after: int = 0
@@ -269,12 +270,15 @@ def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
     return int(found[0][0]) if found and found[0][0] is not None else None
 
 
-def read_stream(conn: apsw.Connection, query: ReadStream) -> tuple[list[dict[str, Any]], int | None, int | None] | None:
+def read_stream(conn: apsw.Connection, query: ReadStream
+                ) -> tuple[list[dict[str, Any]], int | None, int | None, bool] | None:
     found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (query.run_id,)).fetchall()
     if not found:
         return None
     events, next_after = get_events(conn, query.run_id, query.after, None, query.cap_bytes)
-    return events, next_after, int(found[0][0]) if found[0][0] is not None else None
+    ended = bool(conn.execute("SELECT 1 FROM events WHERE run_id = ? AND type = ? AND seq <= ? LIMIT 1",
+                              (query.run_id, ev.RUN_FINISHED, query.after)).fetchall())
+    return events, next_after, int(found[0][0]) if found[0][0] is not None else None, ended
 
 
 def status_counts(conn: apsw.Connection) -> dict[str, int]:
