@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import sys
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
 from web.queue_state import QueueState
+from web.routes_workers import worker_texts
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
@@ -170,7 +172,10 @@ async def metrics(request: web.Request) -> web.Response:
     counts = await svc.store.read(StatusCounts())
     for state in sorted(ev.ALL_STATES):
         runs.labels(state).set(counts.get(state, 0))
-    for state in ("connected", "disconnected", "quarantined"):
-        workers.labels(state).set(0)
+    # The states the Workers list shows, counted from the same rows (each state is
+    # always there, at 0 when no worker is in it).
+    states = Counter(json.loads(text)["state"] for text in await worker_texts(svc))
+    for state in sorted({"connected", "disconnected", "failed", *states}):
+        workers.labels(state).set(states.get(state, 0))
     subscribers.set(await svc.actor("events").ask(SubscriberCount()))
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

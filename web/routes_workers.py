@@ -65,7 +65,12 @@ async def redeem(request: web.Request) -> web.Response:
 
 @routes.get("/api/workers")
 async def list_workers(request: web.Request) -> web.Response:
-    svc = services(request)
+    texts = await worker_texts(services(request))
+    return web.Response(text='{"workers": [' + ", ".join(texts) + "]}", content_type="application/json")
+
+
+async def worker_texts(svc: Services) -> list[str]:
+    """Each worker of the Workers list as its JSON text (``/metrics`` counts the same)."""
     listed, policies = await asyncio.gather(svc.store.read(ListWorkers()), svc.store.read(CardPolicies()))
     enrolled = [row for row in listed if not row["revoked"]]
     # Each connection's published view, read without an ask: 800 workers cost no message.
@@ -97,7 +102,7 @@ async def list_workers(request: web.Request) -> web.Response:
         texts.append(jsonsafe.dumps({**snapshot, "cards": cards(view.cards if view is not None else []),
                                      "instances": mine, "enrolled_at": row["enrolled_at"]}))
     texts += [jsonsafe.dumps(row) for row in await _not_enrolled(svc, {row["name"] for row in enrolled})]
-    return web.Response(text='{"workers": [' + ", ".join(texts) + "]}", content_type="application/json")
+    return texts
 
 
 async def _not_enrolled(svc: Services, enrolled: set[str]) -> list[dict[str, Any]]:
