@@ -199,7 +199,7 @@ def _confined(document: dict[str, Any], settings: Settings, prefix: str) -> None
     try:
         confine(document, [*settings.mounts.values(), *settings.data_roots, settings.home / "runs"])
     except PathNotAllowed as exc:
-        raise InvalidRequest(str(exc), pointer=f"{prefix}/nodes/{exc.index}/params/path",
+        raise InvalidRequest(str(exc), pointer=f"{prefix}/nodes/{exc.index}/params/{exc.param}",
                              node_id=document["nodes"][exc.index].get("id"), code="path_not_allowed") from None
 
 

@@ -8,6 +8,7 @@ options), and the run's graph holds the values it ran with."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,6 +37,10 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
     for given in sets:
         target, equals, raw = given.partition("=")
         node_id, dot, param = target.rpartition(".")
+        key: str | None = None
+        if node_id not in nodes and "." in node_id:  # NODE.vars.NAME: one name of a mapping param
+            node_id, _, outer = node_id.rpartition(".")
+            key, param = param, outer
         if not equals or not dot or not node_id or not param:
             raise BadSet(f"--set {given!r}: write NODE.PARAM=VALUE (for instance adam.lr=0.02)")
         node = nodes.get(node_id)
@@ -44,13 +49,29 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
                          f"{', '.join(sorted(nodes)) or 'none'}")
         declared = {str(p["name"]): p for p in params_of(str(node.get("type"))) or ()}
         spec = declared.get(param)
-        if spec is None:
-            raise BadSet(f"--set {given!r}: node {node_id} ({node.get('type')}) has no param {param!r}; it has "
+        if spec is None or (key is not None and spec.get("type") != "mapping"):
+            raise BadSet(f"--set {given!r}: node {node_id} ({node.get('type')}) has no "
+                         f"{'mapping ' if key is not None else ''}param {param!r}; it has "
                          f"{', '.join(sorted(declared)) or 'none'}")
+        params = node.setdefault("params", {})
+        if key is not None:
+            value = _scalar(raw)
+            params[param] = {**(params.get(param) or {}), key: value}
+            done[f"{node_id}.{param}.{key}"] = value
+            continue
         value = _parsed(given, spec, raw)
-        node.setdefault("params", {})[param] = value
+        params[param] = value
         done[f"{node_id}.{param}"] = value
     return done
+
+
+def _scalar(raw: str) -> Any:
+    """A mapping's value: a number or a flag when it reads as one, else the text."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, int | float | bool) else raw
 
 
 def _parsed(given: str, spec: Mapping[str, Any], raw: str) -> Any:

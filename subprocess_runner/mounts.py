@@ -18,7 +18,7 @@ from typing import Any
 # A reference: ``label:relative/path``. Only a node's ``path`` param holds one, and a
 # one-letter "label" is a Windows drive, never a reference.
 _REF = re.compile(r"([a-z0-9][a-z0-9_.-]{1,63}):(?!//)(.+)")
-FILE_PARAMS = ("path",)
+FILE_PARAMS = ("path", "cwd")  # a file a node reads, the folder a command runs in
 
 
 def labels_of(graph: Mapping[str, Any]) -> set[str]:
@@ -51,11 +51,11 @@ def resolve(graph: Mapping[str, Any], mounts: Mapping[str, str]) -> dict[str, An
 class PathNotAllowed(ValueError):
     """Raised when a node would read or write a file outside the folders runs may use:
     said before the file is touched, so the answer tells nothing of what is there.
-    ``index``: the node's place in the graph's list."""
+    ``index``: the node's place in the graph's list; ``param``: the param that names it."""
 
-    def __init__(self, message: str, index: int) -> None:
+    def __init__(self, message: str, index: int, param: str) -> None:
         super().__init__(message)
-        self.index = index
+        self.index, self.param = index, param
 
 
 def confine(graph: Mapping[str, Any], roots: Iterable[str | Path]) -> None:
@@ -67,13 +67,14 @@ def confine(graph: Mapping[str, Any], roots: Iterable[str | Path]) -> None:
     for index, node in enumerate(graph.get("nodes", [])):
         for name in FILE_PARAMS:
             value = (node.get("params") or {}).get(name)
-            if not isinstance(value, str):
+            if not isinstance(value, str) or not value:  # empty: the node's own default (the run's folder)
                 continue
             where = Path(value).expanduser()
             if not where.is_absolute() or not any(where.resolve().is_relative_to(root) for root in allowed):
                 raise PathNotAllowed(
                     f"node {node.get('id')}: {value} is outside the folders runs may read (storage labels such as "
-                    "data:file.csv, uploads, run folders, and TROUPE_DATA_ROOTS on the machine that runs it)", index)
+                    "data:file.csv, uploads, run folders, and TROUPE_DATA_ROOTS on the machine that runs it)",
+                    index, name)
 
 
 def _inside(mounts: Mapping[str, str], label: str, relative: str, node_id: Any) -> Path:

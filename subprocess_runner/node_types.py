@@ -10,11 +10,13 @@ packs themselves, this module imports no heavy library.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PARAM_TYPES = ("int", "float", "bool", "string", "select", "secret")
+# ``list``: a list of strings (a command's argv); ``mapping``: names to numbers, booleans
+# or strings (a command's vars, its environment).
+PARAM_TYPES = ("int", "float", "bool", "string", "select", "secret", "list", "mapping")
 
 _NO_DEFAULT: Any = object()
 
@@ -105,6 +107,9 @@ class NodeType:
     # Runs code or reads files its params name (a command, a user's pack marked so by its
     # author): only a session trusted with the machine may submit it (web/login.py).
     privileged: bool = False
+    # What no single param can say, checked at submission on the resolved params: None,
+    # or (the pointer below ``params``, such as ``argv/2``, and why).
+    check: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
 
     def input(self, name: str) -> Port | None:
         return next((p for p in self.inputs if p.name == name), None)

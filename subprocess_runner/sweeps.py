@@ -19,7 +19,7 @@ from typing import Any
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
 from protocol.sweeps import SubmitSweep, SweepParam, SweepRange
-from subprocess_runner.catalog import Catalog
+from subprocess_runner.catalog import Catalog, Param
 from subprocess_runner.validation import check_param
 
 SWEEPABLE = frozenset({"int", "float", "bool", "string", "select"})
@@ -114,6 +114,8 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         raise SweepInvalid(f"node id {entry.node_id!r} appears twice", pointer=f"{where}/node_id")
     node_type = catalog.get(matches[0].type)
     param = node_type.param(entry.param) if node_type is not None else None
+    if param is None and node_type is not None:
+        param = _mapped(node_type, entry)  # a name of a mapping param: vars.lr
     if param is None:
         raise SweepInvalid(f"node {entry.node_id} ({matches[0].type}) has no param {entry.param!r}",
                            pointer=f"{where}/param", node_id=entry.node_id)
@@ -145,6 +147,18 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         checked.append(check_param(param, value, pointer, entry.node_id))
     return {"key": f"{entry.node_id}.{entry.param}", "node_id": entry.node_id, "param": entry.param,
             "values": checked}
+
+
+def _mapped(node_type: Any, entry: SweepParam) -> Param | None:
+    """``vars.lr`` of a node whose ``vars`` is a mapping: swept by number, as an int when
+    every listed value is one (a command's ``--epochs {epochs}`` takes ``6``, not ``6.0``)."""
+    head, dot, key = entry.param.partition(".")
+    outer = node_type.param(head) if dot else None
+    if outer is None or outer.type != "mapping" or not key.isidentifier():
+        return None
+    integral = entry.values is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values)
+    return Param(entry.param, "int" if integral or (entry.range is not None and entry.range.type == "int")
+                 else "float")
 
 
 def _identity(value: Any) -> tuple[str, Any]:
@@ -191,13 +205,27 @@ def with_params(base: dict[str, Any], params: Mapping[str, Any]) -> dict[str, An
     nodes that change are new dicts; the others are the base's own, shared by every
     variant (graph documents are never changed in place), so many variants of a large
     graph cost one copy of it."""
+    ids = {n["id"] for n in base["nodes"]}
     by_node: dict[str, dict[str, Any]] = {}
+    nested: dict[str, dict[str, dict[str, Any]]] = {}  # node -> mapping param -> name -> value
     for key, value in params.items():
         node_id, _, param = key.rpartition(".")
+        if node_id not in ids and "." in node_id:  # NODE.vars.NAME: one name of a mapping param
+            node_id, _, mapping = node_id.rpartition(".")
+            nested.setdefault(node_id, {}).setdefault(mapping, {})[param] = value
+            continue
         by_node.setdefault(node_id, {})[param] = value
-    nodes = [{**n, "params": {**(n.get("params") or {}), **by_node[n["id"]]}} if n["id"] in by_node else n
-             for n in base["nodes"]]
+    nodes = [_changed(n, by_node.get(n["id"], {}), nested.get(n["id"], {}))
+             if n["id"] in by_node or n["id"] in nested else n for n in base["nodes"]]
     return {**base, "nodes": nodes}
+
+
+def _changed(node: dict[str, Any], params: dict[str, Any], mappings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    own = node.get("params") or {}
+    merged = {**own, **params}
+    for name, values in mappings.items():
+        merged[name] = {**(own.get(name) or {}), **values}
+    return {**node, "params": merged}
 
 
 def compile_sweep(body: SubmitSweep, catalog: Catalog, limits: SweepLimits) -> CompiledSweep:

@@ -7,6 +7,7 @@ Each problem raises ``GraphInvalid`` whose pointer locates it in the submitted d
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from typing import Any
 
@@ -25,6 +26,8 @@ INT_PARAM_MAX = 2**53
 
 # A param value is a setting, not data: a sweep's or a study's runs each keep their own.
 MAX_STRING_PARAM = 65_536
+MAX_LIST_PARAM = 1_000  # strings of a list param, names of a mapping
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
@@ -63,6 +66,18 @@ def check_param(param: Param, value: Any, pointer: str, node_id: str) -> Any:
     elif kind == "select":
         if value not in param.options:
             raise bad(f"must be one of {list(param.options)}, got {value!r}")
+    elif kind == "list":
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise bad("must be a list of strings")
+        if len(value) > MAX_LIST_PARAM or sum(len(item) for item in value) > MAX_STRING_PARAM:
+            raise bad(f"holds at most {MAX_LIST_PARAM} strings of {MAX_STRING_PARAM} characters in all")
+    elif kind == "mapping":
+        if not isinstance(value, dict) or not all(
+                isinstance(v, str | int | float | bool) and not (isinstance(v, float) and not math.isfinite(v))
+                for v in value.values()):
+            raise bad("must map names to numbers, booleans or strings")
+        if len(value) > MAX_LIST_PARAM or not all(_NAME.fullmatch(k) for k in value):
+            raise bad(f"holds at most {MAX_LIST_PARAM} names of letters, digits and _ (not starting with a digit)")
     if kind in ("int", "float"):
         if param.min is not None and value < param.min:
             raise bad(f"must be >= {param.min}, got {value}")
@@ -90,6 +105,10 @@ def resolve_params(node_type: NodeType, params: dict[str, Any], pointer: str, no
             )
         else:
             resolved[param.name] = param.default
+    problem = node_type.check(resolved) if node_type.check is not None else None
+    if problem is not None:
+        where, why = problem
+        raise GraphInvalid(f"node {node_id}: {why}", pointer=f"{pointer}/{where}", node_id=node_id)
     return resolved
 
 

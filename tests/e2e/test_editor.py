@@ -161,3 +161,21 @@ def test_a_file_param_takes_an_upload_and_the_run_reads_it(open_page, tmp_path):
     run = server.get("/api/runs?limit=1")["runs"][0]
     assert server.events_until_finished(run["id"], timeout=90)[-1]["payload"]["status"] == "succeeded"
     assert errors == []
+
+
+def test_a_commands_argv_and_vars_are_edited_as_json(open_page, tmp_path):
+    server, tab, errors = open_page(TROUPE_DATA_ROOTS=str(tmp_path))
+    (tmp_path / "hi.py").write_text('import json\nprint(json.dumps({"metric": "loss", "value": 0.25}))\n')
+    tab.get_by_role("button", name="New").click()
+    add(tab, "script.Command")
+    set_param(tab, "command1", "argv", '["{python}", "hi.py", "{lr}"]')
+    tab.locator('#inspector [data-param="argv"]').press("Tab")
+    set_param(tab, "command1", "vars", '{"lr": 0.5}')
+    tab.locator('#inspector [data-param="vars"]').press("Tab")
+    set_param(tab, "command1", "cwd", str(tmp_path))
+    tab.get_by_role("button", name="Run", exact=True).click()
+    expect(tab.locator("#editor-status")).to_contain_text("run succeeded", timeout=30_000)
+    run = server.get("/api/runs")["runs"][0]
+    node = server.get(f"/api/runs/{run['id']}")["graph"]["nodes"][0]
+    assert node["params"]["argv"] == ["{python}", "hi.py", "{lr}"] and node["params"]["vars"] == {"lr": 0.5}
+    assert errors == []

@@ -3,7 +3,7 @@
 // page's editor session, and the "Queue on..." dialog. The canvas draws; this module decides.
 
 import { Canvas, NODE_WIDTH, nodeHeight } from "./canvas.js";
-import { MUTATION_HEADERS, api, el, openDialog, showMessage, uploadFile } from "./util.js";
+import { MUTATION_HEADERS, api, el, jsonInput, openDialog, showMessage, uploadFile } from "./util.js";
 
 const catalog = new Map();
 // getRandomValues, not randomUUID: a classroom reaches the page over plain http on a LAN,
@@ -163,6 +163,7 @@ function paramInput(node, param) {
       value: value ?? "", placeholder: param.default !== undefined ? String(param.default) : "required",
       oninput: (e) => set(e.target.value === "" ? "" : Number(e.target.value)) });
   }
+  if (param.type === "list" || param.type === "mapping") return jsonInput(common, value ?? param.default, set);
   const input = el("input", { ...common, type: param.type === "secret" ? "password" : "text", autocomplete: "off",
     value: value ?? "", placeholder: param.default !== undefined ? String(param.default) : "required",
     oninput: (e) => set(e.target.value) });

@@ -197,3 +197,19 @@ const REASONS = {
 export function reasonText(code) {
   return REASONS[code] || (code || "").replace(/_/g, " ");
 }
+
+// A param whose value is JSON (a command's argv or vars): shown and edited as JSON, kept
+// as the value it reads as; text that is not JSON is marked and not kept.
+export function jsonInput(attrs, value, set) {
+  return el("input", { ...attrs, type: "text", autocomplete: "off", "data-json": "",
+    value: value === undefined ? "" : JSON.stringify(value),
+    onchange: (e) => {
+      try {
+        set(e.target.value === "" ? "" : JSON.parse(e.target.value));
+        e.target.setCustomValidity("");
+      } catch {
+        e.target.setCustomValidity("not JSON");
+        e.target.reportValidity();
+      }
+    } });
+}

@@ -1,0 +1,179 @@
+"""``script.Command`` at run time: the program in a process group of its own, its two
+output streams read line by line on threads of their own, its checkpoint folder
+watched, and the group stopped (SIGTERM, then SIGKILL after ``KILL_GRACE_S``) when the
+run is cancelled. Nothing of the group outlives the node."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from subprocess_runner.errors import RunCancelled
+
+KILL_GRACE_S = 5.0  # from SIGTERM to SIGKILL of a cancelled command's process group
+STDERR_TAIL = 20  # lines of stderr a failure quotes
+_POLL_S = 0.1
+_CHECKPOINT_POLL_S = 0.5
+
+
+def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    checkpoints = ctx.files("checkpoints")
+    outputs = ctx.files("outputs")
+    cwd = Path(params.get("cwd") or checkpoints.parent)  # the run's folder, unless it names one
+    argv = [_filled(text, params, ctx) for text in params["argv"]]
+    env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
+    try:
+        process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise RuntimeError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+    lines = _Lines(ctx)
+    readers = [threading.Thread(target=lines.read, args=(process.stdout, "stdout"), daemon=True),
+               threading.Thread(target=lines.read, args=(process.stderr, "stderr"), daemon=True)]
+    for reader in readers:
+        reader.start()
+    watched = _Checkpoints(ctx, checkpoints)
+    try:
+        code = _wait(process, ctx, watched)
+    finally:
+        _stop_group(process)
+        for reader in readers:
+            reader.join(5)
+        watched.look()  # what it renamed into place last
+    if code != 0:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        tail = "\n".join(lines.stderr_tail)
+        raise RuntimeError(f"{argv[0]} {how}" + (f"; the last lines of its stderr:\n{tail}" if tail else ""))
+    return {"exit_code": code, "result": lines.result}
+
+
+def _filled(text: str, params: Mapping[str, Any], ctx: Any) -> str:
+    values = {"seed": "" if ctx.seed is None else str(ctx.seed), "run_id": ctx.run_id, "python": sys.executable}
+    values.update({k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in params["vars"].items()})
+    return text.format_map(values)
+
+
+def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
+    env = {"TROUPE_RUN_ID": ctx.run_id, "TROUPE_CHECKPOINT_DIR": str(checkpoints), "TROUPE_OUTPUT_DIR": str(outputs),
+           "PYTHONUNBUFFERED": "1"}
+    if ctx.seed is not None:
+        env["TROUPE_SEED"] = str(ctx.seed)
+    return env
+
+
+def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints) -> int:
+    last_look = time.monotonic()
+    while True:
+        try:
+            return process.wait(_POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if ctx.cancelled:
+            _stop_group(process)
+            raise RunCancelled("the run was cancelled")
+        if time.monotonic() - last_look >= _CHECKPOINT_POLL_S:
+            watched.look()
+            last_look = time.monotonic()
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the whole group, SIGKILL to what is left after the grace: a script's own
+    children (a data loader's workers, a shell's pipeline) go with it."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None and not _group_alive(process.pid):
+            return
+        time.sleep(_POLL_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Lines:
+    """What the command prints: each line to the run's console, told apart by stream; a
+    JSON object with ``metric`` is a point, one with ``progress`` the run's progress, the
+    last one with ``result`` the node's ``result`` output."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
+        self.result: Any = None
+
+    def read(self, stream: IO[bytes], name: str) -> None:
+        console = self._ctx.sinks.console
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            if name == "stderr":
+                self.stderr_tail.append(line.rstrip("\n"))
+            if console is not None:
+                console.write(name, line)
+            else:  # a worker's child: its own descriptors are the run's console
+                os.write(1 if name == "stdout" else 2, raw)
+            if line.startswith("{"):
+                self._structured(line)
+
+    def _structured(self, line: str) -> None:
+        try:
+            found = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(found, dict):
+            return
+        try:
+            if "metric" in found:
+                step = found.get("step")
+                self._ctx.metric(str(found["metric"]), float(found["value"]),
+                                 step=int(step) if isinstance(step, int | float) else None)
+            elif "progress" in found and found.get("total"):
+                done, total = int(found["progress"]), int(found["total"])
+                self._ctx.metric("progress", done / total, step=done, epoch=done, epochs=total)
+        except (KeyError, TypeError, ValueError) as exc:
+            self._ctx.warning(f"a {'metric' if 'metric' in found else 'progress'} line was not read: {exc}",
+                              code="line_not_read")
+        if "result" in found:
+            self.result = found["result"]
+
+
+class _Checkpoints:
+    """Files that appear, whole, in the checkpoint folder (a script writes a temporary
+    name and renames it into place): each announced once as the run's checkpoint."""
+
+    def __init__(self, ctx: Any, folder: Path) -> None:
+        self._ctx, self._folder = ctx, folder
+        self._seen: set[str] = set()
+
+    def look(self) -> None:
+        found = []
+        for path in self._folder.iterdir():
+            if path.name in self._seen or path.name.startswith(".") or path.suffix in (".tmp", ".part"):
+                continue
+            with contextlib.suppress(OSError):  # renamed or removed meanwhile: not a checkpoint now
+                if path.is_file():
+                    found.append((path.stat().st_mtime, path))
+        for _, path in sorted(found):
+            self._seen.add(path.name)
+            self._ctx.artifact("checkpoint", path)
