@@ -165,3 +165,17 @@ def test_a_sweep_and_set_address_the_scripts_vars(make_server, lab, tmp_path):
     assert _series(server, run_id, "final") == [0.25]
     bad = cli(server, "run", str(path), "--set", "train.nothing.lr=1")
     assert bad.returncode == 2
+
+
+def test_the_example_training_script_runs_from_a_label(make_server):
+    from tests.helpers import EXAMPLES
+
+    server = make_server(TROUPE_MOUNT_PATH=str(EXAMPLES))  # label data: the examples folder
+    doc = json.loads((EXAMPLES / "scripts" / "train_digits.json").read_text())
+    doc["nodes"][0]["params"]["vars"]["epochs"] = 2
+    run_id = server.submit(doc, seed=3)["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=120)["status"] == "succeeded"
+    assert len(_series(server, run_id, "val_loss")) == 2
+    assert _series(server, run_id, "progress") == [0.5, 1.0]
+    paths = sorted(a["path"] for a in server.get(f"/api/runs/{run_id}")["artifacts"])
+    assert paths == ["checkpoints/epoch-1.pt", "checkpoints/epoch-2.pt"], paths
