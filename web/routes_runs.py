@@ -30,6 +30,7 @@ from web.requests import RUN_ID, int_query, read_model, run_id_from, wants_csv
 
 routes = web.RouteTableDef()
 TRAINING_LOOP = "torch.TrainingLoop"
+COMMAND = "script.Command"  # resumed from its newest checkpoint file (docs/scripts.md)
 MAX_TAIL = 100_000  # the most events ?tail= may ask for (a page is cut by bytes anyway)
 OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its recorded outputs
 
@@ -64,9 +65,17 @@ _MEMORY_FIELDS = ("memory_budget_mib", "memory_budget_source", "peak_memory_mib"
 
 def resume_points(row: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any], dict[str, Any]]]:
     """Each TrainingLoop's newest complete checkpoint: node id -> (epoch, weights row,
-    state row), from the run's stored artifacts."""
+    state row), from the run's stored artifacts; a command's newest checkpoint file is
+    both (it is one file, handed to the script as TROUPE_RESUME_FROM), its epoch the
+    last number in its name."""
     stored = {a["path"]: a for a in row.get("artifacts") or () if (a.get("state") or "stored") == "stored"}
     points: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {}
+    for node in (n for n in row["graph"].get("nodes", ()) if n.get("type") == COMMAND):
+        mine = [a for a in stored.values() if a.get("node_id") == node["id"] and a["kind"] == "checkpoint"]
+        if mine:
+            newest = max(mine, key=lambda a: a["id"])
+            numbers = re.findall(r"\d+", newest["path"].rsplit("/", 1)[-1])
+            points[node["id"]] = (int(numbers[-1]) if numbers else 0, newest, newest)
     for node in (n for n in row["graph"].get("nodes", ()) if n.get("type") == TRAINING_LOOP):
         pattern = re.compile(rf"checkpoints/{re.escape(node['id'])}-epoch-(\d+)\.pt")
         for path, weights in stored.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 
@@ -20,6 +21,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("TROUPE_SEED") or 0))
     parser.add_argument("--checkpoint-every", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds to wait after each epoch (a demo)")
     args = parser.parse_args()
 
     import torch
@@ -35,7 +37,7 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
-    start = 0
+    start, val_loss = 0, None
     resume = os.environ.get("TROUPE_RESUME_FROM")
     if resume:
         state = torch.load(resume, weights_only=True)
@@ -64,6 +66,7 @@ def main() -> None:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "rng": torch.get_rng_state(), "epoch": epoch}, temporary)
             temporary.rename(folder / f"epoch-{epoch}.pt")
+        time.sleep(args.pause)
     print(json.dumps({"result": val_loss}), flush=True)
 
 

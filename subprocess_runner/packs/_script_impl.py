@@ -6,6 +6,7 @@ run is cancelled. Nothing of the group outlives the node."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -68,7 +69,31 @@ def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1"}
     if ctx.seed is not None:
         env["TROUPE_SEED"] = str(ctx.seed)
+    point = ctx.resume_point()
+    if point is not None:
+        env["TROUPE_RESUME_FROM"] = str(_resume_copy(point, checkpoints.parent / "resume"))
     return env
+
+
+def _resume_copy(point: Mapping[str, str], folder: Path) -> Path:
+    """The checkpoint a resumed command goes on from, read once, checked against the
+    sha256 its run records, and written where only this run reads it: the script loads
+    the bytes that were checked, whatever happens to the stored file meanwhile."""
+    from subprocess_runner.errors import CheckpointUnavailable
+
+    source = Path(point["weights"])
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise CheckpointUnavailable(f"the checkpoint to resume from cannot be read ({exc.strerror})") from None
+    expected = point.get("weights_sha256")
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointUnavailable("the checkpoint to resume from is not the file the run records (sha256 "
+                                    f"{expected[:16]}...): it changed after the rerun was asked for")
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / source.name
+    copy.write_bytes(data)
+    return copy
 
 
 def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints) -> int:

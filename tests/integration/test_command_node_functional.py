@@ -179,3 +179,32 @@ def test_the_example_training_script_runs_from_a_label(make_server):
     assert _series(server, run_id, "progress") == [0.5, 1.0]
     paths = sorted(a["path"] for a in server.get(f"/api/runs/{run_id}")["artifacts"])
     assert paths == ["checkpoints/epoch-1.pt", "checkpoints/epoch-2.pt"], paths
+
+
+@pytest.mark.timeout(240)
+def test_a_seeded_script_cancelled_and_resumed_ends_as_one_never_stopped(make_server):
+    from tests.helpers import EXAMPLES
+
+    server = make_server(TROUPE_MOUNT_PATH=str(EXAMPLES))
+    doc = json.loads((EXAMPLES / "scripts" / "train_digits.json").read_text())
+    doc["nodes"][0]["params"]["vars"]["epochs"] = 12
+    doc["nodes"][0]["params"]["argv"] += ["--pause", "{pause}"]
+    doc["nodes"][0]["params"]["vars"]["pause"] = 0.2  # time to cancel it half way
+    straight = server.submit(doc, seed=5)["run_id"]
+    assert server.wait_status(straight, "succeeded", timeout=120)["status"] == "succeeded"
+    stopped = server.submit(doc, seed=5)["run_id"]
+    for kind, data in server.client.stream(f"/api/runs/{stopped}/stream", read_timeout=120):
+        if kind == "run_event" and data["type"] == "artifact" and data["payload"]["path"].endswith("epoch-3.pt"):
+            server.client.request("POST", f"/api/runs/{stopped}/cancel")
+        if kind == "run_event" and data["type"] == "run_finished":
+            break
+    assert server.get(f"/api/runs/{stopped}")["status"] == "cancelled"
+    resumed = cli(server, "rerun", stopped, "--resume", timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    run_id = resumed.stdout.split("Run ID")[1].split()[0]
+    epoch = server.get(f"/api/runs/{run_id}")["resumed_from"]["epoch"]
+    assert 3 <= epoch < 12
+    ended = [p["step"] for p in server.get(f"/api/runs/{run_id}/metrics")["series"]["val_loss"]]
+    assert ended == list(range(epoch + 1, 13))
+    assert _series(server, run_id, "val_loss") == _series(server, straight, "val_loss")[epoch:]
+    assert _series(server, run_id, "train_loss") == _series(server, straight, "train_loss")[epoch:]
