@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(VENV)/bin/troupe start --host $(HOST) --port $(PORT) --examples examples
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check actors supervisors protocol subprocess_runner web cli tests bench
+	$(VENV)/bin/ruff check actors supervisors protocol subprocess_runner web cli troupe tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -25,6 +25,8 @@ KILL_GRACE_S = 5.0  # from SIGTERM to SIGKILL of a cancelled command's process g
 STDERR_TAIL = 20  # lines of stderr a failure quotes
 _POLL_S = 0.1
 _CHECKPOINT_POLL_S = 0.5
+# What the numeric libraries a script may use read for their thread pools.
+_THREAD_CAPS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +71,8 @@ def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1"}
     if ctx.seed is not None:
         env["TROUPE_SEED"] = str(ctx.seed)
+    if ctx.threads:  # the caps the node's declared cpus give, as an in-process node gets them
+        env.update({name: str(ctx.threads) for name in _THREAD_CAPS})
     point = ctx.resume_point()
     if point is not None:
         env["TROUPE_RESUME_FROM"] = str(_resume_copy(point, checkpoints.parent / "resume"))

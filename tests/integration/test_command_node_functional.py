@@ -208,3 +208,14 @@ def test_a_seeded_script_cancelled_and_resumed_ends_as_one_never_stopped(make_se
     assert ended == list(range(epoch + 1, 13))
     assert _series(server, run_id, "val_loss") == _series(server, straight, "val_loss")[epoch:]
     assert _series(server, run_id, "train_loss") == _series(server, straight, "train_loss")[epoch:]
+
+
+def test_a_script_may_call_the_public_helper_instead_of_printing_json(make_server, lab):
+    (lab / "helped.py").write_text("import troupe\nfor step in (1, 2):\n    troupe.metric('loss', step / 4, step)\n"
+                                   "troupe.progress(2, 2)\ntroupe.result(0.75)\n")
+    server = make_server(TROUPE_DATA_ROOTS=str(lab.parent))
+    doc = command_graph(lab)
+    doc["nodes"][0]["params"].update(argv=["{python}", "helped.py"], vars={})
+    run_id = server.submit(doc)["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"
+    assert _series(server, run_id, "loss") == [0.25, 0.5] and _series(server, run_id, "final") == [0.75]
