@@ -36,7 +36,9 @@ def _load_graph(path: str) -> dict[str, Any]:
 def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: str | None, detach: bool,
                       timeout: float | None, sets: Sequence[str] = ()) -> int:
     graph = _load_graph(path)
-    apply_sets_by_server(client, graph, sets)
+    done = apply_sets_by_server(client, graph, sets)
+    if done:
+        options = {**options, "params_set": done}
     body: dict[str, Any] = {"graph": graph, "options": {k: v for k, v in options.items() if v is not None}}
     if name:
         body["name"] = name

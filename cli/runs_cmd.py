@@ -116,6 +116,8 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
     facts += [("Where", run.get("queue_key") or run["device"]), ("Worker", run.get("worker") or "this server")]
     if target:
         facts.append(("Target", json.dumps(target)))
+    if (run.get("options") or {}).get("params_set"):
+        facts.append(("Set", ", ".join(f"{k}={json.dumps(v)}" for k, v in run["options"]["params_set"].items())))
     if run.get("seed") is not None:
         facts.append(("Seed", f"{run['seed']}{' (deterministic)' if run.get('deterministic') else ''}"))
     facts += [("Created", f"{run['created_at']} ({age(run['created_at'])})"), ("Duration", duration(run))]

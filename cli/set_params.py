@@ -9,6 +9,7 @@ options), and the run's graph holds the values it ran with."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -82,9 +83,12 @@ def _parsed(given: str, spec: Mapping[str, Any], raw: str) -> Any:
         return int(raw)
     if kind == "float":
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise BadSet(f"--set {given!r}: {spec['name']} is a number") from None
+        if not math.isfinite(value):
+            raise BadSet(f"--set {given!r}: {spec['name']} is a finite number")
+        return value
     if kind == "bool":
         word = raw.strip().lower()
         if word not in _TRUE + _FALSE:

@@ -38,7 +38,9 @@ def _spec_with(client: Client, path: str, sets: Sequence[str]) -> dict[str, Any]
     if sets:
         if not isinstance(body.get("base_graph"), dict):
             raise CliError(f"{path} has no base_graph for --set to change")
-        apply_sets_by_server(client, body["base_graph"], sets)
+        done = apply_sets_by_server(client, body["base_graph"], sets)
+        given = body.get("options")
+        body["options"] = {**(given if isinstance(given, dict) else {}), "params_set": done}
     return body
 
 

@@ -71,6 +71,9 @@ class RunOptions(BaseModel):
     provenance: Literal["identity", "content"] | None = Field(
         default=None, description="record what dataset and weight files the run reads: by identity (path, size, "
                                   "mtime) or by content (sha256)")
+    params_set: dict[Annotated[str, Field(max_length=300)], str | int | float | bool] | None = Field(
+        default=None, max_length=100, description="what `--set` changed (NODE.PARAM -> value), kept with the run "
+                                                  "for show and the page; the graph already holds the values")
 
 
 class SubmitRun(BaseModel):

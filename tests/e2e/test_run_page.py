@@ -113,3 +113,14 @@ def test_the_list_groups_a_sweep_searches_and_keeps_tags(open_page):
     expect(tab.locator('#sweep-charts figure[data-param="a.value"]')).to_be_visible()
     screenshot(tab, "sweep-page.png")
     assert errors == []
+
+
+def test_a_run_page_lists_what_set_changed(open_page):
+    from tests.helpers import hello
+
+    server, tab, errors = open_page()
+    run_id = server.submit(hello(), params_set={"a.value": 40})["run_id"]
+    server.wait_status(run_id, "succeeded")
+    tab.goto(f"{server.url}/#/runs/{run_id}")
+    expect(tab.locator("#run-head dl.facts")).to_contain_text("a.value=40")
+    assert errors == []

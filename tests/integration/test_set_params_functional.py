@@ -21,6 +21,9 @@ def test_set_changes_a_param_by_its_declared_type_on_run(shared_server):
     row = shared_server.get(f"/api/runs/{run_id}")
     params = {n["id"]: n.get("params") for n in row["graph"]["nodes"]}
     assert params[constant["id"]]["value"] == 41.5
+    assert row["options"]["params_set"] == {f"{constant['id']}.value": 41.5}  # the run records what was set
+    shown = cli(shared_server, "show", run_id)
+    assert shown.returncode == 0 and f"{constant['id']}.value=41.5" in shown.stdout, shown.stdout
 
 
 def test_a_bad_set_exits_2_and_names_what_exists(shared_server):

@@ -44,6 +44,8 @@ function facts(run) {
     ["Created", when(run.created_at)], ["Started", when(run.started_at)], ["Finished", when(run.finished_at)],
     ["Duration", duration(run)]];
   if (run.progress && run.progress.epochs) rows.push(["Progress", el("span", { "data-progress": "" }, progressText(run))]);
+  const set = (run.options || {}).params_set;  // what --set changed from the graph's file
+  if (set) rows.push(["Set", Object.entries(set).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")]);
   if (run.seed !== null && run.seed !== undefined) rows.push(["Seed", String(run.seed)]);
   if (run.deterministic) rows.push(["Deterministic", "yes"]);
   if (run.sweep_id) rows.push(["Sweep", el("a", { href: `#/sweeps/${run.sweep_id}` }, `variant ${run.sweep_variant}`)]);
