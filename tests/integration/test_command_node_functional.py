@@ -13,11 +13,9 @@ import json
 import os
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import edge, graph, node
 from tests.integration.test_cli_functional import cli
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
@@ -123,10 +121,7 @@ def test_a_placeholder_without_a_value_is_refused_and_a_class_session_is_refused
     doc["nodes"][0]["params"]["argv"] = ["{python}", "job.py", "{mode}", "{rate}"]
     error = server.submit(doc, expect=400)["error"]
     assert error["pointer"] == "/graph/nodes/0/params/argv/3" and "{rate}" in error["message"], error
-    status, link = server.client.request("POST", "/api/login-links", {"uses": 1})
-    token = urlsplit(link["login_url"]).query.removeprefix("token=")
-    secret = server.anonymous.request("POST", "/api/login", {"token": token})[1]["session"]
-    status, reply = Client(server.url, secret).request("POST", "/api/runs", {"graph": command_graph(lab)})
+    status, reply = server.session(uses=1).request("POST", "/api/runs", {"graph": command_graph(lab)})
     assert status == 403 and reply["error"]["code"] == "privileged_node", reply
 
 

@@ -5,9 +5,6 @@ never quotes what a file holds; on a worker, against that worker's own folders."
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-from cli.client import Client
 from tests.helpers import graph, node
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
@@ -18,21 +15,12 @@ def reader(path: str) -> dict:
     return graph(node("csv", "torch.CSVDataset", path=path, target="y"))
 
 
-def class_session(server) -> Client:
-    status, link = server.client.request("POST", "/api/login-links", {"uses": 1})
-    assert status == 201
-    token = urlsplit(link["login_url"]).query.removeprefix("token=")
-    status, reply = server.anonymous.request("POST", "/api/login", {"token": token})
-    assert status == 201
-    return Client(server.url, reply["session"])
-
-
 def test_files_outside_the_roots_are_refused_alike_whether_they_exist_or_not(make_server, tmp_path):
     allowed = tmp_path / "data"
     allowed.mkdir()
     (tmp_path / "private.csv").write_text(f"a,y\n{SECRET},1\n")
     server = make_server(TROUPE_DATA_ROOTS=str(allowed))
-    student = class_session(server)
+    student = server.session(uses=1)
     answers = []
     for path in (str(tmp_path / "private.csv"), str(tmp_path / "missing.csv"), "/etc/passwd",
                  str(allowed / ".." / "private.csv"), "relative.csv"):
@@ -50,7 +38,7 @@ def test_a_runs_error_names_the_line_never_what_the_file_holds(make_server, tmp_
     server = make_server(TROUPE_DATA_ROOTS=str(tmp_path))
     planted = tmp_path / "planted.csv"
     planted.write_text("a,y\n1,0\n" + f"{SECRET},1\n")
-    run_id = class_session(server).request("POST", "/api/runs", {"graph": reader(str(planted))})[1]["run_id"]
+    run_id = server.session(uses=1).request("POST", "/api/runs", {"graph": reader(str(planted))})[1]["run_id"]
     row = server.wait_status(run_id, "failed")
     assert "line 3" in row["error"] and SECRET not in str(server.get(f"/api/runs/{run_id}"))
     headless = tmp_path / "headless.csv"

@@ -6,9 +6,7 @@ the way any pack is, by an entry point of a distribution on the path."""
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from cli.client import Client
 from tests.helpers import graph, node
 
 PACK = '''
@@ -35,20 +33,11 @@ def install_pack(folder: Path) -> str:
     return str(folder)
 
 
-def session(server, **link: object) -> Client:
-    status, made = server.client.request("POST", "/api/login-links", link)
-    assert status == 201
-    token = urlsplit(made["login_url"]).query.removeprefix("token=")
-    status, reply = server.anonymous.request("POST", "/api/login", {"token": token})
-    assert status == 201
-    return Client(server.url, reply["session"])
-
-
 def test_a_class_session_is_refused_privileged_nodes_unless_the_teacher_allows(make_server, tmp_path):
     server = make_server(PYTHONPATH=install_pack(tmp_path))
     shell = graph(node("s", "labpriv.Shell"), name="shell")
     assert "'privileged': True" in str(server.get("/api/nodes"))  # the pack loaded, its node marked
-    student = session(server, uses=1)
+    student = server.session(uses=1)
     status, reply = student.request("POST", "/api/runs", {"graph": shell})
     assert status == 403 and reply["error"]["code"] == "privileged_node", reply
     assert reply["error"]["pointer"] == "/graph/nodes/0/type" and reply["error"]["node_id"] == "s"
@@ -65,11 +54,11 @@ def test_a_class_session_is_refused_privileged_nodes_unless_the_teacher_allows(m
     status, reply = student.request("POST", f"/api/runs/{teachers}/rerun", {})
     assert status == 403 and reply["error"]["code"] == "privileged_node", reply
     assert student.request("POST", "/api/runs", {"graph": graph(node("c", "core.Constant", value=1))})[0] == 201
-    assert session(server).request("POST", "/api/runs", {"graph": shell})[0] == 201  # a teacher's link
+    assert server.session().request("POST", "/api/runs", {"graph": shell})[0] == 201  # a teacher's link
 
 
 def test_the_teacher_may_allow_privileged_nodes_to_a_class(make_server, tmp_path):
     server = make_server(PYTHONPATH=install_pack(tmp_path), TROUPE_CLASS_PRIVILEGED_NODES="1")
     shell = graph(node("s", "labpriv.Shell"), name="shell")
-    assert session(server, uses=1).request("POST", "/api/runs", {"graph": shell})[0] == 201
-    assert session(server, read_only=True).request("POST", "/api/runs", {"graph": shell})[0] == 403  # never
+    assert server.session(uses=1).request("POST", "/api/runs", {"graph": shell})[0] == 201
+    assert server.session(read_only=True).request("POST", "/api/runs", {"graph": shell})[0] == 403  # never
