@@ -106,6 +106,8 @@ def rerun(
                                                           "checkpoint instead of starting over")] = False,
     wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
+    = None,
     host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
     port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
 ) -> None:
@@ -113,7 +115,7 @@ def rerun(
     from cli.run_cmd import rerun_and_follow
 
     try:
-        code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout)
+        code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout, sets or ())
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

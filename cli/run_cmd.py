@@ -46,9 +46,17 @@ def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: 
                   timeout)
 
 
-def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, timeout: float | None) -> int:
-    """``troupe rerun``: the run queued again (from its newest checkpoint with ``resume``)."""
-    answer = client.request("POST", f"/api/runs/{run_id}/rerun", {"resume": True} if resume else {})
+def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, timeout: float | None,
+                     sets: Sequence[str] = ()) -> int:
+    """``troupe rerun``: the run queued again (from its newest checkpoint with ``resume``),
+    with the params ``sets`` names changed (read against the run's own graph)."""
+    body: dict[str, Any] = {"resume": True} if resume else {}
+    if sets:
+        status, row = client.request("GET", f"/api/runs/{run_id}")
+        if status != 200:
+            raise CliError(f"run {run_id}: the server answered {status}: {row}")
+        body["params_set"] = apply_sets_by_server(client, dict(row["graph"]), sets)
+    answer = client.request("POST", f"/api/runs/{run_id}/rerun", body)
     return queued(client, answer, f"{'Resumes' if resume else 'Again from'}       {run_id}", detach, timeout)
 
 

@@ -50,6 +50,10 @@ class Target(BaseModel):
         return None if self.worker in (None, "local") else self.worker
 
 
+# Params changed from the terminal: ``NODE.PARAM`` (or ``NODE.vars.NAME``) -> a value.
+ParamsSet = dict[Annotated[str, Field(max_length=300)], str | int | float | bool]
+
+
 class RunOptions(BaseModel):
     """How a run is to be executed; every field is optional. An interactive run names
     its editor session."""
@@ -71,7 +75,7 @@ class RunOptions(BaseModel):
     provenance: Literal["identity", "content"] | None = Field(
         default=None, description="record what dataset and weight files the run reads: by identity (path, size, "
                                   "mtime) or by content (sha256)")
-    params_set: dict[Annotated[str, Field(max_length=300)], str | int | float | bool] | None = Field(
+    params_set: ParamsSet | None = Field(
         default=None, max_length=100, description="what `--set` changed (NODE.PARAM -> value), kept with the run "
                                                   "for show and the page; the graph already holds the values")
 
@@ -191,11 +195,14 @@ class RunDetail(RunRow):
 
 class RerunRequest(BaseModel):
     """Body of ``POST /api/runs/{id}/rerun``: ``{}`` runs it again from the start;
-    ``resume`` continues each TrainingLoop from its newest complete checkpoint."""
+    ``resume`` continues each TrainingLoop from its newest complete checkpoint;
+    ``params_set`` changes params of its graph first (``NODE.PARAM`` or ``NODE.vars.NAME``
+    -> value, as ``troupe rerun --set`` sends them)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     resume: StrictBool = False
+    params_set: ParamsSet | None = Field(default=None, max_length=100)
 
 
 class RunGroup(BaseModel):

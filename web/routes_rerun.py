@@ -17,9 +17,10 @@ from aiohttp import web
 from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.api import RerunRequest, RunOptions
-from protocol.errors import NotFound, StateConflict
+from protocol.errors import InvalidRequest, NotFound, StateConflict, pointer_from_path
 from protocol.graph import Graph
 from subprocess_runner.digest import file_sha256
+from subprocess_runner.sweeps import with_params
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import refuse_privileged
@@ -43,10 +44,30 @@ async def rerun(request: web.Request) -> web.Response:
             raise StateConflict(f"run {old_id} is {row['status']}; a run is resumed once it has ended",
                                 code="run_active")
         resumed_from = await _resume_plan(svc, row)
-    graph = Graph.model_validate(row["graph"])
+    options = rerun_options(row)
+    document = row["graph"]
+    if body.params_set:
+        document = with_params(document, _checked_sets(document, body.params_set))
+        done = {**(options.params_set or {}), **body.params_set}
+        options = options.model_copy(update={"params_set": done})
+    graph = Graph.model_validate(document)
     refuse_privileged(svc, request, graph, "")  # another's run is no way around the rule
-    reply = await queue_run(svc, graph, row["name"], rerun_options(row), rerun_of=old_id, resumed_from=resumed_from)
+    reply = await queue_run(svc, graph, row["name"], options, rerun_of=old_id, resumed_from=resumed_from)
     return json_reply(reply, status=201)
+
+
+def _checked_sets(graph: dict[str, Any], params_set: dict[str, Any]) -> dict[str, Any]:
+    """Each key names a node of the run's graph (its param is checked with the graph);
+    a key that names none is refused, never set nowhere."""
+    ids = {str(n.get("id")) for n in graph.get("nodes", [])}
+    for key in params_set:
+        node_id = key.rpartition(".")[0]
+        if node_id not in ids:
+            node_id = node_id.rpartition(".")[0]  # NODE.vars.NAME
+        if node_id not in ids:
+            raise InvalidRequest(f"params_set: {key!r} names no node of the run's graph (it has "
+                                 f"{', '.join(sorted(ids))})", pointer=pointer_from_path(["params_set", key]))
+    return params_set
 
 
 def rerun_options(row: dict[str, Any]) -> RunOptions:

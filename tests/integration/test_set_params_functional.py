@@ -67,3 +67,18 @@ def test_set_changes_a_sweeps_base_graph(shared_server, tmp_path):
     assert finals == [11, 12]  # 10 + 1, 10 + 2
     bad = cli(shared_server, "study", "start", str(path), "--set", "a.nothing=1")
     assert bad.returncode == 2 and "it has value" in bad.stderr
+
+
+def test_set_on_rerun_changes_the_runs_graph_and_is_recorded(shared_server):
+    first = shared_server.submit(json.loads((EXAMPLES / "hello.json").read_text()))["run_id"]
+    shared_server.wait_status(first, "succeeded")
+    again = cli(shared_server, "rerun", first, "--set", "a.value=10", "--detach")
+    assert again.returncode == 0, again.stderr
+    run_id = again.stdout.split("Run ID")[1].split()[0]
+    row = shared_server.wait_status(run_id, "succeeded")
+    assert row["final_loss"] == 13 and row["rerun_of"] == first  # 10 + 3
+    assert row["options"]["params_set"] == {"a.value": 10.0}
+    bad = cli(shared_server, "rerun", first, "--set", "a.colour=1")
+    assert bad.returncode == 2 and "it has value" in bad.stderr
+    status, reply = shared_server.client.request("POST", f"/api/runs/{first}/rerun", {"params_set": {"z.value": 1}})
+    assert status == 400 and reply["error"]["pointer"] == "/params_set/z.value", reply
