@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,10 +39,10 @@ def _by_hand(folder: Path, runs: int) -> list[float]:
     return times
 
 
-def _body(folder: Path, target: str | None) -> bytes:
+def _body(target: str | None) -> bytes:
     graph = {"version": 1, "name": "command", "settings": {"device": "cpu"}, "edges": [],
              "nodes": [{"id": "c", "type": "script.Command",
-                        "params": {"argv": ["{python}", "job.py"], "cwd": str(folder)}}]}
+                        "params": {"argv": ["{python}", "job.py"], "cwd": "data:."}}]}
     options = {"target": {"worker": target}} if target else {}
     return json.dumps({"graph": graph, "options": options}).encode()
 
@@ -74,15 +73,16 @@ def main() -> None:
         folder.mkdir()
         (folder / "job.py").write_text(SCRIPT)
         (Path(tmp) / "home").mkdir()
-        os.environ["TROUPE_DATA_ROOTS"] = tmp  # the server's and the agent's: the script's folder
-        server = start_server(Path(tmp) / "home", 2, 60)
+        # The script's folder is storage label data, on the server and on the agent.
+        server = start_server(Path(tmp) / "home", 2, 60, {"TROUPE_MOUNT_PATH": str(folder)})
         agent = None
         try:
             conn = Conn(server.port, server.token, 60)
             hand = _by_hand(folder, args.runs)
-            local = _through(conn, _body(folder, None), "cpu", args.runs)
-            agent, _ = enroll_and_attach(conn, server.port, Path(tmp), 60, extra=("--warm", "1"))
-            remote = _through(conn, _body(folder, WORKER), f"{WORKER}/cpu", args.runs)
+            local = _through(conn, _body(None), "cpu", args.runs)
+            agent, _ = enroll_and_attach(conn, server.port, Path(tmp), 60,
+                                         extra=("--warm", "1", "--mount", f"data={folder}"))
+            remote = _through(conn, _body(WORKER), f"{WORKER}/cpu", args.runs)
         finally:
             if agent is not None:
                 stop_server_proc(agent, 30)

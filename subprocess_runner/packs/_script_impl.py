@@ -34,6 +34,8 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     outputs = ctx.files("outputs")
     cwd = Path(params.get("cwd") or checkpoints.parent)  # the run's folder, unless it names one
     argv = [_filled(text, params, ctx) for text in params["argv"]]
+    # The program gets the environment it would get from a shell here (not a setting
+    # troupe reads), then the run's own variables, then the node's.
     env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
     try:
         process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
