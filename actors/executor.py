@@ -21,14 +21,14 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from actors.base import ActorRef
 from subprocess_runner.artifacts import Destination, Shipper
 from subprocess_runner.console import Console
-from subprocess_runner.context import ExecutionContext, Sinks
+from subprocess_runner.context import ExecutionContext, NodeLimits, Sinks
 from subprocess_runner.devices import parse_device
 from subprocess_runner.engine import CpuGate, ExecutableGraph, Outcome, execute_graph
 from subprocess_runner.memory import is_out_of_memory, peak_mib
@@ -57,6 +57,7 @@ class Execute:
     # A resumed run: node id -> {"weights", "state"} paths of the checkpoint it continues from.
     resume: Mapping[str, Mapping[str, str]] | None = None
     console_cap_bytes: int = 0  # the run's console output kept; 0 or less: no cap
+    limits: NodeLimits = field(default_factory=NodeLimits)  # what a node that starts processes honours
 
 
 # NodeEvents and GraphEnded are received by the RunActor but live here, beside their
@@ -175,7 +176,7 @@ def _execute(message: Execute, courier: _Courier) -> None:
     ctx = ExecutionContext(
         message.run_id, None, message.device, message.seed, Sinks(courier.emit, shipper, console), message.cancel,
         deterministic=message.deterministic, run_dir=message.run_dir, provenance=message.provenance,
-        resume=message.resume,
+        resume=message.resume, limits=message.limits,
     )
     try:
         outcome = execute_graph(

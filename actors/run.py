@@ -51,6 +51,7 @@ from protocol import jsonsafe
 from protocol import worker as wire
 from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
+from subprocess_runner.context import NodeLimits
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
@@ -259,6 +260,7 @@ class RunActor(Actor):
                 provenance=self._record.provenance,
                 resume=local_resume(self._record.resumed_from),
                 console_cap_bytes=self._settings.run_console_cap_bytes,
+                limits=NodeLimits(kill_grace_s=self._settings.command_kill_grace_s),
             ),
             asyncio.get_running_loop(),
             self.ref,

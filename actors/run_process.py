@@ -14,10 +14,12 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from actors.artifact_outbox import Flush, Wake
@@ -61,7 +63,7 @@ class RunProcess(Actor):
                  shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
                  ddp_cpu_ranks: int = 0, artifact_outbox: dict[str, Any] | None = None,
                  uploader: ActorRef | None = None, data_roots: tuple[str, ...] = (),
-                 room: threading.Event | None = None) -> None:
+                 room: threading.Event | None = None, command_kill_grace_s: float = 5.0) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
@@ -80,6 +82,7 @@ class RunProcess(Actor):
         self._uploader = uploader
         self._send = send
         self._kill_grace_s = kill_grace_s
+        self._command_kill_grace_s = command_kill_grace_s
         self._ended = False
         self._cancelled = False
         self._counter = 0  # the child's newest frame counter; an end written here takes the next
@@ -91,7 +94,7 @@ class RunProcess(Actor):
 
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane,
                   "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox,
-                  "data_roots": list(self._data_roots)}
+                  "data_roots": list(self._data_roots), "command_kill_grace_s": self._command_kill_grace_s}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:
@@ -239,7 +242,32 @@ class RunProcess(Actor):
     def _kill(self) -> None:
         if self._process is not None and self._process.is_alive():
             log.warning("killing the process of run %s", self._assign.run_id)
+            # A command node's program runs in a process group of its own, which a kill of
+            # the child alone would leave behind: its groups go first, while the tree
+            # still shows whose they are.
+            groups = _descendant_groups(self._process.pid)
             self._process.kill()
+            for pgid in groups:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)
+
+
+def _descendant_groups(pid: int) -> set[int]:
+    """The process groups descendants of ``pid`` belong to (Linux's /proc; elsewhere none)."""
+    parents: dict[int, tuple[int, int]] = {}  # pid -> (parent, group)
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.parent.name)] = (int(fields[1]), int(fields[2]))
+    below, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in parents.items():
+            if ppid == parent and child not in below:
+                below.add(child)
+                frontier.append(child)
+    own = os.getpgid(0)  # the agent's (and the child's) own group is not the child's to kill
+    return {parents[p][1] for p in below} - {own}
 
 
 def _sets_env(assign: dict[str, Any]) -> bool:

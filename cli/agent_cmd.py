@@ -138,7 +138,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             mounts, _state_dir() / "outputs" / label, settings.recorded_outputs_keep,
             0 if options.one_shot else options.warm, settings.ddp_cpu_ranks,
             _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30), ca,
-            tuple(str(root) for root in settings.data_roots)))))
+            tuple(str(root) for root in settings.data_roots),
+            command_kill_grace_s=settings.command_kill_grace_s))))
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -52,6 +52,8 @@ class Settings:
     worker_resume_grace_s: float = 300.0
     # On an agent: how long a cancelled run's process has to stop before it is killed.
     worker_kill_grace_s: float = 10.0
+    # From SIGTERM to SIGKILL of a cancelled (or timed out) command node's process group.
+    command_kill_grace_s: float = 5.0
     # On an agent: MiB of run frames kept until the control plane acknowledges them.
     agent_outbox_mb: float = 64.0
     # On an agent: GiB of its runs' files kept on disk until the control plane has them.
@@ -179,6 +181,7 @@ class Settings:
             worker_heartbeat_s=reader.number("TROUPE_WORKER_HEARTBEAT_S", 10.0) or 10.0,
             worker_resume_grace_s=reader.number("TROUPE_WORKER_RESUME_GRACE_S", 300.0),
             worker_kill_grace_s=reader.number("TROUPE_WORKER_KILL_GRACE_S", 10.0),
+            command_kill_grace_s=reader.number("TROUPE_COMMAND_KILL_GRACE_S", 5.0),
             agent_outbox_mb=reader.number("TROUPE_AGENT_OUTBOX_MB", 64.0),
             agent_artifact_outbox_gib=reader.number("TROUPE_AGENT_ARTIFACT_OUTBOX_GIB", 20.0),
             ddp_cpu_ranks=reader.integer("TROUPE_DDP_CPU_RANKS", 0, minimum=0),

@@ -222,7 +222,7 @@ class _Run:
     def _run_graph(self, warm_catalog: Any, mounts: dict[str, str], control_plane: dict[str, Any],
                    storage: Storage | None, shipper: Shipper) -> Outcome:
         from subprocess_runner.console import Console, capture_descriptors
-        from subprocess_runner.context import ExecutionContext, Sinks
+        from subprocess_runner.context import ExecutionContext, NodeLimits, Sinks
         from subprocess_runner.ddp import plan_for, when_stuck
         from subprocess_runner.engine import execute_graph, prepare_executable_graph
         from subprocess_runner.mounts import confine
@@ -242,7 +242,9 @@ class _Run:
         device = "cuda:0" if self.devices else "cpu"
         ctx = ExecutionContext(assign["run_id"], None, device, assign.get("seed"), Sinks(self.emit, shipper),
                                self.cancel, deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
-                               provenance=assign.get("provenance"), ddp=ddp, resume=resume)
+                               provenance=assign.get("provenance"), ddp=ddp, resume=resume,
+                               limits=NodeLimits(float(assign.get("command_kill_grace_s", 5.0)),
+                                                 assign.get("memory_budget_mib")))
         with capture_descriptors(console):  # the whole process is the run's: fds 1 and 2 are its console
             return execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                  deterministic=bool(assign.get("deterministic")))

@@ -13,6 +13,7 @@ import json
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,16 @@ class Sinks:
             return self._steps[series]
 
 
+@dataclass(frozen=True)
+class NodeLimits:
+    """What the machine that runs a graph imposes on the processes a node starts (a
+    command node's program): they are not this process, so a cap set here does not reach
+    them, and the node applies these itself."""
+
+    kill_grace_s: float = 5.0  # from SIGTERM to SIGKILL of a stopped node's process group
+    memory_budget_mib: int | None = None  # the run's budget on each of its shared cards
+
+
 class ExecutionContext:
     """Passed to every ``execute(ctx, inputs, params)``."""
 
@@ -88,6 +99,7 @@ class ExecutionContext:
         provenance: str | None = None,
         ddp: DdpPlan | None = None,
         resume: Mapping[str, Mapping[str, str]] | None = None,
+        limits: NodeLimits | None = None,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -109,6 +121,7 @@ class ExecutionContext:
         # A resumed run: node id -> {"weights", "state"}, the files of the checkpoint each
         # TrainingLoop continues from. None for a run that starts from the beginning.
         self.resume = resume
+        self.limits = limits if limits is not None else NodeLimits()
 
     @property
     def node_seed(self) -> int | None:
@@ -120,7 +133,7 @@ class ExecutionContext:
         return ExecutionContext(
             self.run_id, node_id, self.device, self.seed, self.sinks, self.cancel,
             deterministic=self.deterministic, run_dir=self.run_dir, threads=threads, provenance=self.provenance,
-            ddp=self.ddp, resume=self.resume,
+            ddp=self.ddp, resume=self.resume, limits=self.limits,
         )
 
     def resume_point(self) -> Mapping[str, str] | None:

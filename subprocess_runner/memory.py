@@ -8,6 +8,8 @@ the server every in-process run shares one (not exact).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
@@ -61,3 +63,37 @@ def apply_cap(budget_mib: int, totals: Sequence[int], say: Callable[[str], None]
         fraction = min(1.0, budget_mib / total) if total else 1.0
         torch.cuda.set_per_process_memory_fraction(fraction, ordinal)
     say(f"memory budget {budget_mib} MiB on each of {len(totals)} card(s): the allocator is capped at it")
+
+
+def group_card_mib(pgid: int) -> list[int] | None:
+    """MiB that the processes of group ``pgid`` hold on each card of this machine, as NVML
+    counts them (a command node's program and its children are not this process, so
+    torch's allocator here knows nothing of them). None where NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: nothing to watch with
+        return None
+    try:
+        used = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            total = 0
+            for found in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if _in_group(found.pid, pgid) and found.usedGpuMemory:
+                    total += int(found.usedGpuMemory)
+            used.append(-(-total // _MIB))
+        return used
+    except Exception:  # a card that went away meanwhile: read again next time
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except OSError:  # gone, or a pid of another namespace
+        return False

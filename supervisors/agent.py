@@ -59,6 +59,7 @@ class AgentConfig:
     artifact_outbox_bytes: int = 20 * 2**30
     ca: str | None = None  # trusted beside the system's authorities (an https control plane's own)
     data_roots: tuple[str, ...] = ()  # folders runs may read by absolute path (TROUPE_DATA_ROOTS)
+    command_kill_grace_s: float = 5.0  # a cancelled command node's group: SIGTERM, then SIGKILL after it
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -238,7 +239,7 @@ class _Tree:
             self.one_shot.take(frame.run_id)
         process = RunProcess(frame, self.send, config.kill_grace_s, config.mounts, self.control_plane, self.shelf,
                              self.pool, config.ddp_cpu_ranks, self.outbox_spec, self.artifacts, config.data_roots,
-                             self.room)
+                             self.room, config.command_kill_grace_s)
         self.runs.start_child(ChildSpec(process.name, lambda: process.start(self.registry), Restart.TEMPORARY))
 
 

@@ -1,15 +1,17 @@
 """troupe's public package: what a user's own code imports. ``metric``, ``progress`` and
 ``result`` print the lines a ``script.Command`` run reads (docs/scripts.md), for a
 script that prefers a call to a ``print(json.dumps(...))``; outside troupe they print
-the same lines and do nothing else."""
+the same lines and do nothing else. ``cap_memory`` holds torch's allocator to the run's
+memory budget on a shared card."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
-__all__ = ["metric", "progress", "result"]
+__all__ = ["cap_memory", "metric", "progress", "result"]
 
 
 def _say(line: dict[str, Any]) -> None:
@@ -33,3 +35,21 @@ def progress(done: int, total: int) -> None:
 def result(value: Any) -> None:
     """The node's ``result`` output (the last call wins): a later node takes it."""
     _say({"result": value})
+
+
+def cap_memory() -> int | None:
+    """Caps torch's CUDA allocator on each visible card at the run's memory budget
+    (``TROUPE_MEMORY_BUDGET_MIB``, set on a shared card), so that going past it is torch's
+    own out-of-memory error rather than the group being stopped from outside. Returns the
+    budget in MiB, or None where there is none or no CUDA."""
+    budget = os.environ.get("TROUPE_MEMORY_BUDGET_MIB")
+    if not budget:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    for ordinal in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(ordinal).total_memory / 2**20
+        torch.cuda.set_per_process_memory_fraction(min(1.0, int(budget) / total), ordinal)
+    return int(budget)

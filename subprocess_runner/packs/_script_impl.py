@@ -1,7 +1,9 @@
 """``script.Command`` at run time: the program in a process group of its own, its two
 output streams read line by line on threads of their own, its checkpoint folder
-watched, and the group stopped (SIGTERM, then SIGKILL after ``KILL_GRACE_S``) when the
-run is cancelled. Nothing of the group outlives the node."""
+watched, and the group stopped (SIGTERM, then SIGKILL after the machine's grace,
+``TROUPE_COMMAND_KILL_GRACE_S``) when the run is cancelled, the node's ``timeout_s``
+passes, or the group uses more of a shared card than the run's memory budget. Nothing of
+the group outlives the node."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from subprocess_runner.errors import RunCancelled
+from subprocess_runner.memory import group_card_mib
 
-KILL_GRACE_S = 5.0  # from SIGTERM to SIGKILL of a cancelled command's process group
 STDERR_TAIL = 20  # lines of stderr a failure quotes
 _POLL_S = 0.1
 _CHECKPOINT_POLL_S = 0.5
@@ -48,10 +50,11 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     for reader in readers:
         reader.start()
     watched = _Checkpoints(ctx, checkpoints)
+    grace = ctx.limits.kill_grace_s
     try:
-        code = _wait(process, ctx, watched)
+        code = _wait(process, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
     finally:
-        _stop_group(process)
+        _stop_group(process, grace)
         for reader in readers:
             reader.join(5)
         watched.look()  # what it renamed into place last
@@ -75,6 +78,8 @@ def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
         env["TROUPE_SEED"] = str(ctx.seed)
     if ctx.threads:  # the caps the node's declared cpus give, as an in-process node gets them
         env.update({name: str(ctx.threads) for name in _THREAD_CAPS})
+    if ctx.limits.memory_budget_mib:  # a script may cap its own allocator at it (troupe.cap_memory)
+        env["TROUPE_MEMORY_BUDGET_MIB"] = str(ctx.limits.memory_budget_mib)
     point = ctx.resume_point()
     if point is not None:
         env["TROUPE_RESUME_FROM"] = str(_resume_copy(point, checkpoints.parent / "resume"))
@@ -102,7 +107,7 @@ def _resume_copy(point: Mapping[str, str], folder: Path) -> Path:
     return copy
 
 
-def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints) -> int:
+def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints, limits: _Limits) -> int:
     last_look = time.monotonic()
     while True:
         try:
@@ -110,21 +115,53 @@ def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints) -> 
         except subprocess.TimeoutExpired:
             pass
         if ctx.cancelled:
-            _stop_group(process)
+            _stop_group(process, ctx.limits.kill_grace_s)
             raise RunCancelled("the run was cancelled")
         if time.monotonic() - last_look >= _CHECKPOINT_POLL_S:
             watched.look()
             last_look = time.monotonic()
+            over = limits.passed(process.pid)
+            if over is not None:
+                _stop_group(process, ctx.limits.kill_grace_s)
+                raise RuntimeError(over)
 
 
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
+class _Limits:
+    """The node's timeout and the run's memory budget on a shared card, looked at on the
+    checkpoint poll's beat: the program is not this process, so neither a timer here nor
+    the allocator cap the run's process has reaches it."""
+
+    def __init__(self, ctx: Any, program: str, timeout_s: float) -> None:
+        self._program, self._timeout_s = program, timeout_s
+        self._deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        self._budget = ctx.limits.memory_budget_mib
+        if self._budget and group_card_mib(os.getpgid(0)) is None:
+            ctx.warning(f"the memory budget of {self._budget} MiB is not watched on this command: NVML cannot "
+                        "be read here", code="memory_budget_unwatched")
+            self._budget = None
+
+    def passed(self, pgid: int) -> str | None:
+        """Why the group must stop now, or None."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return f"{self._program} ran past its timeout_s of {self._timeout_s:g} s and was stopped"
+        if self._budget:
+            used = group_card_mib(pgid) or [0]
+            if max(used) > self._budget:
+                # The words torch uses, so that the run counts as out of memory (and the
+                # next run of its graph is budgeted more).
+                return (f"CUDA out of memory: {self._program}'s processes held {max(used)} MiB of a card, over "
+                        f"the run's memory budget of {self._budget} MiB; they were stopped")
+        return None
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGTERM to the whole group, SIGKILL to what is left after the grace: a script's own
     children (a data loader's workers, a shell's pipeline) go with it."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + KILL_GRACE_S
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if process.poll() is not None and not _group_alive(process.pid):
             return

@@ -64,6 +64,8 @@ PACK = Pack(
                 Param("cwd", "string", default="", description="where it runs: the run's folder (empty), a "
                                                                "storage label (data:scripts) or a data root"),
                 Param("env", "mapping", default={}, description="extra environment variables"),
+                Param("timeout_s", "float", default=0.0, min=0.0,
+                      description="stop it (and fail the run) after this many seconds; 0: no limit"),
             ),
             description="Runs a program: its prints are the run's console, its JSON lines with a metric or "
                         "progress key are metrics and progress, files it renames into TROUPE_CHECKPOINT_DIR "

@@ -7,8 +7,8 @@ The rules an example follows (docs/decisions.md, "Examples that run"):
   before it in the same file (a variable set in one is there in the next); where its
   lines start with ``$ ``, those are the commands and the other lines show their output;
 * ``http://127.0.0.1:8765`` and the other example addresses reach the test's server,
-  ``troupe`` and ``python`` are this checkout's, and the working folder has
-  ``examples/``;
+  ``troupe`` and ``python`` are this checkout's, the working folder has ``examples/``,
+  and the server's label ``data`` is a copy of it;
 * a ```` ```json ```` block parses; after ``<!-- check: METHOD PATH TEMPLATE -->`` it
   is sent (``$`` in the template stands for the block) and must be accepted;
 * a block after ``<!-- not run: REASON -->`` is left out, and the reason printed.
@@ -72,7 +72,10 @@ def test_every_example_is_runnable_or_says_why_not():
 def test_the_examples_of(path, make_server, tmp_path):
     if shutil.which("curl") is None:
         pytest.skip("the docs' examples use curl (.ci/run installs it)")
-    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="2")
+    # The label ``data`` is a copy of examples/ (docs/scripts.md runs a script from it):
+    # a run writes nothing into the checkout.
+    mounted = shutil.copytree(REPO / "examples", tmp_path / "mount", ignore=shutil.ignore_patterns("__pycache__"))
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="2", TROUPE_MOUNT_PATH=str(mounted))
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "examples").symlink_to(REPO / "examples")
