@@ -18,6 +18,7 @@ from actors.store.flavors import ListFlavors
 from protocol.api import RunOptions
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph, NodeResources
+from subprocess_runner.catalog import Catalog
 
 _QUANTITIES = ("cpus", "gpus", "ram", "duration_s")
 _UNITS = {"cpus": "cpus", "gpus": "cards", "ram": "MB of ram"}
@@ -40,6 +41,22 @@ class Resolved:
     # The run's expected length: the sum of what its nodes declare (directly or by their
     # flavor), an upper bound as nodes may overlap; None when none declares any.
     duration_s: float | None = None
+
+
+def with_type_resources(graph_doc: Graph, catalog: Catalog) -> Graph:
+    """The graph with what each node's type asks for (a pack's ``@node(resources=...)``)
+    written into the nodes that do not say otherwise: from here on it is what the node
+    asked, stored with the run and read as any node's own."""
+    nodes, changed = [], False
+    for node in graph_doc.nodes:
+        node_type = catalog.get(node.type)
+        declared = dict(node_type.resources or {}) if node_type is not None else {}
+        own = node.resources.model_dump(exclude_none=True) if node.resources is not None else {}
+        if any(key not in own for key in declared):
+            node = node.model_copy(update={"resources": NodeResources.model_validate({**declared, **own})})
+            changed = True
+        nodes.append(node)
+    return graph_doc.model_copy(update={"nodes": nodes}) if changed else graph_doc
 
 
 def flavor_names(graph_doc: Graph, options: RunOptions) -> tuple[str, ...]:

@@ -237,7 +237,7 @@ class RunActor(Actor):
             self._record = record.with_changes(worker=worker, device=started["device"], devices=(
                 (started["device"],) if len(record.devices) == 1 else record.devices))
         if self._worker is None:  # this process executes it (a worker's child reports its own)
-            fields["execution_facts"] = execution_facts(CONTROL_PLANE)
+            fields["execution_facts"] = execution_facts(CONTROL_PLANE, self._graph.folder_packs())
         self._write(UpdateRun(self.run_id, fields))
         self._emit(ev.RUN_STARTED, None, started)
         if self._worker is not None:
@@ -282,7 +282,7 @@ class RunActor(Actor):
                 self._finish(ev.INTERRUPTED, "worker_lost", None, reason="worker_lost")
             return
         if what == "assign":
-            connection.tell(AssignRun(self.run_id, assign_frame(self._record, self._settings, self._caps)))
+            connection.tell(AssignRun(self.run_id, assign_frame(self._record, self._settings, self._caps, self._graph)))
         else:
             connection.tell(CancelOnWorker(self.run_id))
 

@@ -10,6 +10,7 @@ from typing import Any
 from protocol import worker as wire
 from protocol.run_record import RunRecord
 from protocol.settings import Settings
+from subprocess_runner.engine import ExecutableGraph
 
 
 def local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:
@@ -33,9 +34,10 @@ def _remote_resume(resumed: Mapping[str, Any] | None) -> dict[str, wire.ResumeFi
             for node, plan in resumed["nodes"].items()}
 
 
-def assign_frame(record: RunRecord, settings: Settings, caps: dict[str, int]) -> wire.Assign:
+def assign_frame(record: RunRecord, settings: Settings, caps: dict[str, int], graph: ExecutableGraph) -> wire.Assign:
     """``caps``: the shared cards the run holds (device -> card total MiB); its budget
-    caps it on each, and only then is it sent."""
+    caps it on each, and only then is it sent. ``packs``: the folder packs its nodes
+    are from, by digest, which an agent that accepts packs fetches before it starts."""
     storage = wire.Storage(mount_label=settings.mount_label if settings.mount_path is not None else None,
                            s3=settings.s3, transfer_max_mb=settings.upload_max_mb)
     return wire.Assign(run_id=record.id, graph=dict(record.graph), seed=record.seed,
@@ -45,4 +47,5 @@ def assign_frame(record: RunRecord, settings: Settings, caps: dict[str, int]) ->
                        memory_total_mib=caps,
                        provenance=record.provenance, record_outputs=record.record_outputs,
                        storage=storage, resume=_remote_resume(record.resumed_from),
-                       console_cap_bytes=max(0, settings.run_console_cap_bytes))
+                       console_cap_bytes=max(0, settings.run_console_cap_bytes),
+                       packs=dict(graph.folder_packs()))

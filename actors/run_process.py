@@ -30,6 +30,8 @@ from actors.warm_pool import Take
 from protocol import events as ev
 from protocol import jsonsafe, pipe
 from protocol import worker as wire
+from subprocess_runner.errors import PackArchiveRefused
+from subprocess_runner.pack_sync import AgentPacks, PackUnavailable
 
 ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
 # Batches of a child's frames read from its pipe and not yet handed to the link: one
@@ -63,7 +65,8 @@ class RunProcess(Actor):
                  shelf: OutputsShelf | None = None, pool: ActorRef | ThreadActorRef | None = None,
                  ddp_cpu_ranks: int = 0, artifact_outbox: dict[str, Any] | None = None,
                  uploader: ActorRef | None = None, data_roots: tuple[str, ...] = (),
-                 room: threading.Event | None = None, command_kill_grace_s: float = 5.0) -> None:
+                 room: threading.Event | None = None, command_kill_grace_s: float = 5.0,
+                 packs: AgentPacks | None = None) -> None:
         super().__init__(f"run/{assign.run_id}")
         self._assign = assign
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
@@ -83,6 +86,7 @@ class RunProcess(Actor):
         self._send = send
         self._kill_grace_s = kill_grace_s
         self._command_kill_grace_s = command_kill_grace_s
+        self._packs = packs  # where the folder packs its run names are (fetched when the owner allows)
         self._ended = False
         self._cancelled = False
         self._counter = 0  # the child's newest frame counter; an end written here takes the next
@@ -92,9 +96,19 @@ class RunProcess(Actor):
     async def on_start(self) -> None:
         from subprocess_runner import child
 
+        try:
+            pack_paths = await asyncio.to_thread(self._packs.paths_for, self._assign.packs) \
+                if self._packs is not None else []
+        except (PackUnavailable, PackArchiveRefused) as exc:  # said in the run's error; nothing of it is loaded
+            log.error("run %s: %s", self._assign.run_id, exc)
+            self._ended = True
+            self._send(wire.RunEnded(run_id=self._assign.run_id, counter=1, status="failed", error=str(exc)))
+            self.stop_self("its packs are not here")
+            return
         assign = {**self._assign.model_dump(), "mounts": self._mounts, "control_plane": self._control_plane,
                   "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox,
-                  "data_roots": list(self._data_roots), "command_kill_grace_s": self._command_kill_grace_s}
+                  "data_roots": list(self._data_roots), "command_kill_grace_s": self._command_kill_grace_s,
+                  "pack_paths": pack_paths}
         warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:

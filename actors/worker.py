@@ -33,6 +33,7 @@ from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, Worker
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.worker_view import ConnectionView, LastHeard, Said, said_of
 from protocol import worker as wire
+from subprocess_runner.catalog import OfferedPacks
 
 log = logging.getLogger("troupe.worker")
 
@@ -144,7 +145,8 @@ class WorkerConnection(Actor):
 
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
                  limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
-                 catalog_digest: str = "", on_spent: Callable[[str], None] = lambda name: None) -> None:
+                 catalog_digest: str = "", on_spent: Callable[[str], None] = lambda name: None,
+                 offered_packs: OfferedPacks | None = None) -> None:
         super().__init__(f"workers/{name}")
         # A one-shot agent that took its run and exited: it leaves the Workers list (its
         # history stays with its run).
@@ -156,6 +158,8 @@ class WorkerConnection(Actor):
         self._grace_s = grace_s
         self._catalog_types = catalog_types
         self._catalog_digest = catalog_digest
+        self._offered_packs = offered_packs or OfferedPacks()
+        self._types_here: frozenset[str] = frozenset()  # what its runs can execute there
         self._runs: dict[str, str] = {}  # run id -> the device it executes on
         self._took_a_run = False
         self._hello: wire.Hello | None = None
@@ -267,7 +271,10 @@ class WorkerConnection(Actor):
         if self._outbox is not None and self._outbox is not outbox:
             self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
         self._hello, self._outbox, self._upto, self._foreign = hello, outbox, 0, 0
-        self._missing = tuple(sorted(self._catalog_types - set(hello.node_types)))
+        # An agent that accepts packs fetches the folder packs' nodes as its runs need them.
+        self._types_here = frozenset(hello.node_types) | (self._offered_packs.types if hello.accept_packs
+                                                          else frozenset())
+        self._missing = tuple(sorted(self._catalog_types - self._types_here))
         self._acks, self._unacked = {}, 0  # acks of the old socket are answered by the replay
         self._last_beat, self._disconnected_at = time.monotonic(), None
         self._heard.at = self._last_beat
@@ -291,7 +298,12 @@ class WorkerConnection(Actor):
 
     @property
     def _degraded(self) -> bool:
-        return self._hello is not None and self._hello.catalog_digest != self._catalog_digest
+        hello = self._hello
+        if hello is None:
+            return False
+        if hello.accept_packs:
+            return bool(self._missing) or hello.installed_digest != self._offered_packs.installed_digest
+        return hello.catalog_digest != self._catalog_digest
 
     def _from_worker(self, frames: tuple[Any, ...]) -> None:
         self._last_beat = self._heard.at = time.monotonic()
@@ -377,7 +389,7 @@ class WorkerConnection(Actor):
             placer.tell(WorkerOffline(self.worker))
             return
         inventory = self._hello.inventory
-        offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, frozenset(self._hello.node_types),
+        offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, self._types_here,
                             one_shot=self._hello.one_shot, spent=self._hello.spent, deadline=self._hello.deadline,
                             mounts=frozenset(self._hello.mounts))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))

@@ -104,6 +104,8 @@ class StartOptions:
     mounts: tuple[str, ...] = ()  # LABEL=PATH
     warm: int = 0  # run children kept started, torch imported
     ca: str | None = None  # the certificate of an https control plane's own authority
+    packs: tuple[str, ...] = ()  # folders of packs of this machine's own (--packs)
+    accept_packs: bool = False  # fetch the control plane's folder packs as runs need them
 
 
 def start(url: str, token: str | None, name: str | None, simulated: dict[str, Any] | None,
@@ -128,7 +130,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     pid_file.write_text(str(os.getpid()))
     print(f"troupe agent {name} dialing {url}" + (" (one-shot)" if options.one_shot else ""), flush=True)
     try:
-        settings = load_settings()
+        settings = load_settings(packs=[Path(p) for p in options.packs])
         for warning in settings.warnings:
             log.warning("setting ignored: %s", warning)
         return asyncio.run(_serve(Agent(AgentConfig(
@@ -139,7 +141,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             0 if options.one_shot else options.warm, settings.ddp_cpu_ranks,
             _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30), ca,
             tuple(str(root) for root in settings.data_roots),
-            command_kill_grace_s=settings.command_kill_grace_s))))
+            command_kill_grace_s=settings.command_kill_grace_s, pack_dirs=settings.pack_dirs,
+            accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs"))))
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -18,13 +18,14 @@ _BUNDLED_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def load_settings(host: str | None = None, port: int | None = None, examples: Path | None = None,
-                  tls_cert: Path | None = None, tls_key: Path | None = None) -> Settings:
+                  tls_cert: Path | None = None, tls_key: Path | None = None,
+                  packs: list[Path] | None = None) -> Settings:
     default_home = Path(platformdirs.user_data_dir("troupe"))
     if examples is None and _BUNDLED_EXAMPLES.is_dir():
         examples = _BUNDLED_EXAMPLES
     return Settings.from_env(os.environ, default_home=default_home, host=host, port=port, examples_dir=examples,
                              tls_cert=tls_cert.resolve() if tls_cert else None,
-                             tls_key=tls_key.resolve() if tls_key else None)
+                             tls_key=tls_key.resolve() if tls_key else None, packs=tuple(packs or ()))
 
 
 def load_simulated_inventory() -> dict[str, Any] | None:

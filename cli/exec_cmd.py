@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from cli.config import load_settings
@@ -23,13 +25,17 @@ from subprocess_runner.errors import GraphInvalid
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
 
-def load_valid_graph(path: str, sets: Sequence[str] = ()) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
+def load_valid_graph(path: str, sets: Sequence[str] = (),
+                     packs: Sequence[Path] = ()) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
     """The file's document (with the params ``--set`` changed), its model and its
-    executable form; CliError when invalid."""
+    executable form, its nodes from the installed packs and those of TROUPE_HOME/packs,
+    TROUPE_PACKS and ``packs``; CliError when invalid."""
     from pydantic import ValidationError
 
     raw = _load_graph(path)
-    catalog = load_catalog()
+    catalog = load_catalog(load_settings(packs=list(packs)).pack_dirs)
+    for name, error in catalog.broken_packs.items():
+        print(f"  ⚠ pack {name} was not loaded: {error}", file=sys.stderr)
     apply_sets(raw, sets, catalog_params(catalog.to_json()["nodes"]))
     try:
         graph = Graph.model_validate(raw)
@@ -44,10 +50,10 @@ def load_valid_graph(path: str, sets: Sequence[str] = ()) -> tuple[dict[str, Any
 
 
 def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: int, events_json: bool = False,
-               sets: Sequence[str] = ()) -> int:
+               sets: Sequence[str] = (), packs: Sequence[Path] = ()) -> int:
     cap_threads()  # before the first node imports torch
     number_cards_by_bus()
-    _, graph, executable = load_valid_graph(path, sets)
+    _, graph, executable = load_valid_graph(path, sets, packs)
     try:
         # This process runs the graph itself: cards by torch's names, the visible ones only.
         visible = load_settings().cuda_visible_devices

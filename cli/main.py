@@ -6,6 +6,7 @@ command could not do its job), 2 usage error (typer's), 130 Ctrl+C.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 
 
+PACKS_HELP = "a folder of packs (.py files or package folders) to load besides TROUPE_HOME/packs (repeatable)"
 DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
 
 
@@ -39,13 +41,14 @@ def start(
         "--tls-cert", help="serve https with this certificate (PEM; with --tls-key). Agents and terminals "
                            "trust a self-signed one with --ca")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="the certificate's private key (PEM)")] = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
 ) -> None:
     """Start the control plane in the foreground; Ctrl+C stops it gracefully."""
     from cli.config import load_settings
     from cli.start_cmd import start as run_start
 
     try:
-        code = run_start(load_settings(host, port, examples, tls_cert, tls_key))
+        code = run_start(load_settings(host, port, examples, tls_cert, tls_key, packs))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -130,12 +133,13 @@ def exec_(
     events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
 ) -> None:
     """Execute a graph here, without a server."""
     from cli.exec_cmd import exec_graph
 
     try:
-        code = exec_graph(graph, seed, device, max_parallel, events_json, sets or ())
+        code = exec_graph(graph, seed, device, max_parallel, events_json, sets or (), packs or ())
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -227,6 +231,26 @@ def links(revoke: Annotated[str | None, typer.Option(
 
 
 @app.command()
+def packs(as_json: Annotated[bool, typer.Option("--json", help="the server's answer as JSON")] = False) -> None:
+    """The packs the server loaded (version, digest, node types), then the broken ones with their error."""
+    from cli.runs_cmd import answer, table
+
+    client = connect.client(None, None)
+    try:
+        found = answer(client.request("GET", "/api/packs"), "listing the packs")
+    except CliError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    rows = [(pack["name"], pack["version"], (pack["digest"] or "")[:12] or "-", pack["source"],
+             ", ".join(pack["node_types"])) for pack in found["packs"]]
+    print(table(rows, ("PACK", "VERSION", "DIGEST", "FROM", "NODE TYPES")))
+    for broken in found["broken"]:
+        print(f"broken: {broken['name']}: {broken['error']}")
+
+
+@app.command()
 def token() -> None:
     """Print the bearer token this terminal uses (the server's session token here, or the
     session `troupe login` keeps), for curl: TOKEN=$(troupe token)."""
@@ -297,6 +321,10 @@ def agent_start(
     ca: Annotated[str | None, typer.Option(
         "--ca", help="trust this certificate (or authority) for an https control plane with a self-signed "
                      "certificate; kept with the credential")] = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
+    accept_packs: Annotated[bool, typer.Option(
+        "--accept-packs", help="fetch the control plane's packs (code) as its runs need them, checked by digest; "
+                               "off: a run needing a pack this machine lacks is not sent here")] = False,
 ) -> None:
     """Start a worker agent; it goes on in the background unless --foreground."""
     from cli.agent_cmd import StartOptions
@@ -306,7 +334,7 @@ def agent_start(
     try:
         code = run_agent(url, token, name, load_simulated_inventory(), StartOptions(
             one_shot, idle_timeout, instance, deadline, unix_socket, foreground, tuple(mount or ()), warm,
-            str(Path(ca).resolve()) if ca else None))
+            str(Path(ca).resolve()) if ca else None, tuple(str(p) for p in packs or ()), accept_packs))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)

@@ -62,7 +62,7 @@ async def _serve(settings: Settings) -> int:
     from subprocess_runner.catalog import load_catalog
     from supervisors.root import ControlPlane
 
-    plane = ControlPlane(settings, load_catalog(), __version__)
+    plane = ControlPlane(settings, load_catalog(settings.pack_dirs), __version__)
     port = await plane.start()
     _freeze_what_start_made()
     scheme = settings.scheme

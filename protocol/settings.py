@@ -102,6 +102,9 @@ class Settings:
     # Whether class sessions may submit privileged node types (a command, a pack's nodes
     # so marked): off, the teacher's choice (TROUPE_CLASS_PRIVILEGED_NODES).
     class_privileged_nodes: bool = False
+    # Folders of packs loaded without packaging (docs/packs.md): TROUPE_HOME/packs, then
+    # TROUPE_PACKS (os.pathsep between them), then each --packs.
+    pack_dirs: tuple[Path, ...] = ()
     # The longest a login session lives, however long its link was good for (30 days,
     # as long as the browser keeps its cookie).
     session_max_s: int = 30 * 86400
@@ -157,6 +160,7 @@ class Settings:
         examples_dir: Path | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
+        packs: tuple[Path, ...] = (),
     ) -> Settings:
         warnings: list[str] = []
         reader = _Reader(environ, warnings)
@@ -209,6 +213,8 @@ class Settings:
             data_roots=tuple(Path(p).expanduser() for p in environ.get("TROUPE_DATA_ROOTS", "").split(os.pathsep)
                              if p.strip()),
             class_privileged_nodes=reader.flag("TROUPE_CLASS_PRIVILEGED_NODES", False),
+            pack_dirs=(home / "packs", *(Path(p).expanduser() for p in environ.get("TROUPE_PACKS", "").split(os.pathsep)
+                                         if p.strip()), *(p.expanduser().resolve() for p in packs)),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,

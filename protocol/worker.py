@@ -65,6 +65,11 @@ class Hello(_Frame):
     mounts: dict[str, str] = Field(default_factory=dict)
     # Runs this agent still executes (after a reconnect): kept or killed by the answer.
     runs: list[str] = Field(default_factory=list)
+    # Started with --accept-packs: it fetches the control plane's folder packs as its runs
+    # need them, so it lacks none of their node types; ``installed_digest`` is the digest
+    # of its other types, which must match the control plane's.
+    accept_packs: bool = False
+    installed_digest: str | None = None
 
 
 class Welcome(_Frame):
@@ -195,6 +200,9 @@ class Assign(_Frame):
     resume: dict[str, ResumeFiles] = Field(default_factory=dict)
     # The run's console output kept (TROUPE_RUN_CONSOLE_CAP_BYTES); 0: no cap.
     console_cap_bytes: int = 8 * 1024 * 1024
+    # The folder packs its nodes come from: name -> the sha256 of the pack's files. An
+    # agent started with --accept-packs fetches one it lacks (GET /api/packs/NAME/archive).
+    packs: dict[str, str] = Field(default_factory=dict)
 
 
 class CancelRun(_Frame):

@@ -16,10 +16,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+from subprocess_runner import pack_loader
 from subprocess_runner.errors import PackLoadError
 from subprocess_runner.node_types import PARAM_TYPES, Execute, NodeType, Pack, Param, Port, lazy
+from subprocess_runner.pack_files import pack_name
+from subprocess_runner.pack_loader import FolderPack
 from subprocess_runner.packs import core
 
 # The pack's building blocks are re-exported: packs import them from here.
@@ -32,6 +36,15 @@ ENTRY_POINT_GROUP = "troupe.packs"
 
 
 @dataclass(frozen=True)
+class OfferedPacks:
+    """What a control plane's folder packs give an agent that accepts them: their node
+    types, and the digest of the rest, which that agent must have itself."""
+
+    types: frozenset[str] = frozenset()
+    installed_digest: str = ""
+
+
+@dataclass(frozen=True)
 class Catalog:
     """Every node type this process can execute, and a digest both ends can compare."""
 
@@ -40,14 +53,26 @@ class Catalog:
     broken_packs: dict[str, str] = field(default_factory=dict)
     # Each pack's version and the modules its nodes' code lives in (for the fingerprint).
     pack_sources: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # The packs loaded from folders (TROUPE_HOME/packs, --packs, a worker's cache): the
+    # ones the control plane offers its workers, by content digest.
+    folder_packs: dict[str, FolderPack] = field(default_factory=dict)
 
     def get(self, type_name: str) -> NodeType | None:
         return self.types.get(type_name)
 
     @property
     def digest(self) -> str:
-        body = json.dumps([self.types[k].to_json() for k in sorted(self.types)], sort_keys=True, default=str)
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+        return _digest(self.types.values())
+
+    @property
+    def installed_digest(self) -> str:
+        """The digest of the types installed with troupe or its entry points, not from a
+        folder: what an agent that takes the control plane's folder packs must match."""
+        return _digest(t for t in self.types.values() if pack_of(t.type) not in self.folder_packs)
+
+    @property
+    def offered(self) -> OfferedPacks:
+        return OfferedPacks(frozenset(t for t in self.types if pack_of(t) in self.folder_packs), self.installed_digest)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +81,17 @@ class Catalog:
             "broken_packs": dict(self.broken_packs),
             "nodes": [self.types[k].to_json() for k in sorted(self.types)],
         }
+
+
+def pack_of(type_name: str) -> str:
+    """``labpack.scale`` is a node type of pack ``labpack``."""
+    return type_name.split(".", 1)[0]
+
+
+def _digest(types: Iterable[NodeType]) -> str:
+    ordered = sorted(types, key=lambda t: t.type)
+    body = json.dumps([t.to_json() for t in ordered], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def build_catalog(packs: Iterable[Pack]) -> Catalog:
@@ -75,10 +111,11 @@ def build_catalog(packs: Iterable[Pack]) -> Catalog:
     return Catalog(types=types, packs=tuple(names), pack_sources=sources)
 
 
-def load_catalog() -> Catalog:
-    """Loads every installed pack. A pack that fails to import is logged and listed in
-    ``broken_packs`` (shown by ``/api/info``) rather than hidden; the core pack is always
-    present, even when troupe runs from a source tree without its entry points."""
+def load_catalog(folders: Iterable[Path] = ()) -> Catalog:
+    """Loads every installed pack, then the packs of ``folders`` (pack_loader). A pack
+    that fails to import is logged and listed in ``broken_packs`` (shown by ``/api/info``
+    and ``troupe packs``) rather than hidden, and never stops the process; the core pack
+    is always present, even when troupe runs from a source tree without its entry points."""
     packs: dict[str, Pack] = {core.PACK.name: core.PACK}
     broken: dict[str, str] = {}
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -96,4 +133,31 @@ def load_catalog() -> Catalog:
             continue
         packs[entry.name] = pack
     catalog = build_catalog(packs.values())
-    return Catalog(types=catalog.types, packs=catalog.packs, broken_packs=broken, pack_sources=catalog.pack_sources)
+    catalog = Catalog(types=catalog.types, packs=catalog.packs, broken_packs=broken, pack_sources=catalog.pack_sources)
+    return with_folder_packs(catalog, pack_loader.find(folders))
+
+
+def with_folder_packs(catalog: Catalog, paths: Iterable[Path]) -> Catalog:
+    """``catalog`` and the folder packs at ``paths`` (a worker's run child: the packs the
+    run uses, from the agent's folders and cache). The first pack of a name wins; a later
+    one, or one that fails, is listed as broken with the reason."""
+    types, names = dict(catalog.types), list(catalog.packs)
+    broken, folder_packs = dict(catalog.broken_packs), dict(catalog.folder_packs)
+    for path in paths:
+        try:
+            pack, found = pack_loader.load(path)
+        except pack_loader.PackBroken as exc:
+            log.error("node pack %s failed to load: %s", path, exc)
+            broken.setdefault(pack_name(path), str(exc))
+            continue
+        taken = next((t.type for t in pack.node_types if t.type in types), None)
+        if pack.name in names or taken is not None:
+            same = folder_packs.get(pack.name)
+            if same is None or same.digest != found.digest:  # the same pack named twice is no trouble
+                broken.setdefault(f"{pack.name} ({path})", f"the pack name {pack.name} is taken by another pack")
+            continue
+        names.append(pack.name)
+        types.update({t.type: t for t in pack.node_types})
+        folder_packs[pack.name] = found
+    return Catalog(types=types, packs=tuple(names), broken_packs=broken, pack_sources=catalog.pack_sources,
+                   folder_packs=folder_packs)

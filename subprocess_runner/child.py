@@ -135,7 +135,8 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
     run = _Run(conn, assign, devices)
     # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
     # Facts nobody waits for: they go up with the first node's start.
-    run.upstream.event("environment", None, {**execution_facts(RUN_PROCESS), "pid": os.getpid(),
+    used = tuple(sorted((assign.get("packs") or {}).items()))  # the folder packs it runs, as the control plane has them
+    run.upstream.event("environment", None, {**execution_facts(RUN_PROCESS, used), "pid": os.getpid(),
                                              "started_warm": warm_catalog is not None}, hold=True)
     threading.Thread(target=run.listen, name="cancel-listener", daemon=True).start()
     run.execute(warm_catalog)
@@ -221,6 +222,7 @@ class _Run:
 
     def _run_graph(self, warm_catalog: Any, mounts: dict[str, str], control_plane: dict[str, Any],
                    storage: Storage | None, shipper: Shipper) -> Outcome:
+        from subprocess_runner.catalog import load_catalog, with_folder_packs
         from subprocess_runner.console import Console, capture_descriptors
         from subprocess_runner.context import ExecutionContext, NodeLimits, Sinks
         from subprocess_runner.ddp import plan_for, when_stuck
@@ -232,7 +234,8 @@ class _Run:
         resume = self._fetch_inputs(mounts, control_plane, storage)
         resolved = resolve_mounts(assign["graph"], mounts)
         confine(resolved, [*mounts.values(), run_dir, *(assign.get("data_roots") or ())])
-        graph = prepare_executable_graph(resolved, warm_catalog)
+        catalog = with_folder_packs(warm_catalog or load_catalog(), [Path(p) for p in assign.get("pack_paths") or ()])
+        graph = prepare_executable_graph(resolved, catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
                        bool(assign.get("deterministic")), int(assign.get("ddp_cpu_ranks") or 0))
         if ddp is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocol.errors import InvalidRequest, TroupeError
+from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError
 
 
 class GraphInvalid(InvalidRequest):
@@ -34,3 +34,35 @@ class PackLoadError(TroupeError):
     """Raised when a pack named by the ``troupe.packs`` entry points cannot be loaded."""
 
     code = "pack_load_error"
+
+
+class PackArchiveRefused(TroupeError):
+    """Raised when a pack's archive, fetched from the control plane, is not the pack it
+    claims to be (its files' sha256 differs, it is truncated, or it holds a path outside
+    the pack): nothing of it is unpacked where a run would load it."""
+
+    code = "pack_archive_refused"
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class PackNotFound(NotFound):
+    """Raised for a pack this control plane does not offer (none of that name was loaded
+    from a folder: an installed pack is each machine's own)."""
+
+    code = "pack_not_found"
+
+
+class PackChanged(StateConflict):
+    """Raised when a pack's files changed on disk after the control plane loaded them:
+    what it would send is not what it runs, until it is restarted."""
+
+    code = "pack_changed"
+
+
+class PackBrokenNode(GraphInvalid):
+    """Raised at submission for a node whose type's pack failed to load: the error names
+    the pack and why, rather than calling the type unknown."""
+
+    code = "pack_broken"

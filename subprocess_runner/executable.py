@@ -29,3 +29,8 @@ class ExecutableGraph:
     nodes: dict[str, ExecutableNode]
     order: tuple[str, ...]
     children: dict[str, tuple[str, ...]]
+
+    def folder_packs(self) -> tuple[tuple[str, str], ...]:
+        """The folder packs its nodes come from: (pack name, the digest of its files)."""
+        return tuple(sorted({n.node_type.type.split(".", 1)[0]: n.node_type.pack_digest for n in self.nodes.values()
+                             if n.node_type.pack_digest is not None}.items()))

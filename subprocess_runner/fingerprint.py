@@ -27,12 +27,16 @@ CONTROL_PLANE, RUN_PROCESS = "control_plane", "run_process"
 _REPO = Path(__file__).resolve().parent.parent
 
 
-@functools.lru_cache(maxsize=2)
-def execution_facts(source: str) -> dict[str, Any]:
+@functools.lru_cache(maxsize=64)
+def execution_facts(source: str, folder_packs: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
     """``{fingerprint, fingerprint_digest, fingerprint_source}`` of this process, taken
     once: neither its code nor its environment changes while it lives (a worker's run
-    child is a new process for every run)."""
+    child is a new process for every run). ``folder_packs``: the packs loaded from
+    folders that the run uses, (name, sha256 of its files): user code that is part of
+    what executed it."""
     found = fingerprint()
+    found["packs"] = [*found["packs"], *({"name": name, "digest": digest, "source": "folder"}
+                                         for name, digest in folder_packs)]
     body = json.dumps(found, sort_keys=True, separators=(",", ":"))
     return {"fingerprint": found, "fingerprint_digest": hashlib.sha256(body.encode()).hexdigest()[:16],
             "fingerprint_source": source}

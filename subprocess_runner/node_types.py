@@ -20,6 +20,10 @@ PARAM_TYPES = ("int", "float", "bool", "string", "select", "secret", "list", "ma
 
 _NO_DEFAULT: Any = object()
 
+# The attribute ``troupe.node`` sets on a function it declares (its NodeType): a folder
+# pack's loader finds the pack's nodes by it, without importing the public package.
+NODE_MARK = "__troupe_node__"
+
 
 @dataclass(frozen=True)
 class Port:
@@ -110,6 +114,12 @@ class NodeType:
     # What no single param can say, checked at submission on the resolved params: None,
     # or (the pointer below ``params``, such as ``argv/2``, and why).
     check: Callable[[Mapping[str, Any]], tuple[str, str] | None] | None = None
+    # What each node of the type asks for unless the graph's node says otherwise (cpus,
+    # gpus, ram, duration_s, env, flavor): a user's ``@node(resources=...)``.
+    resources: Mapping[str, Any] | None = None
+    # A folder pack's node: the digest of the pack's files (what a worker must load to
+    # run it). Not part of the catalog's digest, which says what the types are.
+    pack_digest: str | None = None
 
     def input(self, name: str) -> Port | None:
         return next((p for p in self.inputs if p.name == name), None)
@@ -128,6 +138,7 @@ class NodeType:
             "outputs": [p.to_json() for p in self.outputs],
             "params": [p.to_json() for p in self.params],
             **({"privileged": True} if self.privileged else {}),
+            **({"resources": dict(self.resources)} if self.resources else {}),
         }
 
 

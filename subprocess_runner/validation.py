@@ -13,7 +13,7 @@ from typing import Any
 
 from protocol.graph import Graph
 from subprocess_runner.catalog import Catalog, NodeType, Param
-from subprocess_runner.errors import GraphInvalid
+from subprocess_runner.errors import GraphInvalid, PackBrokenNode
 
 
 def _types_fit(source: str, target: str) -> bool:
@@ -125,6 +125,10 @@ def validate_graph(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> di
         index[node.id] = i
         node_type = catalog.get(node.type)
         if node_type is None:
+            pack = node.type.split(".", 1)[0]
+            if pack in catalog.broken_packs:
+                raise PackBrokenNode(f"node {node.id}: {node.type} is a node of pack {pack}, which failed to load: "
+                                     f"{catalog.broken_packs[pack]}", pointer=f"{where}/type", node_id=node.id)
             raise GraphInvalid(
                 f"node {node.id}: unknown node type {node.type!r}", pointer=f"{where}/type", node_id=node.id
             )

@@ -26,6 +26,7 @@ from actors.warm_pool import Stats, WarmPool
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
+from subprocess_runner.pack_sync import AgentPacks
 from supervisors.supervisor import ChildSpec, Restart, Supervisor
 
 log = logging.getLogger("troupe.agent")
@@ -60,6 +61,9 @@ class AgentConfig:
     ca: str | None = None  # trusted beside the system's authorities (an https control plane's own)
     data_roots: tuple[str, ...] = ()  # folders runs may read by absolute path (TROUPE_DATA_ROOTS)
     command_kill_grace_s: float = 5.0  # a cancelled command node's group: SIGTERM, then SIGKILL after it
+    pack_dirs: tuple[Path, ...] = ()  # its own folders of packs (TROUPE_HOME/packs, TROUPE_PACKS, --packs)
+    accept_packs: bool = False  # --accept-packs: fetch the control plane's folder packs as runs need them
+    pack_cache: Path | None = None  # where fetched packs are kept, by digest
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -149,7 +153,9 @@ class _Tree:
     def __init__(self, config: AgentConfig, final: Callable[[int, str], None]) -> None:
         self.config = config
         self.final = final
-        self.catalog = load_catalog()
+        self.catalog = load_catalog(config.pack_dirs)
+        for pack, error in self.catalog.broken_packs.items():
+            log.error("pack %s was not loaded: %s", pack, error)
         self.root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
         self.registry = Registry()
         self.inventory = self.root.start_child(ChildSpec("inventory", lambda: start_thread_actor(
@@ -157,6 +163,7 @@ class _Tree:
         self.one_shot = _OneShot()
         self.control_plane = {"url": config.url, "unix_socket": config.unix_socket,
                               "credential": config.credential, "ca": config.ca}
+        self.packs = AgentPacks(self.catalog.folder_packs, config.accept_packs, config.pack_cache, self.control_plane)
         self.artifacts: ActorRef | None = None
         self.outbox_spec: dict[str, Any] | None = None
         self.shelf: OutputsShelf | None = None
@@ -198,7 +205,8 @@ class _Tree:
         return wire.Hello(version=__version__, name=config.name, machine_id=config.machine_id,
                           catalog_digest=self.catalog.digest, node_types=sorted(self.catalog.types), inventory=found,
                           runs=running, one_shot=config.one_shot, spent=bool(self.one_shot.taken),
-                          instance=config.instance, deadline=config.deadline, mounts=config.mounts)
+                          instance=config.instance, deadline=config.deadline, mounts=config.mounts,
+                          accept_packs=config.accept_packs, installed_digest=self.catalog.installed_digest)
 
     async def heartbeat(self) -> wire.Heartbeat:
         found = await self.inventory.ask(Probe())
@@ -239,7 +247,7 @@ class _Tree:
             self.one_shot.take(frame.run_id)
         process = RunProcess(frame, self.send, config.kill_grace_s, config.mounts, self.control_plane, self.shelf,
                              self.pool, config.ddp_cpu_ranks, self.outbox_spec, self.artifacts, config.data_roots,
-                             self.room, config.command_kill_grace_s)
+                             self.room, config.command_kill_grace_s, self.packs)
         self.runs.start_child(ChildSpec(process.name, lambda: process.start(self.registry), Restart.TEMPORARY))
 
 

@@ -272,7 +272,7 @@ class ControlPlane:
             settings = self.settings
             return WorkerConnection(name, settings.worker_heartbeat_s, settings.worker_resume_grace_s,
                                     self.registry, settings.concurrency_for, frozenset(self.catalog.types),
-                                    self.catalog.digest, self._retire).start(self.registry)
+                                    self.catalog.digest, self._retire, self.catalog.offered).start(self.registry)
 
         return self.workers.start_child(ChildSpec(f"{tree.WORKERS.name}/{name}", factory, tree.WORKERS.restart))
 

@@ -11,7 +11,9 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["cap_memory", "metric", "progress", "result"]
+from troupe.nodes import node
+
+__all__ = ["cap_memory", "metric", "node", "progress", "result"]
 
 
 def _say(line: dict[str, Any]) -> None:

@@ -229,6 +229,11 @@ def _other_paths() -> dict[str, Any]:
                                                     params=(("file_id", "path", "string"),))},
         "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,
                                                params=(("file_id", "path", "string"),), mutation=True)},
+        "/api/packs": {"get": _op("Every pack loaded, with its version, digest and node types; the broken ones "
+                                  "with their error", None)},
+        "/api/packs/{name}/archive": {"get": _op("A folder pack's files (gzip'd tar) for an agent started with "
+                                                 "--accept-packs; X-Troupe-Pack-Digest is their sha256", None,
+                                                 params=(("name", "path", "string"),))},
         "/api/flavors": {"get": _op("Every flavor (a named size)", None),
                          "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
         "/api/flavors/{name}": {

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from actors.errors import ActorDeadError, RunNotFound, WorkerNotConnected
 from actors.placer.actor import Admitted, Submit
-from actors.resources import read_flavors
+from actors.resources import read_flavors, with_type_resources
 from actors.run_messages import Cancel
 from actors.store.events import EventsOfType, GetEvents, GetMetrics, GetOutputs
 from actors.store.runs import DeleteRun, GetRun
@@ -121,6 +121,7 @@ async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: 
                     **asked: Any) -> dict[str, Any]:
     """Validates and queues one run, as ``POST /api/runs`` answers it: one ``Submit`` to
     the placer. ``asked``: more of the ``Submission`` (a rerun's origin)."""
+    graph_doc = with_type_resources(graph_doc, svc.catalog)
     submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options), **asked)
     admitted: Admitted = await svc.actor("placer").ask(Submit(submission))
     position = await admitted.committed

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.placer.actor import Check
-from actors.resources import read_flavors
+from actors.resources import read_flavors, with_type_resources
 from actors.run_messages import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
 from actors.study import Wake
@@ -68,6 +68,7 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
     behind when a check fails. A target applies to every attempt, with the rules of a
     single run's target."""
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
+    body = body.model_copy(update={"base_graph": with_type_resources(body.base_graph, svc.catalog)})
     variants = compile_variants(body, svc.catalog, sweep_limits(svc))
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     await svc.actor("placer").ask(Check(tuple(

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.placer.actor import SubmitSweep as PlacerSubmitSweep
-from actors.resources import read_flavors
+from actors.resources import read_flavors, with_type_resources
 from actors.run_messages import Cancel
 from actors.store.sweeps import GetSweep, ListSweeps, SetSweepState
 from actors.submission import Submission, shared_base
@@ -38,6 +38,7 @@ async def submit_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitSweep)
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
+    body = body.model_copy(update={"base_graph": with_type_resources(body.base_graph, svc.catalog)})
     refuse_privileged(svc, request, body.base_graph, "/base_graph")
     compiled = compile_sweep(body, svc.catalog, sweep_limits(svc))
     sweep_id = uuid.uuid4().hex
