@@ -1,4 +1,5 @@
-"""troupe's public package: what a user's own code imports. ``metric``, ``progress`` and
+"""troupe's public package: what a user's own code imports. ``node`` makes a typed
+function a node type of the pack its file is (docs/packs.md). ``metric``, ``progress`` and
 ``result`` print the lines a ``script.Command`` run reads (docs/scripts.md), for a
 script that prefers a call to a ``print(json.dumps(...))``; outside troupe they print
 the same lines and do nothing else. ``cap_memory`` holds torch's allocator to the run's

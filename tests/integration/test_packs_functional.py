@@ -59,6 +59,8 @@ def test_a_pack_in_home_packs_runs_in_process_and_a_broken_one_is_listed(make_se
     (server.home / "packs").mkdir()
     shutil.copy(LABPACK, server.home / "packs")
     (server.home / "packs" / "broken.py").write_text("import lab_secret_library\n")
+    (server.home / "packs" / "sized.py").write_text(
+        "from troupe import node\n\n@node(flavor='cpu-small')\ndef half(x: float) -> float:\n    return x / 2\n")
     _restart(server)
     types = {n["type"]: n for n in server.get("/api/nodes")["nodes"]}
     assert types["labpack.summary"]["resources"] == {"cpus": 1}
@@ -77,6 +79,15 @@ def test_a_pack_in_home_packs_runs_in_process_and_a_broken_one_is_listed(make_se
     assert _packs_used(server, run_id) == {"labpack": digest}
     stored = server.get(f"/api/runs/{run_id}")["graph"]["nodes"]
     assert next(n for n in stored if n["id"] == "stats")["resources"] == {"cpus": 1}  # the type's ask
+
+    sized = server.submit({"version": 1, "nodes": [
+        {"id": "four", "type": "core.Constant", "params": {"value": 4}}, {"id": "half", "type": "sized.half"},
+        {"id": "out", "type": "core.LogMetric", "params": {"name": "half"}}], "edges": [
+        {"source": "four", "source_port": "value", "target": "half", "target_port": "x"},
+        {"source": "half", "source_port": "value", "target": "out", "target_port": "value"}]})["run_id"]
+    assert server.wait_status(sized, "succeeded", timeout=60)["status"] == "succeeded"
+    stored = server.get(f"/api/runs/{sized}")["graph"]["nodes"]
+    assert next(n for n in stored if n["id"] == "half")["resources"] == {"flavor": "cpu-small"}  # read as a node's
 
     refused = server.submit({"version": 1, "nodes": [{"id": "a", "type": "broken.read"}], "edges": []}, expect=400)
     assert refused["error"]["code"] == "pack_broken" and "lab_secret_library" in refused["error"]["message"]
