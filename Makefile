@@ -8,7 +8,7 @@ STAMP := $(VENV)/.troupe-installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
-.PHONY: run test lint typecheck unit integration bench clean screenshots
+.PHONY: run test lint typecheck unit integration bench clean screenshots cli-reference
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: lint typecheck
 # writes its shots to a temporary folder).
 screenshots: $(STAMP)
 	TROUPE_SCREENSHOTS=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e
+
+# docs/cli.md's list of every command and option, rendered from the CLI (run by hand
+# after changing a command; a test says when it is out of date).
+cli-reference: $(STAMP)
+	$(PY) -m cli.reference docs/cli.md
 
 bench: $(STAMP)
 	$(PY) bench/queue.py

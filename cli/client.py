@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cli.errors import CliError, NoServer
 from protocol.tls import untrusted
 from protocol.unix_http import connect
+
+_PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 
 
 class Client:
@@ -56,6 +59,29 @@ class Client:
             return response.status, json.loads(data) if data else None
         except ValueError:
             return response.status, data.decode(errors="replace")
+
+    def full_id(self, kind: str, given: str) -> str:
+        """The id of the run, sweep or study (``kind``: runs, sweeps, studies) that
+        ``given`` starts: any unique prefix of at least 4 hex characters names one, as
+        in git and docker. A whole id, or text that is no prefix, goes as it is (the
+        server says whether it knows it); none or several matches are a CliError."""
+        text = given.strip().lower()
+        if len(text) == 32 or not _PREFIX.fullmatch(text):
+            return given
+        status, found = self.request("GET", f"/api/ids?prefix={text}")
+        if status != 200:
+            return given
+        matches = found.get(kind, [])
+        what = {"runs": "run", "sweeps": "sweep", "studies": "study"}[kind]
+        if not matches:
+            raise CliError(f"no {what} has an id starting with {given}")
+        if len(matches) > 1:
+            raise CliError(f"{given} names more than one {what}: {', '.join(m[:12] for m in matches)}"
+                           f"{' and more' if len(matches) >= 10 else ''}; give more of the id")
+        return str(matches[0])
+
+    def full_ids(self, kind: str, given: Sequence[str]) -> list[str]:
+        return [self.full_id(kind, one) for one in given]
 
     def stream(self, path: str, read_timeout: float | None = None) -> Iterator[tuple[str, Any]]:
         """Yields ``(event, data)`` of a server-sent event stream; ``socket.timeout``

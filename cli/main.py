@@ -17,12 +17,29 @@ import typer
 from cli import connect, terminal
 from cli.errors import EXIT_FAILED, CliError, NoServer
 
+
+def _no_type_beside_flags() -> None:
+    """typer prints ``<bool>`` beside every flag, as if ``--detach`` took a value: a
+    flag's help line says what it does, nothing more."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_beside_flags()
 app = typer.Typer(
     no_args_is_help=True, pretty_exceptions_enable=False,
     help="troupe: a run control plane for ML graphs.",
 )
 
 
+QUIET_HELP = "print the run's id alone (with --detach, then return; else the exit code says how it ended)"
+JSON_HELP = "print the submission as JSON (with --detach), else the ended run's record"
 PACKS_HELP = "a folder of packs (.py files or package folders) to load besides TROUPE_HOME/packs (repeatable)"
 DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
 
@@ -85,6 +102,8 @@ def run(
     target: Annotated[str | None, typer.Option(help="a worker to run on")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
     port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
 ) -> None:
@@ -96,7 +115,8 @@ def run(
         "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
     }
     try:
-        code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout, sets or ())
+        code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout, sets or (),
+                                 "quiet" if quiet else "json" if as_json else "text")
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -111,6 +131,8 @@ def rerun(
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
     host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
     port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
 ) -> None:
@@ -118,7 +140,8 @@ def rerun(
     from cli.run_cmd import rerun_and_follow
 
     try:
-        code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout, sets or ())
+        code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout, sets or (),
+                                "quiet" if quiet else "json" if as_json else "text")
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -127,7 +150,8 @@ def rerun(
 @app.command(name="exec")
 def exec_(
     graph: Annotated[str, typer.Argument(help="a saved graph (JSON)")],
-    seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1)] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1, help="seed every node for a reproducible run")]
+    = None,
     device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     max_parallel: Annotated[int, typer.Option(min=1, help="nodes executing at once")] = 4,
     events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,

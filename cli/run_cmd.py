@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ def _load_graph(path: str) -> dict[str, Any]:
 
 
 def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: str | None, detach: bool,
-                      timeout: float | None, sets: Sequence[str] = ()) -> int:
+                      timeout: float | None, sets: Sequence[str] = (), form: str = "text") -> int:
     graph = _load_graph(path)
     done = apply_sets_by_server(client, graph, sets)
     if done:
@@ -43,13 +46,14 @@ def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: 
     if name:
         body["name"] = name
     return queued(client, client.request("POST", "/api/runs", body), f"Graph           {Path(path).name}", detach,
-                  timeout)
+                  timeout, form)
 
 
 def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, timeout: float | None,
-                     sets: Sequence[str] = ()) -> int:
+                     sets: Sequence[str] = (), form: str = "text") -> int:
     """``troupe rerun``: the run queued again (from its newest checkpoint with ``resume``),
     with the params ``sets`` names changed (read against the run's own graph)."""
+    run_id = client.full_id("runs", run_id)
     body: dict[str, Any] = {"resume": True} if resume else {}
     if sets:
         status, row = client.request("GET", f"/api/runs/{run_id}")
@@ -57,11 +61,14 @@ def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, ti
             raise CliError(f"run {run_id}: the server answered {status}: {row}")
         body["params_set"] = apply_sets_by_server(client, dict(row["graph"]), sets)
     answer = client.request("POST", f"/api/runs/{run_id}/rerun", body)
-    return queued(client, answer, f"{'Resumes' if resume else 'Again from'}       {run_id}", detach, timeout)
+    return queued(client, answer, f"{'Resumes' if resume else 'Again from'}       {run_id}", detach, timeout, form)
 
 
-def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, timeout: float | None) -> int:
-    """Says what was queued and follows it (unless ``detach``)."""
+def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, timeout: float | None,
+           form: str = "text") -> int:
+    """Says what was queued and follows it (unless ``detach``). ``form``: ``text``;
+    ``quiet``, the id alone (as ``sbatch --parsable``), then the exit code says how it
+    ended; ``json``, the submission's answer when detached, else the ended run's row."""
     status, reply = answer
     if status != 201:
         error = (reply or {}).get("error", {}) if isinstance(reply, dict) else {}
@@ -69,6 +76,8 @@ def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, t
         raise SubmitRejected(f"the server refused the run ({status} {error.get('code', '')}){where}: "
                              f"{error.get('message', reply)}")
     run_id = reply["run_id"]
+    if form != "text":
+        return _quietly(client, reply, detach, timeout, form)
     print("=== Run submitted ===")
     print(f"  Run ID          {run_id}")
     print(f"  {origin}")
@@ -84,6 +93,25 @@ def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, t
     except KeyboardInterrupt:
         print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
         return EXIT_INTERRUPTED
+
+
+def _quietly(client: Client, reply: dict[str, Any], detach: bool, timeout: float | None, form: str) -> int:
+    run_id = reply["run_id"]
+    if form == "quiet":
+        print(run_id, flush=True)
+    if detach:
+        if form == "json":
+            print(json.dumps(reply, indent=2))
+        return EXIT_OK
+    with contextlib.redirect_stdout(io.StringIO()):  # the follow's lines are for people
+        try:
+            code = follow(client, run_id, reply["queue_key"], timeout)
+        except KeyboardInterrupt:
+            code = EXIT_INTERRUPTED
+    if form == "json":
+        status, row = client.request("GET", f"/api/runs/{run_id}")
+        print(json.dumps(row if status == 200 else reply, indent=2))
+    return code
 
 
 def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -> int:
@@ -138,7 +166,9 @@ class LiveLine:
         if event["type"] != ev.METRIC or not isinstance(payload.get("epochs"), int):
             return
         epoch, epochs = int(payload.get("epoch") or 0), payload["epochs"]
-        now = time.monotonic()
+        # When the epoch happened, not when this terminal read it: attached half way, the
+        # past epochs come at once and would make the rest look instant.
+        now = _event_time(event)
         if self._first is None:
             self._first = (now, epoch)
         started, first_epoch = self._first
@@ -153,6 +183,14 @@ class LiveLine:
         if self._shown:
             sys.stdout.write("\r\033[K")
             self._shown = False
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    stamp = event.get("ts")
+    if isinstance(stamp, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return time.time()
 
 
 def _timed_out(run_id: str, timeout: float | None) -> int:

@@ -10,10 +10,12 @@ only stops following.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,22 +72,55 @@ def status_of(row: dict[str, Any]) -> str:
     return str(row["status"])
 
 
-def list_runs(client: Client, status: str | None, sweep: str | None, study: str | None, search: str | None,
-              limit: int, form: str, tag: str | None = None) -> int:
-    """``form``: "table", "json" (the API's objects) or "ids" (one a line, for scripts)."""
-    query = {k: v for k, v in (("status", status), ("sweep_id", sweep), ("study_id", study), ("q", search),
-                                ("tag", tag), ("limit", str(limit))) if v}
+@dataclass(frozen=True)
+class Listing:
+    """What ``troupe ls`` asks for and how it prints it."""
+
+    status: str | None = None  # one status, or several joined by commas
+    sweep: str | None = None
+    study: str | None = None
+    search: str | None = None
+    tag: str | None = None
+    limit: int = 50
+    cursor: str | None = None  # where an earlier page ended (``next page:`` on stderr)
+    form: str = "table"  # "table", "json" (the API's objects) or "ids" (one a line)
+    full: bool = False  # whole ids (the table shows 8 characters; any unique 4 name a run)
+
+
+def list_runs(client: Client, asked: Listing) -> int:
+    query = {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
+        "sweeps", asked.sweep)), ("study_id", asked.study and client.full_id("studies", asked.study)),
+        ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor)) if v}
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
-    if form != "table":
-        print(json.dumps(reply, indent=2) if form == "json" else "\n".join(r["id"] for r in reply["runs"]))
+    if asked.form != "table":
+        print(json.dumps(reply, indent=2) if asked.form == "json" else "\n".join(r["id"] for r in reply["runs"]))
         return EXIT_OK
-    rows = [[r["id"], r.get("name") or "", status_of(r), r.get("queue_key") or r.get("device") or "",
-             age(r.get("started_at")), duration(r), _progress(r), _loss(r)] for r in reply["runs"]]
-    if not rows:
+    runs = reply["runs"]
+    if not runs:
         print("no runs" + (" match" if query.keys() - {"limit"} else " yet"))
         return EXIT_OK
-    print(table(rows, ["ID", "NAME", "STATUS", "WHERE", "STARTED", "DURATION", "PROGRESS", "FINAL LOSS"]))
+    wide = shutil.get_terminal_size((120, 24)).columns >= WIDE_COLUMNS
+    rows = [_ls_row(r, asked.full, wide) for r in runs]
+    header = ["ID", "NAME", "STATUS", "WHERE", "STARTED", "TOOK", "LEFT", "LOSS", "PROGRESS / WAITS FOR"] if wide \
+        else ["ID", "STATUS", "LEFT", "LOSS", "PROGRESS / WAITS FOR"]
+    print(table(rows, header))
+    if reply.get("next_cursor"):
+        print(f"next page: troupe ls --cursor {reply['next_cursor']}", file=sys.stderr)
     return EXIT_OK
+
+
+WIDE_COLUMNS = 100  # below this, ls leaves out name, place and times: 80 columns hold the rest
+_SHORT = 8
+
+
+def _ls_row(run: dict[str, Any], full: bool, wide: bool) -> list[str]:
+    short = run["id"] if full else run["id"][:_SHORT]
+    reason = (run.get("queue_reason") or {}).get("message")
+    last = reason or _progress(run)
+    if wide:
+        return [short, (run.get("name") or "")[:24], run["status"], run.get("queue_key") or run.get("device") or "",
+                age(run.get("started_at")), duration(run), time_left(run), _loss(run), last]
+    return [short, run["status"], time_left(run), _loss(run), last[:40]]
 
 
 def _progress(row: dict[str, Any]) -> str:
@@ -93,10 +128,35 @@ def _progress(row: dict[str, Any]) -> str:
     return f"epoch {progress['epoch']}/{progress['epochs']}" if progress.get("epochs") else "-"
 
 
+def time_left(row: dict[str, Any]) -> str:
+    """From the run's own timestamps (its first and newest epoch), so a terminal that
+    looks in half way sees what is left, not what it has watched."""
+    progress = row.get("progress") or {}
+    if row["status"] != ev.RUNNING or not progress.get("epochs") or progress.get("epoch") is None:
+        return "-"
+    done = int(progress["epoch"]) - int(progress.get("first_epoch") or 0)
+    if done <= 0 or not progress.get("first_at") or not progress.get("at"):
+        return "-"
+    first, newest = _when(progress["first_at"]), _when(progress["at"])
+    per_epoch = (newest - first).total_seconds() / done
+    left = per_epoch * (int(progress["epochs"]) - int(progress["epoch"])) - (datetime.now(UTC) - newest).total_seconds()
+    return _seconds(max(0.0, left))
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 60 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 def _loss(row: dict[str, Any]) -> str:
-    if row.get("final_loss") is not None:
-        return f"{row['final_loss']:.4g}"
-    return str(row.get("final_loss_non_finite") or "-")
+    """The newest loss; while the run goes on it is its last so far, not its final."""
+    value = f"{row['final_loss']:.4g}" if row.get("final_loss") is not None else row.get("final_loss_non_finite")
+    if value is None:
+        return "-"
+    return f"{value} (last)" if row["status"] in ev.ACTIVE_STATES else str(value)
 
 
 def get_run(client: Client, run_id: str) -> dict[str, Any]:
@@ -104,12 +164,19 @@ def get_run(client: Client, run_id: str) -> dict[str, Any]:
 
 
 def show_run(client: Client, run_id: str, as_json: bool) -> int:
+    run_id = client.full_id("runs", run_id)
     run = get_run(client, run_id)
     if as_json:
         print(json.dumps(run, indent=2))
         return EXIT_OK
     metrics = answer(client.request("GET", f"/api/runs/{run_id}/metrics"), "metrics")["series"]
     facts = [("Run", run["id"]), ("Name", run.get("name") or ""), ("Status", status_of(run))]
+    if (run.get("queue_reason") or {}).get("message"):
+        facts.append(("Waits for", run["queue_reason"]["message"]))
+    if run.get("tags"):
+        facts.append(("Tags", " ".join(run["tags"])))
+    if run.get("note"):
+        facts.append(("Note", run["note"]))
     if run.get("error"):
         facts.append(("Error", run["error"]))
     target = (run.get("options") or {}).get("target")
@@ -127,8 +194,7 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
     if run.get("reruns"):
         facts.append(("Made again as", ", ".join(run["reruns"])))
     if run.get("resumed_from"):
-        point = run["resumed_from"]
-        facts.append(("Resumes", f"{point['run_id']} from epoch {point['epoch']} (sha256 {point['sha256'][:12]})"))
+        facts.append(("Resumes", _chain(client, run)))
     if run.get("resume_point"):
         facts.append(("Can be resumed", f"from epoch {run['resume_point']['epoch']}, {run['resume_point']['until']}"))
     width = max(len(k) for k, _ in facts)
@@ -144,6 +210,18 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
                  (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in run["artifacts"]]
         print("\n  Artifacts\n" + _indent(table(rows, ["KIND", "PATH", "STATE", "SIZE", "SHA256"])))
     return EXIT_OK
+
+
+def _chain(client: Client, run: dict[str, Any], longest: int = 20) -> str:
+    """The runs a resumed run goes on from, newest first: one training, several records."""
+    links: list[str] = []
+    while run.get("resumed_from") and len(links) < longest:
+        point = run["resumed_from"]
+        links.append(f"{point['run_id']} from epoch {point['epoch']} (sha256 {point['sha256'][:12]})")
+        status, run = client.request("GET", f"/api/runs/{point['run_id']}")
+        if status != 200:
+            break
+    return ",\n    which resumes ".join(links)
 
 
 def _indent(text: str) -> str:
@@ -168,6 +246,7 @@ def _size(size: int | None) -> str:
 
 
 def attach(client: Client, run_id: str, timeout: float | None) -> int:
+    run_id = client.full_id("runs", run_id)
     run = get_run(client, run_id)
     print(f"  Run ID          {run['id']}\n  Status          {status_of(run)}", flush=True)
     try:
@@ -177,21 +256,24 @@ def attach(client: Client, run_id: str, timeout: float | None) -> int:
         return EXIT_INTERRUPTED
 
 
-def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool) -> int:
-    """Log and warning events and console output, in order, each marked; or the console alone."""
+def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool,
+         as_json: bool = False) -> int:
+    """Log and warning events and console output, in order, each marked; or the console
+    alone; ``as_json``: each event as the API gives it, one a line."""
+    run_id = client.full_id("runs", run_id)
     get_run(client, run_id)
     kinds = {ev.CONSOLE} if console_only else {ev.LOG, ev.WARNING, ev.CONSOLE}
     try:
         if follow_live:
             for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=None):
                 if kind == "run_event" and data["type"] in kinds:
-                    _write_log(data, console_only)
+                    _write_log(data, console_only, as_json)
                 if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
                     return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
             return EXIT_OK
         found = [e for e in _all_events(client, run_id) if e["type"] in kinds]
         for event in found[-tail:] if tail else found:
-            _write_log(event, console_only)
+            _write_log(event, console_only, as_json)
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -207,8 +289,11 @@ def _all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
     return events
 
 
-def _write_log(event: dict[str, Any], console_only: bool) -> None:
+def _write_log(event: dict[str, Any], console_only: bool, as_json: bool = False) -> None:
     payload = event["payload"]
+    if as_json:
+        print(json.dumps(event), flush=True)
+        return
     if event["type"] == ev.CONSOLE:
         text = payload.get("text", "")
         if console_only:
@@ -224,22 +309,27 @@ def _write_log(event: dict[str, Any], console_only: bool) -> None:
     sys.stdout.flush()
 
 
-def cancel(client: Client, run_ids: Sequence[str]) -> int:
+def cancel(client: Client, run_ids: Sequence[str], as_json: bool = False) -> int:
     code = EXIT_OK
-    for run_id in run_ids:
+    answers = []
+    for run_id in client.full_ids("runs", run_ids):
         status, body = client.request("POST", f"/api/runs/{run_id}/cancel")
+        answers.append({"id": run_id, **(body if isinstance(body, dict) else {"error": body})})
         if status == 200:
-            print(f"{run_id}  {body.get('status')}" + ("  (asked before)" if body.get("repeat") else ""))
+            if not as_json:
+                print(f"{run_id}  {body.get('status')}" + ("  (asked before)" if body.get("repeat") else ""))
         else:
             error = body.get("error", {}) if isinstance(body, dict) else {}
             print(f"troupe: {run_id}: {error.get('message', body)}", file=sys.stderr)
             code = EXIT_FAILED
+    if as_json:
+        print(json.dumps({"runs": answers}, indent=2))
     return code
 
 
 def remove(client: Client, run_ids: Sequence[str]) -> int:
     code = EXIT_OK
-    for run_id in run_ids:
+    for run_id in client.full_ids("runs", run_ids):
         status, body = client.request("DELETE", f"/api/runs/{run_id}")
         if status == 200:
             print(f"{run_id}  deleted")
@@ -250,27 +340,38 @@ def remove(client: Client, run_ids: Sequence[str]) -> int:
     return code
 
 
-def wait(client: Client, run_ids: Sequence[str], timeout: float | None) -> int:
-    """Until every run ended; 0 only when all succeeded."""
+def wait(client: Client, run_ids: Sequence[str], timeout: float | None, as_json: bool = False) -> int:
+    """Until every run ended; 0 only when all succeeded. Past ``timeout``, 1: a run it no
+    longer watches has not succeeded (seed 002's rule for ``run --timeout``); with
+    ``as_json`` the statuses then say which are still going."""
+    run_ids = client.full_ids("runs", run_ids)
     deadline = None if timeout is None else time.monotonic() + timeout
     statuses: dict[str, str] = {}
+    code: int | None = None
     try:
         for run_id in run_ids:
-            get_run(client, run_id)
+            statuses[run_id] = get_run(client, run_id)["status"]
         for run_id in run_ids:
-            while True:
+            while code is None:
                 run = get_run(client, run_id)
+                statuses[run_id] = run["status"]
                 if run["status"] in TERMINAL:
-                    statuses[run_id] = run["status"]
-                    print(f"{run_id}  {run['status']}", flush=True)
+                    if not as_json:
+                        print(f"{run_id}  {run['status']}", flush=True)
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     print(f"troupe: stopped waiting after {timeout}s; {run_id} is {run['status']}", file=sys.stderr)
-                    return EXIT_FAILED
+                    code = EXIT_FAILED
+                    break
                 _until_status_changes(client, run_id, left)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
+    if as_json:
+        print(json.dumps({"runs": [{"id": run_id, "status": status} for run_id, status in statuses.items()]},
+                         indent=2))
+    if code is not None:
+        return code
     return EXIT_OK if all(s == ev.SUCCEEDED for s in statuses.values()) else EXIT_FAILED
 
 

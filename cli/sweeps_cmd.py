@@ -7,6 +7,8 @@ to the server, whose budget it spends.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -47,10 +49,12 @@ def _spec_with(client: Client, path: str, sets: Sequence[str]) -> dict[str, Any]
 def sweep_start(client: Client, path: str, detach: bool, as_json: bool, sets: Sequence[str] = ()) -> int:
     reply = answer(client.request("POST", "/api/sweeps", _spec_with(client, path, sets)),
                    f"starting the sweep of {path}")
-    if as_json:
+    if as_json and detach:
         print(json.dumps(reply, indent=2))
-    else:
-        print(f"  Sweep           {reply['sweep_id']}\n  Runs queued     {reply['total_combinations']}", flush=True)
+        return EXIT_OK
+    if as_json:
+        return _then_json(client, f"/api/sweeps/{reply['sweep_id']}", lambda: _follow_sweep(client, reply["sweep_id"]))
+    print(f"  Sweep           {reply['sweep_id']}\n  Runs queued     {reply['total_combinations']}", flush=True)
     if detach:
         return EXIT_OK
     try:
@@ -58,6 +62,18 @@ def sweep_start(client: Client, path: str, detach: bool, as_json: bool, sets: Se
     except KeyboardInterrupt:
         print(f"\n  stopped watching; the sweep goes on on the server ({reply['sweep_id']})", flush=True)
         return EXIT_INTERRUPTED
+
+
+def _then_json(client: Client, path: str, follow: Callable[[], int]) -> int:
+    """Follows without a line for people, then prints what the server holds at the end:
+    one JSON document for a script."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = follow()
+        except KeyboardInterrupt:
+            code = EXIT_INTERRUPTED
+    print(json.dumps(answer(client.request("GET", path), path), indent=2))
+    return code
 
 
 def _follow_sweep(client: Client, sweep_id: str) -> int:
@@ -110,6 +126,7 @@ def sweep_ls(client: Client, form: str, limit: int | None = None) -> int:
 
 
 def sweep_show(client: Client, sweep_id: str, as_json: bool) -> int:
+    sweep_id = client.full_id("sweeps", sweep_id)
     sweep = answer(client.request("GET", f"/api/sweeps/{sweep_id}"), f"sweep {sweep_id}")
     if as_json:
         print(json.dumps(sweep, indent=2))
@@ -125,6 +142,7 @@ def sweep_show(client: Client, sweep_id: str, as_json: bool) -> int:
 
 
 def sweep_csv(client: Client, sweep_id: str, out: str | None) -> int:
+    sweep_id = client.full_id("sweeps", sweep_id)
     status, body = client.request("GET", f"/api/sweeps/{sweep_id}?format=csv")  # text: a CSV is no JSON
     if status != 200 or not isinstance(body, str):
         answer((status, body), f"sweep {sweep_id}")
@@ -138,6 +156,7 @@ def sweep_csv(client: Client, sweep_id: str, out: str | None) -> int:
 
 
 def sweep_cancel(client: Client, sweep_id: str) -> int:
+    sweep_id = client.full_id("sweeps", sweep_id)
     reply = answer(client.request("POST", f"/api/sweeps/{sweep_id}/cancel"), f"cancelling sweep {sweep_id}")
     print(f"  cancelled {reply.get('cancelled', 0)}, already finished {reply.get('already_finished', 0)}")
     return EXIT_OK
@@ -148,6 +167,9 @@ def study_start(client: Client, path: str, as_json: bool, wait: bool = False, se
     what it was told; ``study resume`` raises the budget) or is cancelled (exit 1)."""
     reply = answer(client.request("POST", "/api/studies", _spec_with(client, path, sets)),
                    f"starting the study of {path}")
+    if as_json and wait:
+        return _then_json(client, f"/api/studies/{reply['id']}",
+                          lambda: _follow_study(client, reply))
     if as_json:
         print(json.dumps(reply, indent=2))
     else:
@@ -157,7 +179,10 @@ def study_start(client: Client, path: str, as_json: bool, wait: bool = False, se
             print(f"  Note            {note['message']}", flush=True)
     if not wait:
         return EXIT_OK
+    return _follow_study(client, reply)
 
+
+def _follow_study(client: Client, reply: dict[str, Any]) -> int:
     def line(study: dict[str, Any]) -> str:
         best = study["ranking"][0] if study["ranking"] else None
         return (f"  {study['used']['runs']} runs used, {study['state']}"
@@ -194,6 +219,7 @@ def _listing(client: Client, what: str, form: str, limit: int | None, header: li
 
 
 def study_show(client: Client, study_id: str, as_json: bool) -> int:
+    study_id = client.full_id("studies", study_id)
     study = answer(client.request("GET", f"/api/studies/{study_id}"), f"study {study_id}")
     if as_json:
         print(json.dumps(study, indent=2))
@@ -207,8 +233,9 @@ def study_show(client: Client, study_id: str, as_json: bool) -> int:
     return EXIT_OK
 
 
-def study_resume(client: Client, study_id: str, max_runs: int | None, max_active_seconds: float | None) -> int:
-    budget = {k: v for k, v in (("max_runs", max_runs), ("max_active_seconds", max_active_seconds)) if v is not None}
+def study_resume(client: Client, study_id: str, raised: dict[str, float | int | None]) -> int:
+    study_id = client.full_id("studies", study_id)
+    budget = {k: v for k, v in raised.items() if v is not None}
     reply = answer(client.request("POST", f"/api/studies/{study_id}/resume", {"budget": budget}),
                    f"resuming study {study_id}")
     print(f"  Study   {reply['id']}  {reply['state']}")
@@ -216,6 +243,7 @@ def study_resume(client: Client, study_id: str, max_runs: int | None, max_active
 
 
 def study_cancel(client: Client, study_id: str) -> int:
+    study_id = client.full_id("studies", study_id)
     reply = answer(client.request("POST", f"/api/studies/{study_id}/cancel"), f"cancelling study {study_id}")
     print(f"  Study   {reply['id']}  {reply['state']}")
     return EXIT_OK if reply["state"] == "cancelled" else EXIT_FAILED

@@ -1,7 +1,8 @@
 """The commands that look after runs, sweeps and studies from a terminal: ``ls``,
-``show``, ``attach``, ``logs``, ``cancel``, ``wait``, ``rm``, ``sweep ...``, ``study ...``.
-``cli.main`` registers them on its app (``register``); the work is in ``runs_cmd`` and
-``sweeps_cmd``. Worker management stays in the browser (docs/decisions.md)."""
+``show``, ``attach``, ``logs``, ``cancel``, ``wait``, ``rm``, ``tag``, ``note``, ``compare``,
+``workers``, ``queues``, ``sweep ...``, ``study ...``. ``cli.main`` registers them on its
+app (``register``); the work is in ``runs_cmd``, ``inspect_cmd`` and ``sweeps_cmd``.
+Enrolling and revoking workers stays in the browser (docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def _run_ids(incomplete: str) -> list[str]:
     return [r["id"] for r in (body or {}).get("runs", []) if status == 200 and r["id"].startswith(incomplete)]
 
 
-RunId = Annotated[str, typer.Argument(help="a run id", autocompletion=_run_ids)]
-RunIds = Annotated[list[str], typer.Argument(help="run ids", autocompletion=_run_ids)]
+RunId = Annotated[str, typer.Argument(help="a run id, or a unique prefix of it (4+ characters)",
+                                      autocompletion=_run_ids)]
+RunIds = Annotated[list[str], typer.Argument(help="run ids (or unique prefixes, 4+ characters)",
+                                             autocompletion=_run_ids)]
+SweepId = Annotated[str, typer.Argument(help="a sweep id, or a unique prefix of it (4+ characters)")]
+StudyId = Annotated[str, typer.Argument(help="a study id, or a unique prefix of it (4+ characters)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the API's own objects, for scripts")]
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
 Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
@@ -49,6 +54,7 @@ def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None])
         raise typer.Exit(code)
 
     _runs(app, client, done)
+    _inspect(app, client, done)
     sweep_app = typer.Typer(no_args_is_help=True, help="Sweeps: one graph queued as many runs, ranked.")
     study_app = typer.Typer(no_args_is_help=True, help="Studies: variants x repeats under a server-kept budget.")
     app.add_typer(sweep_app, name="sweep")
@@ -61,17 +67,22 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
     from cli import runs_cmd
 
     @app.command(name="ls")
-    def ls_(status: Annotated[str | None, typer.Option(help="queued, running, succeeded, failed, cancelled, "
-                                                             "interrupted or disconnected")] = None,
+    def ls_(status: Annotated[str | None, typer.Option(
+                help="queued, running, succeeded, failed, cancelled, interrupted or disconnected; several joined "
+                     "by commas (queued,running)")] = None,
             sweep: Annotated[str | None, typer.Option(help="the runs of one sweep")] = None,
             study: Annotated[str | None, typer.Option(help="the runs of one study")] = None,
-            search: Annotated[str | None, typer.Option(help="name, id, tag, note, node type or param value")] = None,
-            tag: Annotated[str | None, typer.Option(help="the runs tagged so (in the page, or PATCH)")] = None,
-            limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+            search: Annotated[str | None, typer.Option(help="name, id, tag or note")] = None,
+            tag: Annotated[str | None, typer.Option(help="the runs tagged so (troupe tag)")] = None,
+            limit: Annotated[int, typer.Option(min=1, max=500, help="how many runs, newest first")] = 50,
+            cursor: Annotated[str | None, typer.Option(help="the page after an earlier one (it prints the cursor "
+                                                            "to use on stderr)")] = None,
+            full: Annotated[bool, typer.Option("--full", help="whole ids (the table shows 8 characters)")] = False,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first."""
-        done(lambda: runs_cmd.list_runs(client(host, port), status, sweep, study, search, limit,
-                                        "ids" if quiet else "json" if as_json else "table", tag))
+        done(lambda: runs_cmd.list_runs(client(host, port), runs_cmd.Listing(
+            status, sweep, study, search, tag, limit, cursor, "ids" if quiet else "json" if as_json else "table",
+            full)))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -79,7 +90,8 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
         done(lambda: runs_cmd.show_run(client(host, port), run_id, as_json))
 
     @app.command()
-    def attach(run_id: RunId, timeout: Annotated[float | None, typer.Option(min=0)] = None, host: Host = None,
+    def attach(run_id: RunId, timeout: Annotated[float | None, typer.Option(
+                   min=0, help="stop following after S seconds (exit 1; the run goes on)")] = None, host: Host = None,
                port: Port = None) -> None:
         """Follow a run as `troupe run` does, to its result."""
         done(lambda: runs_cmd.attach(client(host, port), run_id, timeout))
@@ -89,20 +101,24 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
              follow: Annotated[bool, typer.Option("-f", "--follow", help="stream live until the run ends")] = False,
              tail: Annotated[int | None, typer.Option(min=1, help="the last N entries")] = None,
              console: Annotated[bool, typer.Option("--console", help="only what the run printed")] = False,
+             as_json: Annotated[bool, typer.Option("--json", help="one event a line, as the API gives it")] = False,
              host: Host = None, port: Port = None) -> None:
         """A run's log lines and console output, in order."""
-        done(lambda: runs_cmd.logs(client(host, port), run_id, follow, tail, console))
+        done(lambda: runs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json))
 
     @app.command()
-    def cancel(run_ids: RunIds, host: Host = None, port: Port = None) -> None:
+    def cancel(run_ids: RunIds, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
         """Cancel runs (a queued one leaves its queue, a running one stops)."""
-        done(lambda: runs_cmd.cancel(client(host, port), run_ids))
+        done(lambda: runs_cmd.cancel(client(host, port), run_ids, as_json))
 
     @app.command()
-    def wait(run_ids: RunIds, timeout: Annotated[float | None, typer.Option(min=0)] = None, host: Host = None,
-             port: Port = None) -> None:
+    def wait(run_ids: RunIds, timeout: Annotated[float | None, typer.Option(
+                 min=0, help="stop waiting after S seconds: exit 1, as the runs have not succeeded yet")] = None,
+             as_json: Annotated[bool, typer.Option("--json", help="print each run's id and status at the end "
+                                                                  "(running, when the wait timed out)")] = False,
+             host: Host = None, port: Port = None) -> None:
         """Wait for runs to end; exit 0 only when all succeeded."""
-        done(lambda: runs_cmd.wait(client(host, port), run_ids, timeout))
+        done(lambda: runs_cmd.wait(client(host, port), run_ids, timeout, as_json))
 
     @app.command()
     def rm(run_ids: RunIds, host: Host = None, port: Port = None) -> None:
@@ -110,11 +126,45 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
         done(lambda: runs_cmd.remove(client(host, port), run_ids))
 
 
+def _inspect(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
+    from cli import inspect_cmd
+
+    @app.command(context_settings={"ignore_unknown_options": True})
+    def tag(run_id: RunId, changes: Annotated[list[str], typer.Argument(
+                help="+name adds a tag, -name removes one (a bare name adds it)")],
+            as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Add and remove a run's tags: troupe tag ID +best -old."""
+        done(lambda: inspect_cmd.tag(client(host, port), run_id, changes, as_json))
+
+    @app.command()
+    def note(run_id: RunId, text: Annotated[str, typer.Argument(help="the note; \"\" clears it")],
+             as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Set a run's note."""
+        done(lambda: inspect_cmd.note(client(host, port), run_id, text, as_json))
+
+    @app.command()
+    def compare(run_ids: RunIds, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Runs side by side: the params that differ, each series' last and best value with its step."""
+        done(lambda: inspect_cmd.compare(client(host, port), run_ids, as_json))
+
+    @app.command()
+    def workers(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """The workers: state, cards, slots busy, when each was last heard, the runs on it."""
+        done(lambda: inspect_cmd.workers(client(host, port), as_json))
+
+    @app.command()
+    def queues(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Each queue key: slots busy, runs waiting, what the first waiting run waits for."""
+        done(lambda: inspect_cmd.queues(client(host, port), as_json))
+
+
 def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
     from cli import sweeps_cmd
 
     @app.command("start")
-    def start(spec: Spec, wait: Annotated[bool, typer.Option("--wait/--detach")] = True, as_json: AsJson = False,
+    def start(spec: Spec, wait: Annotated[bool, typer.Option(
+                  "--wait/--detach", help="follow it to its end (exit 0 when every run succeeded), or detach")] = True,
+              as_json: AsJson = False,
               sets: Sets = None, host: Host = None, port: Port = None) -> None:
         """Queue a sweep and follow it: done/total and the best so far."""
         done(lambda: sweeps_cmd.sweep_start(client(host, port), spec, not wait, as_json, sets or ()))
@@ -126,18 +176,19 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
         done(lambda: sweeps_cmd.sweep_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
 
     @app.command("show")
-    def show(sweep_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    def show(sweep_id: SweepId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
         """A sweep's variants, ranked."""
         done(lambda: sweeps_cmd.sweep_show(client(host, port), sweep_id, as_json))
 
     @app.command("csv")
-    def csv(sweep_id: str, output: Annotated[str | None, typer.Option("-o", "--output")] = None,
+    def csv(sweep_id: SweepId, output: Annotated[str | None, typer.Option(
+                "-o", "--output", help="the file to write (default: standard output)")] = None,
             host: Host = None, port: Port = None) -> None:
         """A sweep's ranked variants as CSV."""
         done(lambda: sweeps_cmd.sweep_csv(client(host, port), sweep_id, output))
 
     @app.command("cancel")
-    def cancel(sweep_id: str, host: Host = None, port: Port = None) -> None:
+    def cancel(sweep_id: SweepId, host: Host = None, port: Port = None) -> None:
         """Cancel a sweep's active runs."""
         done(lambda: sweeps_cmd.sweep_cancel(client(host, port), sweep_id))
 
@@ -148,8 +199,8 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
     @app.command("start")
     def start(spec: Spec, wait: Annotated[bool, typer.Option(
                   "--wait/--detach",
-                  help="follow it until it finishes or its budget halts it (exit 0; 1 if cancelled)")]
-              = False, as_json: AsJson = False, sets: Sets = None, host: Host = None, port: Port = None) -> None:
+                  help="follow it until it finishes or its budget halts it (exit 0; 1 if cancelled), or detach")]
+              = True, as_json: AsJson = False, sets: Sets = None, host: Host = None, port: Port = None) -> None:
         """Start a study; the server runs it under its budget."""
         done(lambda: sweeps_cmd.study_start(client(host, port), spec, as_json, wait, sets or ()))
 
@@ -160,18 +211,26 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
         done(lambda: sweeps_cmd.study_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
 
     @app.command("show")
-    def show(study_id: str, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    def show(study_id: StudyId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
         """A study's ranking and what it used."""
         done(lambda: sweeps_cmd.study_show(client(host, port), study_id, as_json))
 
     @app.command("resume")
-    def resume(study_id: str, max_runs: Annotated[int | None, typer.Option("--max-runs", min=0)] = None,
-               max_active_seconds: Annotated[float | None, typer.Option("--max-active-seconds", min=0)] = None,
+    def resume(study_id: StudyId,
+               max_runs: Annotated[int | None, typer.Option("--max-runs", min=0, help="runs in all")] = None,
+               max_active_seconds: Annotated[float | None, typer.Option(
+                   "--max-active-seconds", min=0, help="seconds the study may be active in all")] = None,
+               max_parallel_runs: Annotated[int | None, typer.Option(
+                   "--max-parallel-runs", min=1, help="runs at once")] = None,
+               max_run_seconds: Annotated[float | None, typer.Option(
+                   "--max-run-seconds", min=0, help="seconds one run may take")] = None,
                host: Host = None, port: Port = None) -> None:
-        """Resume a halted study with a raised budget."""
-        done(lambda: sweeps_cmd.study_resume(client(host, port), study_id, max_runs, max_active_seconds))
+        """Resume a halted study with a raised budget (each option is one of its budgets)."""
+        done(lambda: sweeps_cmd.study_resume(client(host, port), study_id, {
+            "max_runs": max_runs, "max_active_seconds": max_active_seconds, "max_parallel_runs": max_parallel_runs,
+            "max_run_seconds": max_run_seconds}))
 
     @app.command("cancel")
-    def cancel(study_id: str, host: Host = None, port: Port = None) -> None:
+    def cancel(study_id: StudyId, host: Host = None, port: Port = None) -> None:
         """Cancel a study and its active runs."""
         done(lambda: sweeps_cmd.study_cancel(client(host, port), study_id))

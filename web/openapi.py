@@ -27,7 +27,8 @@ _MODELS: tuple[type[BaseModel], ...] = (
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _FORMAT = {"type": "string", "enum": ["json", "csv"]}
-_STATUS = {"type": "string", "enum": ["", *sorted(ALL_STATES)], "description": "empty: every status"}
+_STATUS = {"type": "string", "pattern": "^(({0})(,({0}))*)?$".format("|".join(sorted(ALL_STATES))),
+           "description": "a status, or several joined by commas (queued,running); empty: every status"}
 _HEX_ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
 _UPLOAD = {"required": True, "content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file"], "additionalProperties": False,
@@ -229,6 +230,8 @@ def _other_paths() -> dict[str, Any]:
                                                     params=(("file_id", "path", "string"),))},
         "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,
                                                params=(("file_id", "path", "string"),), mutation=True)},
+        "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", None,
+                                params=(("prefix", "query", {"type": "string", "pattern": "^[0-9a-f]{4,32}$"}),))},
         "/api/packs": {"get": _op("Every pack loaded, with its version, digest and node types; the broken ones "
                                   "with their error", None)},
         "/api/packs/{name}/archive": {"get": _op("A folder pack's files (gzip'd tar) for an agent started with "

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.store.run_list import EditRun, ListGroups, ListRuns
+from actors.store.run_list import EditRun, ListGroups, ListRuns, MatchIds
 from protocol import events as ev
 from protocol.api import TAG_PATTERN, RunEdit
 from protocol.errors import InvalidRequest
@@ -49,8 +49,9 @@ def _tag_query(request: web.Request) -> str | None:
 async def list_runs(request: web.Request) -> web.Response:
     svc = services(request)
     status = request.query.get("status") or None
-    if status is not None and status not in ev.ALL_STATES:
-        raise InvalidRequest(f"status must be one of {sorted(ev.ALL_STATES)}, got {status!r}", pointer="?status")
+    if status is not None and not set(status.split(",")) <= ev.ALL_STATES:
+        raise InvalidRequest(f"status is one of {sorted(ev.ALL_STATES)}, or several joined by commas; got {status!r}",
+                             pointer="?status")
     grouped = request.query.get("grouped", "false")
     if grouped not in ("true", "false"):
         raise InvalidRequest("grouped is true or false", pointer="?grouped")
@@ -73,6 +74,19 @@ async def list_runs(request: web.Request) -> web.Response:
         rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag))
         found = [public_row(r) for r in await with_queue_reasons(svc, rows)]
     return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
+
+
+_PREFIX = re.compile(r"^[0-9a-f]{4,32}$")
+
+
+@routes.get("/api/ids")
+async def match_ids(request: web.Request) -> web.Response:
+    """The runs, sweeps and studies whose id starts with ``?prefix`` (4 to 32 lower-case
+    hex characters): a terminal's short id, as git and docker read theirs."""
+    prefix = request.query.get("prefix", "")
+    if not _PREFIX.fullmatch(prefix):
+        raise InvalidRequest("prefix is 4 to 32 lower-case hex characters (the start of an id)", pointer="?prefix")
+    return json_reply(await services(request).store.read(MatchIds(prefix)))
 
 
 @routes.patch("/api/runs/{run_id}")

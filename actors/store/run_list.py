@@ -65,7 +65,11 @@ class EditRun:
 def _filters(query: ListRuns | ListGroups) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     args: list[Any] = []
-    for column in ("status", "sweep_id", "study_id"):
+    if query.status is not None:  # one status, or several joined by commas
+        statuses = query.status.split(",")
+        where.append(f"r.status IN ({', '.join('?' for _ in statuses)})")
+        args.extend(statuses)
+    for column in ("sweep_id", "study_id"):
         value = getattr(query, column, None)
         if value is not None:
             where.append(f"r.{column} = ?")
@@ -179,8 +183,26 @@ def edit_run(conn: apsw.Connection, op: EditRun) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class MatchIds:
+    """The ids of runs, sweeps and studies that start with ``prefix`` (lower-case hex), at
+    most ``limit`` of each kind: how a terminal's short id is read."""
+
+    prefix: str
+    limit: int = 10
+
+
+def match_ids(conn: apsw.Connection, query: MatchIds) -> dict[str, list[str]]:
+    # The ids are hex, so a range on the primary key finds a prefix without a scan.
+    high = query.prefix + "g"
+    return {kind: [str(found) for (found,) in conn.execute(
+        f"SELECT id FROM {table} WHERE id >= ? AND id < ? ORDER BY id LIMIT ?", (query.prefix, high, query.limit))]
+        for kind, table in (("runs", "runs"), ("sweeps", "sweeps"), ("studies", "studies"))}
+
+
 WRITES: Table = {EditRun: lambda s, op: edit_run(s.conn, op)}
 READS: Table = {
     ListRuns: lambda s, m: list_runs(s.conn, m),
     ListGroups: lambda s, m: list_groups(s.conn, m),
+    MatchIds: lambda s, m: match_ids(s.conn, m),
 }
