@@ -83,6 +83,13 @@ class NameTaken(EnrollmentRefused):
 
 
 
+class DeviceUnavailable(InvalidRequest):
+    """Raised when a run asks for a device this server or its worker lacks and refuses
+    the fallback to cpu (``options.require_device``, ``--require-device``)."""
+
+    code = "device_unavailable"
+
+
 class MemoryBudgetRequired(InvalidRequest):
     """Raised when a run for a shared card has no budget: none declared, none measured."""
 

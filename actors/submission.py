@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.errors import DeviceUnavailable
 from actors.placer.book import WorkerOffer
 from actors.resources import Machine, resolve
 from protocol import events as ev
@@ -109,6 +110,9 @@ def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], 
         device, warning = resolve_device(requested, available)
     except ValueError as exc:
         raise InvalidRequest(str(exc), pointer=where, code="invalid_device") from None
+    if warning and options.require_device:
+        raise DeviceUnavailable(f"{warning.split(';')[0]}, and options.require_device refuses the fallback to cpu",
+                                pointer=where)
     if anywhere and device != "cpu" and parse_device(requested or "") in (("auto", None), ("cuda", None)):
         device = "auto"  # the first free card of whichever worker takes it
     if warning and worker is not None:

@@ -100,6 +100,9 @@ def run(
     wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     target: Annotated[str | None, typer.Option(help="a worker to run on")] = None,
+    require_device: Annotated[bool, typer.Option(
+        "--require-device", help="refuse the run (exit 1, device_unavailable) rather than fall back to cpu when "
+                                 "the device is not there")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
@@ -113,6 +116,7 @@ def run(
     options = {
         "device": device, "seed": seed, "deterministic": deterministic or None,
         "record_outputs": record_outputs or None, "target": {"worker": target} if target else None,
+        "require_device": require_device or None,
     }
     try:
         code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout, sets or (),

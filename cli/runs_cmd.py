@@ -85,12 +85,16 @@ class Listing:
     cursor: str | None = None  # where an earlier page ended (``next page:`` on stderr)
     form: str = "table"  # "table", "json" (the API's objects) or "ids" (one a line)
     full: bool = False  # whole ids (the table shows 8 characters; any unique 4 name a run)
+    sort: str | None = None  # a metric series: by its newest value, lowest first
+    descending: bool = False
+    params: bool = False  # a column per swept param (the runs of one sweep)
 
 
 def list_runs(client: Client, asked: Listing) -> int:
     query = {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
         "sweeps", asked.sweep)), ("study_id", asked.study and client.full_id("studies", asked.study)),
-        ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor)) if v}
+        ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor),
+        ("sort", asked.sort and ("-" if asked.descending else "") + asked.sort)) if v}
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
     if asked.form != "table":
         print(json.dumps(reply, indent=2) if asked.form == "json" else "\n".join(r["id"] for r in reply["runs"]))
@@ -103,10 +107,34 @@ def list_runs(client: Client, asked: Listing) -> int:
     rows = [_ls_row(r, asked.full, wide) for r in runs]
     header = ["ID", "NAME", "STATUS", "WHERE", "STARTED", "TOOK", "LEFT", "LOSS", "PROGRESS / WAITS FOR"] if wide \
         else ["ID", "STATUS", "LEFT", "LOSS", "PROGRESS / WAITS FOR"]
-    print(table(rows, header))
+    extra_header, extra = _extra_columns(client, asked, runs)
+    rows = [[*row[:-1], *more, row[-1]] for row, more in zip(rows, extra, strict=True)]
+    print(table(rows, [*header[:-1], *extra_header, header[-1]]))
     if reply.get("next_cursor"):
         print(f"next page: troupe ls --cursor {reply['next_cursor']}", file=sys.stderr)
     return EXIT_OK
+
+
+def _extra_columns(client: Client, asked: Listing, runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The sorting metric's value, and with ``params`` a column per swept param."""
+    header: list[str] = []
+    columns: list[list[str]] = [[] for _ in runs]
+    if asked.sort:
+        header.append(asked.sort.upper())
+        for row, run in zip(columns, runs, strict=True):
+            value = run.get("sort_value")
+            row.append("-" if value is None else f"{value:.4g}")
+    if asked.params:
+        swept: dict[str, dict[str, Any]] = {}
+        for sweep_id in sorted({r["sweep_id"] for r in runs if r.get("sweep_id")}):
+            for variant in answer(client.request("GET", f"/api/sweeps/{sweep_id}"), f"sweep {sweep_id}")["variants"]:
+                swept[variant["run_id"]] = variant["params"]
+        names = sorted({name for params in swept.values() for name in params})
+        header += names
+        for row, run in zip(columns, runs, strict=True):
+            row += [json.dumps(swept.get(run["id"], {}).get(name)) if name in swept.get(run["id"], {}) else "-"
+                    for name in names]
+    return header, columns
 
 
 WIDE_COLUMNS = 100  # below this, ls leaves out name, place and times: 80 columns hold the rest
@@ -254,59 +282,6 @@ def attach(client: Client, run_id: str, timeout: float | None) -> int:
     except KeyboardInterrupt:
         print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
         return EXIT_INTERRUPTED
-
-
-def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool,
-         as_json: bool = False) -> int:
-    """Log and warning events and console output, in order, each marked; or the console
-    alone; ``as_json``: each event as the API gives it, one a line."""
-    run_id = client.full_id("runs", run_id)
-    get_run(client, run_id)
-    kinds = {ev.CONSOLE} if console_only else {ev.LOG, ev.WARNING, ev.CONSOLE}
-    try:
-        if follow_live:
-            for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=None):
-                if kind == "run_event" and data["type"] in kinds:
-                    _write_log(data, console_only, as_json)
-                if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
-                    return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
-            return EXIT_OK
-        found = [e for e in _all_events(client, run_id) if e["type"] in kinds]
-        for event in found[-tail:] if tail else found:
-            _write_log(event, console_only, as_json)
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-
-
-def _all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    after: int | None = 0
-    while after is not None:
-        page = answer(client.request("GET", f"/api/runs/{run_id}/events?after={after}"), "events")
-        events += page["events"]
-        after = page["next_cursor"]
-    return events
-
-
-def _write_log(event: dict[str, Any], console_only: bool, as_json: bool = False) -> None:
-    payload = event["payload"]
-    if as_json:
-        print(json.dumps(event), flush=True)
-        return
-    if event["type"] == ev.CONSOLE:
-        text = payload.get("text", "")
-        if console_only:
-            (sys.stderr if payload.get("stream") == "stderr" else sys.stdout).write(text)
-        else:
-            mark = "err" if payload.get("stream") == "stderr" else "out"
-            for line in text.splitlines():
-                print(f"[{mark}] {line}")
-    elif event["type"] == ev.LOG:
-        print(f"[log] {event.get('node_id') or ''}  {payload.get('message', '')}".replace("]  ", "] "))
-    else:
-        print(f"[warning] {payload.get('message', '')}")
-    sys.stdout.flush()
 
 
 def cancel(client: Client, run_ids: Sequence[str], as_json: bool = False) -> int:

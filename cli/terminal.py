@@ -64,7 +64,7 @@ def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None])
 
 
 def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
-    from cli import runs_cmd
+    from cli import logs_cmd, runs_cmd
 
     @app.command(name="ls")
     def ls_(status: Annotated[str | None, typer.Option(
@@ -78,11 +78,16 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             cursor: Annotated[str | None, typer.Option(help="the page after an earlier one (it prints the cursor "
                                                             "to use on stderr)")] = None,
             full: Annotated[bool, typer.Option("--full", help="whole ids (the table shows 8 characters)")] = False,
+            sort: Annotated[str | None, typer.Option(help="order by a metric's newest value, lowest first (one "
+                                                          "page)")] = None,
+            desc: Annotated[bool, typer.Option("--desc", help="with --sort: highest first")] = False,
+            params: Annotated[bool, typer.Option("--params", help="a column per swept param (a sweep's runs)")]
+            = False,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first."""
         done(lambda: runs_cmd.list_runs(client(host, port), runs_cmd.Listing(
             status, sweep, study, search, tag, limit, cursor, "ids" if quiet else "json" if as_json else "table",
-            full)))
+            full, sort, desc, params)))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -101,10 +106,13 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
              follow: Annotated[bool, typer.Option("-f", "--follow", help="stream live until the run ends")] = False,
              tail: Annotated[int | None, typer.Option(min=1, help="the last N entries")] = None,
              console: Annotated[bool, typer.Option("--console", help="only what the run printed")] = False,
+             metrics: Annotated[bool, typer.Option("--metrics", help="every metric point (else 20 a series, or one "
+                                                                     "a second live)")] = False,
              as_json: Annotated[bool, typer.Option("--json", help="one event a line, as the API gives it")] = False,
              host: Host = None, port: Port = None) -> None:
-        """A run's log lines and console output, in order."""
-        done(lambda: runs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json))
+        """What happened to a run: its nodes' starts and ends, failures with their traceback, logs,
+        warnings, metric points and console lines, in order."""
+        done(lambda: logs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json, metrics))
 
     @app.command()
     def cancel(run_ids: RunIds, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

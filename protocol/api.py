@@ -75,6 +75,8 @@ class RunOptions(BaseModel):
     provenance: Literal["identity", "content"] | None = Field(
         default=None, description="record what dataset and weight files the run reads: by identity (path, size, "
                                   "mtime) or by content (sha256)")
+    require_device: StrictBool = Field(default=False, description="refuse the run (device_unavailable) rather than "
+                                                                  "fall back to cpu when the device is not there")
     params_set: ParamsSet | None = Field(
         default=None, max_length=100, description="what `--set` changed (NODE.PARAM -> value), kept with the run "
                                                   "for show and the page; the graph already holds the values")

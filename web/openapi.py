@@ -13,7 +13,7 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
-from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN
+from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
 from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
@@ -128,7 +128,10 @@ def _run_paths() -> dict[str, Any]:
                 ("q", "query", {"type": "string", "maxLength": MAX_SEARCH, "pattern": SEARCH_PATTERN}),
                 ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
                                   "description": "empty: any tag"}),
-                ("grouped", "query", {"type": "string", "enum": ["true", "false"]}))),
+                ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
+                ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
+                                   "description": "by a series' newest value, lowest first (-name: highest); "
+                                                  "one page, no cursor"}))),
         },
         "/api/queue-prediction": {"get": _op("Would a run queued now on this key start at once, and if not why",
                                              None, params=(("queue_key", "query", {"type": "string",

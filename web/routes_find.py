@@ -37,6 +37,22 @@ def _decode_cursor(raw: str | None) -> int | None:
                          pointer="?cursor")
 
 
+SORT_PATTERN = r"^-?[A-Za-z0-9_.:/\-]{1,128}$"
+_SORT = re.compile(SORT_PATTERN)
+
+
+def _sort_query(request: web.Request, cursor: int | None) -> str | None:
+    sort = request.query.get("sort") or None
+    if sort is None:
+        return None
+    if not _SORT.fullmatch(sort):
+        raise InvalidRequest("sort is a metric series' name, with - before it for the highest first", pointer="?sort")
+    if cursor is not None:
+        raise InvalidRequest("a list sorted by a metric is one page (limit up to 500); it takes no cursor",
+                             pointer="?cursor")
+    return sort
+
+
 def _tag_query(request: web.Request) -> str | None:
     tag = request.query.get("tag") or None
     if tag is not None and not _TAG.fullmatch(tag):
@@ -71,8 +87,10 @@ async def list_runs(request: web.Request) -> web.Response:
         public = iter(public_row(r) for r in rows)
         found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
     else:
-        rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag))
-        found = [public_row(r) for r in await with_queue_reasons(svc, rows)]
+        sort = _sort_query(request, before)
+        rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort))
+        found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
+                 for r in await with_queue_reasons(svc, rows)]
     return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
 
 

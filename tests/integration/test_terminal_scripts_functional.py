@@ -118,3 +118,54 @@ def test_ls_fits_80_columns_and_says_what_a_waiting_run_waits_for(make_server):
     queues = ok(troupe(server, "queues"))
     assert queues.splitlines()[0].split()[:3] == ["QUEUE", "KEY", "BUSY"] and "cpu" in queues, queues
     assert "no workers" in ok(troupe(server, "workers"))
+
+
+def test_logs_say_what_happened_and_a_failed_runs_logs_are_never_empty(shared_server):
+    from tests.helpers import edge, graph, node
+
+    server = shared_server
+    failing = graph(node("c", "core.Constant", value=1), node("boom", "core.Fail", message="the data is gone"),
+                    edges=(edge("c", "value", "boom", "x"),), name="failing")
+    failed = server.submit(failing)["run_id"]
+    server.wait_status(failed, "failed")
+    said = ok(troupe(server, "logs", failed[:8]))
+    assert "[node] c started" in said and "[failed] boom:" in said and "the data is gone" in said, said
+    assert "Traceback (most recent call last)" in said and "[run] failed" in said
+
+    ticking = server.submit(graph(node("t", "core.Ticker", count=100, interval=0, name="tick"), name="ticks"))["run_id"]
+    server.wait_status(ticking, "succeeded")
+    points = [line for line in ok(troupe(server, "logs", ticking)).splitlines() if line.startswith("[metric]")]
+    assert len(points) == 20 and "step 100" in points[-1], points[-3:]
+    every = [line for line in ok(troupe(server, "logs", ticking, "--metrics")).splitlines()
+             if line.startswith("[metric]")]
+    assert len(every) == 100
+    events = [json.loads(line) for line in ok(troupe(server, "logs", ticking, "--json", "--tail", "3")).splitlines()]
+    assert [e["type"] for e in events][-1] == "run_finished"
+
+
+def test_require_device_refuses_where_the_fallback_would_run_on_cpu(shared_server):
+    server = shared_server
+    refused = troupe(server, "run", HELLO, "--device", "cuda:7", "--require-device")
+    assert refused.returncode == 1 and "device_unavailable" in refused.stderr, refused.stderr
+    assert "cuda:7" in refused.stderr
+    fell_back = troupe(server, "run", HELLO, "--device", "cuda:7")
+    assert fell_back.returncode == 0 and "running on cpu" in fell_back.stdout, fell_back.stdout
+
+
+def test_ls_sorts_by_a_metric_and_shows_a_sweeps_params(make_server):
+    server = make_server()
+    spec = {"base_graph": hello(), "objective": {"metric": "val_loss", "direction": "minimize"},
+            "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [4, 1, 9]}]}}
+    status, made = server.client.request("POST", "/api/sweeps", spec)
+    assert status == 201, made
+    for run in server.get(f"/api/runs?sweep_id={made['sweep_id']}")["runs"]:
+        server.wait_status(run["id"], "succeeded")
+    lowest = ok(troupe(server, "ls", "--sweep", made["sweep_id"][:6], "--sort", "val_loss", "--params",
+                       COLUMNS="160")).splitlines()
+    assert "VAL_LOSS" in lowest[0] and "a.value" in lowest[0], lowest[0]
+    # VAL_LOSS and a.value, lowest loss first (the last column, PROGRESS, is "-").
+    assert [line.split()[-3:-1] for line in lowest[1:]] == [["4", "1.0"], ["7", "4.0"], ["12", "9.0"]], lowest
+    highest = json.loads(ok(troupe(server, "ls", "--sort", "val_loss", "--desc", "--json")))["runs"]
+    assert [r["sort_value"] for r in highest] == [12.0, 7.0, 4.0]
+    refused = server.client.request("GET", "/api/runs?sort=val_loss&cursor=5")
+    assert refused[0] == 400 and refused[1]["error"]["pointer"] == "?cursor"

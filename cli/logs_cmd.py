@@ -1,0 +1,134 @@
+"""``troupe logs``: what happened to a run, in order, from its events: its start and
+end, each node's start, end or failure with the traceback, logs, warnings, console
+lines, and its metric points at a rate a person reads (``--metrics``: all of them)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from cli.client import Client
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from cli.runs_cmd import answer, get_run
+from protocol import events as ev
+
+_LOGGED = frozenset({ev.RUN_STARTED, ev.NODE_STARTED, ev.NODE_FINISHED, ev.NODE_FAILED, ev.NODE_QUEUED, ev.LOG,
+                     ev.WARNING, ev.CONSOLE, ev.METRIC, ev.RUN_FINISHED})
+POINTS_A_SERIES = 20  # metric points shown per series (--metrics: all): the first, then evenly spread
+
+
+def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool,
+         as_json: bool = False, every_metric: bool = False) -> int:
+    """What happened, in order: the run's start and end, each node's start, end or
+    failure (with its traceback), logs, warnings, console lines and metric points at a
+    readable rate (``every_metric``: all); or the console alone. ``as_json``: each event
+    as the API gives it, one a line."""
+    run_id = client.full_id("runs", run_id)
+    get_run(client, run_id)
+    kinds = {ev.CONSOLE} if console_only else _LOGGED
+    try:
+        if follow_live:
+            rate = _Rate(None if every_metric else 1.0)
+            for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=None):
+                if kind == "run_event" and data["type"] in kinds and rate.shows(data):
+                    _write_log(data, console_only, as_json)
+                if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
+                    return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
+            return EXIT_OK
+        found = [e for e in _all_events(client, run_id) if e["type"] in kinds]
+        if not every_metric:
+            found = _thinned(found)
+        for event in found[-tail:] if tail else found:
+            _write_log(event, console_only, as_json)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _thinned(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each series' points cut to ``POINTS_A_SERIES``, evenly spread, its last kept."""
+    by_series: dict[str, list[int]] = {}
+    for index, event in enumerate(events):
+        if event["type"] == ev.METRIC:
+            by_series.setdefault(str(event["payload"].get("name")), []).append(index)
+    dropped: set[int] = set()
+    for indexes in by_series.values():
+        if len(indexes) > POINTS_A_SERIES:
+            stride = (len(indexes) - 1) / (POINTS_A_SERIES - 1)
+            kept = {indexes[round(i * stride)] for i in range(POINTS_A_SERIES)}
+            dropped.update(set(indexes) - kept)
+    return [event for index, event in enumerate(events) if index not in dropped]
+
+
+class _Rate:
+    """Live: a series' point at most once a ``seconds`` (its last one when the run ends is
+    in its metrics); None: every point."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._last: dict[str, float] = {}
+
+    def shows(self, event: dict[str, Any]) -> bool:
+        if event["type"] != ev.METRIC or self._seconds is None:
+            return True
+        name, now = str(event["payload"].get("name")), time.monotonic()
+        if now - self._last.get(name, -1e9) < self._seconds:
+            return False
+        self._last[name] = now
+        return True
+
+
+def _all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = answer(client.request("GET", f"/api/runs/{run_id}/events?after={after}"), "events")
+        events += page["events"]
+        after = page["next_cursor"]
+    return events
+
+
+def _write_log(event: dict[str, Any], console_only: bool, as_json: bool = False) -> None:
+    payload = event["payload"]
+    if as_json:
+        print(json.dumps(event), flush=True)
+        return
+    if event["type"] == ev.CONSOLE:
+        text = payload.get("text", "")
+        if console_only:
+            (sys.stderr if payload.get("stream") == "stderr" else sys.stdout).write(text)
+        else:
+            mark = "err" if payload.get("stream") == "stderr" else "out"
+            for line in text.splitlines():
+                print(f"[{mark}] {line}")
+    elif event["type"] == ev.LOG:
+        print(f"[log] {event.get('node_id') or ''}  {payload.get('message', '')}".replace("]  ", "] "))
+    elif event["type"] == ev.WARNING:
+        print(f"[warning] {payload.get('message', '')}")
+    else:
+        print(_event_line(event))
+    sys.stdout.flush()
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    kind, node, payload = event["type"], event.get("node_id") or "", event["payload"]
+    if kind == ev.METRIC:
+        where = f" epoch {payload['epoch']}/{payload['epochs']}" if payload.get("epochs") else ""
+        return f"[metric] {node} {payload.get('name')}={payload.get('value')} step {payload.get('step')}{where}"
+    if kind == ev.NODE_FAILED:
+        trace = payload.get("traceback") or ""
+        return f"[failed] {node}: {payload.get('error')}" + (f"\n{trace.rstrip()}" if trace else "")
+    if kind == ev.NODE_FINISHED:
+        took = payload.get("duration_s")
+        return f"[node] {node} finished" + (f" in {took:.2f}s" if isinstance(took, int | float) else "")
+    if kind == ev.RUN_FINISHED:
+        error = payload.get("error")
+        return f"[run] {payload.get('status')}" + (f": {error}" if error else "")
+    if kind == ev.RUN_STARTED:
+        worker = f" ({payload['worker']})" if payload.get("worker") else ""
+        return f"[run] started on {payload.get('device')}{worker}"
+    if kind == ev.NODE_QUEUED:
+        return f"[node] {node} waits: {payload.get('reason') or ''}"
+    return f"[node] {node} started"
