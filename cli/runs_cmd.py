@@ -197,7 +197,9 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
     if as_json:
         print(json.dumps(run, indent=2))
         return EXIT_OK
-    metrics = answer(client.request("GET", f"/api/runs/{run_id}/metrics"), "metrics")["series"]
+    # A resumed run reads as one training: the runs it goes on from give the steps before it.
+    lineage = "?lineage=true" if run.get("resumed_from") else ""
+    metrics = answer(client.request("GET", f"/api/runs/{run_id}/metrics{lineage}"), "metrics")["series"]
     facts = [("Run", run["id"]), ("Name", run.get("name") or ""), ("Status", status_of(run))]
     if (run.get("queue_reason") or {}).get("message"):
         facts.append(("Waits for", run["queue_reason"]["message"]))
@@ -232,7 +234,8 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
         print("\n  Nodes\n" + _indent(table([list(p) for p in params], ["ID", "TYPE", "PARAMS"])))
     if metrics:
         rows = [[name, str(len(points)), _last(points)] for name, points in metrics.items()]
-        print("\n  Metrics\n" + _indent(table(rows, ["SERIES", "POINTS", "LAST"])))
+        title = "Metrics, with the runs it resumes" if lineage else "Metrics"
+        print(f"\n  {title}\n" + _indent(table(rows, ["SERIES", "POINTS", "LAST"])))
     if run.get("artifacts"):
         rows = [[a.get("kind", ""), a["path"], a.get("state", "stored"), _size(a.get("size")),
                  (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in run["artifacts"]]

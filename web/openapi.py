@@ -162,7 +162,10 @@ def _run_paths() -> dict[str, Any]:
         "/api/runs/{run_id}/console": {"get": _op("What the run printed, from byte offset on (a page of 1 MiB)",
                                                   None, params=(_RUN_ID, ("offset", "query", _SEQ)))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
-            _RUN_ID, ("format", "query", _FORMAT)))},
+            _RUN_ID, ("format", "query", _FORMAT),
+            ("lineage", "query", {"type": "string", "enum": ["true", "false"],
+                                  "description": "a resumed run's chain as one training: each run's points up to "
+                                                 "the step the next took over at, each with its run_id"})))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
                                     body=api.ExportGraph, mutation=True)},
         "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,

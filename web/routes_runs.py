@@ -138,6 +138,34 @@ async def _get_row(svc: Services, run_id: str) -> dict[str, Any]:
     return row
 
 
+LINEAGE_MAX = 50  # resumes followed back; a chain longer than that is cut there
+
+
+async def _lineage(svc: Services, row: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A resumed run's metrics as one training: each ancestor's points up to the step its
+    checkpoint was taken at, then the next run's after it, each point saying its run.
+    ``resumed``: where each run took over (its id and the first step that is its own)."""
+    chain: list[tuple[str, int | None]] = [(row["id"], None)]  # newest first: (run, the step its resumer took over after)
+    while (point := row.get("resumed_from")) and len(chain) <= LINEAGE_MAX:
+        parent = await svc.store.read(GetRun(point["run_id"]))
+        if parent is None:  # deleted since: the chain starts at what is left
+            break
+        chain.append((parent["id"], int(point["epoch"])))
+        row = parent
+    merged: dict[str, list[dict[str, Any]]] = {}
+    resumed: list[dict[str, Any]] = []
+    after = None  # the last step an older run of the chain gave
+    for run_id, until in reversed(chain):
+        for name, points in (await svc.store.read(GetMetrics(run_id))).items():
+            merged.setdefault(name, []).extend(
+                {**p, "run_id": run_id} for p in points
+                if (after is None or p["step"] > after) and (until is None or p["step"] <= until))
+        if after is not None:
+            resumed.append({"run_id": run_id, "from_step": after + 1})
+        after = until
+    return merged, resumed
+
+
 CONSOLE_PAGE_BYTES = 1024 * 1024
 
 
@@ -297,10 +325,16 @@ async def _recorded_outputs(svc: Services, row: dict[str, Any], node_id: str | N
 async def run_metrics(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
-    await _get_row(svc, run_id)
-    series = await svc.store.read(GetMetrics(run_id))
+    row = await _get_row(svc, run_id)
+    lineage = request.query.get("lineage", "false")
+    if lineage not in ("true", "false"):
+        raise InvalidRequest("lineage is true or false", pointer="?lineage")
+    if lineage == "true":
+        series, resumed = await _lineage(svc, row)
+    else:
+        series, resumed = await svc.store.read(GetMetrics(run_id)), []
     if not wants_csv(request):
-        return json_reply({"series": series})
+        return json_reply({"series": series, **({"resumed": resumed} if lineage == "true" else {})})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["series", "step", "value", "ts"])

@@ -203,6 +203,13 @@ def test_a_seeded_script_cancelled_and_resumed_ends_as_one_never_stopped(make_se
     assert ended == list(range(epoch + 1, 13))
     assert _series(server, run_id, "val_loss") == _series(server, straight, "val_loss")[epoch:]
     assert _series(server, run_id, "train_loss") == _series(server, straight, "train_loss")[epoch:]
+    # Read as one training: the stopped run's points up to the checkpoint, then the resumed run's.
+    chain = server.get(f"/api/runs/{run_id}/metrics?lineage=true")
+    assert [p["value"] for p in chain["series"]["val_loss"]] == _series(server, straight, "val_loss")
+    assert [p["run_id"] for p in chain["series"]["val_loss"]] == [stopped] * epoch + [run_id] * (12 - epoch)
+    assert chain["resumed"] == [{"run_id": run_id, "from_step": epoch + 1}]
+    shown = cli(server, "show", run_id[:8])
+    assert "Metrics, with the runs it resumes" in shown.stdout and f"{stopped} from epoch {epoch}" in shown.stdout
 
 
 def test_a_script_may_call_the_public_helper_instead_of_printing_json(make_server, lab):
