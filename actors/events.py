@@ -13,6 +13,7 @@ resume from and ends the stream, so a stalled reader holds a bounded amount of m
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ from protocol import events as ev
 
 RESET = object()
 LAGGED = object()
+# A global subscriber that asked for the changes after an id the hub no longer holds
+# (past the window, or numbered by an earlier life of the hub): it re-reads the list.
+MISSED = object()
+# The global stream's newest changes kept, each numbered (``change_id``): a client that
+# reconnects with its Last-Event-ID within them gets what it missed.
+CHANGE_WINDOW = 4096
 # A subscriber further behind than this is cut loose (it resumes from the store on its
 # next request), so one stalled browser tab cannot grow the control plane's memory.
 MAX_BACKLOG_BYTES = 512 * 1024
@@ -85,6 +92,9 @@ class Subscribe:
     # Whether the subscriber's client is still connected: the count of subscribers is
     # exact when read, even before a handler notices that its client left.
     alive: Callable[[], bool] = lambda: True
+    # The global stream's last change the client had (its Last-Event-ID): the ones after
+    # it go first, or ``MISSED`` when they are no longer held.
+    after_change: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,15 +127,21 @@ class EventHub(Actor):
         # What each subscriber follows: run ids, and None for every run's changes.
         self._where: dict[Feed, set[str | None]] = {}
         self._liveness: dict[Feed, Callable[[], bool]] = {}
+        # Numbered from the clock, so an id of an earlier life of the hub (a restart)
+        # is never mistaken for one of this life's.
+        self._change_id = time.time_ns() // 1000
+        self._changes: deque[dict[str, Any]] = deque(maxlen=CHANGE_WINDOW)
 
     async def receive(self, message: Any) -> Any:
         match message:
             case Committed(writes):
                 for op, result in writes:
                     self._publish(op, result)
-            case Subscribe(queue, follows, alive):
+            case Subscribe(queue, follows, alive, after_change):
                 self._where.setdefault(queue, set()).update(follows)
                 self._liveness[queue] = alive
+                if after_change is not None and None in follows:
+                    self._catch_up(queue, after_change)
                 for run_id in follows:
                     if run_id is None:
                         self._global.add(queue)
@@ -163,8 +179,20 @@ class EventHub(Actor):
 
     def _change(self, change: Mapping[str, Any]) -> None:
         """A committed change of a run row (created, status), for the global stream."""
+        self._change_id += 1
+        numbered = {**change, "change_id": self._change_id}
+        self._changes.append(numbered)
         for queue in list(self._global):
-            self._offer(queue, change, _CHANGE_BYTES)
+            self._offer(queue, numbered, _CHANGE_BYTES)
+
+    def _catch_up(self, queue: Feed, after: int) -> None:
+        oldest = self._changes[0]["change_id"] if self._changes else self._change_id + 1
+        if after > self._change_id or after < oldest - 1:
+            queue.put(MISSED)
+            return
+        for change in self._changes:
+            if change["change_id"] > after and not self._offer(queue, change, _CHANGE_BYTES):
+                return
 
     def _offer(self, queue: Feed, item: Any, size: int) -> bool:
         if queue.put(item, size):

@@ -145,7 +145,8 @@ async def _lineage(svc: Services, row: dict[str, Any]) -> tuple[dict[str, list[d
     """A resumed run's metrics as one training: each ancestor's points up to the step its
     checkpoint was taken at, then the next run's after it, each point saying its run.
     ``resumed``: where each run took over (its id and the first step that is its own)."""
-    chain: list[tuple[str, int | None]] = [(row["id"], None)]  # newest first: (run, the step its resumer took over after)
+    # Newest first: (a run, the step its resumer took over after).
+    chain: list[tuple[str, int | None]] = [(row["id"], None)]
     while (point := row.get("resumed_from")) and len(chain) <= LINEAGE_MAX:
         parent = await svc.store.read(GetRun(point["run_id"]))
         if parent is None:  # deleted since: the chain starts at what is left

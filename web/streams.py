@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.events import BURST_BYTES, LAGGED, RESET, Feed, Subscribe, Unsubscribe
+from actors.events import BURST_BYTES, LAGGED, MISSED, RESET, Feed, Subscribe, Unsubscribe
 from actors.store.runs import QueuePosition, ReadStream
 from protocol import events as ev
 from protocol import jsonsafe
@@ -27,6 +27,9 @@ from web.requests import int_query, run_id_from
 routes = web.RouteTableDef()
 
 KEEPALIVE_S = 15.0
+# How long an EventSource waits before it reconnects (with its Last-Event-ID): said
+# first on every stream, so each client library waits the same.
+RETRY_MS = 3000
 
 
 async def _open_sse(request: web.Request) -> web.StreamResponse:
@@ -35,7 +38,14 @@ async def _open_sse(request: web.Request) -> web.StreamResponse:
     )
     response.force_close()  # a stream that ends ends its connection: a reader waiting on it learns at once
     await response.prepare(request)
+    await response.write(f"retry: {RETRY_MS}\n\n".encode())
     return response
+
+
+def _last_event_id(request: web.Request) -> int | None:
+    """The id an EventSource that reconnects says it had (ASCII digits), else None."""
+    said = request.headers.get("Last-Event-ID", "")
+    return int(said) if said.isascii() and said.isdigit() and len(said) < 19 else None
 
 
 def _connected(request: web.Request) -> Callable[[], bool]:
@@ -189,9 +199,9 @@ class _RunStream:
 async def run_stream(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     after = int_query(request, "after", default=0) or 0
-    resumed = request.headers.get("Last-Event-ID", "")
-    if resumed.isascii() and resumed.isdigit() and len(resumed) < 18:  # an EventSource reconnecting says where it was
-        after = max(after, int(resumed))
+    resumed = _last_event_id(request)
+    if resumed is not None:  # an EventSource reconnecting says where it was
+        after = max(after, resumed)
     stream = _RunStream(svc, request, run_id_from(request), after)
     try:
         await stream.subscribe()
@@ -215,7 +225,8 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     response = await _open_sse(request)
     hub = svc.actor("events")
     try:
-        await hub.ask(Subscribe(queue, (None,), _connected(request)))
+        # A client back with its Last-Event-ID gets the changes it missed, or one reset.
+        await hub.ask(Subscribe(queue, (None,), _connected(request), _last_event_id(request)))
         await _send(request, response, _frame("hello", {"server_started_at": svc.started_at}))
         while True:
             items = await queue.burst(KEEPALIVE_S)
@@ -232,7 +243,11 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
                     chunks.append(_frame("reset", {}))
                     await svc.actor("events").ask(Subscribe(queue, (None,), _connected(request)))
                     continue
-                chunks.append(_frame("run", item))
+                if item is MISSED:
+                    chunks.append(_frame("reset", {"reason": "missed", "message": (
+                        "the changes after your Last-Event-ID are no longer held: read the list again")}))
+                    continue
+                chunks.append(f"id: {item['change_id']}\n".encode() + _frame("run", item))
             await _send(request, response, b"".join(chunks))
             if chunks and chunks[-1].startswith(b"event: stream_lagged"):
                 break

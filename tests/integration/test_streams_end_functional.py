@@ -5,7 +5,10 @@ instead of sending keepalives for ever."""
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 from tests.helpers import hello
 
@@ -30,3 +33,58 @@ def test_a_finished_runs_stream_ends_for_a_reader_that_has_its_whole_log(shared_
         assert status == 200 and b"event: run_event" not in body, body[:200]
     status, body = _reopen(shared_server, run_id, last - 1)  # one short: that one, then the end
     assert status == 200 and body.count(b"event: run_event") == 1
+
+
+def _frames(response: http.client.HTTPResponse, until: Callable[[list[dict]], bool]) -> list[dict]:
+    """The stream's frames as {"id", "event", "data", "retry"} until ``until`` holds."""
+    frames: list[dict] = []
+    frame: dict = {}
+    while not until(frames):
+        line = response.readline().decode().rstrip("\r\n")
+        if line == "":
+            if frame:
+                frames.append(frame)
+            frame = {}
+            continue
+        field, _, value = line.partition(":")
+        if field:  # a line starting with ":" is a comment (a keepalive)
+            frame[field] = json.loads(value) if field == "data" else value.strip()
+    return frames
+
+
+def _follow_all(server, last_event_id: str | None = None) -> tuple[http.client.HTTPConnection, Any]:
+    parts = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {server.token}"}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    conn.request("GET", "/api/stream", headers=headers)
+    return conn, conn.getresponse()
+
+
+def test_the_global_stream_numbers_its_changes_and_a_client_back_with_its_id_gets_what_it_missed(make_server):
+    server = make_server()
+    conn, response = _follow_all(server)
+    first = server.submit(hello())["run_id"]
+    seen = _frames(response, lambda f: any(x.get("data", {}).get("run_id") == first and
+                                            x["data"].get("status") == "succeeded" for x in f))
+    conn.close()
+    assert seen[0] == {"retry": "3000"} and seen[1]["event"] == "hello"
+    changes = [f for f in seen if f.get("event") == "run"]
+    ids = [int(f["id"]) for f in changes]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids) and all(int(f["id"]) == f["data"]["change_id"]
+                                                                     for f in changes)
+    missed = [server.submit(hello())["run_id"] for _ in range(2)]
+    for run_id in missed:
+        server.wait_status(run_id, "succeeded")
+    conn, response = _follow_all(server, str(ids[-1]))
+    back = _frames(response, lambda f: sum(x.get("data", {}).get("status") == "succeeded" for x in f) == 2)
+    conn.close()
+    again = [f["data"] for f in back if f.get("event") == "run"]
+    assert {c["run_id"] for c in again} == set(missed) and all(int(f["id"]) > ids[-1] for f in back if "id" in f)
+    assert [c["kind"] for c in again if c["run_id"] == missed[0]] == ["created", "status", "status"]
+
+    conn, response = _follow_all(server, "1")  # an id no longer held (or of another life of the server)
+    told = _frames(response, lambda f: any(x.get("event") == "reset" for x in f))
+    conn.close()
+    assert told[-1]["data"]["reason"] == "missed"
