@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor
+from actors.run_tally import RunTally
 from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
 from actors.store.runs import DeleteRun, InsertRun, Prune, UpdateRun
@@ -120,8 +121,9 @@ def _weight(event: Any) -> int:
 
 
 class EventHub(Actor):
-    def __init__(self, name: str = "events") -> None:
+    def __init__(self, name: str = "events", tally: RunTally | None = None) -> None:
         super().__init__(name)
+        self._tally = tally  # counts what runs did for /metrics, from the same commits
         self._by_run: dict[str, set[Feed]] = {}
         self._global: set[Feed] = set()
         # What each subscriber follows: run ids, and None for every run's changes.
@@ -164,11 +166,17 @@ class EventHub(Actor):
                 for queue in list(self._by_run.get(artifact.run_id, ())):
                     self._offer(queue, result, _weight(result))
             case InsertRun(record):
+                if self._tally is not None:
+                    self._tally.inserted(record.id, str(record.queue_key), record.created_at, record.worker)
                 self._change({"kind": "created", "run_id": record.id, "status": ev.QUEUED,
                               "queue_key": str(record.queue_key), "lane": record.lane, "name": record.name})
             case UpdateRun(run_id, fields) if "status" in fields:
+                if self._tally is not None:
+                    self._tally.changed(run_id, fields)
                 self._change({"kind": "status", "run_id": run_id, "status": fields["status"]})
             case DeleteRun(run_id):
+                if self._tally is not None:
+                    self._tally.deleted(run_id)
                 self._change({"kind": "deleted", "run_id": run_id})
             case UpdateStudy(study_id, fields) if "state" in fields:
                 self._change({"kind": "study", "study_id": study_id, "state": fields["state"],

@@ -27,6 +27,7 @@ from actors.placer.ledger import LedgerActor
 from actors.placer.queue import QueueActor
 from actors.run import RunActor
 from actors.run_messages import Abandon, ReportOccupancy, WorkerFailed
+from actors.run_tally import RunTally
 from actors.ssh_session import SshSession, SshTarget
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents
@@ -110,6 +111,7 @@ class ControlPlane:
         self.executor_pool = ThreadPoolExecutor(max_workers=EXECUTOR_POOL_MAX, thread_name_prefix="executor")
         # Node outputs kept between two Runs of one editor session (interactive runs).
         self.node_cache = NodeCache(self.settings.editor_cache_mb * 1024 * 1024)
+        self.tally = RunTally()  # kept across restarts of the hub that feeds it
 
         store_ref = self.root.start_child(ChildSpec(tree.STORE.name, self._make_store, tree.STORE.restart))
         found = await self.store.write(Recover(keep_queued=self.settings.run_queue_restore))
@@ -124,7 +126,8 @@ class ControlPlane:
         self.accelerators = probe_accelerators(self.settings.cuda_visible_devices) + _simulated(self.settings)
         # Taken once per process (it reads the packs' files): not on the first run's start.
         await asyncio.to_thread(execution_facts, CONTROL_PLANE)
-        self.root.start_child(ChildSpec(tree.EVENTS.name, lambda: EventHub().start(self.registry), tree.EVENTS.restart))
+        self.root.start_child(ChildSpec(tree.EVENTS.name, lambda: EventHub(tally=self.tally).start(self.registry),
+                                        tree.EVENTS.restart))
         self.root.start_child(ChildSpec(tree.PLACER.name, self._make_placer, tree.PLACER.restart))
         await self._restore(found["adopted"], found["queued"])
         self.root.start_child(ChildSpec(tree.CPUS.name, lambda: CpuLedger(self.settings.cpus).start(self.registry),
@@ -139,7 +142,7 @@ class ControlPlane:
                 accelerators=self.accelerators, start_study=self.start_study, start_worker=self.start_worker,
                 node_cache=self.node_cache, login=self.login, failed_workers=self.failed_workers.snapshot,
                 forget_failed=self.failed_workers.forget,
-                start_ssh=self.start_ssh, lan_hosts=self.lan_hosts,
+                start_ssh=self.start_ssh, lan_hosts=self.lan_hosts, tally=self.tally,
             )
         )
         self.port = await self.web.start()

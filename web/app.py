@@ -23,6 +23,7 @@ from web import (
     routes_flavors,
     routes_login,
     routes_meta,
+    routes_metrics,
     routes_packs,
     routes_plugins,
     routes_rerun,
@@ -56,6 +57,7 @@ def build_app(svc: Services) -> web.Application:
     app.add_routes(routes_workers.routes)
     app.add_routes(routes_flavors.routes)
     app.add_routes(routes_packs.routes)
+    app.add_routes(routes_metrics.routes)
     app.add_routes(routes_files.routes)
     app.add_routes(routes_artifacts.routes)
     app.add_routes(ws_worker.routes)

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from actors.base import ActorRef, Registry
 from actors.errors import ActorDeadError
+from actors.run_tally import RunTally
 from actors.ssh_session import SshTarget
 from actors.store import StoreClient
 from protocol.settings import Settings
@@ -48,6 +49,8 @@ class Services:
     forget_failed: Callable[[str], str | None] = lambda name: None
     # Opens the SSH session of a worker served over ``ssh -R``; None when one is open.
     start_ssh: Callable[[SshTarget], ActorRef | None] = lambda target: None
+    # What runs did since the server started (counters, histograms) for /metrics.
+    tally: RunTally = field(default_factory=RunTally)
 
     def actor(self, name: str) -> ActorRef:
         ref = self.registry.lookup(name)

@@ -7,18 +7,12 @@ import json
 import logging
 import re
 import sys
-from collections import Counter
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from actors.base import Snapshot
-from actors.events import SubscriberCount
 from actors.placer.actor import Predict
-from actors.store.runs import StatusCounts
-from protocol import events as ev
 from protocol.api import QUEUE_KEY_PATTERN
 from protocol.errors import InvalidRequest
 from subprocess_runner.devices import host_machine_id
@@ -26,7 +20,6 @@ from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
 from web.queue_state import QueueState
-from web.routes_workers import worker_texts
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
@@ -147,35 +140,3 @@ async def openapi(request: web.Request) -> web.Response:
     settings = svc.settings
     return json_reply(openapi_document(svc.version, (settings.max_sweep_runs, settings.max_sweep_params,
                                                      settings.max_sweep_domain)))
-
-
-@routes.get("/metrics")
-async def metrics(request: web.Request) -> web.Response:
-    svc = services(request)
-    registry = CollectorRegistry()
-    depth = Gauge("troupe_queue_depth", "Runs waiting on a queue key.", ["queue_key"], registry=registry)
-    running = Gauge("troupe_queue_running", "Runs holding a slot of a queue key.", ["queue_key"], registry=registry)
-    limit = Gauge("troupe_queue_limit", "Slots of a queue key.", ["queue_key"], registry=registry)
-    runs = Gauge("troupe_runs", "Runs in the database by state.", ["state"], registry=registry)
-    workers = Gauge("troupe_workers", "Enrolled workers by state.", ["state"], registry=registry)
-    subscribers = Gauge("troupe_stream_subscribers", "Open event-stream subscriptions.", registry=registry)
-    cache = svc.node_cache.stats()
-    Gauge("troupe_editor_cache_bytes", "Estimated bytes of node outputs in the editor cache.",
-          registry=registry).set(cache["bytes"])
-    Gauge("troupe_editor_cache_entries", "Node outputs in the editor cache.", registry=registry).set(cache["entries"])
-    Gauge("troupe_editor_cache_evictions", "Editor-cache entries evicted for room since start.",
-          registry=registry).set(cache["evictions"])
-    for row in await queue_rows(svc):
-        depth.labels(row["queue_key"]).set(row["queued"])
-        running.labels(row["queue_key"]).set(row["running"])
-        limit.labels(row["queue_key"]).set(row["limit"])
-    counts = await svc.store.read(StatusCounts())
-    for state in sorted(ev.ALL_STATES):
-        runs.labels(state).set(counts.get(state, 0))
-    # The states the Workers list shows, counted from the same rows (each state is
-    # always there, at 0 when no worker is in it).
-    states = Counter(json.loads(text)["state"] for text in await worker_texts(svc))
-    for state in sorted({"connected", "disconnected", "failed", *states}):
-        workers.labels(state).set(states.get(state, 0))
-    subscribers.set(await svc.actor("events").ask(SubscriberCount()))
-    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

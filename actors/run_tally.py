@@ -1,0 +1,67 @@
+"""What runs did since this control plane started, as Prometheus counters and
+histograms: runs finished by status, how long runs ran and waited in line by queue key,
+runs started on each worker. The event hub feeds it each commit it fans out (it sees
+every run's insert and status change, in order); ``/metrics`` reads its registry.
+
+Counted in memory, as Prometheus expects of a process (a restart starts them again,
+which Prometheus reads as a reset), never derived from rows that retention deletes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from protocol import events as ev
+
+# Seconds: a quick graph, a minute, a lesson, a night's training, a weekend's.
+DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 48 * 3600.0)
+WAIT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
+
+
+class RunTally:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._finished = Counter("troupe_runs_finished", "Runs that ended since the server started, by status.",
+                                 ["status"], registry=self.registry)
+        self._duration = Histogram("troupe_run_duration_seconds", "How long runs ran, start to end, by queue key.",
+                                   ["queue_key"], buckets=DURATION_BUCKETS, registry=self.registry)
+        self._wait = Histogram("troupe_queue_wait_seconds", "How long runs waited from submission to start, by "
+                               "queue key.", ["queue_key"], buckets=WAIT_BUCKETS, registry=self.registry)
+        self._worker_runs = Counter("troupe_worker_runs", "Runs started on each worker since the server started.",
+                                    ["worker"], registry=self.registry)
+        # run id -> (queue key, created, started, its named worker): what its start and
+        # end are measured by.
+        self._open: dict[str, tuple[str, str, str | None, str | None]] = {}
+
+    def inserted(self, run_id: str, queue_key: str, created_at: str, worker: str | None) -> None:
+        self._open[run_id] = (queue_key, created_at, None, worker)
+
+    def changed(self, run_id: str, fields: Mapping[str, Any]) -> None:
+        status = fields.get("status")
+        known = self._open.get(run_id)
+        if status == ev.RUNNING:
+            worker = fields.get("worker") or (known[3] if known is not None else None)
+            if worker:  # a pool's run names its worker as it starts; a named one had it
+                self._worker_runs.labels(str(worker)).inc()
+            if known is not None and fields.get("started_at"):
+                queue_key, created, _, named = known
+                self._open[run_id] = (queue_key, created, str(fields["started_at"]), named)
+                self._wait.labels(queue_key).observe(_seconds(created, str(fields["started_at"])))
+        elif status in ev.TERMINAL_STATES:
+            self._finished.labels(str(status)).inc()
+            self._open.pop(run_id, None)
+            if known is not None and known[2] is not None and fields.get("finished_at"):
+                self._duration.labels(known[0]).observe(_seconds(known[2], str(fields["finished_at"])))
+
+    def deleted(self, run_id: str) -> None:
+        self._open.pop(run_id, None)
+
+
+def _seconds(start: str, end: str) -> float:
+    def parsed(stamp: str) -> datetime:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    return max(0.0, (parsed(end) - parsed(start)).total_seconds())
