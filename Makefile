@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.troupe-installed
+# openapi-python-client (the test of a client generated from the document) pins an
+# older typer than the CLI wants: it gets a virtual environment of its own.
+OPENAPI_VENV ?= .venv-openapi
+OPENAPI_STAMP := $(OPENAPI_VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8765
 
@@ -17,6 +21,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(OPENAPI_STAMP):
+	test -x $(OPENAPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENAPI_VENV)
+	$(OPENAPI_VENV)/bin/pip install -q openapi-python-client==0.29.1
+	touch $(OPENAPI_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/troupe start --host $(HOST) --port $(PORT) --examples examples
 
@@ -26,7 +35,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+test: lint typecheck $(OPENAPI_STAMP)
 	$(PY) -m pytest -q
 
 # The images of README.md and docs/, shot by the browser tests (run by hand; make test
@@ -43,4 +52,4 @@ bench: $(STAMP)
 	$(PY) bench/queue.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(OPENAPI_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -23,7 +23,9 @@ def _no_type_beside_flags() -> None:
     flag's help line says what it does, nothing more."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # a typer that prints no type column has nothing to take away
+        return
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag else shown(self, ctx)

@@ -78,8 +78,7 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             cursor: Annotated[str | None, typer.Option(help="the page after an earlier one (it prints the cursor "
                                                             "to use on stderr)")] = None,
             full: Annotated[bool, typer.Option("--full", help="whole ids (the table shows 8 characters)")] = False,
-            sort: Annotated[str | None, typer.Option(help="order by a metric's newest value, lowest first (one "
-                                                          "page)")] = None,
+            sort: Annotated[str | None, typer.Option(help="order by a metric's newest value, lowest first")] = None,
             desc: Annotated[bool, typer.Option("--desc", help="with --sort: highest first")] = False,
             params: Annotated[bool, typer.Option("--params", help="a column per swept param (a sweep's runs)")]
             = False,

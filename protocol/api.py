@@ -166,6 +166,8 @@ class RunRow(BaseModel):
         default=None, description="a training's place: {epoch, epochs, first_at, at} (wall times of epoch ends)")
     tags: list[str] = Field(default_factory=list, description="what people tagged it with, sorted")
     note: str | None = Field(default=None, description="a person's note on the run")
+    sort_value: float | None = Field(default=None, description="with ?sort=: the series' newest value it was "
+                                                               "ordered by")
 
 
 class RunDetail(RunRow):

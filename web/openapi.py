@@ -9,11 +9,13 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from protocol import api
+from protocol import replies as r
 from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
+from web.routes_login import Login, NewLoginLink
 from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
@@ -23,7 +25,9 @@ _MODELS: tuple[type[BaseModel], ...] = (
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
     api.EstimateGraph, api.Estimate, api.RerunRequest, api.RunEdit,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
-    SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate,
+    SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate, Login, NewLoginLink,
+    *(model for model in vars(r).values() if isinstance(model, type) and issubclass(model, r._Reply)
+      and model is not r._Reply),
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _FORMAT = {"type": "string", "enum": ["json", "csv"]}
@@ -45,11 +49,18 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 
 def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: type[BaseModel] | None = None,
         params: tuple[tuple[str, str, str | dict[str, Any]], ...] = (), mutation: bool = False,
-        required: tuple[str, ...] = ()) -> dict[str, Any]:
+        required: tuple[str, ...] = (), media: str | None = None) -> dict[str, Any]:
     """One operation; a param's schema is a JSON type name or a whole schema (bounds,
-    enums). Path params are required, and the query params named in ``required``."""
-    responses: dict[str, Any] = {status: {"description": "ok", **(_json(ok) if ok else {})}}
+    enums). Path params are required, and the query params named in ``required``.
+    ``media``: an answer that is not JSON (a stream, a file), said by its media type."""
+    answer = _json(ok) if ok else {"content": {media: {} if media == _SSE else {"schema": {"type": "string"}}}} \
+        if media else {}
+    if any(name == "format" for name, _, _ in params):  # ?format=csv answers the same as CSV
+        answer = {"content": {**answer.get("content", {}), "text/csv": {"schema": {"type": "string"}}}}
+    responses: dict[str, Any] = {status: {"description": "ok", **answer}}
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
+    if mutation:  # a busy lane, an offline worker, a full card, a stopping server: not now, maybe later
+        responses["503"] = {"description": "no capacity now; the error's code says which", **_json(api.ErrorReply)}
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, **_json(body)}
@@ -66,11 +77,13 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
 
 def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
     """An idempotent creation: a repeat answers 200 with what the first made."""
-    op["responses"]["200"] = {"description": description}
+    op["responses"]["200"] = {**op["responses"]["201"], "description": description}
     return op
 
 
 _RUN_ID = ("run_id", "path", "string")
+_SSE = "text/event-stream"
+_BYTES = "application/octet-stream"
 _SESSION = ("session", "path", "string")
 
 
@@ -105,15 +118,44 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     _server_limits(schemas, limits)
     _closed_pattern_maps(schemas)
+    paths = {**_run_paths(), **_other_paths()}
+    _name_operations(paths)
     return {
         "openapi": "3.1.0",
         "info": {"title": "troupe", "version": version},
-        "paths": {**_run_paths(), **_other_paths()},
+        "tags": [{"name": tag} for tag in sorted({op["tags"][0] for ops in paths.values() for op in ops.values()})],
+        "paths": paths,
         "components": {
             "schemas": schemas.get("$defs", {}),
-            "securitySchemes": {"session": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {"session": {"type": "http", "scheme": "bearer"},
+                                "worker": {"type": "http", "scheme": "bearer",
+                                           "description": "a worker's credential (POST /api/workers/credentials)"}},
         },
     }
+
+
+_ACTIONS = frozenset({"cancel", "rerun", "resume", "drain", "login", "logout"})
+_VERBS = {"get": "get", "post": "create", "put": "put", "patch": "edit", "delete": "delete"}
+_TAGS = {"runs": "runs", "queue-prediction": "queues", "queues": "queues", "export": "runs", "estimates": "runs",
+         "ids": "runs", "stream": "runs", "sweeps": "sweeps", "studies": "studies", "plugins": "studies",
+         "workers": "workers", "files": "files", "flavors": "flavors", "packs": "catalog", "nodes": "catalog",
+         "examples": "catalog", "editor-sessions": "editor", "resources": "server", "info": "server",
+         "openapi.json": "server", "login": "login", "logout": "login", "login-links": "login",
+         "sessions": "login"}
+
+
+def _name_operations(paths: dict[str, Any]) -> None:
+    """Every operation's ``operationId`` (a generated client's function name: the verb,
+    then the path's words, ``get_runs_run_id_metrics``) and its tag (the resource)."""
+    for path, operations in paths.items():
+        words = [w.strip("{}").replace("-", "_").replace(".", "_") for w in path.strip("/").split("/")]
+        words = words[1:] if words[0] == "api" else words
+        tag = "server" if path == "/metrics" else "workers" if path == "/ws/worker" else _TAGS[path.split("/")[2]]
+        for method, op in operations.items():
+            if method == "post" and words[-1] in _ACTIONS:  # cancel_runs_run_id, not create_..._cancel
+                op.setdefault("operationId", "_".join([words[-1], *words[:-1]]) if len(words) > 1 else words[0])
+            op.setdefault("operationId", "_".join([_VERBS[method], *words]))
+            op.setdefault("tags", [tag])
 
 
 def _run_paths() -> dict[str, Any]:
@@ -131,10 +173,10 @@ def _run_paths() -> dict[str, Any]:
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
                 ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
                                    "description": "by a series' newest value, lowest first (-name: highest); "
-                                                  "one page, no cursor"}))),
+                                                  "its next_cursor pages on"}))),
         },
         "/api/queue-prediction": {"get": _op("Would a run queued now on this key start at once, and if not why",
-                                             None, params=(("queue_key", "query", {"type": "string",
+                                             r.QueuePrediction, params=(("queue_key", "query", {"type": "string",
                                                                                    "pattern": api.QUEUE_KEY_PATTERN}),
                                                            ("seeded", "query", {"type": "string",
                                                                                 "enum": ["true", "false"]})),
@@ -143,7 +185,7 @@ def _run_paths() -> dict[str, Any]:
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
             "patch": _op("A run's name, tags and note", api.RunDetail, body=api.RunEdit, params=(_RUN_ID,),
                          mutation=True),
-            "delete": _op("Delete a finished run", None, params=(_RUN_ID,), mutation=True),
+            "delete": _op("Delete a finished run", r.Deleted, params=(_RUN_ID,), mutation=True),
         },
         "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},
         "/api/runs/{run_id}/rerun": {"post": {**_op(
@@ -153,15 +195,16 @@ def _run_paths() -> dict[str, Any]:
         "/api/runs/{run_id}/events": {"get": _op("A page of a run's events", api.EventPage, params=(
             _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {"type": "integer", "minimum": 1,
                                                                   "maximum": MAX_TAIL})))},
-        "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, params=(
+        "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, media=_SSE, params=(
             _RUN_ID, ("after", "query", _SEQ)))},
         "/api/runs/{run_id}/provenance": {"get": _op("The dataset and weight files the run read (with provenance on)",
-                                                     None, params=(_RUN_ID,))},
-        "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs", None,
+                                                     r.Provenance, params=(_RUN_ID,))},
+        "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs",
+                                                      r.Fingerprint,
                                                       params=(_RUN_ID, ("against", "query", _HEX_ID)))},
         "/api/runs/{run_id}/console": {"get": _op("What the run printed, from byte offset on (a page of 1 MiB)",
-                                                  None, params=(_RUN_ID, ("offset", "query", _SEQ)))},
-        "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", None, params=(
+                                                  r.ConsolePage, params=(_RUN_ID, ("offset", "query", _SEQ)))},
+        "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", r.RunMetrics, params=(
             _RUN_ID, ("format", "query", _FORMAT),
             ("lineage", "query", {"type": "string", "enum": ["true", "false"],
                                   "description": "a resumed run's chain as one training: each run's points up to "
@@ -170,10 +213,18 @@ def _run_paths() -> dict[str, Any]:
                                     body=api.ExportGraph, mutation=True)},
         "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,
                                        body=api.EstimateGraph, mutation=True)},
-        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", None, params=(_RUN_ID,))},
+        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", r.RunOutputs, params=(_RUN_ID,))},
         "/api/runs/{run_id}/artifacts/{artifact_id}": {"get": _op(
-            "An artifact's bytes, wherever it lives", None, params=(_RUN_ID, ("artifact_id", "path", "string")))},
-        "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", None, params=(
+            "An artifact's bytes, wherever it lives", None, media=_BYTES,
+            params=(_RUN_ID, ("artifact_id", "path", "string")))},
+        "/api/runs/{run_id}/artifacts": {"put": {**_op(
+            "A worker sends one of its run's files (the run's worker, with its credential)", r.ArtifactStored,
+            status="201", mutation=True, required=("path", "X-Troupe-Sha256"), params=(
+                _RUN_ID, ("path", "query", {"type": "string", "minLength": 1}),
+                ("X-Troupe-Sha256", "header", {"type": "string", "pattern": "^[0-9a-f]{64}$"}))),
+            "requestBody": {"required": True, "content": {_BYTES: {"schema": {"type": "string",
+                                                                              "format": "binary"}}}}}},
+        "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", r.NodeOutputs, params=(
             _RUN_ID, ("node_id", "path", "string")))},
     }
 
@@ -182,78 +233,103 @@ def _other_paths() -> dict[str, Any]:
     """Sweeps, studies, editor sessions, plugins, workers, files, flavors, the catalog."""
     return {
         "/api/sweeps": {
-            "post": _op("Queue a sweep: one run per combination", None, status="201", body=SubmitSweep, mutation=True),
-            "get": _op("Every sweep, newest first", None),
+            "post": _op("Queue a sweep: one run per combination", r.SweepCreated, status="201", body=SubmitSweep,
+                        mutation=True),
+            "get": _op("Every sweep, newest first", r.SweepList),
         },
-        "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants (json or csv)", None, params=(
+        "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants (json or csv)", r.SweepDetail, params=(
             ("sweep_id", "path", "string"), ("format", "query", _FORMAT)))},
-        "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", None, params=(
+        "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", r.SweepCancelled, params=(
             ("sweep_id", "path", "string"),), mutation=True)},
         "/api/editor-sessions/{session}": {
             "get": _op("What an editor session's node cache holds", api.EditorSessionCache, params=(_SESSION,)),
             "delete": _op("Close an editor session: drop its cached node outputs", api.EditorSessionClosed,
                           params=(_SESSION,), mutation=True),
         },
-        "/api/resources": {"get": _op("The cpus lent to declared nodes", None)},
+        "/api/resources": {"get": _op("The cpus lent to declared nodes", r.CpuLedgerReply)},
         "/api/studies": {
-            "post": _op("Start a study", None, status="201", body=SubmitStudy, mutation=True),
-            "get": _op("Every study, newest first", None),
+            "post": _op("Start a study", r.StudyDetail, status="201", body=SubmitStudy, mutation=True),
+            "get": _op("Every study, newest first", r.StudyList),
         },
-        "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking (json or csv)", None, params=(
+        "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking (json or csv)", r.StudyDetail,
+                                               params=(
             ("study_id", "path", "string"), ("format", "query", _FORMAT)))},
-        "/api/studies/{study_id}/cancel": {"post": _op("Cancel a study", None, params=(
+        "/api/studies/{study_id}/cancel": {"post": _op("Cancel a study", r.StudyDetail, params=(
             ("study_id", "path", "string"),), mutation=True)},
-        "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", None, params=(
+        "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", r.StudyDetail,
+                                                       params=(
             ("study_id", "path", "string"),), body=ResumeStudy, mutation=True)},
         "/api/plugins/{plugin_id}/jobs": {
-            "post": _again(_op("Create a plugin job (idempotent per key)", None, status="201", body=PluginJob,
+            "post": _again(_op("Create a plugin job (idempotent per key)", r.PluginJobRow, status="201", body=PluginJob,
                                params=(("plugin_id", "path", "string"),), mutation=True),
                            "the job of this idempotency key, already made with the same spec"),
-            "get": _op("A plugin's jobs", None, params=(("plugin_id", "path", "string"),)),
+            "get": _op("A plugin's jobs", r.PluginJobList, params=(("plugin_id", "path", "string"),)),
         },
-        "/api/plugins/{plugin_id}/jobs/{job_id}": {"get": _op("One plugin job", None, params=(
+        "/api/plugins/{plugin_id}/jobs/{job_id}": {"get": _op("One plugin job", r.PluginJobRow, params=(
             ("plugin_id", "path", "string"), ("job_id", "path", "string")))},
-        "/api/stream": {"get": _op("Every run's changes as server-sent events", None)},
+        "/api/stream": {"get": _op("Every run's changes as server-sent events", None, media=_SSE)},
         "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
-        "/api/info": {"get": _op("Version, devices and capabilities", None)},
-        "/api/examples": {"get": _op("Bundled example graphs", None)},
-        "/api/nodes": {"get": _op("The node catalog", None)},
-        "/metrics": {"get": _op("Prometheus metrics", None)},
-        "/api/workers": {"get": _op("Every enrolled or connected worker with its state, devices and slots", None)},
-        "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", None,
+        "/api/info": {"get": _op("Version, devices and capabilities", r.Info)},
+        "/api/examples": {"get": _op("Bundled example graphs", r.ExampleList)},
+        "/api/nodes": {"get": _op("The node catalog", r.Catalog)},
+        "/metrics": {"get": _op("Prometheus metrics (OpenMetrics when Accept asks for it)", None,
+                                media="text/plain")},
+        "/api/openapi.json": {"get": {**_op("This document", None, media="application/json")}},
+        "/ws/worker": {"get": {**_op("The socket a worker's agent dials (a websocket; frames in protocol.worker)",
+                                     None, status="101"), "security": [{"worker": []}]}},
+        "/api/workers": {"get": _op("Every enrolled or connected worker with its state, devices and slots",
+                                     r.WorkerList)},
+        "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", r.Enrollment,
                                                  status="201", body=api.NewEnrollment, mutation=True)},
         "/api/workers/credentials": {"post": _op("An agent trades its join token for its credential (the token is "
-                                                 "the proof; no session token)", None, status="201",
+                                                 "the proof; no session token)", r.WorkerCredential, status="201",
                                                  body=api.Redeem)},
-        "/api/workers/{name}": {"delete": _op("Revoke a worker: its agent is refused and its runs end", None,
+        "/api/workers/{name}": {"delete": _op("Revoke a worker: its agent is refused and its runs end", r.Deleted,
                                               params=(("name", "path", "string"),), mutation=True)},
-        "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", None,
+        "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", r.WorkerRow,
                                                   params=(("name", "path", "string"),), mutation=True)},
-        "/api/files": {"get": _op("Every uploaded file", None),
-                       "post": {**_op("Upload a file (multipart, field file) for runs to read as upload:<id>", None,
+        "/api/files": {"get": _op("Every uploaded file", r.FileList),
+                       "post": {**_op("Upload a file (multipart, field file) for runs to read as upload:<id>",
+                                      r.FileStored,
                                       status="201", mutation=True), "requestBody": _UPLOAD}},
-        "/api/files/{file_id}/content": {"get": _op("An uploaded file's bytes", None,
+        "/api/files/{file_id}/content": {"get": _op("An uploaded file's bytes", None, media=_BYTES,
                                                     params=(("file_id", "path", "string"),))},
-        "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", None,
+        "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", r.Deleted,
                                                params=(("file_id", "path", "string"),), mutation=True)},
-        "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", None,
-                                params=(("prefix", "query", {"type": "string", "pattern": "^[0-9a-f]{4,32}$"}),))},
+        "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", r.IdMatches,
+                                params=(("prefix", "query", {"type": "string", "pattern": "^[0-9a-f]{4,32}$"}),),
+                                required=("prefix",))},
         "/api/packs": {"get": _op("Every pack loaded, with its version, digest and node types; the broken ones "
-                                  "with their error", None)},
+                                  "with their error", r.PackList)},
         "/api/packs/{name}/archive": {"get": _op("A folder pack's files (gzip'd tar) for an agent started with "
                                                  "--accept-packs; X-Troupe-Pack-Digest is their sha256", None,
+                                                 media="application/gzip",
                                                  params=(("name", "path", "string"),))},
-        "/api/flavors": {"get": _op("Every flavor (a named size)", None),
+        "/api/login": {"post": _op("A login link's token for a session (a terminal's bearer secret, or a browser's "
+                                   "cookie with browser: true)", r.LoggedIn, status="201", body=Login)},
+        "/api/logout": {"post": _op("End the session the request comes with", r.Deleted, mutation=True)},
+        "/api/login-links": {
+            "get": _op("The login links this server made (never their tokens)", r.LoginLinks),
+            "post": {**_op("A fresh login link: a teacher's, a class's (uses) or a read-only one", r.NewLoginLink,
+                           status="201", mutation=True),
+                     "requestBody": {"required": False, **_json(NewLoginLink)}}},
+        "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Deleted,
+                                                     params=(("link_id", "path", "string"),), mutation=True)},
+        "/api/sessions": {"get": _op("The open sessions (never their secrets)", r.Sessions)},
+        "/api/sessions/{session_id}": {"delete": _op("End a session", r.Deleted,
+                                                     params=(("session_id", "path", "string"),), mutation=True)},
+        "/api/flavors": {"get": _op("Every flavor (a named size)", r.FlavorList),
                          "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
         "/api/flavors/{name}": {
             "get": _op("One flavor", Flavor, params=(("name", "path", "string"),)),
             "put": _op("Replace a flavor's sizes (what is left out is unset)", Flavor, body=FlavorUpdate,
                        params=(("name", "path", "string"),), mutation=True),
-            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", None,
+            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", r.Deleted,
                           params=(("name", "path", "string"),), mutation=True)},
-        "/api/workers/ssh": {"post": _op("Serve a worker through an SSH session this server opens (ssh -R)", None,
+        "/api/workers/ssh": {"post": _op("Serve a worker through an SSH session this server opens (ssh -R)",
+                                         r.WorkerAdded,
                                          status="201", body=api.SshWorker, mutation=True)},
         "/api/workers/{name}/devices/{device}": {"put": _op(
-            "Set how a card admits runs: by slots, or shared by memory budget", None, body=api.CardSharing,
+            "Set how a card admits runs: by slots, or shared by memory budget", r.CardPolicySet, body=api.CardSharing,
             params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},
     }

@@ -66,7 +66,8 @@ def _checked_sets(graph: dict[str, Any], params_set: dict[str, Any]) -> dict[str
             node_id = node_id.rpartition(".")[0]  # NODE.vars.NAME
         if node_id not in ids:
             raise InvalidRequest(f"params_set: {key!r} names no node of the run's graph (it has "
-                                 f"{', '.join(sorted(ids))})", pointer=pointer_from_path(["params_set", key]))
+                                 f"{', '.join(sorted(ids))})", pointer=pointer_from_path(["params_set", key]),
+                                 code="graph_invalid")
     return params_set
 
 

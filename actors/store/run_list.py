@@ -102,8 +102,8 @@ def _with_tags(conn: apsw.Connection, rows: list[dict[str, Any]]) -> list[dict[s
 def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
     """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
     where, args = _filters(query)
-    if query.sort is not None:
-        return _sorted_runs(conn, query, where, args), None
+    if query.sort is not None:  # its cursor is how many rows came before
+        return _sorted_runs(conn, query, where, args)
     if query.before_seq is not None:
         where.append("r.enqueue_seq < ?")
         args.append(query.before_seq)
@@ -118,17 +118,22 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
 _NEWEST = "(SELECT m.value FROM metrics m WHERE m.run_id = r.id AND m.series = ? ORDER BY m.seq DESC LIMIT 1)"
 
 
-def _sorted_runs(conn: apsw.Connection, query: ListRuns, where: list[str], args: list[Any]) -> list[dict[str, Any]]:
+def _sorted_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
+                 args: list[Any]) -> tuple[list[dict[str, Any]], int | None]:
     assert query.sort is not None
     series, order = query.sort.removeprefix("-"), "DESC" if query.sort.startswith("-") else "ASC"
     clause = f" WHERE {' AND '.join(where)}" if where else ""
+    skip = query.before_seq or 0
     found = conn.execute(f"SELECT r.id, {_NEWEST} AS v FROM runs r{clause} ORDER BY v IS NULL, v {order}, "
-                         "r.enqueue_seq DESC LIMIT ?", (series, *args, query.limit)).fetchall()
+                         "r.enqueue_seq DESC LIMIT ? OFFSET ?", (series, *args, query.limit + 1, skip)).fetchall()
+    more = len(found) > query.limit
+    found = found[: query.limit]
     values = {str(run_id): value for run_id, value in found}
     ids = list(values)
     rows = {row["id"]: row for row in _with_tags(conn, [whole_graph(conn, run_row(v)) for v in conn.execute(
         f"{SELECT_RUNS} WHERE r.id IN ({', '.join('?' for _ in ids)})", ids)])} if ids else {}
-    return [{**rows[run_id], "sort_value": values[run_id]} for run_id in ids if run_id in rows]
+    page = [{**rows[run_id], "sort_value": values[run_id]} for run_id in ids if run_id in rows]
+    return page, (skip + query.limit if more else None)
 
 
 _GROUP = "COALESCE('sweep:' || r.sweep_id, 'study:' || r.study_id, 'run:' || r.id)"
