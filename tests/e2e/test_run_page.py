@@ -124,3 +124,40 @@ def test_a_run_page_lists_what_set_changed(open_page):
     tab.goto(f"{server.url}/#/runs/{run_id}")
     expect(tab.locator("#run-head dl.facts")).to_contain_text("a.value=40")
     assert errors == []
+
+
+RESUMABLE = """
+import json, os, sys
+steps, fail_at = int(sys.argv[1]), int(sys.argv[2])
+start = int(open(os.environ["TROUPE_RESUME_FROM"]).read()) if os.environ.get("TROUPE_RESUME_FROM") else 0
+for step in range(start + 1, steps + 1):
+    if step == fail_at:
+        sys.exit(1)
+    print(json.dumps({"metric": "loss", "value": 1.0 / step, "step": step}), flush=True)
+    path = os.path.join(os.environ["TROUPE_CHECKPOINT_DIR"], f"step-{step}.ckpt")
+    with open(path + ".tmp", "w") as out:
+        out.write(str(step))
+    os.rename(path + ".tmp", path)
+"""
+
+
+def test_a_resumed_runs_page_charts_the_chain_as_one_training(open_page, tmp_path):
+    from tests.helpers import graph, node
+
+    (tmp_path / "resumable.py").write_text(RESUMABLE)
+    server, tab, errors = open_page(TROUPE_DATA_ROOTS=str(tmp_path))
+    doc = graph(node("job", "script.Command", argv=["{python}", "resumable.py", "{steps}", "{fail_at}"],
+                     vars={"steps": 5, "fail_at": 3}, cwd=str(tmp_path)), name="resumable")
+    broke = server.submit(doc)["run_id"]
+    server.wait_status(broke, "failed")
+    status, again = server.client.request("POST", f"/api/runs/{broke}/rerun",
+                                          {"resume": True, "params_set": {"job.vars.fail_at": 0}})
+    assert status == 201, again
+    server.wait_status(again["run_id"], "succeeded")
+    tab.goto(f"{server.url}/#/runs/{again['run_id']}")
+    chart = tab.locator("#run-metrics figure").first
+    labels = chart.locator(".u-legend .u-series")
+    expect(labels).to_have_count(3)  # the steps, then a line for each run of the chain
+    expect(labels.nth(1)).to_contain_text(f"loss (run {broke[:8]})")
+    expect(labels.nth(2)).to_contain_text("loss (this run)")
+    assert errors == []

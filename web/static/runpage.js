@@ -165,9 +165,20 @@ function graphSection(run) {
     el("thead", {}, el("tr", {}, ...["Node", "Type", "Param", "Value"].map((h) => el("th", {}, h)))), el("tbody", {}, ...rows)));
 }
 
+// A resumed run reads as one training: the runs it goes on from give the steps before
+// it, each run of the chain a line of its own, so the chart shows where it resumed.
 async function loadMetrics() {
-  const { series } = await api("GET", `/api/runs/${page.runId}/metrics`);
-  const bySeries = new Map(Object.entries(series).map(([name, points]) => [name, [{ label: name, points }]]));
+  const { series } = await api("GET", `/api/runs/${page.runId}/metrics${page.lineage ? "?lineage=true" : ""}`);
+  const lines = (name, points) => {
+    if (!page.lineage) return [{ label: name, points }];
+    const byRun = new Map();
+    for (const point of points) {
+      if (!byRun.has(point.run_id)) byRun.set(point.run_id, []);
+      byRun.get(point.run_id).push(point);
+    }
+    return [...byRun].map(([id, mine]) => ({ label: id === page.runId ? `${name} (this run)` : `${name} (run ${id.slice(0, 8)})`, points: mine }));
+  };
+  const bySeries = new Map(Object.entries(series).map(([name, points]) => [name, lines(name, points)]));
   page.charts.show(bySeries);
   page.noMetrics.hidden = bySeries.size > 0;
 }
@@ -186,7 +197,8 @@ export async function openRunPage(runId, view) {
   const [run, tail, printed] = await Promise.all([api("GET", `/api/runs/${runId}`),
     api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console`)]);
   const chartBox = el("div", { class: "charts" });
-  page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded.") };
+  page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded."),
+    lineage: Boolean(run.resumed_from) };
   const head = el("div", { id: "run-head" });
   const refresh = async () => {
     if (!page || page.runId !== runId) return;
