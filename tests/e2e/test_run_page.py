@@ -89,9 +89,12 @@ def test_the_list_groups_a_sweep_searches_and_keeps_tags(open_page):
     expect(group).to_contain_text("3 runs: 3 succeeded")
     expect(group).to_contain_text("best val_loss 4")
     expect(tab.locator("#rows tr.child")).to_have_count(0)
-    group.focus()
-    tab.keyboard.press("Enter")  # keyboard reachable
+    toggle = group.locator("button.toggle")
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    toggle.focus()
+    tab.keyboard.press("Enter")  # keyboard reachable, its state said on its button
     expect(tab.locator("#rows tr.child")).to_have_count(3)
+    expect(group.locator("button.toggle")).to_have_attribute("aria-expanded", "true")
 
     tab.locator("#run-search").fill("lonely")
     expect(tab.locator("#rows tr")).to_have_count(1)

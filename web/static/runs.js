@@ -87,9 +87,12 @@ function groupRow(group) {
   const counts = Object.entries(group.counts).map(([status, n]) => `${n} ${status}`).join(", ");
   const best = group.best ? `best ${group.best.metric} ${+group.best.value.toPrecision(4)}` : "";
   const open = opened.has(key);
-  return el("tr", { class: `group${open ? " open" : ""}`, "data-group": key, tabindex: 0, "aria-expanded": String(open),
-    onclick: () => toggle(key), onkeydown: (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); toggle(key); } } },
-  el("td", { class: "pick" }, open ? "▾" : "▸"),
+  // The row opens on a click anywhere; its button carries the state for a keyboard and a
+  // screen reader (a table row may not say it is expanded).
+  return el("tr", { class: `group${open ? " open" : ""}`, "data-group": key, onclick: () => toggle(key) },
+  el("td", { class: "pick" }, el("button", { class: "toggle", type: "button", "aria-expanded": String(open),
+    "aria-label": `${open ? "Hide" : "Show"} the runs of ${group.kind} ${group.name || group.id.slice(0, 8)}`,
+    onclick: (e) => { e.stopPropagation(); toggle(key); } }, open ? "▾" : "▸")),
   el("td", {}, el("a", { href: `#/${group.kind === "sweep" ? "sweeps" : "studies"}/${group.id}`, onclick: (e) => e.stopPropagation() },
     `${group.kind} ${group.name || group.id.slice(0, 8)}`)),
   el("td", { colspan: 5 }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`), el("td", {}, best), el("td", {}));

@@ -1,0 +1,47 @@
+() => {
+  const problems = [];
+  const width = document.documentElement.clientWidth;
+  if (document.documentElement.scrollWidth > width + 1) {
+    problems.push(`the page is ${document.documentElement.scrollWidth} px wide in a window of ${width}`);
+  }
+  const shown = (e) => e.offsetParent !== null && e.getClientRects().length > 0;
+  const clipped = (e) => {  // inside a box that scrolls or clips sideways: its own business
+    for (let p = e.parentElement; p; p = p.parentElement) {
+      const o = getComputedStyle(p).overflowX;
+      if (o === "auto" || o === "scroll" || o === "hidden") return p.getBoundingClientRect().right <= width + 1;
+    }
+    return false;
+  };
+  for (const e of document.querySelectorAll("body *")) {
+    if (!shown(e) || clipped(e)) continue;
+    const right = e.getBoundingClientRect().right;
+    if (right > width + 1) problems.push(`${e.tagName.toLowerCase()}#${e.id}.${e.className} ends at ${Math.round(right)} px`);
+  }
+  // What a header shows: its text less a label kept for screen readers alone (.sr-only).
+  const visible = (e) => [...e.childNodes].filter((n) => !(n.classList && n.classList.contains("sr-only")));
+  const textWidth = (e) => Math.max(0, ...visible(e).map((n) => {
+    const range = document.createRange();
+    range.selectNodeContents(n);
+    return range.getBoundingClientRect().width;
+  }));
+  for (const table of document.querySelectorAll("table")) {
+    if (!shown(table)) continue;
+    const heads = [...table.querySelectorAll("thead th")];
+    heads.forEach((th, column) => {
+      const label = visible(th).map((n) => n.textContent).join("").trim();
+      if (!label) return;
+      const need = textWidth(th);
+      const room = th.clientWidth - parseFloat(getComputedStyle(th).paddingLeft) - parseFloat(getComputedStyle(th).paddingRight);
+      if (need > room + 1) problems.push(`header "${label}" is cut (${Math.round(room)} of ${Math.round(need)} px)`);
+      for (const row of table.querySelectorAll("tbody tr")) {
+        const cells = row.querySelectorAll("td, th");
+        if (cells.length !== heads.length) continue;
+        if (cells[column].getBoundingClientRect().width + 1 < need) {
+          problems.push(`a cell of "${label}" is ${Math.round(cells[column].getBoundingClientRect().width)} px, narrower than its header`);
+          break;
+        }
+      }
+    });
+  }
+  return [...new Set(problems)];
+}

@@ -1,0 +1,108 @@
+"""Every results view laid out so that it can be read (issue 41): the run page, compare,
+a sweep, a study, the Runs list and Workers, at 1440x900 and 1024x768, with content in
+them (runs with artifacts, a failed and a cancelled run, a sweep, a study, a worker). A
+view fails when a table cell is narrower than its header's text, a header is cut, or
+anything overflows the window sideways; and axe-core finds no serious or critical
+accessibility violation in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import MISSING, REASON
+from tests.e2e.test_run_page import RESUMABLE
+from tests.helpers import edge, graph, hello, node, sleeper
+from tests.integration.test_workers_functional import enroll, read_until, start_agent
+
+try:
+    from axe_playwright_python.sync_playwright import Axe
+except ImportError:  # pragma: no cover - the test extras install it
+    Axe = None  # type: ignore[assignment,misc]  # without it only the accessibility half skips
+
+pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
+
+# Measured in the page: what a person could not read.
+# Measured in the page: what a person could not read (cut headers, cramped cells, a
+# sideways overflow), as a list of sentences.
+PROBLEMS = Path(__file__).with_name("layout_problems.js").read_text()
+
+
+def _content(server, tmp_path) -> dict[str, Any]:
+    """Runs with metrics and artifacts, a failed and a cancelled one, a sweep, a study."""
+    (tmp_path / "resumable.py").write_text(RESUMABLE)
+    command = graph(node("job", "script.Command", argv=["{python}", "resumable.py", "{steps}", "0"],
+                         vars={"steps": 4}, cwd=str(tmp_path)), name="a training with checkpoints")
+    trained = [server.submit(command)["run_id"] for _ in range(2)]
+    failing = graph(node("c", "core.Constant", value=1), node("f", "core.Fail", message="the data is gone"),
+                    edges=(edge("c", "value", "f", "x"),), name="a failing run")
+    failed = server.submit(failing)["run_id"]
+    cancelled = server.submit(sleeper(60))["run_id"]
+    server.wait_status(cancelled, "running")
+    server.client.request("POST", f"/api/runs/{cancelled}/cancel")
+    objective = {"metric": "val_loss", "direction": "minimize"}
+    status, sweep = server.client.request("POST", "/api/sweeps", {
+        "name": "a sweep of a", "base_graph": hello(), "objective": objective,
+        "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [1, 2, 3]}]}})
+    assert status == 201, sweep
+    status, study = server.client.request("POST", "/api/studies", {
+        "name": "a study of a", "base_graph": hello(), "objective": objective, "repeats": 2,
+        "budget": {"max_runs": 3},
+        "variants": [{"name": name, "params": [{"node_id": "a", "param": "value", "value": value}]}
+                     for name, value in (("low", 1), ("high", 5))]})
+    assert status == 201, study
+    for run_id in [*trained, failed, cancelled]:
+        server.wait_status(run_id, server.get(f"/api/runs/{run_id}")["status"] if run_id == cancelled else
+                          "failed" if run_id == failed else "succeeded", timeout=60)
+    for row in server.get("/api/runs?status=queued,running&limit=500")["runs"]:
+        server.wait_status(row["id"], "succeeded", timeout=60)
+    return {"run": trained[0], "compare": f"{trained[0]},{trained[1]}", "sweep": sweep["sweep_id"],
+            "study": study["id"]}
+
+
+def _views(content: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, address, what shows it is drawn)."""
+    return [("run page", f"#/runs/{content['run']}", "#run-artifacts table"),
+            ("compare", f"#/compare/{content['compare']}", "table.compare"),
+            ("sweep", f"#/sweeps/{content['sweep']}", "#ranking-rows tr"),
+            ("study", f"#/studies/{content['study']}", "#study h2"),
+            ("runs list", "#runs", "#rows tr"),
+            ("workers", "#workers", "#worker-rows tr")]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("width, height", [(1440, 900), (1024, 768)])
+def test_every_results_view_can_be_read_and_has_no_serious_accessibility_violation(open_page, tmp_path, width,
+                                                                                    height):
+    server, tab, errors = open_page(width=width, TROUPE_DATA_ROOTS=str(tmp_path), TROUPE_WORKER_HEARTBEAT_S="1")
+    tab.set_viewport_size({"width": width, "height": height})
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    try:
+        read_until(agent, "connected as gpu-a")
+        content = _content(server, tmp_path)
+        found: dict[str, list[str]] = {}
+        for name, address, drawn in _views(content):
+            if address in ("#runs", "#workers"):  # a tab of the panels
+                tab.goto(f"{server.url}/#")
+                tab.locator(f'.tab[data-tab="{address[1:]}"]').click()
+            else:
+                tab.goto(f"{server.url}/{address}")
+            tab.locator(drawn).first.wait_for()
+            problems = tab.evaluate(PROBLEMS)
+            assert isinstance(problems, list), problems  # the function ran and answered
+            if Axe is not None:
+                results = Axe().run(tab, options={"resultTypes": ["violations"]})
+                problems += [f"axe {v['id']} ({v['impact']}): {v['help']}: "
+                             + "; ".join(" ".join(n["target"]) for n in v["nodes"][:4])
+                             for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
+            if problems:
+                found[name] = problems
+        assert found == {}, "\n".join(f"{view}: {problem}" for view, problems in found.items() for problem in problems)
+        if Axe is None:
+            pytest.skip("axe-playwright-python is not installed: the accessibility half was not checked")
+        assert errors == []
+    finally:
+        agent.terminate()
+        agent.wait(30)
