@@ -164,3 +164,38 @@ def test_a_resumed_runs_page_charts_the_chain_as_one_training(open_page, tmp_pat
     expect(labels.nth(1)).to_contain_text(f"loss (run {broke[:8]})")
     expect(labels.nth(2)).to_contain_text("loss (this run)")
     assert errors == []
+
+
+FAST = """
+import json, time
+for epoch in range(1, 1501):
+    print(json.dumps({"metric": "loss", "value": 1.0 / epoch, "step": epoch}))
+    print(json.dumps({"progress": epoch, "total": 1500}), flush=True)
+    time.sleep(0.003)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_live_runs_page_keeps_up_without_asking_the_server_for_each_epoch(open_page, tmp_path):
+    import time
+
+    from tests.helpers import graph, node
+
+    (tmp_path / "fast.py").write_text(FAST)
+    server, tab, errors = open_page(TROUPE_DATA_ROOTS=str(tmp_path))
+    asked: list[str] = []
+    tab.on("request", lambda request: asked.append(request.url) if "/api/" in request.url else None)
+    run_id = server.submit(graph(node("job", "script.Command", argv=["{python}", "fast.py"], cwd=str(tmp_path)),
+                                 name="many epochs"))["run_id"]
+    server.wait_status(run_id, "running")
+    started = time.monotonic()
+    tab.goto(f"{server.url}/#/runs/{run_id}")
+    chart = tab.locator('#run-metrics figure[data-series="loss"]')
+    expect(chart).to_have_attribute("data-points", "1500", timeout=60000)  # every epoch drawn, live or at the end
+    followed = time.monotonic() - started
+    expect(tab.locator("#run-head")).to_contain_text("epoch 1500/1500")
+    reads = [url for url in asked if "/stream" not in url]
+    # The page's first reads, then at most about two a second: never one per epoch (3,000 events).
+    assert len(reads) <= 12 + 2 * followed, (len(reads), followed, reads[-20:])
+    assert len(tab.locator("#run-events").inner_text().splitlines()) <= 500  # the newest lines, not all 3,000
+    assert errors == []

@@ -169,6 +169,7 @@ function graphSection(run) {
 // it, each run of the chain a line of its own, so the chart shows where it resumed.
 async function loadMetrics() {
   const { series } = await api("GET", `/api/runs/${page.runId}/metrics${page.lineage ? "?lineage=true" : ""}`);
+  page.series = series;  // a live run's new points are added to it as their events come
   const lines = (name, points) => {
     if (!page.lineage) return [{ label: name, points }];
     const byRun = new Map();
@@ -178,7 +179,11 @@ async function loadMetrics() {
     }
     return [...byRun].map(([id, mine]) => ({ label: id === page.runId ? `${name} (this run)` : `${name} (run ${id.slice(0, 8)})`, points: mine }));
   };
-  const bySeries = new Map(Object.entries(series).map(([name, points]) => [name, lines(name, points)]));
+  drawSeries(lines);
+}
+
+function drawSeries(lines = (name, points) => [{ label: name, points }]) {
+  const bySeries = new Map(Object.entries(page.series).map(([name, points]) => [name, lines(name, points)]));
   page.charts.show(bySeries);
   page.noMetrics.hidden = bySeries.size > 0;
 }
@@ -224,28 +229,76 @@ function header(run, refresh) {
     el("p", { class: "muted" }, run.id, " ", copyButton(run.id)), errorBox(run), actions(run, refresh), labels(run, refresh), facts(run)];
 }
 
-// While it runs: its events as they come, its console, its charts, its header.
+const EVENT_LINES = 500;  // the Events box keeps the newest lines of a long run
+const FACTS_EVERY_MS = 1000;  // the run's facts (its header) are read again at most this often
+
+// While it runs: its events as they come, its console, its charts, its header. What an
+// event carries (a point, the epoch) is shown from the event; the page draws at most
+// once a frame and reads the run's record at most once a second, so a training of many
+// epochs a second is followed without the tab falling behind its stream.
 function follow(runId, after, events, console_, refresh) {
   const source = new EventSource(`/api/runs/${runId}/stream?after=${after}`);
   page.source = source;
+  const lines = events.textContent ? events.textContent.split("\n").slice(-EVENT_LINES) : [];
+  let printed = "";
+  let drawn = false;
+  let factsAt = 0;
+  let factsTimer = null;
+  const draw = () => {
+    drawn = false;
+    if (!page || page.runId !== runId) return;
+    events.textContent = lines.join("\n");
+    events.scrollTop = events.scrollHeight;
+    if (printed) {
+      console_.textContent += printed;
+      printed = "";
+      console_.scrollTop = console_.scrollHeight;
+    }
+    if (page.series) drawSeries();
+  };
+  const soon = () => { if (!drawn) { drawn = true; requestAnimationFrame(draw); } };
+  const facts = () => {  // the header, read at most once a second, the last change never missed
+    const wait = factsAt + FACTS_EVERY_MS - Date.now();
+    if (factsTimer) return;
+    factsTimer = setTimeout(() => {
+      factsTimer = null;
+      factsAt = Date.now();
+      refresh().catch(() => {});
+    }, Math.max(0, wait));
+  };
   source.addEventListener("run_event", (message) => {
     if (!page || page.runId !== runId) return;
     const event = JSON.parse(message.data);
     if (event.type === "console") {
-      console_.textContent += event.payload.text;
-      console_.scrollTop = console_.scrollHeight;
+      printed += event.payload.text;
+      soon();
       return;
     }
-    events.textContent += `${events.textContent ? "\n" : ""}${eventText(event)}`;
-    events.scrollTop = events.scrollHeight;
+    lines.push(eventText(event));
+    if (lines.length > EVENT_LINES) lines.splice(0, lines.length - EVENT_LINES);
     if (event.type === "metric") {
-      metricsSoon();
-      if (event.payload.epochs) refresh().catch(() => {});
+      const p = event.payload;
+      if (page.series && !page.lineage) {
+        (page.series[p.name] ||= []).push({ step: p.step, value: p.value, non_finite: p.non_finite, ts: event.ts });
+      } else {
+        metricsSoon();  // a chain of runs: read whole, at most twice a second
+      }
+      if (p.epochs) {
+        showProgress(p);
+        facts();
+      }
     }
-    if (["run_started", "run_finished"].includes(event.type)) refresh().catch(() => {});
+    soon();
+    if (["run_started", "run_finished"].includes(event.type)) facts();
     if (event.type === "run_finished") {
       source.close();
-      metricsSoon();
+      metricsSoon();  // once, whole: what the stream gave is checked against what was stored
     }
   });
+}
+
+// The epoch an event says, in the header at once (its time left comes with the next read).
+function showProgress(payload) {
+  const shown = document.querySelector("#run-head [data-progress]");
+  if (shown) shown.textContent = shown.textContent.replace(/^epoch \d+\/\d+/, `epoch ${payload.epoch}/${payload.epochs}`);
 }
