@@ -8,6 +8,9 @@ server's own output otherwise: two runs' output never mix, and the server's logg
 where it was. A worker run's child owns its process, so there the file descriptors 1 and
 2 themselves are captured (``capture_descriptors``), C libraries' writes included.
 
+Each node's lines are kept whole and sent as that node's (the event's ``node_id``): two
+nodes printing at once never make one line of two. A line still open is held until its
+newline, or sent as it is once it has waited ``PARTIAL_S`` (a progress bar's ``\r``).
 Output is coalesced for ``FLUSH_S`` and sent in pieces of at most ``PIECE`` characters.
 Past ``cap_bytes`` the head is kept as it came and only the newest tail (half the cap)
 is kept after it, with one event saying how many bytes were skipped in between.
@@ -21,12 +24,14 @@ import io
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 CONSOLE = "console"  # the event: {"stream": "stdout" | "stderr", "text"} or {"skipped": bytes}
 FLUSH_S = 0.1
+PARTIAL_S = 1.0
 PIECE = 32 * 1024
 Emit = Callable[[str, str | None, dict[str, Any]], None]
 
@@ -39,88 +44,107 @@ class Console:
     def __init__(self, emit: Emit, cap_bytes: int) -> None:
         self._emit = emit
         self._head_left = cap_bytes // 2 if cap_bytes > 0 else None  # None: no cap
-        self._tail: deque[tuple[str, str]] = deque()
+        self._tail: deque[tuple[str | None, str, str]] = deque()
         self._tail_bytes = 0
         self._tail_cap = cap_bytes - cap_bytes // 2
         self._skipped = 0
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[str | None, str, str]] = []
+        # A line still open, by (node, stream): its text so far and when it began.
+        self._open: dict[tuple[str | None, str], tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._closed = False
 
-    def write(self, stream: str, text: str) -> None:
+    def write(self, stream: str, text: str, node_id: str | None = None) -> None:
         if not text:
             return
         with self._lock:
             if self._closed:
                 return
-            self._pending.append((stream, text))
+            key = (node_id, stream)
+            held, since = self._open.pop(key, ("", time.monotonic()))
+            whole, newline, rest = (held + text).rpartition("\n")
+            if newline:
+                self._pending.append((node_id, stream, whole + newline))
+            if rest:
+                self._open[key] = (rest, since if not newline else time.monotonic())
             if self._timer is None:
                 self._timer = threading.Timer(FLUSH_S, self.flush)
                 self._timer.daemon = True
                 self._timer.start()
 
-    def flush(self) -> None:
+    def flush(self, everything: bool = False) -> None:
         with self._lock:
+            now = time.monotonic()
+            for key, (held, since) in list(self._open.items()):
+                if everything or now - since >= PARTIAL_S:
+                    self._pending.append((key[0], key[1], held))
+                    del self._open[key]
             pending, self._pending = self._pending, []
             self._timer = None
-            for stream, text in _merged(pending):
-                self._keep(stream, text)
+            if self._open and not self._closed:  # a line still open is looked at again
+                self._timer = threading.Timer(FLUSH_S, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+            for node_id, stream, text in _merged(pending):
+                self._keep(node_id, stream, text)
 
     def close(self) -> None:
         """Sends what waits, then the kept tail after the count of what was skipped."""
-        self.flush()
+        self.flush(everything=True)
         with self._lock:
             self._closed = True
             if self._skipped:
                 self._emit(CONSOLE, None, {"skipped": self._skipped,
                                            "text": f"\n[... {self._skipped} bytes of console output skipped "
                                                    "(TROUPE_RUN_CONSOLE_CAP_BYTES) ...]\n"})
-            for stream, text in _merged(list(self._tail)):
-                self._send(stream, text)
+            for node_id, stream, text in _merged(list(self._tail)):
+                self._send(node_id, stream, text)
             self._tail.clear()
+            if self._timer is not None:
+                self._timer.cancel()
 
-    def _keep(self, stream: str, text: str) -> None:
+    def _keep(self, node_id: str | None, stream: str, text: str) -> None:
         if self._head_left is None:
-            self._send(stream, text)
+            self._send(node_id, stream, text)
             return
         size = len(text.encode("utf-8", "replace"))
         if size <= self._head_left:
             self._head_left -= size
-            self._send(stream, text)
+            self._send(node_id, stream, text)
             return
-        self._tail.append((stream, text))
+        self._tail.append((node_id, stream, text))
         self._tail_bytes += size
         while self._tail_bytes > self._tail_cap and self._tail:
-            dropped_stream, dropped = self._tail.popleft()
+            dropped_node, dropped_stream, dropped = self._tail.popleft()
             dropped_size = len(dropped.encode("utf-8", "replace"))
             over = self._tail_bytes - self._tail_cap
             if dropped_size > over:  # keep the newest part of this piece
                 kept = dropped.encode("utf-8", "replace")[over:].decode("utf-8", "ignore")
-                self._tail.appendleft((dropped_stream, kept))
+                self._tail.appendleft((dropped_node, dropped_stream, kept))
                 self._skipped += over
                 self._tail_bytes -= over
                 break
             self._skipped += dropped_size
             self._tail_bytes -= dropped_size
 
-    def _send(self, stream: str, text: str) -> None:
+    def _send(self, node_id: str | None, stream: str, text: str) -> None:
         for start in range(0, len(text), PIECE):
-            self._emit(CONSOLE, None, {"stream": stream, "text": text[start:start + PIECE]})
+            self._emit(CONSOLE, node_id, {"stream": stream, "text": text[start:start + PIECE]})
 
 
-def _merged(pieces: list[tuple[str, str]]) -> Iterator[tuple[str, str]]:
-    """Neighbouring writes to one stream as one text."""
-    stream: str | None = None
+def _merged(pieces: list[tuple[str | None, str, str]]) -> Iterator[tuple[str | None, str, str]]:
+    """Neighbouring writes of one node to one stream as one text."""
+    where: tuple[str | None, str] | None = None
     parts: list[str] = []
-    for name, text in pieces:
-        if name != stream and parts:
-            yield stream or "stdout", "".join(parts)
+    for node_id, name, text in pieces:
+        if (node_id, name) != where and parts and where is not None:
+            yield where[0], where[1], "".join(parts)
             parts = []
-        stream = name
+        where = (node_id, name)
         parts.append(text)
-    if parts:
-        yield stream or "stdout", "".join(parts)
+    if parts and where is not None:
+        yield where[0], where[1], "".join(parts)
 
 
 @contextlib.contextmanager
@@ -146,7 +170,9 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         console = getattr(_route, "console", None)
         if console is not None:
-            console.write(self._name, text)
+            from subprocess_runner.context import current_node_id  # (context imports this module)
+
+            console.write(self._name, text, current_node_id())
         else:
             self._real.write(text)
         return len(text)

@@ -203,7 +203,11 @@ def _run_paths() -> dict[str, Any]:
                                                       r.Fingerprint,
                                                       params=(_RUN_ID, ("against", "query", _HEX_ID)))},
         "/api/runs/{run_id}/console": {"get": _op("What the run printed, from byte offset on (a page of 1 MiB)",
-                                                  r.ConsolePage, params=(_RUN_ID, ("offset", "query", _SEQ)))},
+                                                  r.ConsolePage, params=(
+                                                      _RUN_ID, ("offset", "query", _SEQ),
+                                                      ("nodes", "query", {"type": "string", "enum": ["true", "false"],
+                                                                          "description": "each line marked with its "
+                                                                                         "node and stream"})))},
         "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", r.RunMetrics, params=(
             _RUN_ID, ("format", "query", _FORMAT),
             ("lineage", "query", {"type": "string", "enum": ["true", "false"],

@@ -177,15 +177,29 @@ async def get_console(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     offset = int_query(request, "offset", default=0) or 0
+    marked = request.query.get("nodes", "false")
+    if marked not in ("true", "false"):
+        raise InvalidRequest("nodes is true or false", pointer="?nodes")
     await _get_row(svc, run_id)  # 404 for no such run
     events = await svc.store.read(EventsOfType(run_id, ev.CONSOLE))
-    text = "".join(e["payload"].get("text", "") for e in events).encode("utf-8")
+    text = "".join(console_lines(e) if marked == "true" else e["payload"].get("text", "") for e in events).encode()
     end = min(len(text), offset + CONSOLE_PAGE_BYTES)
     while offset < end < len(text) and (text[end] & 0xC0) == 0x80:  # never cut inside a character
         end -= 1
     page = text[offset:end]
     return json_reply({"text": page.decode("utf-8", "replace"), "next_offset": offset + len(page),
                        "size": len(text)})
+
+
+def console_lines(event: dict[str, Any]) -> str:
+    """A console event's text, each line marked with the node that printed it and its
+    stream: ``train › epoch 3`` on stdout, ``train ! warning`` on stderr."""
+    payload = event["payload"]
+    text = payload.get("text", "")
+    if "stream" not in payload:  # the note of skipped output
+        return str(text)
+    mark = f"{event.get('node_id') or ''} {'!' if payload['stream'] == 'stderr' else '›'} ".lstrip()
+    return "".join(mark + line for line in text.splitlines(keepends=True))
 
 
 async def run_detail(svc: Services, run_id: str) -> dict[str, Any]:

@@ -198,7 +198,7 @@ class _Lines:
             if name == "stderr":
                 self.stderr_tail.append(line.rstrip("\n"))
             if console is not None:
-                console.write(name, line)
+                console.write(name, line, self._ctx.node_id)
             else:  # a worker's child: its own descriptors are the run's console
                 os.write(1 if name == "stdout" else 2, raw)
             if line.startswith("{"):

@@ -199,3 +199,27 @@ def test_a_live_runs_page_keeps_up_without_asking_the_server_for_each_epoch(open
     assert len(reads) <= 12 + 2 * followed, (len(reads), followed, reads[-20:])
     assert len(tab.locator("#run-events").inner_text().splitlines()) <= 500  # the newest lines, not all 3,000
     assert errors == []
+
+
+def test_console_lines_stay_whole_per_node_and_events_filter_by_kind(open_page):
+    from tests.helpers import edge, graph, node
+
+    server, tab, errors = open_page()
+    printers = [node(f"p{i}", "core.Print", prefix=f"line of p{i}:", stream="stderr" if i == 5 else "stdout")
+                for i in range(6)]
+    doc = graph(node("c", "core.Constant", value=7), *printers, node("m", "core.LogMetric", name="seven"),
+                edges=(*(edge("c", "value", f"p{i}", "value") for i in range(6)), edge("c", "value", "m", "value")),
+                name="six printers")
+    run_id = server.submit(doc)["run_id"]
+    server.wait_status(run_id, "succeeded")
+    tab.goto(f"{server.url}/#/runs/{run_id}")
+    printed = tab.locator("#run-console")
+    expect(printed).to_contain_text("p5 ! line of p5:7.0")
+    lines = [line for line in printed.inner_text().splitlines() if line.strip()]
+    assert sorted(lines) == [f"p{i} › line of p{i}:7.0" for i in range(5)] + ["p5 ! line of p5:7.0"], lines
+    events = tab.locator("#run-events")
+    expect(events).to_contain_text("metric")
+    tab.get_by_label("Show events of kind").select_option("no metrics")
+    expect(events).not_to_contain_text("seven =")
+    expect(events).to_contain_text("node_started")
+    assert errors == []

@@ -200,7 +200,7 @@ function metricsSoon() {
 export async function openRunPage(runId, view) {
   closeRunPage();
   const [run, tail, printed] = await Promise.all([api("GET", `/api/runs/${runId}`),
-    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console`)]);
+    api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console?nodes=true`)]);
   const chartBox = el("div", { class: "charts" });
   page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded."),
     lineage: Boolean(run.resumed_from) };
@@ -211,17 +211,19 @@ export async function openRunPage(runId, view) {
     head.replaceChildren(...header(fresh, refresh));
   };
   head.replaceChildren(...header(run, refresh));
-  const events = el("pre", { class: "events", id: "run-events" }, tail.events.filter((e) => e.type !== "console").map(eventText).join("\n"));
+  const log = new EventLog(tail.events.filter((e) => e.type !== "console"));
+  const events = log.box;
   const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
   view.replaceChildren(
     el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
     section("run-metrics", "Metrics", chartControls(page.charts.settings, () => page.charts.redraw()), page.noMetrics, chartBox),
     section("run-printed", "Console", el("p", { class: "muted" }, "What the run printed."), console_),
-    section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."), events),
+    section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."),
+      log.filter, events),
     section("run-artifacts", "Artifacts", artifacts(run)), section("run-environment", "Environment", environment(run)),
     section("run-params", "Params and graph", graphSection(run)));
   await loadMetrics();
-  if (ACTIVE.has(run.status)) follow(runId, tail.events.length ? tail.events[tail.events.length - 1].seq : 0, events, console_, refresh);
+  if (ACTIVE.has(run.status)) follow(runId, tail.events.length ? tail.events[tail.events.length - 1].seq : 0, log, console_, refresh);
 }
 
 function header(run, refresh) {
@@ -236,10 +238,9 @@ const FACTS_EVERY_MS = 1000;  // the run's facts (its header) are read again at 
 // event carries (a point, the epoch) is shown from the event; the page draws at most
 // once a frame and reads the run's record at most once a second, so a training of many
 // epochs a second is followed without the tab falling behind its stream.
-function follow(runId, after, events, console_, refresh) {
+function follow(runId, after, log, console_, refresh) {
   const source = new EventSource(`/api/runs/${runId}/stream?after=${after}`);
   page.source = source;
-  const lines = events.textContent ? events.textContent.split("\n").slice(-EVENT_LINES) : [];
   let printed = "";
   let drawn = false;
   let factsAt = 0;
@@ -247,8 +248,7 @@ function follow(runId, after, events, console_, refresh) {
   const draw = () => {
     drawn = false;
     if (!page || page.runId !== runId) return;
-    events.textContent = lines.join("\n");
-    events.scrollTop = events.scrollHeight;
+    log.render();
     if (printed) {
       console_.textContent += printed;
       printed = "";
@@ -270,12 +270,11 @@ function follow(runId, after, events, console_, refresh) {
     if (!page || page.runId !== runId) return;
     const event = JSON.parse(message.data);
     if (event.type === "console") {
-      printed += event.payload.text;
+      printed += consoleLines(event);
       soon();
       return;
     }
-    lines.push(eventText(event));
-    if (lines.length > EVENT_LINES) lines.splice(0, lines.length - EVENT_LINES);
+    log.add(event);
     if (event.type === "metric") {
       const p = event.payload;
       if (page.series && !page.lineage) {
@@ -295,6 +294,41 @@ function follow(runId, after, events, console_, refresh) {
       metricsSoon();  // once, whole: what the stream gave is checked against what was stored
     }
   });
+}
+
+// A console event's lines, each marked with its node and stream (as ?nodes=true gives them).
+function consoleLines(event) {
+  const text = event.payload.text || "";
+  if (!event.payload.stream) return text;
+  const mark = `${event.node_id || ""} ${event.payload.stream === "stderr" ? "!" : "›"} `.trimStart();
+  return text.split(/(?<=\n)/).map((line) => mark + line).join("");
+}
+
+// The Events box: the newest lines, shown by kind (a training's metric lines would bury
+// its node starts, logs and warnings).
+const KINDS = { all: () => true, "no metrics": (e) => e.type !== "metric", nodes: (e) => e.type.startsWith("node_") || e.type.startsWith("run_"),
+  "logs and warnings": (e) => e.type === "log" || e.type === "warning", metrics: (e) => e.type === "metric" };
+
+class EventLog {
+  constructor(events) {
+    this.events = events.slice(-EVENT_LINES);
+    this.box = el("pre", { class: "events", id: "run-events" });
+    this.kind = "all";
+    const choice = el("select", { "aria-label": "Show events of kind", onchange: () => { this.kind = choice.value; this.render(); } },
+      ...Object.keys(KINDS).map((kind) => el("option", { value: kind }, kind)));
+    this.filter = el("label", { class: "event-filter" }, "Show ", choice);
+    this.render();
+  }
+
+  add(event) {
+    this.events.push(event);
+    if (this.events.length > EVENT_LINES) this.events.splice(0, this.events.length - EVENT_LINES);
+  }
+
+  render() {
+    this.box.textContent = this.events.filter(KINDS[this.kind]).map(eventText).join("\n");
+    this.box.scrollTop = this.box.scrollHeight;
+  }
 }
 
 // The epoch an event says, in the header at once (its time left comes with the next read).
