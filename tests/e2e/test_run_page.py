@@ -33,9 +33,12 @@ def test_a_run_page_by_its_url_with_charts_that_answer_a_hover_and_grow_live(ope
     box = chart.locator(".u-over").bounding_box()
     assert box is not None
     tab.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)  # the last step
-    legend = chart.locator(".u-legend .u-series").nth(1).locator(".u-value")
-    expect(legend).to_have_text(re.compile(r"^\d+\.\d+"))  # the value at that step, read off the hover
-    expect(chart.locator(".u-legend .u-series").first.locator(".u-value")).to_have_text("6")
+    tip = chart.locator(".tooltip")
+    expect(tip.locator(".row").first).to_have_text("step 6")  # by the point, not a row under the chart
+    expect(tip.locator(".row").nth(1)).to_have_text(re.compile(r"val_loss \d+\.\d+"))
+    other = tab.locator('#run-metrics figure.chart[data-series="train_loss"] .tooltip')
+    expect(other.locator(".row").first).to_have_text("step 6")  # one cursor for every chart of the page
+    expect(chart.locator(".u-legend")).to_have_count(0)
     tab.locator("#run-metrics").get_by_label("log y").check()
     expect(chart).to_have_attribute("data-points", "6")
     expect(tab.locator("#run-head .facts")).to_contain_text("epoch 6/6")
@@ -66,7 +69,7 @@ def test_two_runs_compared_overlaid_with_their_differing_params_marked(open_page
     tab.locator(f'input[data-pick="{high}"]').check()
     tab.get_by_role("button", name="Compare 2 runs").click()
     chart = tab.locator('#view figure.chart[data-series="val_loss"]')
-    expect(chart.locator(".u-legend .u-series")).to_have_count(3)  # the x axis and a series per run
+    expect(chart.locator(".bar-row")).to_have_count(2)  # one point each: a value per run, as bars
     expect(tab.locator('tr[data-key="a.value"]')).to_have_class(re.compile("differs"))
     expect(tab.locator('tr[data-key="final val_loss"]')).to_have_class(re.compile("differs"))
     expect(tab.locator('tr[data-key="status"]')).not_to_have_class(re.compile("differs"))
@@ -158,11 +161,10 @@ def test_a_resumed_runs_page_charts_the_chain_as_one_training(open_page, tmp_pat
     assert status == 201, again
     server.wait_status(again["run_id"], "succeeded")
     tab.goto(f"{server.url}/#/runs/{again['run_id']}")
-    chart = tab.locator("#run-metrics figure").first
-    labels = chart.locator(".u-legend .u-series")
-    expect(labels).to_have_count(3)  # the steps, then a line for each run of the chain
-    expect(labels.nth(1)).to_contain_text(f"loss (run {broke[:8]})")
-    expect(labels.nth(2)).to_contain_text("loss (this run)")
+    chart = tab.locator('#run-metrics figure[data-series="loss"]')
+    # A line for each run of the chain.
+    expect(chart).to_have_attribute("data-labels", f"loss (run {broke[:8]})|loss (this run)")
+    expect(chart).to_have_attribute("data-points", "5")  # steps 1-2 of the first run, 3-5 of this one
     assert errors == []
 
 

@@ -199,5 +199,6 @@ def test_a_runs_console_output_shows_in_its_details(page):
     run_id = server.submit(talker("P", pause=0.05))["run_id"]
     server.wait_status(run_id, "succeeded")
     tab.locator(f'tr[data-run="{run_id}"]').click()
-    expect(tab.locator("#run-console")).to_have_text("P-1 1.0\nP-2 1.0\nP-3 1.0\n")
+    # Each line marked with its node and its stream.
+    expect(tab.locator("#run-console")).to_have_text("one › P-1 1.0\ntwo ! P-2 1.0\nthree › P-3 1.0\n")
     assert errors == []

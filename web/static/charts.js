@@ -1,9 +1,12 @@
 // Metric charts, drawn by uPlot (vendor/uplot, MIT; docs/decisions.md says why): one
-// chart per series, one line per run. Hover shows the step and every run's value there
-// (uPlot's live legend); x is the step or the wall time since the run's first point; y is
-// linear or log; smoothing is an exponential moving average, debiased as TensorBoard's;
-// a point the API marks non-finite is drawn as a red line at its step, where the run
-// diverged. Charts follow their container's width.
+// chart per series, one line per run. Hover shows a tooltip by the cursor with the step
+// and every run's value there, and the cursor and a zoom (drag across; double-click or
+// Reset zoom undoes it) are shared by every chart of the set; x is the step or the wall
+// time since the run's first point; y is linear or log, its ticks numbers however small;
+// smoothing is an exponential moving average, debiased as TensorBoard's, drawn over the
+// faded raw line; a series of one point is shown as its value, not a chart; a point the
+// API marks non-finite is drawn as a red line at its step, where the run diverged.
+// Charts follow their container's width.
 
 import uPlot from "./vendor/uplot/uPlot.esm.js";
 import { el } from "./util.js";
@@ -32,6 +35,46 @@ function aligned(runs, mode) {
   });
   const xs = [...new Set(keyed.flatMap((m) => [...m.keys()]))].sort((a, b) => a - b);
   return { xs, columns: keyed.map((m) => xs.map((x) => (m.has(x) ? m.get(x) : null))) };
+}
+
+// A tick or a value as a number a person reads: 0.00012 as 1.2e-4, never "0".
+export function readable(value) {
+  if (value === null || value === undefined) return "";
+  if (value !== 0 && Math.abs(value) < 0.001) return value.toExponential(1);
+  return String(+value.toPrecision(4));
+}
+
+// The values at the cursor, by the point: the step, then each line's value.
+function tooltipPlugin(labelOfX) {
+  let tip = null;
+  return {
+    hooks: {
+      init: (u) => {
+        tip = el("div", { class: "tooltip", hidden: "" });
+        u.over.append(tip);
+      },
+      setCursor: (u) => {
+        const i = u.cursor.idx;
+        if (i === null || i === undefined || u.cursor.left < 0) {
+          tip.hidden = true;
+          return;
+        }
+        const rows = [el("div", { class: "row x" }, `${labelOfX} ${readable(u.data[0][i])}`)];
+        u.series.forEach((s, k) => {
+          if (k === 0 || !s.show || s.faded) return;
+          const value = u.data[k][i];
+          rows.push(el("div", { class: "row" }, el("span", { class: "swatch", style: `background:${s._stroke || s.stroke}` }),
+            `${s.label} `, el("b", {}, value === null || value === undefined ? "–" : readable(value))));
+        });
+        tip.replaceChildren(...rows);
+        tip.hidden = false;
+        const right = u.cursor.left > u.over.clientWidth / 2;  // away from the edge it is near
+        tip.style.left = right ? "" : `${u.cursor.left + 12}px`;
+        tip.style.right = right ? `${u.over.clientWidth - u.cursor.left + 12}px` : "";
+        tip.style.top = `${Math.max(0, u.cursor.top - 10)}px`;
+      },
+    },
+  };
 }
 
 function padded(min, max) {
@@ -67,11 +110,12 @@ function divergedPlugin(getMarks) {
 
 // A chart of one series over several runs: {element, update(runs, settings), destroy()}.
 // runs: [{label, points: [{step, value, non_finite, ts}]}]; settings: {x, log, smooth}.
-export function seriesChart(name, runs, settings) {
+export function seriesChart(name, runs, settings, shared = null) {
   const figure = el("figure", { class: "chart", "data-series": name });
   const caption = el("figcaption", {});
   const plotBox = el("div", { class: "plot" });
-  figure.append(caption, plotBox);
+  const single = el("div", { class: "single" });
+  figure.append(caption, plotBox, single);
   let marks = [];
   let plot = null;
   let shape = "";
@@ -89,16 +133,45 @@ export function seriesChart(name, runs, settings) {
     caption.replaceChildren(...parts);
   }
 
+  // Every run with at most one point: its value (and across runs, bars), not an axis of
+  // fractional steps around one dot.
+  function oneEach(current) {
+    if (!current.every((run) => run.points.length <= 1)) return false;
+    if (plot) plot.destroy();
+    plot = null;
+    shape = "";
+    const values = current.map((run) => (run.points[0] ? run.points[0].value : null));
+    const top = Math.max(...values.filter((v) => v !== null).map(Math.abs), 0) || 1;
+    single.replaceChildren(...current.map((run, i) => el("div", { class: "bar-row" },
+      current.length > 1 ? el("span", { class: "bar-label" }, run.label) : "",
+      current.length > 1 ? el("span", { class: "bar", style: `width:${(Math.abs(values[i] ?? 0) / top) * 60}%;background:${COLOURS[i % COLOURS.length]}` }) : "",
+      el("b", { class: "bar-value" }, values[i] === null ? (run.points[0] ? run.points[0].non_finite : "–") : readable(values[i])))));
+    figure.dataset.points = String(current.reduce((n, run) => Math.max(n, run.points.length), 0));
+    figure.dataset.labels = current.map((run) => run.label).join("|");
+    const broken = current.flatMap((run) => run.points.filter((p) => p.value === null && p.non_finite).map((p) => p.step));
+    if (broken.length) figure.dataset.diverged = broken.join(" "); else delete figure.dataset.diverged;
+    return true;
+  }
+
   function build(current, options) {
+    plotBox.hidden = false;
+    single.replaceChildren();
+    if (oneEach(current)) {
+      plotBox.hidden = true;
+      return;
+    }
+    figure.dataset.labels = current.map((run) => run.label).join("|");
     const { xs, columns } = aligned(current, options.x);
     marks = current.flatMap((run, i) => columns[i].flatMap((p, j) => (p && p.value === null && p.non_finite ? [xs[j]] : [])));
     if (marks.length) figure.dataset.diverged = marks.join(" "); else delete figure.dataset.diverged;
     figure.dataset.points = String(xs.length);
-    const data = [xs, ...columns.map((column) => smoothed(column.map((p) => {
+    const raw = columns.map((column) => column.map((p) => {
       if (!p || p.value === null) return null;
       return options.log && p.value <= 0 ? null : p.value;
-    }), options.smooth))];
-    const key = `${options.x}|${options.log}|${current.map((r) => r.label).join("|")}`;
+    }));
+    const faded = options.smooth > 0;  // the raw line stays, faded, under the smoothed one
+    const data = [xs, ...(faded ? raw : []), ...raw.map((column) => smoothed(column, options.smooth))];
+    const key = `${options.x}|${options.log}|${faded}|${current.map((r) => r.label).join("|")}`;
     if (plot && key === shape) {
       plot.setData(data);
       return;
@@ -106,21 +179,24 @@ export function seriesChart(name, runs, settings) {
     if (plot) plot.destroy();
     shape = key;
     const finite = data.slice(1).flat().filter((v) => v !== null);
+    const line = (run, i, fade) => ({
+      label: run.label, stroke: fade ? `${COLOURS[i % COLOURS.length]}44` : COLOURS[i % COLOURS.length],
+      width: fade ? 1 : 1.5, spanGaps: true, faded: fade, points: { show: (u, si, i0, i1) => !fade && i1 - i0 < 60 },
+    });
+    const xLabel = options.x === "time" ? "s" : "step";
     plot = new uPlot({
       width: Math.max(plotBox.clientWidth || 320, 200), height: HEIGHT,
-      plugins: [divergedPlugin(() => marks)],
-      cursor: { drag: { x: true, y: false } },
+      plugins: [divergedPlugin(() => marks), tooltipPlugin(xLabel), ...(shared ? [shared.plugin] : [])],
+      legend: { show: false },
+      cursor: { drag: { x: true, y: false }, ...(shared ? { sync: { key: shared.key, setSeries: false } } : {}) },
       scales: {
         x: { time: false, range: (u, min, max) => padded(min, max) },
         y: options.log ? { distr: 3 } : { range: (u, min, max) => padded(finite.length ? min : null, finite.length ? max : null) },
       },
-      axes: [{ label: options.x === "time" ? "seconds since its first point" : "step" }, { size: 60 }],
-      series: [{ label: options.x === "time" ? "s" : "step", value: (u, v) => (v === null ? "" : +v.toPrecision(6)) },
-        ...current.map((run, i) => ({
-          label: run.label, stroke: COLOURS[i % COLOURS.length], width: 1.5, spanGaps: true,
-          points: { show: (u, si, i0, i1) => i1 - i0 < 60 },
-          value: (u, v) => (v === null ? "–" : +v.toPrecision(6)),
-        }))],
+      axes: [{ label: options.x === "time" ? "seconds since its first point" : "step" },
+        { size: 64, values: (u, splits) => splits.map(readable) }],
+      series: [{ label: xLabel }, ...(faded ? current.map((run, i) => line(run, i, true)) : []),
+        ...current.map((run, i) => line(run, i, false))],
     }, data, plotBox);
   }
 
@@ -133,6 +209,7 @@ export function seriesChart(name, runs, settings) {
     resize() {
       if (plot && plotBox.clientWidth) plot.setSize({ width: plotBox.clientWidth, height: HEIGHT });
     },
+    plot: () => plot,
     destroy() {
       if (plot) plot.destroy();
       plot = null;
@@ -151,16 +228,32 @@ export function chartControls(settings, changed) {
   log.checked = settings.log;
   const smooth = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: settings.smooth, "aria-label": "smoothing",
     oninput: () => { settings.smooth = Number(smooth.value); changed(); } });
-  return el("div", { class: "chart-controls" }, x, el("label", {}, log, " log y"), el("label", {}, "smoothing ", smooth));
+  const reset = el("button", { type: "button", onclick: () => changed("reset") }, "Reset zoom");
+  return el("div", { class: "chart-controls" }, x, el("label", {}, log, " log y"), el("label", {}, "smoothing ", smooth), reset);
 }
 
 // A set of charts in a container: one per series, kept and updated in place (a live
 // run's charts grow without being rebuilt), resized with the window.
+let sets = 0;
+
 export class ChartSet {
   constructor(container) {
     this.container = container;
     this.charts = new Map();
     this.settings = { x: "step", log: false, smooth: 0 };
+    // One cursor and one zoom for the set: a zoom of one chart is the zoom of all.
+    const key = `charts-${(sets += 1)}`;
+    let zooming = false;
+    this.shared = { key, plugin: { hooks: { setScale: (u, scale) => {
+      if (scale !== "x" || zooming) return;
+      zooming = true;
+      const { min, max } = u.scales.x;
+      for (const chart of this.charts.values()) {
+        const other = chart.plot();
+        if (other && other !== u) other.setScale("x", { min, max });
+      }
+      zooming = false;
+    } } } };
     this.last = null;
     this.observer = new ResizeObserver(() => { for (const chart of this.charts.values()) chart.resize(); });
     this.observer.observe(container);
@@ -180,7 +273,7 @@ export class ChartSet {
       const chart = this.charts.get(name);
       if (chart) chart.update(runs, this.settings);
       else {
-        const made = seriesChart(name, runs, this.settings);
+        const made = seriesChart(name, runs, this.settings, this.shared);
         this.charts.set(name, made);
         this.container.append(made.element);
         made.resize();
@@ -190,6 +283,14 @@ export class ChartSet {
 
   redraw() {
     if (this.last) this.show(this.last);
+  }
+
+  // Every chart back to its whole range (as a double-click does for one).
+  resetZoom() {
+    for (const chart of this.charts.values()) chart.destroy();
+    this.charts.clear();
+    this.container.replaceChildren();
+    this.redraw();
   }
 
   destroy() {

@@ -35,7 +35,12 @@ export async function openCompare(ids, view) {
   closeCompare();
   const runs = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}`)));
   const metrics = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}/metrics`)));
-  const names = [...new Set(metrics.flatMap((m) => Object.keys(m.series)))].sort();
+  // The objective's chart first: a sweep's own objective, else a validation loss, else a loss.
+  const sweep = runs.every((run) => run.sweep_id && run.sweep_id === runs[0].sweep_id)
+    ? await api("GET", `/api/sweeps/${runs[0].sweep_id}`).catch(() => null) : null;
+  const objective = sweep && sweep.objective ? sweep.objective.metric : "val_loss";
+  const rank = (name) => (name === objective ? 0 : name.includes("loss") ? 1 : 2);
+  const names = [...new Set(metrics.flatMap((m) => Object.keys(m.series)))].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
   const chartBox = el("div", { class: "charts" });
   charts = new ChartSet(chartBox);
   const bySeries = new Map(names.map((name) => [name, runs.map((run, i) => ({
@@ -58,7 +63,7 @@ export async function openCompare(ids, view) {
       ...names.map((name) => row(`final ${name}`, metrics.map((m) => lastValue(m.series[name] || []))))));
   view.replaceChildren(el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")),
     el("h1", {}, `Comparing ${runs.length} runs`),
-    el("section", { class: "card" }, el("h2", {}, "Metrics"), chartControls(charts.settings, () => charts.redraw()),
+    el("section", { class: "card" }, el("h2", {}, "Metrics"), chartControls(charts.settings, (what) => (what === "reset" ? charts.resetZoom() : charts.redraw())),
       names.length ? "" : el("p", { class: "muted" }, "None of them recorded metrics."), chartBox),
     el("section", { class: "card" }, el("h2", {}, "Params and final metrics"),
       el("p", { class: "muted" }, "Rows whose values differ are marked."), table));

@@ -216,7 +216,7 @@ export async function openRunPage(runId, view) {
   const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
   view.replaceChildren(
     el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
-    section("run-metrics", "Metrics", chartControls(page.charts.settings, () => page.charts.redraw()), page.noMetrics, chartBox),
+    section("run-metrics", "Metrics", chartControls(page.charts.settings, (what) => (what === "reset" ? page.charts.resetZoom() : page.charts.redraw())), page.noMetrics, chartBox),
     section("run-printed", "Console", el("p", { class: "muted" }, "What the run printed."), console_),
     section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."),
       log.filter, events),
