@@ -83,6 +83,11 @@ def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
 
 _RUN_ID = ("run_id", "path", "string")
 _SSE = "text/event-stream"
+# A file in the run's folder: names joined by /, none "." or "..", no control character;
+# at most 63 characters a name and 512 in all here (the server takes 255 bytes a name and
+# 1,024 characters: these always fit, and the request line of any of them stays short).
+_NAME_CHARS = r"[^/\\\u0000-\u001f\u007f]{1,63}"
+_ARTIFACT_PATH = rf"^(?:(?!\.{{1,2}}/){_NAME_CHARS}/)*(?!\.{{1,2}}$){_NAME_CHARS}$"
 _BYTES = "application/octet-stream"
 _SESSION = ("session", "path", "string")
 
@@ -224,7 +229,7 @@ def _run_paths() -> dict[str, Any]:
         "/api/runs/{run_id}/artifacts": {"put": {**_op(
             "A worker sends one of its run's files (the run's worker, with its credential)", r.ArtifactStored,
             status="201", mutation=True, required=("path", "X-Troupe-Sha256"), params=(
-                _RUN_ID, ("path", "query", {"type": "string", "minLength": 1}),
+                _RUN_ID, ("path", "query", {"type": "string", "maxLength": 512, "pattern": _ARTIFACT_PATH}),
                 ("X-Troupe-Sha256", "header", {"type": "string", "pattern": "^[0-9a-f]{64}$"}))),
             "requestBody": {"required": True, "content": {_BYTES: {"schema": {"type": "string",
                                                                               "format": "binary"}}}}}},

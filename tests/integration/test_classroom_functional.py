@@ -46,7 +46,7 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
     ran = student(lan, ann, "run", str(REPO / "examples" / "hello.json"))
     assert ran.returncode == 0 and "Result          succeeded" in ran.stdout, ran.stderr
     run_id = ran.stdout.splitlines()[1].split()[-1]
-    assert run_id in student(lan, bob, "ls").stdout  # everyone in a class sees every run
+    assert run_id in student(lan, bob, "ls", "--full").stdout  # everyone in a class sees every run
     secret = json.loads((ann / "config" / "troupe" / "logins.json").read_text())["servers"][lan_url]["secret"]
     status, reply = fetch(lan, f"{lan_url}/api/workers/enrollments", "POST", secret, {"name": "w"})
     assert status == 403 and reply["error"]["code"] == "not_allowed"  # type: ignore[index]  # an error reply is a JSON object
@@ -57,7 +57,7 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
         text=True, timeout=60).stdout.strip().split("?", 1)[1]
     guest = tmp_path / "guest"
     assert student(lan, guest, "login", guest_link).returncode == 0
-    assert run_id in student(lan, guest, "ls").stdout
+    assert run_id in student(lan, guest, "ls", "--full").stdout
     cancelled = student(lan, guest, "rm", run_id)
     assert cancelled.returncode == 1 and "read session" in cancelled.stderr
 
@@ -66,7 +66,7 @@ def test_a_class_on_a_lan(make_server, lan, tmp_path):
     assert secret.encode() not in db_text
     server.stop()
     server = make_server(home, port=int(port), TROUPE_HOST="0.0.0.0")  # the same address as before
-    assert run_id in student(lan, bob, "ls").stdout
+    assert run_id in student(lan, bob, "ls", "--full").stdout
     # Who is connected, and a session revoked.
     sessions = server.get("/api/sessions")["sessions"]
     assert sorted(s["kind"] for s in sessions) == ["class", "class", "read"]
