@@ -357,6 +357,11 @@ class Sessions(_Reply):
     sessions: list[dict[str, Any]]
 
 
+class SessionNamed(_Reply):
+    id: str
+    label: str
+
+
 class LoggedIn(_Reply):
     kind: str
     id: str

@@ -38,6 +38,7 @@ from aiohttp import web
 from actors.store.logins import (
     AddLoginLink,
     ListSessions,
+    NameSession,
     RevokeLoginLink,
     RevokeSession,
     SeenSessions,
@@ -47,6 +48,7 @@ from protocol.errors import Forbidden
 
 REQUEST_HEADER = "X-Troupe-Request"
 LOGOUT_PATH = "/api/logout"
+OWN_NAME_PATH = "/api/sessions/me"
 TEACHER, CLASS, READ = "teacher", "class", "read"
 # What a class session may change: its own work. Everything else is the teacher's.
 CLASS_ROUTES = ("/api/runs", "/api/sweeps", "/api/studies", "/api/files", "/api/export", "/api/estimates",
@@ -66,9 +68,10 @@ class Who:
     kind: str
     session_id: str | None = None
     by_cookie: bool = False
+    label: str = ""  # the name "who is connected" shows for it
 
     def may_change(self, path: str) -> bool:
-        if self.kind == TEACHER or path == LOGOUT_PATH:  # every session may end itself
+        if self.kind == TEACHER or path in (LOGOUT_PATH, OWN_NAME_PATH):  # every session may end and name itself
             return True
         return self.kind == CLASS and any(path == p or path.startswith(p + "/") for p in CLASS_ROUTES)
 
@@ -116,6 +119,13 @@ class LoginBook:
         self._sessions[row["secret_hash"]] = row
         return secret, row
 
+    async def name(self, session_id: str, label: str) -> None:
+        """What the session is called in "who is connected", here and in the store."""
+        await self.store.write(NameSession(session_id, label))
+        for row in self._sessions.values():
+            if row["id"] == session_id:
+                row["label"] = label
+
     async def revoke(self, session_id: str) -> bool:
         self._forget({session_id})
         return bool(await self.store.write(RevokeSession(session_id)))
@@ -140,10 +150,10 @@ class LoginBook:
             if self.token and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
                 return Who(TEACHER)
             row = self._live(digest(given))
-            return Who(row["kind"], row["id"]) if row is not None and self._touch(row) else None
+            return Who(row["kind"], row["id"], label=row["label"]) if row is not None and self._touch(row) else None
         value = request.cookies.get(self.cookie_name, "")
         row = self._live(digest(value)) if value else None
-        return Who(row["kind"], row["id"], by_cookie=True) if row is not None and self._touch(row) else None
+        return Who(row["kind"], row["id"], True, row["label"]) if row is not None and self._touch(row) else None
 
     def _live(self, hashed: str) -> dict[str, Any] | None:
         """The session of that secret, unless it has ended with its time."""

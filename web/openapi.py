@@ -15,7 +15,7 @@ from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
-from web.routes_login import Login, NewLoginLink
+from web.routes_login import Login, NewLoginLink, SessionName
 from web.routes_runs import MAX_TAIL
 
 _REF = "#/components/schemas/{model}"
@@ -25,7 +25,7 @@ _MODELS: tuple[type[BaseModel], ...] = (
     api.EventPage, api.CancelReply, api.QueueList, api.ErrorReply, api.ExportGraph, api.ExportedScript,
     api.EstimateGraph, api.Estimate, api.RerunRequest, api.RunEdit,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
-    SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate, Login, NewLoginLink,
+    SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate, Login, NewLoginLink, SessionName,
     *(model for model in vars(r).values() if isinstance(model, type) and issubclass(model, r._Reply)
       and model is not r._Reply),
 )
@@ -325,6 +325,8 @@ def _other_paths() -> dict[str, Any]:
         "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Deleted,
                                                      params=(("link_id", "path", "string"),), mutation=True)},
         "/api/sessions": {"get": _op("The open sessions (never their secrets)", r.Sessions)},
+        "/api/sessions/me": {"put": _op("Name this session (as the teacher sees it in who is connected)",
+                                        r.SessionNamed, body=SessionName, mutation=True)},
         "/api/sessions/{session_id}": {"delete": _op("End a session", r.Deleted,
                                                      params=(("session_id", "path", "string"),), mutation=True)},
         "/api/flavors": {"get": _op("Every flavor (a named size)", r.FlavorList),

@@ -3,6 +3,7 @@ they opened ("who is connected"). See ``web/login.py`` for the kinds of session.
 
 from __future__ import annotations
 
+import secrets
 from html import escape as html_escape
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +16,7 @@ from protocol.errors import NotFound, StateConflict, Unauthorized
 from protocol.numbers import INTEGRAL
 from web.context import Services, services
 from web.errors import LOGIN_LINKS_PATH, json_reply
-from web.login import CLASS, LOGOUT_PATH, READ, REQUEST_HEADER, TEACHER
+from web.login import CLASS, LOGOUT_PATH, OWN_NAME_PATH, READ, REQUEST_HEADER, TEACHER
 from web.requests import read_model
 
 routes = web.RouteTableDef()
@@ -50,11 +51,13 @@ async def index(request: web.Request) -> web.StreamResponse:
     Without a session the page says how to log in."""
     login = services(request).login
     kind = login.logged_in(request)
+    who = login.who(request) if kind else None
     token = request.query.get("token")
     state = "in" if kind else ("link" if token else "used" if "used" in request.query else "out")
     html = (STATIC / "index.html").read_text().replace(
         '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
-        f'<meta name="troupe-session" content="{html_escape(kind or "")}">')
+        f'<meta name="troupe-session" content="{html_escape(kind or "")}">'
+        f'<meta name="troupe-name" content="{html_escape(who.label if who else "")}">')
     return web.Response(text=html, content_type="text/html",
                         headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
@@ -81,7 +84,10 @@ async def login_terminal(request: web.Request) -> web.Response:
     body = await read_model(request, Login)
     if body.browser and not request.headers.get(REQUEST_HEADER):
         raise Unauthorized(f"a browser logs in from this server's page (it sends {REQUEST_HEADER})")
-    made = await svc.login.redeem(body.token, _label("browser" if body.browser else "terminal", request))
+    # A browser goes by a name in "who is connected": its own once it gives one (PUT
+    # /api/sessions/me), a guest's until then; a terminal by where it is.
+    label = f"guest {secrets.token_hex(2)}" if body.browser else _label("terminal", request)
+    made = await svc.login.redeem(body.token, label)
     if made is None:
         raise Unauthorized("this login link is unknown, used up, expired or revoked; ask for a new one",
                            code="link_not_valid")
@@ -150,6 +156,28 @@ def _label(what: str, request: web.Request) -> str:
     system = next((name for mark, name in _SYSTEMS if mark in agent), "")
     kind = f"{browser} on {system}" if browser and system else browser or system or agent[:40]
     return " · ".join(part for part in (f"{what} {request.remote or ''}".strip(), kind) if part)[:200]
+
+
+class SessionName(BaseModel):
+    """Body of ``PUT /api/sessions/me``: the name this session goes by."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1, max_length=60, pattern=r"^[^\u0000-\u001f\u007f]*\S[^\u0000-\u001f\u007f]*$")
+
+
+@routes.put(OWN_NAME_PATH)
+async def name_session(request: web.Request) -> web.Response:
+    """A session names itself (a student, as the teacher will see it). The server's own
+    token is no session and has no name to set."""
+    svc = services(request)
+    who = svc.login.who(request)
+    body = await read_model(request, SessionName)
+    if who is None or who.session_id is None:
+        raise StateConflict("only a session opened with a login link has a name; the server's token has none",
+                            code="no_session")
+    await svc.login.name(who.session_id, body.name.strip())
+    return json_reply({"id": who.session_id, "label": body.name.strip()})
 
 
 @routes.get("/api/sessions")

@@ -67,6 +67,14 @@ class RevokeSession:
 
 
 @dataclass(frozen=True)
+class NameSession:
+    """The name a session goes by in "who is connected" (a student's own)."""
+
+    session_id: str
+    label: str
+
+
+@dataclass(frozen=True)
 class SeenSessions:
     """When sessions were last seen (session id -> ISO time), written now and then."""
 
@@ -139,10 +147,14 @@ def _revoke(s: Session, op: RevokeSession) -> bool:
     return s.conn.changes() > 0
 
 
+def _name(s: Session, op: NameSession) -> None:
+    s.conn.execute("UPDATE sessions SET label = ? WHERE id = ?", (op.label[:200], op.session_id))
+
+
 def _seen(s: Session, op: SeenSessions) -> None:
     s.conn.executemany("UPDATE sessions SET last_seen_at = ? WHERE id = ?", [(at, sid) for sid, at in op.seen])
 
 
 WRITES: Table = {AddLoginLink: _add_link, UseLoginLink: _use_link, RevokeSession: _revoke, SeenSessions: _seen,
-                 RevokeLoginLink: _revoke_link}
+                 RevokeLoginLink: _revoke_link, NameSession: _name}
 READS: Table = {ListSessions: list_sessions, ListLoginLinks: _list_links}

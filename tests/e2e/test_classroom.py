@@ -78,6 +78,11 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         ann.get_by_role("button", name="Run", exact=True).click()
         expect(ann.locator("#editor-status")).to_contain_text("run succeeded", timeout=30_000)
         run_id = server.get("/api/runs")["runs"][0]["id"]
+        expect(ann.locator("#my-name")).to_contain_text("You: guest ")  # a generated name until she gives one
+        ann.locator("#my-name").click()
+        ann.locator("dialog[open] input[name=name]").fill("Ann Lee")
+        ann.locator("dialog[open]").get_by_role("button", name="Save").click()
+        expect(ann.locator("#my-name")).to_have_text("You: Ann Lee")
 
         bob = context_page(class_link)
         bob.locator(f'tr[data-run="{run_id}"] .status.succeeded').wait_for()  # everyone sees every run
@@ -97,6 +102,8 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         teacher.get_by_role("button", name="Connected").click()
         rows = teacher.locator("#session-rows tr")
         expect(rows).to_have_count(4)  # the teacher's own browser, two students and the projector
+        expect(teacher.locator("#session-rows")).to_contain_text("Ann Lee")  # by the name she gave
+        expect(teacher.locator("#session-rows")).not_to_contain_text("browser 10.")
         screenshot(teacher, "classroom-connected.png")
         sessions = server.get("/api/sessions")["sessions"]
         bob_session = [s for s in sessions if s["kind"] == "class"][-1]["id"]

@@ -83,3 +83,17 @@ def test_troupe_open_prints_a_fresh_link_that_logs_in(shared_server):
     assert browser_login(shared_server.url, urlsplit(link).query.removeprefix("token="))
     session = json.loads((shared_server.home / "session.json").read_text())
     assert session["login_url"] == shared_server.login_url  # what `troupe start` printed
+
+
+def test_a_session_names_itself_and_the_server_token_has_no_name(make_server):
+    server = make_server()
+    student = server.session(uses=2)
+    status, named = student.request("PUT", "/api/sessions/me", {"name": "  Bo Chen "})
+    assert status == 200 and named["label"] == "Bo Chen", named
+    listed = {s["id"]: s["label"] for s in server.get("/api/sessions")["sessions"]}
+    assert listed[named["id"]] == "Bo Chen"
+    for bad in ({"name": ""}, {"name": "a\nb"}, {"name": "x" * 61}, {"nom": "x"}):
+        status, reply = student.request("PUT", "/api/sessions/me", bad)
+        assert status == 400 and reply["error"]["pointer"] in ("/name", "/nom"), (bad, reply)
+    status, reply = server.client.request("PUT", "/api/sessions/me", {"name": "root"})
+    assert status == 409 and reply["error"]["code"] == "no_session"

@@ -8,7 +8,7 @@ import { closeRunPage, openRunPage } from "./runpage.js";
 import { initRunList, refreshRuns } from "./runs.js";
 import { refreshStudies, showStudy } from "./studies.js";
 import { newSweepDialog, refreshSweeps, showSweep } from "./sweeps.js";
-import { api, el, login, session, showMessage } from "./util.js";
+import { api, el, login, openDialog, session, sessionName, showMessage } from "./util.js";
 import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 
 const PANELS = { sweeps: refreshSweeps, studies: refreshStudies, workers: refreshWorkers };
@@ -125,6 +125,19 @@ async function start() {
     PANELS.people = refreshPeople; // who is connected: the teacher's to see
     document.querySelector('.tab[data-tab="people"]').hidden = false;
   }
+  // A student (a class or a read session) names themselves for the teacher's list.
+  const myName = document.getElementById("my-name");
+  myName.hidden = login !== "in" || session === "teacher";
+  myName.textContent = `You: ${sessionName}`;
+  myName.addEventListener("click", () => openDialog("Your name", (form) => form.append(
+    el("label", { for: "my-name-input" }, "The name your teacher sees in who is connected"),
+    el("input", { id: "my-name-input", name: "name", maxlength: 60, required: true, value: sessionName.startsWith("guest ") ? "" : sessionName })), {
+    submitLabel: "Save",
+    submit: async (form) => {
+      const { label } = await api("PUT", "/api/sessions/me", { name: form.elements.name.value });
+      myName.textContent = `You: ${label}`;
+    },
+  }));
   // A browser logged in with a link ends its session on the server, not only here.
   const logOut = document.getElementById("log-out");
   logOut.hidden = login !== "in";

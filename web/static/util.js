@@ -7,6 +7,9 @@ export const login = document.querySelector('meta[name="troupe-login"]').content
 // The kind of session the cookie opened: "teacher" (everything), "class" (runs, sweeps,
 // studies; not workers or links), "read" (a projector or a guest), or "" (none).
 export const session = document.querySelector('meta[name="troupe-session"]')?.content || "";
+// What this browser's session is called in the teacher's "who is connected" (a class's
+// student: a generated guest name until they give their own).
+export const sessionName = document.querySelector('meta[name="troupe-name"]')?.content || "";
 // Sent with every mutation beside the cookie: a cross-site form cannot send a header.
 export const MUTATION_HEADERS = { "X-Troupe-Request": "1" };
 
