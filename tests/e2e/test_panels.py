@@ -225,3 +225,19 @@ def test_the_inspector_reads_a_worker_runs_outputs_through_its_connection(open_p
     tab.locator('g[data-node="s"] text.title').click()
     expect(tab.locator("#node-outputs")).to_contain_text("is not connected")
     assert [e for e in errors if "503" not in e] == []
+
+
+def test_the_new_sweep_dialog_offers_string_params_and_a_range_a_log_scale_takes(open_page):
+    _, tab, errors = open_page()
+    tab.locator("#examples").select_option("digits_mlp")
+    tab.get_by_role("button", name="Sweeps").click()
+    tab.get_by_role("button", name="New sweep…").click()
+    dialog = tab.locator("dialog[open]")
+    dialog.locator("[data-field=param]").select_option(label="mlp.hidden (string)")
+    expect(dialog.locator("[data-field=values]")).to_have_value("64,32")  # an MLP's layers, commas and all
+    dialog.locator("[data-field=values]").fill("64,32; 128; 32,32,32")
+    expect(dialog.locator("#sweep-preview")).to_have_text("It queues 3 runs.")
+    dialog.locator("[data-field=param]").select_option(label="adam.lr (float)")
+    dialog.locator("[data-field=kind]").select_option("range")
+    assert float(dialog.locator("[data-field=min]").input_value()) > 0  # log scale can start there
+    assert errors == []

@@ -44,12 +44,21 @@ export async function refreshStudies() {
   if (study) renderStudy(box, study);
 }
 
+// A param's value as a person reads it: a string as it is, not in JSON's quotes.
+function shown(value) {
+  return typeof value === "string" ? value : value === undefined ? "" : JSON.stringify(value);
+}
+
 function renderStudy(box, study) {
+  // Each limit as a bar of what was used of it, and the words.
   const budget = el("div", { class: "budget" }, ...LIMITS.flatMap(([key, label, used, format]) => {
     const limit = study.budget[key];
     const usedText = used ? format(used(study)) : "";
     const text = limit === undefined ? `${usedText} (no limit)` : used ? `${usedText} of ${format(limit)}` : format(limit);
-    return [el("span", { class: "muted" }, label), el("span", { "data-limit": key }, text)];
+    const share = limit && used ? Math.min(1, used(study) / limit) : null;
+    return [el("span", { class: "muted" }, label), el("span", { "data-limit": key }, share === null ? "" : el("span", {
+      class: `budget-bar${share >= 1 ? " spent" : ""}`, role: "img", "aria-label": `${Math.round(share * 100)}% used` },
+    el("span", { style: `width:${share * 100}%` })), text)];
   }));
   const keys = [...new Set(study.variants.flatMap((v) => Object.keys(v.params)))].sort();
   const spread = (entry) => (entry.std === null || entry.std === undefined ? "" : `± ${entry.std.toPrecision(3)}`);
@@ -57,10 +66,10 @@ function renderStudy(box, study) {
     `${study.objective.reduce} ${study.objective.metric}`, "Spread (sd)", "Repeats", ...keys].map((h) => el("th", {}, h)))),
   el("tbody", {}, ...study.ranking.map((r) => el("tr", {}, el("td", {}, String(r.rank)), el("td", {}, r.variant),
     el("td", {}, r.objective_value === null ? "" : r.objective_value.toPrecision(4)), el("td", {}, spread(r)),
-    el("td", {}, String(r.repeats)), ...keys.map((k) => el("td", {}, JSON.stringify(r.params[k]))))),
+    el("td", {}, String(r.repeats)), ...keys.map((k) => el("td", {}, shown(r.params[k]))))),
   ...study.unranked.map((u) => el("tr", { "data-reason": u.reason }, el("td", {}, "–"), el("td", {}, u.variant),
     el("td", { colspan: 2, class: "muted", title: u.reason }, reasonText(u.reason)),
-    el("td", {}, `${u.repeats_done} of ${study.repeats} done`), ...keys.map((k) => el("td", {}, JSON.stringify(u.params[k])))))));
+    el("td", {}, `${u.repeats_done} of ${study.repeats} done`), ...keys.map((k) => el("td", {}, shown(u.params[k])))))));
   const numeric = keys.filter((k) => study.variants.every((v) => typeof v.params[k] === "number"));
   const charts = el("div", { class: "charts" }, ...numeric.map((key) => scatterChart(key, study.objective.metric,
     [...study.ranking, ...study.unranked].flatMap((entry) => entry.values.map((y) => ({ x: entry.params[key], y }))))));

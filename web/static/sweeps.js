@@ -52,15 +52,19 @@ function sweepable(graph) {
   const found = [];
   for (const node of graph.nodes) {
     for (const param of catalogType(node.type)?.params || []) {
-      if (["int", "float", "select", "bool"].includes(param.type)) found.push({ node, param });
+      if (["int", "float", "select", "bool", "string"].includes(param.type)) found.push({ node, param });
     }
   }
   return found;
 }
 
+// A string param's values may hold commas (an MLP's "64,32"): its values are split at ";".
+const separator = (param) => (param.type === "string" ? ";" : ",");
+
 function defaultValues(node, param) {
   if (param.type === "select") return param.options.join(", ");
   if (param.type === "bool") return "true, false";
+  if (param.type === "string") return String(node.params[param.name] ?? param.default ?? "");
   const current = node.params[param.name] ?? param.default ?? (param.min ?? 1);
   return param.type === "int" ? `${current}, ${Number(current) + 1}` : `${current}, ${Number(current) * 2}`;
 }
@@ -101,8 +105,11 @@ function paramRow(choices, index) {
     const { node, param } = choices[Number(select.value)];
     values.value = defaultValues(node, param);
     const current = Number(node.params[param.name] ?? param.default ?? param.min ?? 1);
-    range.querySelector("[data-field=min]").value = param.min ?? (current / 10);
-    range.querySelector("[data-field=max]").value = param.max ?? (current * 10 || 1);
+    // A range a log scale can take as it is: above zero, a decade each side of the value.
+    const low = param.min > 0 ? param.min : current > 0 ? current / 10 : 0.001;
+    range.querySelector("[data-field=min]").value = String(+low.toPrecision(3));
+    range.querySelector("[data-field=max]").value = String(param.max ?? (current > 0 ? current * 10 : 1));
+    valuesBox.querySelector("label").textContent = param.type === "string" ? "Values (separated by ;)" : "Values (comma separated)";
     show();
   };
   select.addEventListener("change", fill);
@@ -122,7 +129,7 @@ function paramSpec(row, choices) {
     if (field("log").checked) spec.scale = "log";
     return { node_id: node.id, param: param.name, range: spec };
   }
-  const values = field("values").value.split(",").map((v) => v.trim()).filter((v) => v !== "");
+  const values = field("values").value.split(separator(param)).map((v) => v.trim()).filter((v) => v !== "");
   return { node_id: node.id, param: param.name, values: values.map((v) => parseValue(v, param.type)) };
 }
 
