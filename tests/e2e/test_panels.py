@@ -241,3 +241,23 @@ def test_the_new_sweep_dialog_offers_string_params_and_a_range_a_log_scale_takes
     dialog.locator("[data-field=kind]").select_option("range")
     assert float(dialog.locator("[data-field=min]").input_value()) > 0  # log scale can start there
     assert errors == []
+
+
+def test_results_take_the_window_by_their_address_and_the_editor_keeps_its_graph(open_page):
+    server, tab, errors = open_page()
+    nodes = tab.locator("#nodes .node").count()
+    assert nodes > 0  # the hello example
+    tab.goto(f"{server.url}/#/workers")
+    expect(tab.locator("#workers")).to_be_visible()
+    expect(tab.locator("#canvas")).to_be_hidden()  # the panel has the whole window
+    results = tab.locator("#results").bounding_box()
+    assert results is not None and results["height"] > 700 and results["width"] > 1300
+    tab.get_by_role("link", name="Editor").click()
+    expect(tab.locator("#canvas")).to_be_visible()
+    expect(tab.locator("#nodes .node")).to_have_count(nodes)  # the graph was kept
+    tab.get_by_role("link", name="Results").click()
+    expect(tab.locator("#canvas")).to_be_hidden()
+    tab.reload()  # the address keeps the view
+    expect(tab.locator("#workers")).to_be_visible()
+    expect(tab.locator("#canvas")).to_be_hidden()
+    assert errors == []

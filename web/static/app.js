@@ -25,10 +25,23 @@ function refreshVisible() {
 }
 
 // Where the address points: #/runs/ID a run's page, #/compare/ID,ID,... runs compared,
-// #/sweeps/ID and #/studies/ID their tab with that one open; anything else the editor
-// with the panels. Reload and a shared link keep the view.
+// #/sweeps/ID and #/studies/ID their tab with that one open, #/runs, #/sweeps,
+// #/studies, #/workers and #/people a panel: these results take the whole window.
+// Anything else (#/editor) is the editor with the panels under it. Reload and a shared
+// link keep the view; the editor's graph stays whichever is shown.
+const RESULTS = new Set(["runs", "sweeps", "studies", "workers", "people"]);
+
+function resultsOnly(on) {
+  document.querySelector("main.layout").classList.toggle("results-only", on);
+  const toggle = document.getElementById("results-toggle");
+  toggle.textContent = on ? "Editor" : "Results";
+  toggle.href = on ? "#/editor" : `#/${current}`;
+}
+
 async function route() {
   const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
+  resultsOnly(RESULTS.has(kind));
+  if (RESULTS.has(kind) && !arg && kind !== current) showTab(kind);
   closeRunPage();
   closeCompare();
   const view = document.getElementById("view");
@@ -53,6 +66,7 @@ async function route() {
   } else {
     await refreshRuns();
   }
+  if (kind === "editor") window.dispatchEvent(new Event("resize"));  // the canvas takes its room back
 }
 
 let pending = null;
