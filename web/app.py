@@ -39,29 +39,19 @@ from web.errors import guard
 from web.limits import HEADER_TIMEOUT_S, AcceptGuard, MalformedRequests
 
 STATIC = Path(__file__).parent / "static"
+# Every route table, in the order they are added (the OpenAPI test reads them too).
+ROUTE_TABLES = (routes_find.routes, routes_runs.routes, routes_rerun.routes, streams.routes, routes_meta.routes,
+                routes_export.routes, routes_editor.routes, routes_sweeps.routes, routes_studies.routes,
+                routes_plugins.routes, routes_workers.routes, routes_flavors.routes, routes_packs.routes,
+                routes_metrics.routes, routes_files.routes, routes_artifacts.routes, ws_worker.routes,
+                routes_login.routes)
 
 
 def build_app(svc: Services) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=svc.settings.max_request_bytes)
     app[SERVICES] = svc
-    app.add_routes(routes_find.routes)
-    app.add_routes(routes_runs.routes)
-    app.add_routes(routes_rerun.routes)
-    app.add_routes(streams.routes)
-    app.add_routes(routes_meta.routes)
-    app.add_routes(routes_export.routes)
-    app.add_routes(routes_editor.routes)
-    app.add_routes(routes_sweeps.routes)
-    app.add_routes(routes_studies.routes)
-    app.add_routes(routes_plugins.routes)
-    app.add_routes(routes_workers.routes)
-    app.add_routes(routes_flavors.routes)
-    app.add_routes(routes_packs.routes)
-    app.add_routes(routes_metrics.routes)
-    app.add_routes(routes_files.routes)
-    app.add_routes(routes_artifacts.routes)
-    app.add_routes(ws_worker.routes)
-    app.add_routes(routes_login.routes)
+    for table in ROUTE_TABLES:
+        app.add_routes(table)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", routes_login.index)
         app.router.add_static("/static/", STATIC)

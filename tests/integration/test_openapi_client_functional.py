@@ -17,32 +17,10 @@ import pytest
 
 from tests.helpers import REPO, hello
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
-from web import (
-    routes_artifacts,
-    routes_editor,
-    routes_export,
-    routes_files,
-    routes_find,
-    routes_flavors,
-    routes_login,
-    routes_meta,
-    routes_metrics,
-    routes_packs,
-    routes_plugins,
-    routes_rerun,
-    routes_runs,
-    routes_studies,
-    routes_sweeps,
-    routes_workers,
-    streams,
-    ws_worker,
-)
+from web.app import ROUTE_TABLES
 from web.openapi import openapi_document
 
 TOOL = REPO / ".venv-openapi" / "bin"
-MODULES = (routes_artifacts, routes_editor, routes_export, routes_files, routes_find, routes_flavors, routes_login,
-           routes_meta, routes_metrics, routes_packs, routes_plugins, routes_rerun, routes_runs, routes_studies,
-           routes_sweeps, routes_workers, streams, ws_worker)
 
 
 def _documented_form(path: str) -> str:
@@ -52,7 +30,7 @@ def _documented_form(path: str) -> str:
 
 def test_every_route_is_in_the_document_with_an_operation_id_a_tag_and_its_answer():
     document = openapi_document("test")
-    routes = {(route.method.lower(), _documented_form(route.path)) for module in MODULES for route in module.routes}
+    routes = {(route.method.lower(), _documented_form(route.path)) for table in ROUTE_TABLES for route in table}
     documented = {(method, path) for path, ops in document["paths"].items() for method in ops}
     assert routes - documented == set()
     for path, ops in document["paths"].items():
