@@ -87,6 +87,18 @@ def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], 
     graph_doc, options, prefix = submission.graph, submission.options, submission.prefix
     if options.lane == ev.LANE_INTERACTIVE and options.editor_session is None:
         raise InvalidRequest("lane 'interactive' needs options.editor_session", pointer="/options/editor_session")
+    device, warning, anywhere = _device(options, graph_doc, prefix, accelerators, worker)
+    machine = Machine(worker.cpus, worker.card_count,
+                      f"worker {worker.name} has" if not anywhere else "the largest worker has") \
+        if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
+                                           "this server lends (TROUPE_CPUS)")
+    return _after_device(settings, catalog, submission, worker, device, warning, machine, anywhere)
+
+
+def _device(options: RunOptions, graph_doc: Graph, prefix: str, accelerators: tuple[str, ...],
+            worker: WorkerOffer | None) -> tuple[str, str | None, bool]:
+    """The device a run gets, the warning of a fallback, and whether a pool's placer
+    picks its worker (then ``auto`` may stay ``auto``)."""
     requested, where = options.device, "/options/device"
     devices = options.target.devices if options.target is not None else None
     if devices and worker is None:
@@ -118,10 +130,15 @@ def _build(settings: Settings, catalog: Catalog, accelerators: tuple[str, ...], 
     if warning and worker is not None:
         warning = warning.replace("this server", f"any worker of pool {worker.name}" if anywhere
                                   else f"worker {worker.name}")
-    machine = Machine(worker.cpus, worker.card_count,
-                      f"worker {worker.name} has" if not anywhere else "the largest worker has") \
-        if worker is not None else Machine(settings.cpus, sum(1 for d in accelerators if d.startswith("cuda")),
-                                           "this server lends (TROUPE_CPUS)")
+    return device, warning, anywhere
+
+
+def _after_device(settings: Settings, catalog: Catalog, submission: Submission, worker: WorkerOffer | None,
+                  device: str, warning: str | None, machine: Machine,
+                  anywhere: bool) -> tuple[RunRecord, ExecutableGraph]:
+    """The rest of a run's record once its device is known: resources, mounts, the
+    graph checked against the catalog, the budget."""
+    graph_doc, options, prefix = submission.graph, submission.options, submission.prefix
     resolved = resolve(graph_doc, options, submission.flavors, prefix, machine, worker is not None)
     engine_doc = _with_own_mounts(resolved.graph, settings, prefix) if worker is None else resolved.graph
     if worker is not None:

@@ -123,7 +123,7 @@ def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     _server_limits(schemas, limits)
     _closed_pattern_maps(schemas)
-    paths = {**_run_paths(), **_other_paths()}
+    paths = {**_run_paths(), **_other_paths(), **_worker_paths(), **_login_paths()}
     _name_operations(paths)
     return {
         "openapi": "3.1.0",
@@ -286,6 +286,50 @@ def _other_paths() -> dict[str, Any]:
         "/api/openapi.json": {"get": {**_op("This document", None, media="application/json")}},
         "/ws/worker": {"get": {**_op("The socket a worker's agent dials (a websocket; frames in protocol.worker)",
                                      None, status="101"), "security": [{"worker": []}]}},
+        "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", r.IdMatches,
+                                params=(("prefix", "query", {"type": "string", "pattern": "^[0-9a-f]{4,32}$"}),),
+                                required=("prefix",))},
+        "/api/packs": {"get": _op("Every pack loaded, with its version, digest and node types; the broken ones "
+                                  "with their error", r.PackList)},
+        "/api/packs/{name}/archive": {"get": _op("A folder pack's files (gzip'd tar) for an agent started with "
+                                                 "--accept-packs; X-Troupe-Pack-Digest is their sha256", None,
+                                                 media="application/gzip",
+                                                 params=(("name", "path", "string"),))},
+        "/api/flavors": {"get": _op("Every flavor (a named size)", r.FlavorList),
+                         "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
+        "/api/flavors/{name}": {
+            "get": _op("One flavor", Flavor, params=(("name", "path", "string"),)),
+            "put": _op("Replace a flavor's sizes (what is left out is unset)", Flavor, body=FlavorUpdate,
+                       params=(("name", "path", "string"),), mutation=True),
+            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", r.Deleted,
+                          params=(("name", "path", "string"),), mutation=True)},
+    }
+
+
+def _login_paths() -> dict[str, Any]:
+    """Logging in and out, login links and sessions."""
+    return {
+        "/api/login": {"post": _op("A login link's token for a session (a terminal's bearer secret, or a browser's "
+                                   "cookie with browser: true)", r.LoggedIn, status="201", body=Login)},
+        "/api/logout": {"post": _op("End the session the request comes with", r.Deleted, mutation=True)},
+        "/api/login-links": {
+            "get": _op("The login links this server made (never their tokens)", r.LoginLinks),
+            "post": {**_op("A fresh login link: a teacher's, a class's (uses) or a read-only one", r.NewLoginLink,
+                           status="201", mutation=True),
+                     "requestBody": {"required": False, **_json(NewLoginLink)}}},
+        "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Deleted,
+                                                     params=(("link_id", "path", "string"),), mutation=True)},
+        "/api/sessions": {"get": _op("The open sessions (never their secrets)", r.Sessions)},
+        "/api/sessions/me": {"put": _op("Name this session (as the teacher sees it in who is connected)",
+                                        r.SessionNamed, body=SessionName, mutation=True)},
+        "/api/sessions/{session_id}": {"delete": _op("End a session", r.Deleted,
+                                                     params=(("session_id", "path", "string"),), mutation=True)},
+    }
+
+
+def _worker_paths() -> dict[str, Any]:
+    """Workers (enrolling, listing, draining, their cards) and uploaded files."""
+    return {
         "/api/workers": {"get": _op("Every enrolled or connected worker with its state, devices and slots",
                                      r.WorkerList)},
         "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", r.Enrollment,
@@ -305,38 +349,6 @@ def _other_paths() -> dict[str, Any]:
                                                     params=(("file_id", "path", "string"),))},
         "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", r.Deleted,
                                                params=(("file_id", "path", "string"),), mutation=True)},
-        "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", r.IdMatches,
-                                params=(("prefix", "query", {"type": "string", "pattern": "^[0-9a-f]{4,32}$"}),),
-                                required=("prefix",))},
-        "/api/packs": {"get": _op("Every pack loaded, with its version, digest and node types; the broken ones "
-                                  "with their error", r.PackList)},
-        "/api/packs/{name}/archive": {"get": _op("A folder pack's files (gzip'd tar) for an agent started with "
-                                                 "--accept-packs; X-Troupe-Pack-Digest is their sha256", None,
-                                                 media="application/gzip",
-                                                 params=(("name", "path", "string"),))},
-        "/api/login": {"post": _op("A login link's token for a session (a terminal's bearer secret, or a browser's "
-                                   "cookie with browser: true)", r.LoggedIn, status="201", body=Login)},
-        "/api/logout": {"post": _op("End the session the request comes with", r.Deleted, mutation=True)},
-        "/api/login-links": {
-            "get": _op("The login links this server made (never their tokens)", r.LoginLinks),
-            "post": {**_op("A fresh login link: a teacher's, a class's (uses) or a read-only one", r.NewLoginLink,
-                           status="201", mutation=True),
-                     "requestBody": {"required": False, **_json(NewLoginLink)}}},
-        "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Deleted,
-                                                     params=(("link_id", "path", "string"),), mutation=True)},
-        "/api/sessions": {"get": _op("The open sessions (never their secrets)", r.Sessions)},
-        "/api/sessions/me": {"put": _op("Name this session (as the teacher sees it in who is connected)",
-                                        r.SessionNamed, body=SessionName, mutation=True)},
-        "/api/sessions/{session_id}": {"delete": _op("End a session", r.Deleted,
-                                                     params=(("session_id", "path", "string"),), mutation=True)},
-        "/api/flavors": {"get": _op("Every flavor (a named size)", r.FlavorList),
-                         "post": _op("Store a flavor", Flavor, status="201", body=Flavor, mutation=True)},
-        "/api/flavors/{name}": {
-            "get": _op("One flavor", Flavor, params=(("name", "path", "string"),)),
-            "put": _op("Replace a flavor's sizes (what is left out is unset)", Flavor, body=FlavorUpdate,
-                       params=(("name", "path", "string"),), mutation=True),
-            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", r.Deleted,
-                          params=(("name", "path", "string"),), mutation=True)},
         "/api/workers/ssh": {"post": _op("Serve a worker through an SSH session this server opens (ssh -R)",
                                          r.WorkerAdded,
                                          status="201", body=api.SshWorker, mutation=True)},
