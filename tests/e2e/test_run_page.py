@@ -98,6 +98,7 @@ def test_the_list_groups_a_sweep_searches_and_keeps_tags(open_page):
     tab.keyboard.press("Enter")  # keyboard reachable, its state said on its button
     expect(tab.locator("#rows tr.child")).to_have_count(3)
     expect(group.locator("button.toggle")).to_have_attribute("aria-expanded", "true")
+    expect(tab.locator("#rows tr.child").first).to_contain_text("a.value=")  # named by what sets it apart
 
     tab.locator("#run-search").fill("lonely")
     expect(tab.locator("#rows tr")).to_have_count(1)
@@ -224,4 +225,19 @@ def test_console_lines_stay_whole_per_node_and_events_filter_by_kind(open_page):
     tab.get_by_label("Show events of kind").select_option("no metrics")
     expect(events).not_to_contain_text("seven =")
     expect(events).to_contain_text("node_started")
+    assert errors == []
+
+
+def test_train_and_val_drawn_in_one_chart_when_asked(open_page):
+    from tests.integration.test_training_functional import quick_digits
+
+    server, tab, errors = open_page()
+    run_id = server.submit(quick_digits(epochs=2))["run_id"]
+    server.wait_status(run_id, "succeeded", timeout=120)
+    tab.goto(f"{server.url}/#/runs/{run_id}")
+    tab.locator('#run-metrics figure[data-series="val_loss"]').wait_for()
+    tab.get_by_label("train and val in one chart").check()
+    together = tab.locator('#run-metrics figure[data-series="loss"]')
+    expect(together).to_have_attribute("data-labels", re.compile(r"^(train_loss\|val_loss|val_loss\|train_loss)$"))
+    expect(tab.locator('#run-metrics figure[data-series="val_loss"]')).to_have_count(0)
     assert errors == []

@@ -228,13 +228,33 @@ export function chartControls(settings, changed) {
   log.checked = settings.log;
   const smooth = el("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: settings.smooth, "aria-label": "smoothing",
     oninput: () => { settings.smooth = Number(smooth.value); changed(); } });
+  const pair = el("input", { type: "checkbox", "aria-label": "train and val in one chart",
+    onchange: () => { settings.pair = pair.checked; changed("reset"); } });
+  pair.checked = Boolean(settings.pair);
   const reset = el("button", { type: "button", onclick: () => changed("reset") }, "Reset zoom");
-  return el("div", { class: "chart-controls" }, x, el("label", {}, log, " log y"), el("label", {}, "smoothing ", smooth), reset);
+  return el("div", { class: "chart-controls" }, x, el("label", {}, log, " log y"), el("label", {}, "smoothing ", smooth),
+    el("label", {}, pair, " train and val together"), reset);
 }
 
 // A set of charts in a container: one per series, kept and updated in place (a live
 // run's charts grow without being rebuilt), resized with the window.
 let sets = 0;
+
+function paired(bySeries) {
+  const merged = new Map();
+  for (const [name, lines] of bySeries) {
+    const rest = name.replace(/^(train|val)_/, "");
+    const other = name.startsWith("train_") ? `val_${rest}` : name.startsWith("val_") ? `train_${rest}` : null;
+    if (!other || !bySeries.has(other) || lines.length !== 1) {
+      merged.set(name, lines);
+      continue;
+    }
+    const both = merged.get(rest) || [];
+    both.push({ ...lines[0], label: name });
+    merged.set(rest, both);
+  }
+  return merged;
+}
 
 export class ChartSet {
   constructor(container) {
@@ -259,9 +279,11 @@ export class ChartSet {
     this.observer.observe(container);
   }
 
-  // bySeries: Map(name -> [{label, points}]) in display order.
-  show(bySeries) {
-    this.last = bySeries;
+  // bySeries: Map(name -> [{label, points}]) in display order. With ``pair``, a run's
+  // train_X and val_X are one chart, X, a line each.
+  show(given) {
+    this.last = given;
+    const bySeries = this.settings.pair ? paired(given) : given;
     for (const [name, chart] of this.charts) {
       if (!bySeries.has(name)) {
         chart.destroy();

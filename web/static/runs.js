@@ -74,12 +74,19 @@ function pickBox(row) {
 function renderRow(row, child = false) {
   const where = el("td", { title: row.queue_key }, row.queue_key);
   if (row.queue_position !== null) where.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
-  const loss = row.final_loss === null ? (row.final_loss_non_finite || "") : row.final_loss.toPrecision(4);
+  const value = row.final_loss === null ? (row.final_loss_non_finite || "") : row.final_loss.toPrecision(4);
+  const loss = value && ACTIVE.has(row.status) ? `${value} (last)` : value;  // a run going on has no final loss yet
+  const progress = el("td", { class: "progress" });
+  const p = row.progress;
+  if (p && p.epochs) {
+    progress.append(el("span", { class: "progress-bar", role: "img", "aria-label": `${Math.round((p.epoch / p.epochs) * 100)}% done` },
+      el("span", { style: `width:${Math.min(100, (p.epoch / p.epochs) * 100)}%` })), progressText(row));
+  }
   const name = el("td", { title: row.id }, el("a", { href: `#/runs/${row.id}`, onclick: (e) => e.stopPropagation() },
     row.name || row.id.slice(0, 8)), ...(row.tags || []).map((tag) => el("span", { class: "tag" }, tag)));
   return el("tr", { "data-run": row.id, class: child ? "child" : null, onclick: () => { location.hash = `#/runs/${row.id}`; } },
     pickBox(row), name, statusCell(row), where, el("td", { title: row.started_at || "" }, age(row.started_at)),
-    el("td", {}, duration(row)), el("td", { class: "progress" }, progressText(row)), el("td", {}, loss), actions(row));
+    el("td", {}, duration(row)), progress, el("td", {}, loss), actions(row));
 }
 
 function groupRow(group) {
@@ -134,9 +141,15 @@ async function listRows() {
   return { rows, more: cursor !== null };
 }
 
+// A group's runs; a sweep's each named by the values that tell its variants apart
+// (a.value=2), not by the sweep's one name nine times over.
 async function groupMembers(group) {
   const column = group.kind === "sweep" ? "sweep_id" : "study_id";
-  return (await api("GET", `/api/runs?${query({ [column]: group.id, limit: "500" })}`)).runs;
+  const [runs, sweep] = await Promise.all([api("GET", `/api/runs?${query({ [column]: group.id, limit: "500" })}`),
+    group.kind === "sweep" ? api("GET", `/api/sweeps/${group.id}`).catch(() => null) : null]);
+  if (!sweep) return runs.runs;
+  const byRun = new Map(sweep.variants.map((v) => [v.run_id, Object.entries(v.params).map(([k, x]) => `${k}=${x}`).join(" ")]));
+  return runs.runs.map((run) => (byRun.has(run.id) ? { ...run, name: byRun.get(run.id) } : run));
 }
 
 export async function refreshRuns() {
