@@ -241,3 +241,28 @@ def test_train_and_val_drawn_in_one_chart_when_asked(open_page):
     expect(together).to_have_attribute("data-labels", re.compile(r"^(train_loss\|val_loss|val_loss\|train_loss)$"))
     expect(tab.locator('#run-metrics figure[data-series="val_loss"]')).to_have_count(0)
     assert errors == []
+
+
+def test_a_sweeps_charts_take_words_too_and_draw_every_variant_across_its_params(open_page):
+    from tests.helpers import hello
+
+    server, tab, errors = open_page()
+    base = hello()
+    base["nodes"].append({"id": "p", "type": "core.Print", "params": {"prefix": "x"}})
+    base["edges"].append({"source": "s", "source_port": "sum", "target": "p", "target_port": "value"})
+    status, sweep = server.client.request("POST", "/api/sweeps", {
+        "name": "words and numbers", "base_graph": base, "objective": {"metric": "val_loss", "direction": "minimize"},
+        "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [1, 2]},
+                                                    {"node_id": "p", "param": "prefix", "values": ["x", "y"]}]}})
+    assert status == 201, sweep
+    for variant in sweep["variants"]:
+        server.wait_status(variant["run_id"], "succeeded")
+    tab.goto(f"{server.url}/#/sweeps/{sweep['sweep_id']}")
+    expect(tab.locator('#sweep-charts figure[data-param="p.prefix"]')).to_have_attribute("data-points", "4")
+    lines = tab.locator("#sweep-charts figure.parallel polyline.variant")
+    expect(lines).to_have_count(4)
+    expect(tab.locator("#sweep-charts figure.parallel polyline.best")).to_have_count(1)
+    best = tab.locator("#sweep-charts figure.parallel polyline.best").get_attribute("data-run")
+    tab.locator("#sweep-charts figure.parallel polyline.best").dispatch_event("click")  # lines cross: its own
+    expect(tab).to_have_url(re.compile(f"#/runs/{best}$"))
+    assert errors == []

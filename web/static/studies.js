@@ -70,8 +70,7 @@ function renderStudy(box, study) {
   ...study.unranked.map((u) => el("tr", { "data-reason": u.reason }, el("td", {}, "–"), el("td", {}, u.variant),
     el("td", { colspan: 2, class: "muted", title: u.reason }, reasonText(u.reason)),
     el("td", {}, `${u.repeats_done} of ${study.repeats} done`), ...keys.map((k) => el("td", {}, shown(u.params[k])))))));
-  const numeric = keys.filter((k) => study.variants.every((v) => typeof v.params[k] === "number"));
-  const charts = el("div", { class: "charts" }, ...numeric.map((key) => scatterChart(key, study.objective.metric,
+  const charts = el("div", { class: "charts" }, ...keys.map((key) => scatterChart(key, study.objective.metric,
     [...study.ranking, ...study.unranked].flatMap((entry) => entry.values.map((y) => ({ x: entry.params[key], y }))))));
   const attempts = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Variant", "Repeat", "Attempt", "Status",
     study.objective.metric].map((h) => el("th", {}, h)))),
@@ -94,7 +93,7 @@ function renderStudy(box, study) {
     ...(study.notes || []).map((note) => el("p", { class: "explain", "data-note": note.code }, note.message)),
     buttons, el("h3", {}, "Budget"), budget, el("h3", {}, "Ranking"), ranking,
     el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV (with params and spread)")),
-    numeric.length ? el("h3", {}, "Objective against each param") : "", charts,
+    keys.length ? el("h3", {}, "Objective against each param") : "", charts,
     el("h3", {}, `Attempts (${study.attempts.length})`), attempts);
 }
 

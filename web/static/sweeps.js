@@ -2,7 +2,7 @@
 // "New sweep" dialog, built from the param schemas of the graph in the editor.
 
 import { catalogType, currentGraph } from "./editor.js";
-import { scatterChart } from "./charts.js";
+import { parallelChart, scatterChart } from "./charts.js";
 import { api, el, openDialog, time } from "./util.js";
 
 let openSweep = null;
@@ -42,9 +42,11 @@ async function renderSweep() {
     el("td", {}, v.rank === null ? "" : String(v.rank)), el("td", {}, el("span", { class: `status ${v.status}` }, v.status)),
     el("td", {}, v.objective_value === null ? "" : v.objective_value.toPrecision(4)),
     ...keys.map((k) => el("td", {}, String(v.params[k]))))));
-  const numeric = keys.filter((k) => sweep.variants.every((v) => typeof v.params[k] === "number"));
-  document.getElementById("sweep-charts").replaceChildren(...numeric.map((key) => scatterChart(key, sweep.objective.metric,
-    sweep.variants.map((v) => ({ x: v.params[key], y: v.objective_value })))));
+  // The objective against each param (words too), then every variant across them all.
+  const best = sweep.variants.find((v) => v.rank === 1)?.run_id;
+  document.getElementById("sweep-charts").replaceChildren(...keys.map((key) => scatterChart(key, sweep.objective.metric,
+    sweep.variants.map((v) => ({ x: v.params[key], y: v.objective_value, run_id: v.run_id })))),
+  ...(keys.length ? [parallelChart(keys, sweep.objective.metric, sweep.variants, best)] : []));
 }
 
 // Params a sweep can vary: numbers, selects and booleans of the editor's nodes (never secrets).
