@@ -263,6 +263,8 @@ def test_a_sweeps_charts_take_words_too_and_draw_every_variant_across_its_params
     expect(lines).to_have_count(4)
     expect(tab.locator("#sweep-charts figure.parallel polyline.best")).to_have_count(1)
     best = tab.locator("#sweep-charts figure.parallel polyline.best").get_attribute("data-run")
+    curves = tab.locator('#sweep-charts figure.curves[data-series="val_loss"]')  # every variant's curve
+    expect(curves).to_have_attribute("data-labels", re.compile(r"^best: a\.value=1(\.0)? p\.prefix=\w(\|[^|]+){3}$"))
     tab.locator("#sweep-charts figure.parallel polyline.best").dispatch_event("click")  # lines cross: its own
     expect(tab).to_have_url(re.compile(f"#/runs/{best}$"))
     assert errors == []

@@ -202,3 +202,34 @@ def test_a_runs_console_output_shows_in_its_details(page):
     # Each line marked with its node and its stream.
     expect(tab.locator("#run-console")).to_have_text("one › P-1 1.0\ntwo ! P-2 1.0\nthree › P-3 1.0\n")
     assert errors == []
+
+
+def test_the_list_sorts_by_a_column_and_a_column_widens_by_its_edge(page):
+    from tests.helpers import graph, node
+
+    server, tab, errors = page
+    for value in (3, 1, 2):
+        run_id = server.submit(graph(node("a", "core.Constant", value=value),
+                                     node("m", "core.LogMetric", name="val_loss"),
+                                     edges=({"source": "a", "source_port": "value", "target": "m",
+                                             "target_port": "value"},), name=f"loss {value}"))["run_id"]
+        server.wait_status(run_id, "succeeded")
+    rows = tab.locator("#rows tr[data-run]")
+    expect(rows).to_have_count(3)
+    loss = tab.locator('#runs th[data-sort="final_loss"]')
+    loss.click()
+    expect(loss).to_have_attribute("aria-sort", "ascending")
+    expect(rows.first).to_contain_text("loss 1")
+    loss.click()
+    expect(rows.first).to_contain_text("loss 3")
+    name = tab.locator('#runs th[data-sort="name"]')
+    before = name.bounding_box()
+    grip = name.locator(".grip").bounding_box()
+    assert before is not None and grip is not None
+    tab.mouse.move(grip["x"] + 2, grip["y"] + 5)
+    tab.mouse.down()
+    tab.mouse.move(grip["x"] + 82, grip["y"] + 5)
+    tab.mouse.up()
+    after = name.bounding_box()
+    assert after is not None and after["width"] > before["width"] + 40
+    assert errors == []

@@ -152,9 +152,32 @@ async function groupMembers(group) {
   return runs.runs.map((run) => (byRun.has(run.id) ? { ...run, name: byRun.get(run.id) } : run));
 }
 
+// The list's order: newest first, or by a column its header was clicked on (again:
+// the other way). Rows without the value go last either way.
+let sortBy = null; // {column, descending}
+const SORT_KEYS = {
+  name: (r) => (r.name || r.id || "").toLowerCase(), status: (r) => r.status || r.kind, queue_key: (r) => r.queue_key,
+  started_at: (r) => r.started_at, final_loss: (r) => r.final_loss,
+  duration: (r) => (r.started_at ? (Date.parse(r.finished_at || new Date().toISOString()) - Date.parse(r.started_at)) : null),
+  progress: (r) => (r.progress && r.progress.epochs ? r.progress.epoch / r.progress.epochs : null),
+};
+
+function sorted(rows) {
+  if (!sortBy) return rows;
+  const key = SORT_KEYS[sortBy.column];
+  const sign = sortBy.descending ? -1 : 1;
+  return [...rows].sort((a, b) => {
+    const x = key(a), y = key(b);
+    if (x === null || x === undefined) return y === null || y === undefined ? 0 : 1;
+    if (y === null || y === undefined) return -1;
+    return (x < y ? -1 : x > y ? 1 : 0) * sign;
+  });
+}
+
 export async function refreshRuns() {
-  const [list, running, queues] = await Promise.all([
+  const [unsorted, running, queues] = await Promise.all([
     listRows(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
+  const list = { ...unsorted, rows: sorted(unsorted.rows) };
   const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
   const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
   document.getElementById("rows").replaceChildren(...list.rows.flatMap((row) => {
@@ -197,5 +220,40 @@ export function initRunList() {
   document.getElementById("compare-runs").addEventListener("click", () => {
     location.hash = `#/compare/${[...picked].join(",")}`;
   });
+  for (const th of document.querySelectorAll("#runs th[data-sort]")) {
+    th.tabIndex = 0;
+    th.setAttribute("aria-sort", "none");
+    const sortHere = () => {
+      sortBy = sortBy && sortBy.column === th.dataset.sort ? { column: th.dataset.sort, descending: !sortBy.descending }
+        : { column: th.dataset.sort, descending: false };
+      for (const other of document.querySelectorAll("#runs th[data-sort]")) other.setAttribute("aria-sort", "none");
+      th.setAttribute("aria-sort", sortBy.descending ? "descending" : "ascending");
+      refreshRuns().catch((e) => showMessage(e.message));
+    };
+    th.addEventListener("click", sortHere);
+    th.addEventListener("keydown", (e) => { if (e.key === "Enter") sortHere(); });
+    resizable(th);
+  }
   renderChips();
+}
+
+// A column's width, dragged by its header's right edge and kept in this browser.
+function resizable(th) {
+  const key = `troupe.runs.width.${th.dataset.sort}`;
+  const saved = Number(localStorage.getItem(key));
+  if (saved) th.style.width = `${saved}px`;
+  const grip = el("span", { class: "grip", "aria-hidden": "true", onclick: (e) => e.stopPropagation() });
+  grip.addEventListener("pointerdown", (down) => {
+    down.preventDefault();
+    down.stopPropagation();
+    const start = th.getBoundingClientRect().width;
+    const move = (e) => { th.style.width = `${Math.max(60, start + e.clientX - down.clientX)}px`; };
+    const up = () => {
+      document.removeEventListener("pointermove", move);
+      localStorage.setItem(key, String(Math.round(th.getBoundingClientRect().width)));
+    };
+    document.addEventListener("pointermove", move);
+    document.addEventListener("pointerup", up, { once: true });
+  });
+  th.append(grip);
 }

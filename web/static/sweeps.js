@@ -2,7 +2,7 @@
 // "New sweep" dialog, built from the param schemas of the graph in the editor.
 
 import { catalogType, currentGraph } from "./editor.js";
-import { parallelChart, scatterChart } from "./charts.js";
+import { parallelChart, scatterChart, seriesChart } from "./charts.js";
 import { api, el, openDialog, time } from "./util.js";
 
 let openSweep = null;
@@ -42,11 +42,30 @@ async function renderSweep() {
     el("td", {}, v.rank === null ? "" : String(v.rank)), el("td", {}, el("span", { class: `status ${v.status}` }, v.status)),
     el("td", {}, v.objective_value === null ? "" : v.objective_value.toPrecision(4)),
     ...keys.map((k) => el("td", {}, String(v.params[k]))))));
-  // The objective against each param (words too), then every variant across them all.
+  // The objective against each param (words too), every variant across them all, and the
+  // variants' curves of the objective overlaid, the best one first and named so.
   const best = sweep.variants.find((v) => v.rank === 1)?.run_id;
   document.getElementById("sweep-charts").replaceChildren(...keys.map((key) => scatterChart(key, sweep.objective.metric,
     sweep.variants.map((v) => ({ x: v.params[key], y: v.objective_value, run_id: v.run_id })))),
-  ...(keys.length ? [parallelChart(keys, sweep.objective.metric, sweep.variants, best)] : []));
+  ...(keys.length ? [parallelChart(keys, sweep.objective.metric, sweep.variants, best)] : []),
+  ...(await curves(sweep, best)));
+}
+
+const CURVES = 20;  // the variants whose curves are drawn: the best ranked first
+
+async function curves(sweep, best) {
+  const metric = sweep.objective.metric;
+  const shown = [...sweep.variants].filter((v) => v.run_exists !== false)
+    .sort((a, b) => (a.rank ?? Infinity) - (b.rank ?? Infinity)).slice(0, CURVES);
+  const series = await Promise.all(shown.map((v) => api("GET", `/api/runs/${v.run_id}/metrics`).catch(() => ({ series: {} }))));
+  const lines = shown.map((v, i) => ({
+    label: `${v.run_id === best ? "best: " : ""}${Object.entries(v.params).map(([k, x]) => `${k}=${x}`).join(" ")}`,
+    points: series[i].series[metric] || [] })).filter((line) => line.points.length);
+  if (!lines.length) return [];
+  const chart = seriesChart(metric, lines, { x: "step", log: false, smooth: 0 });
+  chart.element.classList.add("curves");
+  requestAnimationFrame(() => chart.resize());
+  return [chart.element];
 }
 
 // Params a sweep can vary: numbers, selects and booleans of the editor's nodes (never secrets).
