@@ -29,6 +29,12 @@ function smoothed(values, weight) {
 // The runs' points on one shared x axis (uPlot wants one): the union of their x values,
 // each run's value at them or null where it has none.
 function aligned(runs, mode) {
+  if (runs.length === 1) {  // one run (a run's own page, live): its points are its x order already
+    const points = runs[0].points;
+    const t0 = points.length ? Date.parse(points[0].ts) : 0;
+    const xs = points.map((p) => (mode === "time" ? (Date.parse(p.ts) - t0) / 1000 : p.step));
+    if (xs.every((x, i) => i === 0 || x > xs[i - 1])) return { xs, columns: [points] };
+  }
   const keyed = runs.map((run) => {
     const t0 = run.points.length ? Date.parse(run.points[0].ts) : 0;
     return new Map(run.points.map((p) => [mode === "time" ? (Date.parse(p.ts) - t0) / 1000 : p.step, p]));

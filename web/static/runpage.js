@@ -232,6 +232,23 @@ function header(run, refresh) {
 }
 
 const EVENT_LINES = 500;  // the Events box keeps the newest lines of a long run
+const TEXT_MS = 250;
+const CHARTS_MS = 1000;
+const CONSOLE_CHARS = 200_000;  // what a live run's Console box keeps of its newest output
+
+function shown(element) {  // on screen now
+  const box = element.getBoundingClientRect();
+  return box.bottom > 0 && box.top < window.innerHeight;
+}
+
+// ``work`` at most once every ``ms``, the last call never lost.
+function throttled(ms, work) {
+  let timer = null;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => { timer = null; work(); }, ms);
+  };
+}
 const FACTS_EVERY_MS = 1000;  // the run's facts (its header) are read again at most this often
 
 // While it runs: its events as they come, its console, its charts, its header. What an
@@ -242,21 +259,28 @@ function follow(runId, after, log, console_, refresh) {
   const source = new EventSource(`/api/runs/${runId}/stream?after=${after}`);
   page.source = source;
   let printed = "";
-  let drawn = false;
   let factsAt = 0;
   let factsTimer = null;
-  const draw = () => {
-    drawn = false;
+  let epoch = null;  // the newest epoch an event said, shown with the next text update
+  // Text (events, console, the epoch) at most every TEXT_MS, charts every CHARTS_MS: a
+  // training of hundreds of epochs a second costs the tab a few redraws a second.
+  const text = throttled(TEXT_MS, () => {
     if (!page || page.runId !== runId) return;
-    log.render();
+    if (shown(log.box)) log.render();
     if (printed) {
-      console_.textContent += printed;
+      // The newest CONSOLE_CHARS of what it printed (the whole is a click away, below).
+      let all = console_.textContent + printed;
+      if (all.length > CONSOLE_CHARS) all = all.slice(all.indexOf("\n", all.length - CONSOLE_CHARS) + 1);
+      console_.textContent = all;
       printed = "";
-      console_.scrollTop = console_.scrollHeight;
+      if (shown(console_)) console_.scrollTop = console_.scrollHeight;
     }
-    if (page.series) drawSeries();
-  };
-  const soon = () => { if (!drawn) { drawn = true; requestAnimationFrame(draw); } };
+    if (epoch) showProgress(epoch);
+  });
+  const charts = throttled(CHARTS_MS, () => { if (page && page.runId === runId && page.series) drawSeries(); });
+  // A box off screen is drawn when it comes into view, not at every beat.
+  new IntersectionObserver((seen) => { if (seen.some((s) => s.isIntersecting)) log.render(); }).observe(log.box);
+  const soon = () => { text(); charts(); };
   const facts = () => {  // the header, read at most once a second, the last change never missed
     const wait = factsAt + FACTS_EVERY_MS - Date.now();
     if (factsTimer) return;
@@ -283,7 +307,7 @@ function follow(runId, after, log, console_, refresh) {
         metricsSoon();  // a chain of runs: read whole, at most twice a second
       }
       if (p.epochs) {
-        showProgress(p);
+        epoch = p;
         facts();
       }
     }
