@@ -12,6 +12,7 @@ let page = null; // {runId, source, charts, timers}
 export function closeRunPage() {
   if (!page) return;
   if (page.source) page.source.close();
+  if (page.observer) page.observer.disconnect();  // it would hold the closed page's Events box
   page.charts.destroy();
   clearTimeout(page.metricsTimer);
   page = null;
@@ -279,7 +280,8 @@ function follow(runId, after, log, console_, refresh) {
   });
   const charts = throttled(CHARTS_MS, () => { if (page && page.runId === runId && page.series) drawSeries(); });
   // A box off screen is drawn when it comes into view, not at every beat.
-  new IntersectionObserver((seen) => { if (seen.some((s) => s.isIntersecting)) log.render(); }).observe(log.box);
+  page.observer = new IntersectionObserver((seen) => { if (seen.some((s) => s.isIntersecting)) log.render(); });
+  page.observer.observe(log.box);
   const soon = () => { text(); charts(); };
   const facts = () => {  // the header, read at most once a second, the last change never missed
     const wait = factsAt + FACTS_EVERY_MS - Date.now();
