@@ -168,6 +168,10 @@ class RunRow(BaseModel):
     note: str | None = Field(default=None, description="a person's note on the run")
     sort_value: float | None = Field(default=None, description="with ?sort=: the series' newest value it was "
                                                                "ordered by")
+    params: dict[str, Any] | None = Field(default=None, description="with ?values=true: its graph's scalar params "
+                                                                    "by node.param")
+    metrics: dict[str, float | str | None] | None = Field(
+        default=None, description="with ?values=true: each series' newest value (a diverged one as nan, inf, -inf)")
 
 
 class RunDetail(RunRow):

@@ -176,6 +176,8 @@ def _run_paths() -> dict[str, Any]:
                 ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
                                   "description": "empty: any tag"}),
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
+                ("values", "query", {"type": "string", "enum": ["true", "false"],
+                                     "description": "true: each run with its params and newest metric values"}),
                 ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
                                    "description": "by a series' newest value, lowest first (-name: highest); "
                                                   "its next_cursor pages on"}))),

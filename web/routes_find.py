@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.store.run_list import EditRun, ListGroups, ListRuns, MatchIds
+from actors.store.run_list import EditRun, ListGroups, ListRuns, MatchIds, NewestValues
 from protocol import events as ev
 from protocol.api import TAG_PATTERN, RunEdit
 from protocol.errors import InvalidRequest
@@ -66,6 +66,9 @@ async def list_runs(request: web.Request) -> web.Response:
     grouped = request.query.get("grouped", "false")
     if grouped not in ("true", "false"):
         raise InvalidRequest("grouped is true or false", pointer="?grouped")
+    values = request.query.get("values", "false")
+    if values not in ("true", "false"):
+        raise InvalidRequest("values is true or false", pointer="?values")
     limit = int_query(request, "limit", default=50, minimum=1, maximum=500) or 50
     before = _decode_cursor(request.query.get("cursor"))
     raw_search = request.query.get("q") or ""
@@ -86,7 +89,35 @@ async def list_runs(request: web.Request) -> web.Response:
         rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort))
         found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
                  for r in await with_queue_reasons(svc, rows)]
+    if values == "true":
+        found = await _with_values(svc, found, rows)
     return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
+
+
+async def _with_values(svc: Any, found: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``?values=true``: each run with its params (``node.param``, as ``--set`` names
+    them) and the newest value of each series, for the columns a person picks."""
+    graphs = {row["id"]: row.get("graph") or {} for row in rows}
+    newest = await svc.store.read(NewestValues(tuple(item["id"] for item in found if "kind" not in item)))
+    return [item if "kind" in item else {**item, "params": graph_params(graphs.get(item["id"], {})),
+                                         "metrics": newest.get(item["id"], {})} for item in found]
+
+
+def graph_params(graph: dict[str, Any]) -> dict[str, Any]:
+    """A graph's scalar params by ``node.param`` (a script's ``node.vars.NAME``)."""
+    flat: dict[str, Any] = {}
+    for node in graph.get("nodes") or []:
+        for name, value in (node.get("params") or {}).items():
+            if isinstance(value, dict):
+                flat.update({f"{node['id']}.{name}.{k}": v for k, v in value.items() if _scalar(v)})
+            elif _scalar(value):
+                flat[f"{node['id']}.{name}"] = value
+    return flat
+
+
+def _scalar(value: Any) -> bool:
+    # A long text (a script's inline source, a prompt) is no column: it stays on the run's page.
+    return value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 120)
 
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,32}$")

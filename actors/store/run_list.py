@@ -50,6 +50,15 @@ class ListGroups:
 
 
 @dataclass(frozen=True)
+class NewestValues:
+    """Each run's newest value of every metric series it recorded, ``{run_id: {series:
+    value}}``; a diverged value is its text ("nan", "inf", "-inf"). The list's metric
+    columns, picked by a person from what the runs recorded."""
+
+    run_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class EditRun:
     """Sets what is given of a run's name, tags (the whole set) and note; answers False
     for no such run."""
@@ -218,6 +227,31 @@ class MatchIds:
     limit: int = 10
 
 
+# The series of one run, walked on the (run_id, series, seq) index a series at a time
+# (a loose index scan): a run of 20,000 epochs costs a few lookups per series, not a
+# pass over its 60,000 points.
+_NEWEST_OF_RUN = """
+    WITH RECURSIVE s(series) AS (
+        SELECT MIN(series) FROM metrics WHERE run_id = ?1
+        UNION ALL
+        SELECT (SELECT MIN(series) FROM metrics WHERE run_id = ?1 AND series > s.series) FROM s
+        WHERE s.series IS NOT NULL)
+    SELECT s.series, m.value, m.non_finite FROM s JOIN metrics m
+        ON m.run_id = ?1 AND m.seq = (SELECT MAX(seq) FROM metrics x WHERE x.run_id = ?1 AND x.series = s.series)
+    WHERE s.series IS NOT NULL
+"""
+
+
+def newest_values(conn: apsw.Connection, query: NewestValues) -> dict[str, dict[str, float | str | None]]:
+    found: dict[str, dict[str, float | str | None]] = {}
+    for run_id in query.run_ids:
+        values: dict[str, float | str | None] = {}
+        for series, value, non_finite in conn.execute(_NEWEST_OF_RUN, (run_id,)):
+            values[str(series)] = non_finite if non_finite is not None else value
+        found[run_id] = values
+    return found
+
+
 def match_ids(conn: apsw.Connection, query: MatchIds) -> dict[str, list[str]]:
     # The ids are hex, so a range on the primary key finds a prefix without a scan.
     high = query.prefix + "g"
@@ -231,4 +265,5 @@ READS: Table = {
     ListRuns: lambda s, m: list_runs(s.conn, m),
     ListGroups: lambda s, m: list_groups(s.conn, m),
     MatchIds: lambda s, m: match_ids(s.conn, m),
+    NewestValues: lambda s, m: newest_values(s.conn, m),
 }

@@ -4,7 +4,7 @@ list filtered by tag and searched through them, and the list grouped by sweep an
 
 from __future__ import annotations
 
-from tests.helpers import hello
+from tests.helpers import edge, graph, hello, node
 from tests.integration.test_studies_functional import study_body, variants, wait_state
 from tests.integration.test_sweeps_functional import sweep_body
 
@@ -71,3 +71,26 @@ def test_the_list_folds_each_sweep_and_study_into_one_row_paged_on_the_server(ma
     assert len(server.get(f"/api/runs?sweep_id={sweep['sweep_id']}&grouped=true")["runs"]) == 3
     status, reply = server.client.request("GET", "/api/runs?grouped=yes")
     assert (status, reply["error"]["pointer"]) == (400, "?grouped")
+
+
+def test_values_carry_each_runs_params_and_newest_metric_values_for_picked_columns(make_server):
+    server = make_server()
+    ran = []
+    for value in (2, 5):
+        run = graph(node("c", "core.Constant", value=value), node("m", "core.LogMetric", name="val_loss"),
+                    node("n", "core.LogMetric", name="accuracy"),
+                    edges=(edge("c", "value", "m", "value"), edge("c", "value", "n", "value")))
+        ran.append(server.submit(run)["run_id"])
+    server.events_until_finished(ran[-1])
+    server.wait_status(ran[0], "succeeded")
+    rows = {r["id"]: r for r in server.get("/api/runs?values=true")["runs"]}
+    for run_id, value in zip(ran, (2, 5), strict=True):
+        assert rows[run_id]["params"]["c.value"] == value
+        assert rows[run_id]["params"]["m.name"] == "val_loss"
+        assert rows[run_id]["metrics"] == {"accuracy": value, "val_loss": value}
+    # Grouped, the run rows carry them too; without the flag the rows stay lean.
+    grouped = server.get("/api/runs?grouped=true&values=true")["runs"]
+    assert all("metrics" in r for r in grouped if "kind" not in r)
+    assert "metrics" not in server.get("/api/runs")["runs"][0]
+    status, reply = server.client.request("GET", "/api/runs?values=yes")
+    assert (status, reply["error"]["pointer"]) == (400, "?values")
