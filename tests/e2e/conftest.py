@@ -30,13 +30,14 @@ REASON = "browser tests need Debian's chromium and the playwright package (.ci/r
 
 @pytest.fixture
 def open_page(make_server) -> Iterator[Callable[..., tuple[Any, Any, list[str]]]]:
-    """``open_page(**settings)`` -> (server, tab, console errors) at 1440x900."""
+    """``open_page(**settings)`` -> (server, tab, console errors) at 1440x900, showing
+    ``view`` (the Runs list unless a test works in the editor, ``#/editor``)."""
     if MISSING:
         pytest.skip(REASON)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
 
-        def open_one(width: int = 1440, **settings: str) -> tuple[Any, Any, list[str]]:
+        def open_one(width: int = 1440, view: str = "#/runs", **settings: str) -> tuple[Any, Any, list[str]]:
             server = make_server(**settings)
             tab = browser.new_page(viewport={"width": width, "height": 900})
             errors: list[str] = []
@@ -44,10 +45,18 @@ def open_page(make_server) -> Iterator[Callable[..., tuple[Any, Any, list[str]]]
             tab.on("pageerror", lambda error: errors.append(str(error)))
             tab.goto(server.login_url)  # logs in the way a user does: the link `troupe start` printed
             tab.locator("#editor-status").get_by_text("nodes").wait_for()  # the editor has its catalog
+            show(tab, view)
             return server, tab, errors
 
         yield open_one
         browser.close()
+
+
+def show(tab: Any, view: str) -> None:
+    """Goes to a view by its address, as a link or the toolbar's Editor/Results does."""
+    tab.evaluate("(view) => { location.hash = view; }", view)
+    shown = "#canvas" if view == "#/editor" else "#results"
+    tab.locator(shown).wait_for(state="visible")
 
 
 def screenshot(tab: Any, name: str) -> None:

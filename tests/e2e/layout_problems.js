@@ -5,10 +5,14 @@
     problems.push(`the page is ${document.documentElement.scrollWidth} px wide in a window of ${width}`);
   }
   const shown = (e) => e.offsetParent !== null && e.getClientRects().length > 0;
-  const clipped = (e) => {  // inside a box that scrolls or clips sideways: its own business
+  // Inside a box in the window that scrolls or clips sideways: its own business. A clipping
+  // box itself scrolled out of sight (a cell of a wide table) defers to the boxes around it.
+  const clipped = (e) => {
     for (let p = e.parentElement; p; p = p.parentElement) {
       const o = getComputedStyle(p).overflowX;
-      if (o === "auto" || o === "scroll" || o === "hidden") return p.getBoundingClientRect().right <= width + 1;
+      const inside = p.getBoundingClientRect().right <= width + 1;
+      if (o === "auto" || o === "scroll") return inside;
+      if (o === "hidden" && inside) return true;
     }
     return false;
   };

@@ -57,6 +57,7 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
 
         teacher = context_page(on_lan(server.login_url, port))
         teacher.locator("#editor-status").get_by_text("nodes").wait_for()
+        teacher.get_by_role("link", name="Results").click()  # the editor first; results a click away
         teacher.get_by_role("button", name="Connected").click()
         teacher.get_by_role("button", name="New class link…").click()
         dialog = teacher.locator("dialog[open]")
@@ -85,6 +86,7 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         expect(ann.locator("#my-name")).to_have_text("You: Ann Lee")
 
         bob = context_page(class_link)
+        bob.get_by_role("link", name="Results").click()
         bob.locator(f'tr[data-run="{run_id}"] .status.succeeded').wait_for()  # everyone sees every run
         expect(bob.locator('.tab[data-tab="people"]')).to_be_hidden()  # who is connected: the teacher's
         screenshot(bob, "classroom-student.png")
@@ -112,6 +114,7 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         bob.reload()
         expect(bob.locator("#login-wall")).to_be_visible()  # revoked: logged out
         ann.reload()
+        ann.get_by_role("link", name="Results").click()
         ann.locator(f'tr[data-run="{run_id}"]').wait_for()  # the other student goes on
         ann.get_by_role("button", name="Log out").click()  # ends the session on the server
         expect(ann.locator("#login-wall")).to_be_visible()

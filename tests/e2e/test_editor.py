@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON, screenshot
+from tests.e2e.conftest import MISSING, REASON
 from tests.helpers import sleeper
 
 pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
@@ -36,7 +36,7 @@ def expect_state(tab, node: str, state: str) -> None:
 
 
 def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
-    server, tab, errors = open_page()
+    server, tab, errors = open_page(view="#/editor")
     tab.get_by_role("button", name="New").click()
     tab.locator("#palette-search").fill("const")
     expect(tab.locator("#palette-groups button")).to_have_count(1)  # the palette is searchable
@@ -67,13 +67,16 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
     expect(tab.locator("#editor-status")).to_contain_text("run succeeded")
     runs = server.get("/api/runs")["runs"]
     assert [(r["lane"], r["status"], r["final_loss"]) for r in runs] == [("interactive", "succeeded", 5.0)]
+    log = tab.locator("#exec-log-lines")  # the run's events under the canvas, a line each
+    expect(log).to_contain_text("val_loss = 5, step")
+    expect(log).to_contain_text("run_finished")
+    assert tab.locator("#results").is_hidden()  # the editor is a view of its own
     before = tab.locator("#viewport").get_attribute("transform")
     tab.get_by_role("button", name="Fit", exact=True).click()  # every node in view
     expect(tab.locator("#viewport")).not_to_have_attribute("transform", before or "")
     tab.locator('g[data-node="add1"] text.title').click()
     expect(tab.locator("#node-outputs")).to_contain_text('"sum": 5')  # the inspector shows recorded outputs
     tab.get_by_role("button", name="Tidy").click()
-    screenshot(tab, "editor.png")
 
     # Only the last node changed: the second Run takes the others from the editor-session cache.
     set_param(tab, "logmetric1", "name", "train_loss")
@@ -86,7 +89,7 @@ def test_build_a_graph_from_the_palette_run_it_and_see_node_states(open_page):
 
 
 def test_run_is_disabled_while_active_and_a_full_lane_is_said(open_page):
-    server, tab, errors = open_page(TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT="1")
+    server, tab, errors = open_page(view="#/editor", TROUPE_RUN_INTERACTIVE_MAX_CONCURRENT="1")
     blocker = server.submit(sleeper(seconds=60), lane="interactive", editor_session="someone-else")["run_id"]
     server.wait_status(blocker, "running")
     run = tab.get_by_role("button", name="Run", exact=True)
@@ -107,7 +110,7 @@ def test_run_is_disabled_while_active_and_a_full_lane_is_said(open_page):
 
 
 def test_queue_on_explains_the_queue_before_it_submits(open_page):
-    server, tab, errors = open_page(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    server, tab, errors = open_page(view="#/editor", TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
     busy = server.submit(sleeper(seconds=60))["run_id"]
     server.wait_status(busy, "running")
     tab.get_by_role("button", name="Queue on…").click()
@@ -118,6 +121,7 @@ def test_queue_on_explains_the_queue_before_it_submits(open_page):
     expect(tab.locator("#editor-status")).to_contain_text("#1 in queue")
     queued = [r for r in server.get("/api/runs")["runs"] if r["id"] != busy]
     assert [(r["lane"], r["queue_key"], r["queue_position"]) for r in queued] == [("queued", "cpu", 1)]
+    tab.get_by_role("link", name="Results").click()  # the Runs list has the window
     tab.locator(f'tr[data-run="{queued[0]["id"]}"]').get_by_text("#1 in queue").wait_for()
     for run_id in (busy, queued[0]["id"]):
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
@@ -125,7 +129,7 @@ def test_queue_on_explains_the_queue_before_it_submits(open_page):
 
 
 def test_a_node_names_a_flavor_in_the_inspector_and_the_run_gets_its_size(open_page):
-    server, tab, errors = open_page(TROUPE_CPUS="1")
+    server, tab, errors = open_page(view="#/editor", TROUPE_CPUS="1")
     server.client.request("POST", "/api/flavors", {"name": "wide", "cpus": 3, "description": "for the big box"})
     tab.locator('g[data-node="s"] text.title').click()
     picker = tab.locator("#inspector #node-flavor")
@@ -144,7 +148,7 @@ def test_a_node_names_a_flavor_in_the_inspector_and_the_run_gets_its_size(open_p
 
 
 def test_a_file_param_takes_an_upload_and_the_run_reads_it(open_page, tmp_path):
-    server, tab, errors = open_page()
+    server, tab, errors = open_page(view="#/editor")
     data = tmp_path / "train.csv"
     data.write_text("a,b,y\n" + "".join(f"{i},{i * 7},{i % 2}\n" for i in range(30)))
     tab.get_by_role("button", name="New").click()
@@ -164,7 +168,7 @@ def test_a_file_param_takes_an_upload_and_the_run_reads_it(open_page, tmp_path):
 
 
 def test_a_commands_argv_and_vars_are_edited_as_json(open_page, tmp_path):
-    server, tab, errors = open_page(TROUPE_DATA_ROOTS=str(tmp_path))
+    server, tab, errors = open_page(view="#/editor", TROUPE_DATA_ROOTS=str(tmp_path))
     (tmp_path / "hi.py").write_text('import json\nprint(json.dumps({"metric": "loss", "value": 0.25}))\n')
     tab.get_by_role("button", name="New").click()
     add(tab, "script.Command")

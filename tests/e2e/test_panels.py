@@ -60,7 +60,6 @@ def test_the_studies_panel_shows_the_budget_and_resumes_a_halted_study(open_page
     expect(tab.locator('#study [data-limit="max_runs"]')).to_have_text("2 of 2")
     # Seeded, in the server's process: the page says its attempts run one at a time, and what to do.
     expect(tab.locator('#study [data-note="seeded_runs_one_at_a_time"]')).to_contain_text("local agent")
-    screenshot(tab, "studies-panel.png")
     tab.locator("#study").get_by_role("button", name="Resume…").click()
     dialog = tab.locator("dialog[open]")
     expect(dialog).to_contain_text("Raise the limit that stopped it")
@@ -93,7 +92,6 @@ def test_add_a_worker_from_the_panel_and_see_it_connect(open_page, tmp_path):
         expect(tab.locator("dialog[open]")).to_contain_text("finish normally")
         confirm(tab, "Drain")
         expect(row).to_contain_text("draining")
-        screenshot(tab, "workers-panel.png")
         row.get_by_role("button", name="Remove").click()
         expect(tab.locator("dialog[open]")).to_contain_text("end interrupted (worker_lost)")
         confirm(tab, "Remove")
@@ -137,6 +135,7 @@ def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(o
         server.events_until_finished(run["id"])
         detail = server.get(f"/api/runs/{run['id']}")
         assert detail["memory_budget_source"] == "declared" and detail["worker"] == "gpu-a"
+        tab.get_by_role("button", name="Runs").click()
         tab.locator(f'tr[data-run="{run["id"]}"]').click()
         expect(tab.locator("#run-head .facts")).to_contain_text(f"{detail['memory_budget_mib']} MiB (declared)")
         expect(tab.locator("#run-head .facts")).to_contain_text("Peak memory")
@@ -199,7 +198,7 @@ def test_add_a_worker_over_ssh_from_the_dialog_and_see_why_it_failed(open_page, 
 
 
 def test_the_inspector_reads_a_worker_runs_outputs_through_its_connection(open_page, tmp_path):
-    server, tab, errors = open_page(TROUPE_WORKER_HEARTBEAT_S="1")
+    server, tab, errors = open_page(view="#/editor", TROUPE_WORKER_HEARTBEAT_S="1")
     command = server.client.request("POST", "/api/workers/enrollments", {"name": "gpu-a"})[1]["command"]
     agent = start_agent(server, tmp_path, command)
     try:
@@ -244,7 +243,7 @@ def test_the_new_sweep_dialog_offers_string_params_and_a_range_a_log_scale_takes
 
 
 def test_results_take_the_window_by_their_address_and_the_editor_keeps_its_graph(open_page):
-    server, tab, errors = open_page()
+    server, tab, errors = open_page(view="#/editor")
     nodes = tab.locator("#nodes .node").count()
     assert nodes > 0  # the hello example
     tab.goto(f"{server.url}/#/workers")

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON, screenshot
+from tests.e2e.conftest import MISSING, REASON
 from tests.helpers import graph, hello, node
 
 pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
@@ -44,7 +44,6 @@ def test_a_run_page_by_its_url_with_charts_that_answer_a_hover_and_grow_live(ope
     expect(tab.locator("#run-head .facts")).to_contain_text("epoch 6/6")
     expect(tab.locator("#run-environment")).to_contain_text("CPython")
     expect(tab.locator("#run-params")).to_contain_text("torch.TrainingLoop")
-    screenshot(tab, "run-page.png")
 
     live = server.submit(ticker(40, 0.1))["run_id"]
     tab.goto(f"{server.url}/#/runs/{live}")
@@ -73,7 +72,6 @@ def test_two_runs_compared_overlaid_with_their_differing_params_marked(open_page
     expect(tab.locator('tr[data-key="a.value"]')).to_have_class(re.compile("differs"))
     expect(tab.locator('tr[data-key="final val_loss"]')).to_have_class(re.compile("differs"))
     expect(tab.locator('tr[data-key="status"]')).not_to_have_class(re.compile("differs"))
-    screenshot(tab, "compare-runs.png")
     assert errors == []
 
 
@@ -118,7 +116,6 @@ def test_the_list_groups_a_sweep_searches_and_keeps_tags(open_page):
     tab.goto(f"{server.url}/#/sweeps/{sweep['sweep_id']}")
     expect(tab.locator("#sweep-title")).to_contain_text("a sweep")
     expect(tab.locator('#sweep-charts figure[data-param="a.value"]')).to_be_visible()
-    screenshot(tab, "sweep-page.png")
     assert errors == []
 
 

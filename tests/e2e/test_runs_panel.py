@@ -8,11 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
+from tests.e2e.conftest import MISSING, REASON, confirm
 from tests.helpers import hello, sleeper
 
 pytestmark = pytest.mark.skipif(MISSING, reason=REASON)
 expect = pytest.importorskip("playwright.sync_api", reason=REASON).expect
+
+
+def _finished_sweep(server, name):
+    """A sweep of a.value over 3, 1, 2 (val_loss a + 3), run to its end."""
+    status, reply = server.client.request("POST", "/api/sweeps", {
+        "base_graph": hello(), "name": name, "objective": {"metric": "val_loss", "direction": "minimize"},
+        "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [3, 1, 2]}]}})
+    assert status == 201, reply
+    for variant in reply["variants"]:
+        server.events_until_finished(variant["run_id"])
+    return reply
 
 
 @pytest.fixture
@@ -36,7 +47,6 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     expect(tab.locator(f'tr[data-run="{waiting[1]}"] .reason')).to_have_text("#2 in line for cpu: 1 of 1 slots busy")
     expect(tab.locator(f'tr[data-run="{waiting[1]}"] .reason')).to_have_attribute("data-code", "slots_busy")
     tab.locator(f'tr[data-run="{done}"] .status.succeeded').wait_for()
-    screenshot(tab, "runs-panel.png")
 
     tab.locator(f'tr[data-run="{running}"]').get_by_role("button", name="Stop").click()
     tab.locator(f'tr[data-run="{running}"] .status.cancelled').wait_for()
@@ -61,6 +71,57 @@ def test_the_runs_panel_lists_queues_stops_and_deletes_runs(page):
     expect(tab.locator(f'tr[data-run="{running}"]')).to_be_visible()
     for run_id in waiting:
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    assert errors == []
+
+
+def test_watch_replays_a_run_from_the_start_into_the_editors_log_and_csv_downloads_it(page):
+    server, tab, errors = page
+    first = server.submit(hello())["run_id"]
+    server.events_until_finished(first)
+    row = tab.locator(f'tr[data-run="{first}"]')
+    row.get_by_role("button", name="Watch").click()  # a run from a terminal, followed in this tab
+    tab.wait_for_url("**#/editor")
+    log = tab.locator("#exec-log-lines")
+    expect(log).to_contain_text("run_started")  # replayed from its first event
+    expect(log).to_contain_text("run_finished")
+    expect(tab.locator("#exec-log-run")).to_contain_text("Watching")
+    tab.keyboard.press("r")  # back to the results by a key
+    second = server.submit(sleeper(seconds=60))["run_id"]
+    server.wait_status(second, "running")
+    tab.locator(f'tr[data-run="{second}"]').get_by_role("button", name="Watch").click()
+    expect(log).not_to_contain_text("run_finished")  # the first let go, the second followed live
+    expect(log).to_contain_text("node_started")
+    server.client.request("POST", f"/api/runs/{second}/cancel")
+    expect(log).to_contain_text("cancelled")
+    tab.keyboard.press("r")
+    with tab.expect_download() as arrived:
+        row.get_by_role("link", name="CSV").click()
+    assert Path(arrived.value.path()).read_text().splitlines()[0].startswith("series,")
+    assert errors == []
+
+
+def test_picked_param_and_metric_columns_show_sort_and_stay_in_the_browser(page):
+    server, tab, errors = page
+    reply = _finished_sweep(server, "cols")
+    tab.locator(f'tr[data-group="sweep:{reply["sweep_id"]}"]').click()  # its runs, open
+    expect(tab.locator("#rows tr.child")).to_have_count(3)
+    tab.get_by_role("button", name="Columns…").click()
+    dialog = tab.locator("dialog[open]")
+    dialog.get_by_label("a.value").check()
+    dialog.get_by_label("val_loss").check()
+    confirm(tab, "Show")
+    header = tab.locator('#runs th[data-sort="metric:val_loss"]')
+    expect(header).to_have_text("val_loss")
+    expect(tab.locator('#runs th[data-sort="param:a.value"]')).to_have_text("a.value")
+    header.click()  # lowest first
+    cells = tab.locator("#rows tr.child td.picked.metric")
+    expect(cells).to_have_text(["4", "5", "6"])
+    header.click()
+    expect(cells).to_have_text(["6", "5", "4"])
+    expect(tab.locator("#rows tr.child td.picked.param")).to_have_text(["3", "2", "1"])
+    tab.reload()  # kept in this browser
+    tab.locator(f'tr[data-group="sweep:{reply["sweep_id"]}"]').click()
+    expect(tab.locator('#runs th[data-sort="metric:val_loss"]')).to_be_visible()
     assert errors == []
 
 
@@ -94,13 +155,7 @@ def test_a_browser_without_the_login_cookie_is_read_only_and_told_how_to_log_in(
 
 def test_the_sweeps_panel_ranks_variants_best_first(page):
     server, tab, errors = page
-    body = {"base_graph": hello(), "name": "a sweep",
-            "sweep_spec": {"method": "grid", "params": [{"node_id": "a", "param": "value", "values": [3, 1, 2]}]},
-            "objective": {"metric": "val_loss", "direction": "minimize"}}
-    status, reply = server.client.request("POST", "/api/sweeps", body)
-    assert status == 201
-    for variant in reply["variants"]:
-        server.events_until_finished(variant["run_id"])
+    reply = _finished_sweep(server, "a sweep")
     tab.get_by_role("button", name="Sweeps").click()
     tab.locator(f'tr[data-sweep="{reply["sweep_id"]}"]').click()
     tab.get_by_text("a sweep — finished").wait_for()
@@ -110,7 +165,6 @@ def test_the_sweeps_panel_ranks_variants_best_first(page):
     expect(ranks.nth(0)).to_contain_text("1")
     expect(ranks.nth(0)).to_contain_text("4.000")  # a=1: val_loss 1 + 3
     assert tab.locator("#sweep-csv").get_attribute("href") == f"/api/sweeps/{reply['sweep_id']}?format=csv"
-    screenshot(tab, "sweeps-panel.png")
     assert errors == []
 
 

@@ -27,8 +27,8 @@ function refreshVisible() {
 // Where the address points: #/runs/ID a run's page, #/compare/ID,ID,... runs compared,
 // #/sweeps/ID and #/studies/ID their tab with that one open, #/runs, #/sweeps,
 // #/studies, #/workers and #/people a panel: these results take the whole window.
-// Anything else (#/editor) is the editor with the panels under it. Reload and a shared
-// link keep the view; the editor's graph stays whichever is shown.
+// Anything else (#/editor) is the editor, its execution log under the canvas. Reload and
+// a shared link keep the view; the editor's graph stays whichever is shown.
 const RESULTS = new Set(["runs", "sweeps", "studies", "workers", "people"]);
 
 function resultsOnly(on) {
@@ -39,9 +39,11 @@ function resultsOnly(on) {
 }
 
 async function route() {
+  // A session that may not run anything (a projector, a guest) starts on the Runs list.
+  if (!location.hash && (login !== "in" || session === "read")) history.replaceState(null, "", "#/runs");
   const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
-  resultsOnly(RESULTS.has(kind));
-  if (RESULTS.has(kind) && !arg && kind !== current) showTab(kind);
+  resultsOnly(RESULTS.has(kind) || kind === "compare");
+  if (RESULTS.has(kind) && !arg && kind !== current && !["sweeps", "studies"].includes(kind)) showTab(kind);
   closeRunPage();
   closeCompare();
   const view = document.getElementById("view");
@@ -57,12 +59,12 @@ async function route() {
     return;
   }
   view.replaceChildren();
-  if (kind === "sweeps" && arg) {
+  if (kind === "sweeps") {
     showTab("sweeps");
-    await showSweep(arg);
-  } else if (kind === "studies" && arg) {
+    await showSweep(arg || null);
+  } else if (kind === "studies") {
     showTab("studies");
-    await showStudy(arg);
+    await showStudy(arg || null);
   } else {
     await refreshRuns();
   }
@@ -124,6 +126,14 @@ async function redeemLink() {
   }
 }
 
+// "e" shows the editor, "r" the results, from anywhere a key is not typed into a field.
+function switchView(event) {
+  if (event.ctrlKey || event.metaKey || event.altKey || document.querySelector("dialog[open]")) return;
+  if (event.target.closest("input, textarea, select, [contenteditable]")) return;
+  const to = { e: "#/editor", r: `#/${current}` }[event.key];
+  if (to && location.hash !== to) location.hash = to;
+}
+
 async function start() {
   if (login === "link") return redeemLink();
   const info = await api("GET", "/api/info");
@@ -159,14 +169,17 @@ async function start() {
     await api("POST", "/api/logout").catch(report);
     location.replace("/");
   });
-  for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
+  // A tab is an address (#/runs, #/sweeps...): a link to it, a reload, Back all keep it.
+  for (const tab of document.querySelectorAll(".tab")) {
+    tab.addEventListener("click", () => {
+      if (location.hash === `#/${tab.dataset.tab}`) showTab(tab.dataset.tab);
+      else location.hash = `#/${tab.dataset.tab}`;
+    });
+  }
   document.getElementById("new-sweep").addEventListener("click", newSweepDialog);
   document.getElementById("add-worker").addEventListener("click", addWorkerDialog);
   document.getElementById("class-link-button").addEventListener("click", classLinkDialog);
-  document.getElementById("notice").addEventListener("click", (event) => {
-    event.preventDefault();
-    showTab("runs");
-  });
+  document.addEventListener("keydown", switchView);
   const workers = async () => {
     await refreshWorkers();
     return knownWorkers;

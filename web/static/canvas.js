@@ -124,7 +124,8 @@ export class Canvas {
     }
   }
 
-  // Every node in view: the graph's bounds, scaled (within the zoom's limits) and centred.
+  // Every node in view: the graph's bounds, scaled and centred; a small graph is not blown
+  // up past 1.25 (its cards would outgrow the window's text).
   fit() {
     const nodes = this.hooks.graph().nodes.filter((n) => n.position);
     if (!nodes.length) return;
@@ -133,7 +134,7 @@ export class Canvas {
     const top = Math.min(...nodes.map((n) => n.position.y));
     const right = Math.max(...nodes.map((n) => n.position.x + NODE_WIDTH));
     const bottom = Math.max(...nodes.map((n) => n.position.y + nodeHeight(this.hooks.spec(n.type))));
-    const k = Math.min(2.5, Math.max(0.3, Math.min(box.width / (right - left + 40), box.height / (bottom - top + 40))));
+    const k = Math.min(1.25, Math.max(0.3, Math.min(box.width / (right - left + 40), box.height / (bottom - top + 40))));
     this.view = { k, x: (box.width - (right - left) * k) / 2 - left * k, y: (box.height - (bottom - top) * k) / 2 - top * k };
     this.render();
   }
@@ -212,7 +213,7 @@ export class Canvas {
   _zoom(event) {
     event.preventDefault();
     const before = this.toGraph(event);
-    const k = Math.min(2.5, Math.max(0.3, this.view.k * (event.deltaY < 0 ? 1.1 : 1 / 1.1)));
+    const k = Math.min(1.25, Math.max(0.3, this.view.k * (event.deltaY < 0 ? 1.1 : 1 / 1.1)));
     const box = this.root.getBoundingClientRect();
     this.view = { k, x: event.clientX - box.left - before.x * k, y: event.clientY - box.top - before.y * k };
     this.render();

@@ -328,12 +328,11 @@ export class ChartSet {
   }
 }
 
-// Objective against one param (a sweep's or a study's page): a point per variant (or
+// The objective against one param (a sweep's or a study's page): a point per variant (or
 // per repeat), nothing joined. Several variants with one value of the param get x values
-// a hair apart, as uPlot wants them ascending; a param spanning decades is drawn on a log x.
-// The objective against one param: a point per variant (or repeat). A param of words
-// (an MLP's "64,32") is drawn as categories along x. Hover names the point's values; a
-// click on it opens its run.
+// a hair apart, as uPlot wants them ascending; a param spanning a decade or more (a
+// learning rate) is drawn on a log x; a param of words (an MLP's "64,32") as categories
+// along x. Hover names the point's values; a click on it opens its run.
 export function scatterChart(param, metric, points) {
   const figure = el("figure", { class: "chart scatter", "data-param": param });
   const plotBox = el("div", { class: "plot" });
@@ -349,7 +348,7 @@ export function scatterChart(param, metric, points) {
     xs.push(previous !== undefined && x <= previous ? previous + Math.abs(previous) * 1e-9 + 1e-12 : x);
   }
   const positive = !categorical && sorted.length > 1 && sorted[0].x > 0;
-  const logX = positive && sorted[sorted.length - 1].x / sorted[0].x >= 100;
+  const logX = positive && sorted[sorted.length - 1].x / sorted[0].x >= 10;
   figure.dataset.points = String(sorted.length);
   let plot = null;
   const draw = () => {

@@ -3,6 +3,7 @@
 // page's editor session, and the "Queue on..." dialog. The canvas draws; this module decides.
 
 import { Canvas, NODE_WIDTH, nodeHeight } from "./canvas.js";
+import { follow } from "./execlog.js";
 import { MUTATION_HEADERS, api, el, jsonInput, openDialog, showMessage, uploadFile } from "./util.js";
 
 const catalog = new Map();
@@ -285,21 +286,24 @@ async function run() {
     canvas.states = {};
     canvas.render();
     status(`running ${reply.run_id.slice(0, 8)} on ${reply.device}`);
-    const stream = new EventSource(`/api/runs/${reply.run_id}/stream`);
-    stream.addEventListener("run_event", (message) => {
-      const event = JSON.parse(message.data);
-      if (event.node_id && event.type.startsWith("node_")) {
-        canvas.states[event.node_id] = nodeLabel(event.type, event.payload);
-        canvas.render();
-      }
-      if (event.type === "run_finished") {
-        stream.close();
-        outputsRun = reply.run_id;
+    follow(reply.run_id, `Run ${graph.name || reply.run_id.slice(0, 8)} on ${reply.device}`, {
+      onEvent: (event) => {
+        if (event.node_id && event.type.startsWith("node_")) {
+          canvas.states[event.node_id] = nodeLabel(event.type, event.payload);
+          canvas.render();
+        }
+        if (event.type === "run_finished") {
+          outputsRun = reply.run_id;
+          button.disabled = false;
+          const { status: ended, error } = event.payload;
+          status(`run ${ended}${error ? `: ${error}` : ""}`, ended !== "succeeded");
+          inspect();
+        }
+      },
+      letGo: () => {  // Watch took the log: the run goes on, its page has it
         button.disabled = false;
-        const { status: ended, error } = event.payload;
-        status(`run ${ended}${error ? `: ${error}` : ""}`, ended !== "succeeded");
-        inspect();
-      }
+        status(`run ${reply.run_id.slice(0, 8)} goes on; this tab no longer follows it`);
+      },
     });
   } catch (error) {
     // A refusal (503: the lane is full, the seed gate is closed) is said, never waited on.
@@ -423,8 +427,7 @@ async function queueDialog() {
       const reply = await api("POST", "/api/runs", { graph: currentGraph(), name: graph.name, options });
       if (options.record_outputs) outputsRun = reply.run_id;  // the inspector shows this run's outputs
       status(`queued ${reply.run_id.slice(0, 8)} on ${reply.queue_key}`
-        + (reply.queue_position ? `, #${reply.queue_position} in queue` : ""));
-      document.querySelector('.tab[data-tab="runs"]').click();
+        + (reply.queue_position ? `, #${reply.queue_position} in queue` : ""));  // the editor stays; the notice leads to the list
     },
   });
 }
@@ -471,7 +474,7 @@ export async function initEditor(serverInfo, workers) {
   document.getElementById("tidy-graph").addEventListener("click", () => {
     for (const node of graph.nodes) delete node.position;
     layout(graph);
-    canvas.render();
+    canvas.fit();  // the laid-out graph, all of it in view
   });
   document.getElementById("fit-graph").addEventListener("click", () => canvas.fit());
   document.getElementById("new-graph").addEventListener("click", () => loadGraph(

@@ -5,7 +5,7 @@
 import { ChartSet, chartControls } from "./charts.js";
 import { loadGraph } from "./editor.js";
 import { ACTIVE, act, deleteRun } from "./runs.js";
-import { api, copyButton, duration, el, progressText, showMessage, sizeText, when } from "./util.js";
+import { api, copyButton, duration, el, eventText, progressText, showMessage, sizeText, when } from "./util.js";
 
 let page = null; // {runId, source, charts, timers}
 
@@ -20,23 +20,6 @@ export function closeRunPage() {
 
 function section(id, title, ...children) {
   return el("section", { class: "card", id }, el("h2", {}, title), ...children);
-}
-
-// An event as one readable line: time, kind, node, and what it says.
-export function eventText(e) {
-  const p = e.payload || {};
-  let says;
-  if (e.type === "metric") says = `${p.name} = ${p.value === null ? p.non_finite : +Number(p.value).toPrecision(6)}, step ${p.step}`;
-  else if (e.type === "log" || e.type === "warning") says = p.message || JSON.stringify(p);
-  else if (e.type === "run_finished") says = `${p.status}${p.reason ? ` (${p.reason})` : ""}${p.error ? `: ${p.error}` : ""}`;
-  else if (e.type === "node_failed") says = p.error || "";
-  else if (e.type === "artifact" || e.type === "artifact_pending") says = `${p.kind} ${p.path}`;
-  else {
-    says = Object.entries(p).filter(([, v]) => v === null || ["string", "number", "boolean"].includes(typeof v))
-      .map(([k, v]) => `${k}=${v}`).join(" ");
-  }
-  const at = e.ts ? new Date(e.ts).toLocaleTimeString() : "";
-  return `${at}  ${e.type.padEnd(15)} ${(e.node_id || "").padEnd(10)} ${says}`.slice(0, 400);
 }
 
 function facts(run) {
@@ -218,7 +201,8 @@ export async function openRunPage(runId, view) {
   view.replaceChildren(
     el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
     section("run-metrics", "Metrics", chartControls(page.charts.settings, (what) => (what === "reset" ? page.charts.resetZoom() : page.charts.redraw())), page.noMetrics, chartBox),
-    section("run-printed", "Console", el("p", { class: "muted" }, "What the run printed."), console_),
+    section("run-printed", "Console", el("p", { class: "muted" }, printed.text || ACTIVE.has(run.status)
+      ? "What the run printed, a line each, marked by its node (! for stderr)." : "It printed nothing."), console_),
     section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."),
       log.filter, events),
     section("run-artifacts", "Artifacts", artifacts(run)), section("run-environment", "Environment", environment(run)),

@@ -1,8 +1,11 @@
 // The Runs panel: every run the server holds, newest first and live, a sweep's or a
 // study's runs folded into one row that opens; filter chips, a search box (name, id,
-// tags, note), tags on each row; Stop and Delete; tick two to
-// eight runs to compare them. A run opens as its own page (#/runs/ID, runpage.js).
+// tags, note), tags on each row and the param and metric columns a person picked; Stop,
+// Watch (into the editor's execution log), CSV and Delete; tick two to eight runs to
+// compare them. A run opens as its own page (#/runs/ID, runpage.js).
 
+import { columnCells, columnHeaders, columnId, columnValue, columnsDialog, pickedColumns } from "./columns.js";
+import { follow } from "./execlog.js";
 import { api, age, confirmDialog, duration, el, progressText, showMessage } from "./util.js";
 
 const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Succeeded", "succeeded"],
@@ -13,6 +16,7 @@ let filter = "";
 let search = "";
 const opened = new Set(); // "sweep:ID" / "study:ID": the groups shown open
 const picked = new Set(); // run ids ticked for Compare
+let loaded = []; // the run rows listed, whose params and series the Columns dialog offers
 
 export async function act(label, run) {
   try {
@@ -39,7 +43,13 @@ function actions(row) {
   const quiet = (handler) => (event) => { event.stopPropagation(); handler(); };
   if (ACTIVE.has(row.status)) {
     cell.append(el("button", { class: "acts", onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
-  } else {
+  }
+  cell.append(el("button", { title: "Follow its events in the editor's execution log, from the first", onclick: quiet(() => {
+    follow(row.id, `Watching ${row.name || row.id.slice(0, 8)}`);
+    location.hash = "#/editor";
+  }) }, "Watch"));
+  cell.append(el("a", { href: `/api/runs/${row.id}/metrics?format=csv`, title: "Its metrics as CSV", onclick: (e) => e.stopPropagation() }, "CSV"));
+  if (!ACTIVE.has(row.status)) {
     cell.append(el("button", { class: "acts", onclick: quiet(() => deleteRun(row)) }, "Delete"));
   }
   return cell;
@@ -86,7 +96,7 @@ function renderRow(row, child = false) {
     row.name || row.id.slice(0, 8)), ...(row.tags || []).map((tag) => el("span", { class: "tag" }, tag)));
   return el("tr", { "data-run": row.id, class: child ? "child" : null, onclick: () => { location.hash = `#/runs/${row.id}`; } },
     pickBox(row), name, statusCell(row), where, el("td", { title: row.started_at || "" }, age(row.started_at)),
-    el("td", {}, duration(row)), progress, el("td", {}, loss), actions(row));
+    el("td", {}, duration(row)), progress, el("td", {}, loss), ...columnCells(row), actions(row));
 }
 
 function groupRow(group) {
@@ -102,7 +112,8 @@ function groupRow(group) {
     onclick: (e) => { e.stopPropagation(); toggle(key); } }, open ? "▾" : "▸")),
   el("td", {}, el("a", { href: `#/${group.kind === "sweep" ? "sweeps" : "studies"}/${group.id}`, onclick: (e) => e.stopPropagation() },
     `${group.kind} ${group.name || group.id.slice(0, 8)}`)),
-  el("td", { colspan: 5 }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`), el("td", {}, best), el("td", {}));
+  el("td", { colspan: 6 + pickedColumns().length }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`
+    + (best ? ` · ${best}` : "")), el("td", {}));
 }
 
 function toggle(key) {
@@ -132,7 +143,7 @@ async function listRows() {
   const rows = [];
   let cursor = null;
   do {
-    const params = query({ grouped: "true", limit: String(Math.min(500, shown - rows.length)) });
+    const params = query({ grouped: "true", values: "true", limit: String(Math.min(500, shown - rows.length)) });
     if (cursor) params.set("cursor", cursor);
     const page = await api("GET", `/api/runs?${params}`);
     rows.push(...page.runs);
@@ -145,7 +156,7 @@ async function listRows() {
 // (a.value=2), not by the sweep's one name nine times over.
 async function groupMembers(group) {
   const column = group.kind === "sweep" ? "sweep_id" : "study_id";
-  const [runs, sweep] = await Promise.all([api("GET", `/api/runs?${query({ [column]: group.id, limit: "500" })}`),
+  const [runs, sweep] = await Promise.all([api("GET", `/api/runs?${query({ [column]: group.id, limit: "500", values: "true" })}`),
     group.kind === "sweep" ? api("GET", `/api/sweeps/${group.id}`).catch(() => null) : null]);
   if (!sweep) return runs.runs;
   const byRun = new Map(sweep.variants.map((v) => [v.run_id, Object.entries(v.params).map(([k, x]) => `${k}=${x}`).join(" ")]));
@@ -164,7 +175,8 @@ const SORT_KEYS = {
 
 function sorted(rows) {
   if (!sortBy) return rows;
-  const key = SORT_KEYS[sortBy.column];
+  const column = pickedColumns().find((c) => columnId(c) === sortBy.column);
+  const key = SORT_KEYS[sortBy.column] || (column ? (r) => columnValue(r, column) : () => null);
   const sign = sortBy.descending ? -1 : 1;
   return [...rows].sort((a, b) => {
     const x = key(a), y = key(b);
@@ -180,10 +192,11 @@ export async function refreshRuns() {
   const list = { ...unsorted, rows: sorted(unsorted.rows) };
   const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
   const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
+  loaded = [...list.rows.filter((r) => !r.kind), ...[...members.values()].flat()];
   document.getElementById("rows").replaceChildren(...list.rows.flatMap((row) => {
     if (!row.kind) return [renderRow(row)];
     const key = `${row.kind}:${row.id}`;
-    return [groupRow(row), ...(members.get(key) || []).map((member) => renderRow(member, true))];
+    return [groupRow(row), ...sorted(members.get(key) || []).map((member) => renderRow(member, true))];
   }));
   const narrowed = Boolean(search || filter);
   document.getElementById("empty").hidden = list.rows.length > 0 || narrowed;
@@ -220,21 +233,40 @@ export function initRunList() {
   document.getElementById("compare-runs").addEventListener("click", () => {
     location.hash = `#/compare/${[...picked].join(",")}`;
   });
-  for (const th of document.querySelectorAll("#runs th[data-sort]")) {
-    th.tabIndex = 0;
-    th.setAttribute("aria-sort", "none");
-    const sortHere = () => {
-      sortBy = sortBy && sortBy.column === th.dataset.sort ? { column: th.dataset.sort, descending: !sortBy.descending }
-        : { column: th.dataset.sort, descending: false };
-      for (const other of document.querySelectorAll("#runs th[data-sort]")) other.setAttribute("aria-sort", "none");
-      th.setAttribute("aria-sort", sortBy.descending ? "descending" : "ascending");
-      refreshRuns().catch((e) => showMessage(e.message));
-    };
-    th.addEventListener("click", sortHere);
-    th.addEventListener("keydown", (e) => { if (e.key === "Enter") sortHere(); });
-    resizable(th);
-  }
+  for (const th of document.querySelectorAll("#runs th[data-sort]")) sortable(th);
+  document.getElementById("pick-columns").addEventListener("click", () => columnsDialog(loaded, () => {
+    renderPickedHeaders();
+    refreshRuns().catch((e) => showMessage(e.message));
+  }));
+  renderPickedHeaders();
   renderChips();
+}
+
+// The list keeps room for its own columns (--runs-base) and the picked ones: past the
+// window's width it scrolls sideways in its box rather than cut a header.
+
+function renderPickedHeaders() {
+  for (const old of document.querySelectorAll("#runs th.picked")) old.remove();
+  const headers = columnHeaders(sortable);
+  document.querySelector("#runs th.row-actions").before(...headers);
+  const extra = headers.reduce((sum, th) => sum + parseFloat(th.style.width), 0);
+  document.querySelector("#runs table.runs").style.minWidth = `calc(var(--runs-base) + ${extra}px)`;
+}
+
+// A header sorts the list by a click (again: the other way) or Enter, and widens by its edge.
+function sortable(th) {
+  th.tabIndex = 0;
+  th.setAttribute("aria-sort", sortBy && sortBy.column === th.dataset.sort ? (sortBy.descending ? "descending" : "ascending") : "none");
+  const sortHere = () => {
+    sortBy = sortBy && sortBy.column === th.dataset.sort ? { column: th.dataset.sort, descending: !sortBy.descending }
+      : { column: th.dataset.sort, descending: false };
+    for (const other of document.querySelectorAll("#runs th[data-sort]")) other.setAttribute("aria-sort", "none");
+    th.setAttribute("aria-sort", sortBy.descending ? "descending" : "ascending");
+    refreshRuns().catch((e) => showMessage(e.message));
+  };
+  th.addEventListener("click", sortHere);
+  th.addEventListener("keydown", (e) => { if (e.key === "Enter") sortHere(); });
+  resizable(th);
 }
 
 // A column's width, dragged by its header's right edge and kept in this browser.

@@ -6,7 +6,7 @@ import { api, confirmDialog, el, openDialog, reasonText, seconds, time } from ".
 
 let openStudy = null;
 
-// #/studies/ID: the Studies tab with that study open.
+// #/studies/ID: that study with the whole width; #/studies (null): the list.
 export async function showStudy(studyId) {
   openStudy = studyId;
   await refreshStudies();
@@ -41,7 +41,11 @@ export async function refreshStudies() {
   const box = document.getElementById("study");
   const study = full.find((s) => s.id === openStudy);
   box.hidden = !study;
-  if (study) renderStudy(box, study);
+  document.querySelector("#studies .split").classList.toggle("one-open", Boolean(study));
+  if (study) {
+    renderStudy(box, study);
+    box.prepend(el("a", { href: "#/studies", class: "crumb" }, "← Studies"));
+  }
 }
 
 // A param's value as a person reads it: a string as it is, not in JSON's quotes.
@@ -70,7 +74,7 @@ function renderStudy(box, study) {
   ...study.unranked.map((u) => el("tr", { "data-reason": u.reason }, el("td", {}, "–"), el("td", {}, u.variant),
     el("td", { colspan: 2, class: "muted", title: u.reason }, reasonText(u.reason)),
     el("td", {}, `${u.repeats_done} of ${study.repeats} done`), ...keys.map((k) => el("td", {}, shown(u.params[k])))))));
-  const charts = el("div", { class: "charts" }, ...keys.map((key) => scatterChart(key, study.objective.metric,
+  const charts = el("div", { class: "charts study-charts" }, ...keys.map((key) => scatterChart(key, study.objective.metric,
     [...study.ranking, ...study.unranked].flatMap((entry) => entry.values.map((y) => ({ x: entry.params[key], y }))))));
   const attempts = el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Variant", "Repeat", "Attempt", "Status",
     study.objective.metric].map((h) => el("th", {}, h)))),

@@ -7,7 +7,7 @@ import { api, el, openDialog, time } from "./util.js";
 
 let openSweep = null;
 
-// #/sweeps/ID: the Sweeps tab with that sweep open.
+// #/sweeps/ID: that sweep with the whole width; #/sweeps (null): the list.
 export async function showSweep(sweepId) {
   openSweep = sweepId;
   await refreshSweeps();
@@ -21,6 +21,8 @@ export async function refreshSweeps() {
   }, el("td", {}, s.name || s.id.slice(0, 8)), el("td", {}, el("span", { class: `status ${s.state}` }, s.state)),
   el("td", {}, String(s.total)), el("td", {}, time(s.created_at)))));
   document.getElementById("sweeps-empty").hidden = sweeps.length > 0;
+  document.querySelector("#sweeps .split").classList.toggle("one-open", Boolean(openSweep));
+  document.getElementById("sweep").hidden = !openSweep;
   if (openSweep) await renderSweep();
 }
 

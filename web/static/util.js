@@ -216,3 +216,20 @@ export function jsonInput(attrs, value, set) {
       }
     } });
 }
+
+// An event as one readable line: time, kind, node, and what it says.
+export function eventText(e) {
+  const p = e.payload || {};
+  let says;
+  if (e.type === "metric") says = `${p.name} = ${p.value === null ? p.non_finite : +Number(p.value).toPrecision(6)}, step ${p.step}`;
+  else if (e.type === "log" || e.type === "warning") says = p.message || JSON.stringify(p);
+  else if (e.type === "run_finished") says = `${p.status}${p.reason ? ` (${p.reason})` : ""}${p.error ? `: ${p.error}` : ""}`;
+  else if (e.type === "node_failed") says = p.error || "";
+  else if (e.type === "artifact" || e.type === "artifact_pending") says = `${p.kind} ${p.path}`;
+  else {
+    says = Object.entries(p).filter(([, v]) => v === null || ["string", "number", "boolean"].includes(typeof v))
+      .map(([k, v]) => `${k}=${v}`).join(" ");
+  }
+  const at = e.ts ? new Date(e.ts).toLocaleTimeString() : "";
+  return `${at}  ${e.type.padEnd(15)} ${(e.node_id || "").padEnd(10)} ${says}`.slice(0, 400);
+}
