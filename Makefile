@@ -40,8 +40,13 @@ test: lint typecheck $(OPENAPI_STAMP)
 
 # The images of README.md and docs/, shot by the browser tests (run by hand; make test
 # writes its shots to a temporary folder).
+# The README's and docs/ui.md's pictures: one server with a morning's runs, each view
+# shot at 1440x900 (tests/e2e/showcase.py), and the classroom's and a shared card's
+# from their tests. Run by hand; `make test` writes its shots to a temporary folder.
 screenshots: $(STAMP)
-	TROUPE_SCREENSHOTS=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e
+	$(PY) -m tests.e2e.showcase docs/images
+	TROUPE_SCREENSHOTS=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e/test_classroom.py \
+		tests/e2e/test_panels.py -k "teacher or share_a_card"
 
 # docs/cli.md's list of every command and option, rendered from the CLI (run by hand
 # after changing a command; a test says when it is out of date).
