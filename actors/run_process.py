@@ -1,7 +1,8 @@
-"""RunProcess (agent side): one spawned child executing one run.
+"""RunProcess (agent side): one child process executing one run.
 
-The child is an interpreter of its own (multiprocessing *spawn*), started for the run or
-taken from the agent's warm pool; either way it executes this run only. A reader thread
+The child is an interpreter of its own (multiprocessing *spawn*) started for the run, or
+one the agent's zygote forked, taken from the warm pool; either way it executes this run
+only. A reader thread
 turns its pipe frames (``protocol.pipe``) into frames for the link. Cancel is cooperative
 first (``CancelRun`` down the pipe), then a kill after ``kill_grace_s``. A child that dies
 without reporting (a segfault, an OOM kill) fails only its run, with the exit signal in
@@ -90,6 +91,7 @@ class RunProcess(Actor):
         self._ended = False
         self._cancelled = False
         self._counter = 0  # the child's newest frame counter; an end written here takes the next
+        self._artifacts_pending = False  # the run put a file in the agent's outbox
         self._process: Any = None
         self._conn: Any = None
 
@@ -97,8 +99,9 @@ class RunProcess(Actor):
         from subprocess_runner import child
 
         try:
-            pack_paths = await asyncio.to_thread(self._packs.paths_for, self._assign.packs) \
-                if self._packs is not None else []
+            # A thread's work when it may fetch; naming none, it only lists the agent's own.
+            pack_paths = [] if self._packs is None else self._packs.paths_for({}) if not self._assign.packs \
+                else await asyncio.to_thread(self._packs.paths_for, self._assign.packs)
         except (PackUnavailable, PackArchiveRefused) as exc:  # said in the run's error; nothing of it is loaded
             log.error("run %s: %s", self._assign.run_id, exc)
             self._ended = True
@@ -203,10 +206,11 @@ class RunProcess(Actor):
         run_id = self._assign.run_id
         frames = self._frames(from_child)
         ended = [f for f in frames if isinstance(f, wire.RunEnded)]
-        if ended and self._uploader is not None:
+        if ended and self._uploader is not None and self._artifacts_pending:
             # The run's files go up first, so a run that ended has its artifacts
             # stored, or says which are still pending. With none to send, its last
-            # events and its end go up as one message (one commit up there).
+            # events and its end go up as one message (one commit up there); a run
+            # that put none in the outbox asks the uploader nothing.
             uploaded = await self._uploader.ask(Flush(ARTIFACTS_BEFORE_END_S, run_id))
             if not uploaded.done():
                 self._send(*(f for f in frames if not isinstance(f, wire.RunEnded)))
@@ -234,6 +238,7 @@ class RunProcess(Actor):
                 case pipe.ChildEvent(counter, kind, node_id, payload):
                     self._counter = counter
                     if kind == ev.ARTIFACT_PENDING and self._uploader is not None:
+                        self._artifacts_pending = True
                         self._uploader.tell(Wake())  # it is in the outbox: send it on
                     if kind == ev.NODE_FINISHED and self._shelf is not None and node_id is not None:
                         self._shelf.record(run_id, node_id, payload.get("outputs") or {})
@@ -246,8 +251,6 @@ class RunProcess(Actor):
                     frames.append(wire.RunEnded(run_id=run_id, counter=counter, status=status, error=error,
                                                 node_id=node_id, peak_memory_mib=peak_mib,
                                                 out_of_memory=out_of_memory))
-                case pipe.Warm():
-                    pass  # a warm child handed over before it finished its imports says so once
                 case _:
                     raise TypeError(f"run child {run_id} sent an unknown frame {frame!r}")
         flush()

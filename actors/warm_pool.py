@@ -1,21 +1,20 @@
-"""WarmPool (agent side): run children started before any run needs them.
+"""WarmPool (agent side): run children forked before any run needs them.
 
-A worker run spends most of its first second in a fresh interpreter importing torch and
-the engine. With ``troupe agent start --warm N`` the agent keeps N children that did this
-already (``subprocess_runner.child.warm``) and hands one to each run that comes; the pool
-starts another the moment one is taken. A child takes one run and exits, so a run in a
-warm child is as isolated as one in a fresh child.
+With ``troupe agent start --warm N`` the agent starts a zygote (``subprocess_runner.
+zygote``): one interpreter that imported torch, the engine and the built-in packs, and
+forks a run child in a few milliseconds. The pool keeps N forked children waiting for a
+run and forks the next one as soon as one is taken, so at any pace a run meets a ready
+child unless N runs came within the few milliseconds of a fork. A child takes one run
+and exits: a run in it is as isolated as one in a fresh interpreter.
 
-A child is *ready* once torch and the engine are imported (about 1.5 s after its start)
-and *warm* once the rest is (torch._dynamo and the data loaders, about 2 s more); it says
-each on its pipe (``protocol.pipe``'s ``Ready`` and ``Warm``). A ready child goes to any
-run; one of core nodes alone starts at once beside the last imports, another waits for
-them in the child (it would import torch cold anyway). A warm child is given first.
-With none to give (or for a run that sets environment variables of its own, which must
-be set before torch is imported) the run's child is started cold, as without a pool.
+Until the zygote is ready (about 2.5 s after the agent starts) a run is started cold, as
+without a pool: it never waits for a zygote that is starting. A zygote that dies is
+started again, up to ``_RESTARTS`` times in ``_RESTART_WINDOW_S``; then the pool stays
+empty and says so. Where fork is not offered (not Linux) the pool holds nothing and every
+run starts cold.
 
-Starting a child (``Process.start``) and waiting for its ``Ready`` block, so both run on
-a thread; the agent's loop only learns the result.
+Starting the zygote and forking block, so both run on a thread; the agent's loop only
+learns the result.
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -33,15 +32,18 @@ from typing import Any
 from actors.base import Actor
 from protocol import pipe
 from protocol import worker as wire
+from subprocess_runner.zygote import FORKS, ForkedChild, Zygote
 
 log = logging.getLogger("troupe.agent")
+_RESTARTS = 3  # zygote deaths forgiven in a window
+_RESTART_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
 class WarmChild:
-    """A started child whose imports are done, waiting on ``conn`` for its run."""
+    """A forked child waiting on ``conn`` for its run."""
 
-    process: Any  # multiprocessing.Process (spawn)
+    process: ForkedChild
     conn: Connection
 
 
@@ -50,7 +52,7 @@ class WarmChild:
 
 @dataclass(frozen=True)
 class Take:
-    """Ask: a ready child (now the asker's), a warm one first, or None: start one cold."""
+    """Ask: a forked child (now the asker's), or None: start one cold."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,18 @@ class Stats:
 
 
 @dataclass(frozen=True)
-class _Warmed:
+class _ZygoteReady:
+    zygote: Zygote | None
+
+
+@dataclass(frozen=True)
+class _Forked:
     child: WarmChild | None
+
+
+@dataclass(frozen=True)
+class _ZygoteLost:
+    zygote: Zygote
 
 
 # The actor ---------------------------------------------------------------------
@@ -70,19 +82,26 @@ class WarmPool(Actor):
     def __init__(self, size: int) -> None:
         super().__init__("warm-pool")
         self._size = size
+        self._zygote: Zygote | None = None
+        self._starting = False  # a zygote is being started
         self._ready: list[WarmChild] = []
-        self._warm: set[int] = set()  # pids of ready children that said they are warm
-        self._starting = 0
-        self._closed = threading.Event()  # seen by the threads that start children
+        self._forking = 0
+        self._deaths: list[float] = []  # when zygotes were lost, the newest last
+        self._closed = threading.Event()  # seen by the threads that start and fork
 
     async def on_start(self) -> None:
-        self._fill()
+        if not FORKS:
+            log.warning("--warm keeps no children here: this platform offers no safe fork; runs start cold")
+            return
+        self._start_zygote()
 
     async def on_stop(self, reason: str) -> None:
         self._closed.set()
         for child in self._ready:
             _dismiss(child)
         self._ready.clear()
+        if self._zygote is not None:
+            await asyncio.to_thread(self._zygote.close)
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -90,12 +109,22 @@ class WarmPool(Actor):
                 child = self._take()
                 self._fill()
                 return child
-            case _Warmed(child):
-                self._starting -= 1
+            case _ZygoteReady(zygote):
+                self._starting = False
+                if zygote is None:
+                    self._lost()
+                else:
+                    self._zygote = zygote
+                    self._fill()
+            case _Forked(child):
+                self._forking -= 1
                 if child is not None:
                     self._ready.append(child)
-                else:
-                    log.warning("a warm child did not become ready; the next run starts cold")
+                self._fill()
+            case _ZygoteLost(zygote):
+                if zygote is self._zygote:
+                    self._zygote = None
+                    self._lost()
             case Stats():
                 return wire.WarmPool(size=self._size, ready=len(self._ready), rss_mib=_rss_mib(self._ready))
             case _:
@@ -103,77 +132,61 @@ class WarmPool(Actor):
         return None
 
     def _take(self) -> WarmChild | None:
-        for child in list(self._ready):
-            if not child.process.is_alive():
-                self._ready.remove(child)
-                _dismiss(child)
-            elif child.process.pid not in self._warm and _said_warm(child):
-                self._warm.add(child.process.pid)
-        warm = [c for c in self._ready if c.process.pid in self._warm]
-        chosen = warm[0] if warm else (self._ready[0] if self._ready else None)
-        if chosen is not None:
-            self._ready.remove(chosen)
-            self._warm.discard(chosen.process.pid)
-        return chosen
+        while self._ready:
+            child = self._ready.pop(0)
+            if child.process.is_alive():
+                return child
+            _dismiss(child)
+        return None
 
     def _fill(self) -> None:
+        zygote = self._zygote
+        if zygote is None or self._closed.is_set():
+            return
         loop = asyncio.get_running_loop()
-        while len(self._ready) + self._starting < self._size:
-            self._starting += 1
-            started = loop.run_in_executor(None, _start_child, self._closed)
-            started.add_done_callback(lambda future: self.ref.tell(
-                _Warmed(None if future.cancelled() or future.exception() else future.result())))
+        while len(self._ready) + self._forking < self._size:
+            self._forking += 1
+            forked = loop.run_in_executor(None, _fork, zygote)
+            forked.add_done_callback(lambda future: self.ref.tell(
+                _Forked(None if future.cancelled() or future.exception() else future.result())))
+
+    def _start_zygote(self) -> None:
+        if self._starting or self._closed.is_set():
+            return
+        self._starting = True
+        zygote = Zygote(on_lost=lambda lost: self.ref.tell(_ZygoteLost(lost)))
+        started = asyncio.get_running_loop().run_in_executor(None, zygote.start, self._closed)
+        started.add_done_callback(lambda future: self.ref.tell(_ZygoteReady(
+            zygote if not future.cancelled() and not future.exception() and future.result() else None)))
+
+    def _lost(self) -> None:
+        """The zygote died or never became ready: another, unless they keep dying."""
+        if self._closed.is_set():
+            return
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < _RESTART_WINDOW_S] + [now]
+        if len(self._deaths) > _RESTARTS:
+            log.error("the zygote was lost %d times within %g s; runs start cold from now on",
+                      len(self._deaths), _RESTART_WINDOW_S)
+            return
+        log.warning("the zygote is gone; starting another (runs start cold meanwhile)")
+        self._start_zygote()
 
 
-def _start_child(closed: threading.Event) -> WarmChild | None:
-    from subprocess_runner import child
-
-    context = multiprocessing.get_context("spawn")
-    parent, child_end = context.Pipe()
-    process = context.Process(target=child.warm, args=(child_end,), name="troupe-run-warm", daemon=False)
-    process.start()
-    child_end.close()
-    said: pipe.FromChild | None = None  # None: the pool closed first, or the child died
-    try:
-        while not closed.is_set():  # the agent may stop while the child imports
-            if parent.poll(0.2):
-                said = parent.recv()
-                break
-    except (EOFError, OSError):
-        pass
-    found = WarmChild(process, parent)
-    match said:
-        case pipe.Ready() if not closed.is_set():
-            return found
-        case pipe.Unfit(problem):
-            log.warning("a warm child was discarded: %s", problem)
-        case pipe.Ready() | None:
-            pass
-        case _:
-            log.warning("a warm child was discarded: it sent an unknown frame %r", said)
-    _dismiss(found)
-    return None
-
-
-def _said_warm(child: WarmChild) -> bool:
-    """Whether the child said ``Warm`` on its pipe (read without waiting)."""
-    try:
-        return bool(child.conn.poll()) and isinstance(child.conn.recv(), pipe.Warm)
-    except (EOFError, OSError):
-        return False
+def _fork(zygote: Zygote) -> WarmChild | None:
+    forked = zygote.fork()
+    return WarmChild(*forked) if forked is not None else None
 
 
 def _dismiss(child: WarmChild) -> None:
     with contextlib.suppress(OSError):
         child.conn.send(pipe.Dismiss())  # it exits without a run
-    child.process.join(2)
-    if child.process.is_alive():
-        child.process.kill()
     child.conn.close()
 
 
 def _rss_mib(children: list[WarmChild]) -> int | None:
-    """Resident memory of the ready children (Linux: /proc); None elsewhere."""
+    """Resident memory of the ready children (Linux: /proc); None elsewhere. Forked, they
+    share most of it with the zygote and each other until they write to it."""
     total = 0
     for child in children:
         try:

@@ -1,16 +1,16 @@
 """The frames of the pipe between a worker agent and one of its run children.
 
-The agent (``actors.run_process``, ``actors.warm_pool``) and the child it spawns
-(``subprocess_runner.child``) are two interpreters that talk over a
-``multiprocessing.Pipe``; whatever goes in is pickled on one side and rebuilt on the
+The agent (``actors.run_process``, ``actors.warm_pool``) and a run child it spawned or
+had its zygote fork (``subprocess_runner.child``, ``subprocess_runner.zygote``) are two
+processes that talk over a ``multiprocessing.Pipe``; whatever goes in is pickled on one side and rebuilt on the
 other. Both sides import the frames from here, so each kind of message has one name and
 one shape, and both match on the class (``case ChildEvent(counter, kind, node_id,
 payload)``) rather than on the position of a string in a tuple.
 
-Down the pipe, to the child: ``StartRun`` (the run a warm child takes), ``CancelRun``,
-``Dismiss`` (a warm child leaves without a run). Up the pipe, from the child: ``Ready``,
-``Unfit`` and ``Warm`` while it waits in the warm pool, each alone, then the run's
-``ChildEvent`` frames and one ``ChildEnded``, in lists: each pipe message carries the
+Down the pipe, to the child: ``StartRun`` (the run a forked child takes), ``CancelRun``,
+``Dismiss`` (a forked child, or the zygote, leaves without a run). Up: the zygote's
+``Ready`` or ``Unfit`` once its imports are done; a run child's ``ChildEvent`` frames
+and one ``ChildEnded``, in lists: each pipe message carries the
 frames that waited together (``subprocess_runner.upstream``).
 
 A child imports this module before it sets its cards and caps its threads, so it
@@ -31,7 +31,7 @@ EndStatus: TypeAlias = Literal["succeeded", "failed", "cancelled"]
 
 @dataclass(frozen=True, slots=True)
 class StartRun:
-    """A warm child's run (a child started for its run gets ``assign`` as an argument
+    """A forked child's run (a child started for its run gets ``assign`` as an argument
     instead). ``assign``: the run's assignment as a plain dict (``protocol.worker.Assign``
     dumped, plus the agent's mounts, control-plane address, DDP CPU ranks and artifact
     outbox)."""
@@ -47,8 +47,8 @@ class CancelRun:
 
 @dataclass(frozen=True, slots=True)
 class Dismiss:
-    """A warm child is not needed (the pool closes, or the child was found dead or unfit):
-    it exits without a run."""
+    """A forked child, or the zygote itself, is not needed (the pool closes): it exits
+    without a run."""
 
 
 # Up: child -> agent ---------------------------------------------------------------
@@ -56,26 +56,18 @@ class Dismiss:
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """A warm child imported torch and the engine and waits for a run. ``pid``: its
-    process id."""
+    """The zygote imported torch and the engine and forks children from now on. ``pid``:
+    its process id."""
 
     pid: int
 
 
 @dataclass(frozen=True, slots=True)
 class Unfit:
-    """A warm child cannot take a run's cards (``problem`` says why: CUDA was initialised
-    already); it exits."""
+    """The zygote cannot fork children fit for a run (``problem`` says why: CUDA was
+    initialised already, or a thread was started); it exits."""
 
     problem: str
-
-
-@dataclass(frozen=True, slots=True)
-class Warm:
-    """A ready child finished its later imports too (``pid``: its process id). A child
-    handed to a run before then may still say it: the run's reader skips it."""
-
-    pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,5 +107,5 @@ class ChildEnded:
 ToChild: TypeAlias = StartRun | CancelRun | Dismiss
 """What the agent sends a run child."""
 
-FromChild: TypeAlias = Ready | Unfit | Warm | ChildEvent | ChildEnded
+FromChild: TypeAlias = Ready | Unfit | ChildEvent | ChildEnded
 """What a run child sends its agent."""

@@ -1,9 +1,10 @@
-"""The entry point of a run child: one interpreter per worker run (multiprocessing
-*spawn*), started for the run (``main``) or earlier, by the agent's warm pool (``warm``),
-with torch imported but CUDA untouched. Either way it sets the card order and visibility
-before anything can initialise CUDA, runs the graph with the same engine as the control
-plane, sends every event up the pipe, and exits: a child never takes a second run. It
-never learns where the database is."""
+"""The entry point of a run child: one process per worker run, started for the run as
+a fresh interpreter (multiprocessing *spawn*, ``main``) or forked from the agent's zygote
+(``forked``, see ``subprocess_runner.zygote``), which imported torch and left CUDA
+untouched. Either way it sets the card order and visibility before anything can
+initialise CUDA, runs the graph with the same engine as the control plane, sends every
+event up the pipe, and exits: a child never takes a second run. It never learns where
+the database is."""
 
 from __future__ import annotations
 
@@ -29,81 +30,88 @@ if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
     from subprocess_runner.engine import Outcome
 
-# What a warm child imports before it says ``ready``: the run child's own modules, torch
-# and the torch pack's code (about 1.5 s from its start on a small CPU).
-WARM_MODULES = ("torch", "torch.nn", "torch.optim", "protocol.worker", "subprocess_runner.engine",
-                "subprocess_runner.catalog", "subprocess_runner.context", "subprocess_runner.fingerprint",
-                "subprocess_runner.artifacts", "subprocess_runner.transfer", "subprocess_runner.memory",
-                "subprocess_runner.mounts", "subprocess_runner.ddp", "subprocess_runner.packs._torch_train",
-                "subprocess_runner.packs._torch_data")
-# What it imports after, while it waits (about 1.9 s more), then saying ``warm``:
-# torch._dynamo, which a torch optimizer imports when it is made, and the digits
-# example's data loader. A run that comes meanwhile waits for these first (two threads
-# importing torch at once could meet half-made modules), except a run of core nodes
-# alone, which imports nothing more and starts at once beside them.
-WARM_LATER_MODULES = ("torch._dynamo", "sklearn.datasets")
+# What the zygote imports before it forks children: the run child's own modules, torch
+# and the torch pack's code, torch._dynamo (which an optimizer imports when it is made)
+# and the digits example's data loader (about 2.5 s on a small CPU, once per agent).
+PRELOAD_MODULES = ("torch", "torch.nn", "torch.optim", "protocol.worker", "subprocess_runner.engine",
+                   "subprocess_runner.catalog", "subprocess_runner.context", "subprocess_runner.fingerprint",
+                   "subprocess_runner.artifacts", "subprocess_runner.transfer", "subprocess_runner.memory",
+                   "subprocess_runner.mounts", "subprocess_runner.ddp", "subprocess_runner.packs._torch_train",
+                   "subprocess_runner.packs._torch_data", "subprocess_runner.console", "subprocess_runner.seeding",
+                   "torch._dynamo", "sklearn.datasets")
 # What a run imports once its cards are set (nothing may read CUDA_VISIBLE_DEVICES
 # earlier) and before the thread cap, in this order; its steps then take names from them.
 _RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_runner.console",
                 "subprocess_runner.context", "subprocess_runner.ddp", "subprocess_runner.engine",
                 "subprocess_runner.memory", "subprocess_runner.mounts", "subprocess_runner.seeding",
                 "subprocess_runner.transfer")
-# One writer of the pipe at a time: the run's events, or the warm child's ``Warm``.
+# One writer of the pipe at a time: the run's events and its end.
 _PIPE = threading.Lock()
 log = logging.getLogger("troupe.child")
 
 
-def warm(conn: Connection) -> None:
-    """A warm pool's child: imports what runs need, says ``Ready``, and waits for one run
-    (``StartRun``, or ``Dismiss``: the pool closes). CUDA stays untouched until the run has
-    set its cards, so the child is exactly what a fresh one would be once ``main`` starts;
-    a child that finds CUDA initialised says ``Unfit`` and exits instead."""
+def preload() -> Any:
+    """The zygote's imports, before it forks any child; answers the node catalog. CUDA
+    stays untouched (a run sets its cards first), and no thread is started."""
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     from subprocess_runner.seeding import cap_threads
 
     cap_threads()
-    _import_all(WARM_MODULES)
+    _import_all(PRELOAD_MODULES)
     from subprocess_runner.catalog import load_catalog
-    from subprocess_runner.devices import probe_cuda_cards
     from subprocess_runner.fingerprint import static_facts
 
     static_facts()  # what this child's code is, taken now (it is what will execute)
-    probe_cuda_cards()  # NVML's list of the machine's cards (CUDA stays untouched)
-    catalog = load_catalog()
-    problem = cuda_touched()
-    conn.send(pipe.Unfit(problem) if problem else pipe.Ready(os.getpid()))
-    if problem:
-        return
-    handed = threading.Event()
+    return load_catalog()
 
-    def import_later() -> None:
-        _import_all(WARM_LATER_MODULES)
-        with _PIPE, contextlib.suppress(OSError):
-            if not handed.is_set():  # the pool reads it; a run's reader never sees it
-                conn.send(pipe.Warm(os.getpid()))
 
-    later = threading.Thread(target=import_later, name="warm-later", daemon=True)
-    later.start()
+def forked(conn: Connection, catalog: Any) -> None:
+    """A child forked from the zygote: waits on its pipe for its one run (``StartRun``,
+    or ``Dismiss``: the pool closes). Meanwhile it does what every run does first and
+    needs nothing of the run: its pipe's sender starts, and a pass over the fingerprint
+    and a small graph of core nodes, executed with its events dropped, copies the pages
+    those write, which it shares with the zygote until then (about 2 ms of a run's start
+    on a small CPU, moved off it). Nothing of that graph reaches the run."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # its global generator is the zygote's; every child would draw alike
+        numpy.random.seed()
+    upstream = Upstream(conn, _PIPE)
+    _prime(catalog)
     try:
         frame: pipe.ToChild = conn.recv()
     except (EOFError, OSError):
         return
     match frame:
         case pipe.StartRun(assign):
-            with _PIPE:
-                handed.set()
-            if not core_only(assign["graph"]):
-                later.join()  # (these leave CUDA untouched: they were imported before the check once)
-            main(conn, assign, catalog)
+            main(conn, assign, catalog, upstream)
         case pipe.Dismiss():
             return
         case _:
-            raise TypeError(f"a warm child got an unknown frame {frame!r}")
+            raise TypeError(f"a forked child got an unknown frame {frame!r}")
 
 
-def core_only(graph: dict[str, Any]) -> bool:
-    """A graph of core nodes alone imports nothing a warm child has yet to import."""
-    return all(str(node.get("type", "")).startswith("core.") for node in graph.get("nodes", ()))
+# A graph of core nodes a forked child executes once, its events dropped, before its run
+# comes: the engine's code paths then write their own pages, not the run's time.
+_PRIME_GRAPH = {"version": 1, "name": "prime", "settings": {"device": "cpu"},
+                "nodes": [{"id": "c", "type": "core.Constant", "params": {"value": 1}},
+                          {"id": "m", "type": "core.LogMetric", "params": {"name": "prime"}}],
+                "edges": [{"source": "c", "source_port": "value", "target": "m", "target_port": "value"}]}
+
+
+def _prime(catalog: Any) -> None:
+    from subprocess_runner.context import ExecutionContext, Sinks
+    from subprocess_runner.engine import execute_graph, prepare_executable_graph
+    from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
+
+    execution_facts(RUN_PROCESS)  # taken again once the run has set its cards
+    ctx = ExecutionContext("prime", None, "cpu", None, Sinks(lambda *_: None), threading.Event())
+    execute_graph(prepare_executable_graph(_PRIME_GRAPH, catalog), ctx, max_parallel=2)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # a step of a small model on the CPU: autograd and the optimizer's paths
+        model = torch.nn.Linear(8, 2)
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(4, 8)).sum().backward()
+        optimizer.step()
 
 
 def _import_all(names: tuple[str, ...]) -> None:
@@ -121,9 +129,10 @@ def cuda_touched() -> str | None:
     return None
 
 
-def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> None:
-    """Executes one run. ``warm_catalog``: the node catalog a warm child loaded while it
-    waited (None: a child started for this run)."""
+def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, upstream: Upstream | None = None) -> None:
+    """Executes one run. ``warm_catalog``: the node catalog the zygote loaded before this
+    child was forked (None: a fresh interpreter started for this run); ``upstream``: its
+    pipe's sender, started while a forked child waited."""
     devices = _set_cards(assign)
     for name in _RUN_MODULES:
         importlib.import_module(name)
@@ -132,8 +141,8 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None) -> 
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
-    run = _Run(conn, assign, devices)
-    # This process is what executes the run (``pid``); ``started_warm``: it waited in the pool.
+    run = _Run(conn, assign, devices, upstream)
+    # This process is what executes the run (``pid``); ``started_warm``: forked from the zygote.
     # Facts nobody waits for: they go up with the first node's start.
     used = tuple(sorted((assign.get("packs") or {}).items()))  # the folder packs it runs, as the control plane has them
     run.upstream.event("environment", None, {**execution_facts(RUN_PROCESS, used), "pid": os.getpid(),
@@ -157,11 +166,12 @@ class _Run:
     """One run in this process: what its steps share (the pipe, the run's own directory,
     its cards, the cancel request). Its frames go up the pipe through its ``Upstream``."""
 
-    def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str]) -> None:
+    def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str],
+                 upstream: Upstream | None) -> None:
         self.conn = conn
         self.assign = assign
         self.devices = devices
-        self.upstream = Upstream(conn, _PIPE)  # numbers the run's frames and sends them in batches
+        self.upstream = upstream or Upstream(conn, _PIPE)  # numbers the run's frames and sends them in batches
         # The run's files live in a directory of its own; its artifacts are stored from there
         # (their paths relative to it: the control plane refuses one that points elsewhere).
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))

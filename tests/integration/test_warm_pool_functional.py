@@ -1,19 +1,39 @@
-"""The warm pool (issue 17, point 1): an agent started with --warm N keeps N run
-children with torch imported. A run takes one and the pool refills; a seeded run gives
-the same numbers as in a fresh child; a run that sets environment variables of its own
-starts cold; the pool's memory shows in GET /api/workers. (The guarantees of a fresh
-child, warm or not, are in test_worker_runs_functional, run both ways.)"""
+"""The warm pool (issues 17 and 42): an agent started with --warm N forks N run children
+from its zygote, which imported torch. A run takes one and the pool refills; a seeded run
+gives the same numbers as in a fresh child; a run that sets environment variables of its
+own starts cold; the pool's memory shows in GET /api/workers; a module global one run
+changed is not seen by the next; a zygote that dies is started again and the pool goes
+on. (The guarantees of a fresh child, forked or not, are in test_worker_runs_functional,
+run both ways.)"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import types
+from pathlib import Path
 
 from subprocess_runner.child import cuda_touched
 from tests.helpers import hello
+from tests.integration.test_packs_functional import _restart
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_worker_runs_functional import wait_warm
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
+
+# A pack node that counts its calls in a global of torch (a module the zygote imported):
+# a child that kept one run's state would answer 2 on the next.
+MARKER = """from troupe import node
+
+
+@node
+def mark(x: float) -> float:
+    \"\"\"How many runs of this process set the mark, this one included.\"\"\"
+    import torch
+
+    torch._troupe_mark = getattr(torch, "_troupe_mark", 0) + 1
+    return float(torch._troupe_mark)
+"""
 
 
 def test_runs_take_warm_children_and_the_pool_refills(make_server, tmp_path):
@@ -58,3 +78,58 @@ def test_a_child_that_finds_cuda_initialised_is_unfit(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
         cuda=types.SimpleNamespace(is_initialized=lambda: False)))
     assert cuda_touched() is None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _zygote(agent_pid: int) -> int | None:
+    """The agent's child that has children of its own: the zygote and its forked ones."""
+    return next((pid for pid in _children(agent_pid) if _children(pid)), None)
+
+
+def test_no_run_sees_what_the_last_changed_and_a_lost_zygote_is_started_again(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    (server.home / "packs").mkdir()
+    (server.home / "packs" / "marker.py").write_text(MARKER)
+    _restart(server)
+    command = enroll(server, name="warm")["command"] + " --warm 1 --accept-packs"
+    agent = start_agent(server, tmp_path, command, machine="warm", TROUPE_HOME=str(tmp_path / "agent-home"))
+    graph = {"version": 1, "name": "marks", "settings": {"device": "cpu"}, "edges": [
+        {"source": "c", "source_port": "value", "target": "m", "target_port": "x"},
+        {"source": "m", "source_port": "value", "target": "log", "target_port": "value"}], "nodes": [
+        {"id": "c", "type": "core.Constant", "params": {"value": 1}},
+        {"id": "m", "type": "marker.mark", "params": {}},
+        {"id": "log", "type": "core.LogMetric", "params": {"name": "marks"}}]}
+    try:
+        read_until(agent, "connected as warm")
+        wait_warm(server, "warm", 1)
+        zygote = _zygote(agent.pid)
+        for _ in range(2):
+            run_id = server.submit(graph, target={"worker": "warm"})["run_id"]
+            assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
+            assert server.get(f"/api/runs/{run_id}")["execution_facts"]["started_warm"] is True
+            marks = server.get(f"/api/runs/{run_id}/metrics")["series"]["marks"]
+            assert [p["value"] for p in marks] == [1.0]  # its own process: the last run's mark is not here
+            wait_warm(server, "warm", 1)
+
+        os.kill(zygote, signal.SIGKILL)  # the pool's ready child stays the agent's; a new zygote comes
+        for turn in range(2):  # the child forked before the loss, then one of the new zygote
+            run_id = server.submit(hello(), target={"worker": "warm"})["run_id"]
+            assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
+            assert server.get(f"/api/runs/{run_id}")["execution_facts"]["started_warm"] is True
+            wait_warm(server, "warm", 1)
+            if turn == 0:  # the new zygote forks the pool's next child
+                server.poll_until(lambda: _zygote(agent.pid) not in (zygote, None), timeout=60)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(30)

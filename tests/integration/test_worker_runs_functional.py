@@ -95,13 +95,16 @@ def _children(pid: int) -> list[int]:
 
 
 def _executing_child(server, agent, run_id: str) -> list[int]:
-    """The process of a worker run (the agent's child), once its first node executes."""
+    """The process of a worker run, once its first node executes: the agent's child, or
+    (forked) its zygote's."""
     server.wait_status(run_id, "running")
     for kind, data in server.client.stream(f"/api/runs/{run_id}/stream", read_timeout=30):
         if kind == "run_event" and data["type"] == "node_started":
             break
     pid = server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"]
-    assert pid in _children(agent.pid) and "spawn" in Path(f"/proc/{pid}/cmdline").read_text()
+    below = _children(agent.pid)
+    assert pid in below + [c for child in below for c in _children(child)]
+    assert "spawn" in Path(f"/proc/{pid}/cmdline").read_text()  # an interpreter of its own, or forked from one
     return [pid]
 
 

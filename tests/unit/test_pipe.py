@@ -13,7 +13,7 @@ from protocol import pipe
 from tests.helpers import REPO
 
 FRAMES = [pipe.StartRun({"run_id": "r1", "graph": {"nodes": []}}), pipe.CancelRun(), pipe.Dismiss(),
-          pipe.Ready(41), pipe.Unfit("CUDA was initialised before a run chose its cards"), pipe.Warm(41),
+          pipe.Ready(41), pipe.Unfit("CUDA was initialised before a run chose its cards"),
           pipe.ChildEvent(1, "node_finished", "train", {"outputs": {"loss": 0.5}}),
           pipe.ChildEnded(2, "failed", "boom", "train", 12, False)]
 
