@@ -138,7 +138,10 @@ class Zygote:
                 reduction.send_handle(self._conn, child_end.fileno(), self._process.pid)
                 child = self._forked.get(timeout=FORK_REPLY_S)
         except (OSError, queue.Empty):
+            # A zygote that does not answer is ended (its reader then sees it lost): a late
+            # reply must not become the next fork's.
             child = None
+            self._process.kill()
         finally:
             child_end.close()
         if child is None:
@@ -257,6 +260,9 @@ def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int]) -> 
         for own in wake:
             os.close(own)
         zygote.close()
+        # The zygote is a daemon (the agent's exit takes it along); a run is not, and may
+        # start processes of its own (DDP ranks, a data loader's workers).
+        multiprocessing.current_process().daemon = False
         from subprocess_runner import child
 
         child.forked(Connection(fd), catalog)

@@ -1,7 +1,7 @@
 """DDP inside a worker run's process (issue 17, point 2; #792), on the CPU with gloo
 through the documented test-only switch TROUPE_DDP_CPU_RANKS: one run, one event log,
-the same final weights on every rank; a killed rank fails the run, naming the rank,
-within seconds. The real path (NCCL, one rank per card) is in tests/gpu."""
+the same final weights on every rank, its ranks started by a child the zygote forked; a
+killed rank fails the run (of a fresh child), naming the rank, within seconds. The real path (NCCL, one rank per card) is in tests/gpu."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 from tests.integration.test_training_functional import quick_digits
+from tests.integration.test_worker_runs_functional import wait_warm
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
 
-def _ddp_agent(server, tmp_path):
-    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"], TROUPE_DDP_CPU_RANKS="2")
+def _ddp_agent(server, tmp_path, flags: str = ""):
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"] + flags, TROUPE_DDP_CPU_RANKS="2")
     read_until(agent, "connected as gpu-a")
     return agent
 
@@ -32,8 +33,9 @@ def _joined(server, run_id: str) -> dict:
 
 def test_two_ranks_train_one_model_in_one_run(make_server, tmp_path):
     server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
-    agent = _ddp_agent(server, tmp_path)
+    agent = _ddp_agent(server, tmp_path, " --warm 1")  # the run's child forked from the zygote starts the ranks
     try:
+        wait_warm(server, "gpu-a", 1)
         run_id = server.submit(quick_digits(epochs=3, strategy="ddp"), target={"worker": "gpu-a"}, seed=5)["run_id"]
         events = server.events_until_finished(run_id, timeout=240)
         assert events[-1]["payload"]["status"] == "succeeded", events[-3:]
@@ -46,7 +48,8 @@ def test_two_ranks_train_one_model_in_one_run(make_server, tmp_path):
         weights = ddp[-1]["weights"]
         assert len(weights) == 2 and weights[0] == weights[1]  # the same final weights on both ranks
         assert not [e for e in events if e["payload"].get("code") == "ddp_not_available"]
-        assert server.get(f"/api/runs/{run_id}")["final_loss"] is not None
+        row = server.get(f"/api/runs/{run_id}")
+        assert row["final_loss"] is not None and row["execution_facts"]["started_warm"] is True
         # The ranks met in a folder of the run's own; the run's whole folder is gone once it
         # ended (nothing grows on a worker).
         assert not list(Path(tempfile.gettempdir()).glob(f"troupe-run-{run_id[:8]}-*"))
