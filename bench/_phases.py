@@ -62,10 +62,11 @@ def troupe_phase(args: argparse.Namespace, graph_body: bytes, tmp: Path, figures
 def _latency(args: argparse.Namespace, server: Server, graph_body: bytes) -> tuple[LatencyResult, dict[str, float]]:
     """The sequential runs, printed; their figures and the summary of their totals."""
     steal0 = steal_s()
-    lat = troupe_latency(server, graph_body, args.runs, args.warmup, args.timeout)
+    lat = troupe_latency(server, graph_body, args.runs, args.warmup, args.timeout, args.client == "plain")
     steal1 = steal_s()
     lat_s = summary(lat.total_s)
-    print(f"troupe latency (submit -> run_finished on the run's stream), {args.runs} sequential runs:")
+    how = "a new connection per request" if args.client == "plain" else "one keep-alive connection"
+    print(f"troupe latency (submit -> run_finished on the run's stream, {how}), {args.runs} sequential runs:")
     print(f"  total   {fmt_ms(lat_s)}")
     print(f"  submit  {fmt_ms(summary(lat.submit_s))}   (POST /api/runs -> 201)")
     if lat.server_s:
@@ -83,7 +84,8 @@ def _drain(
     """The drain and its check, printed; its figures and whether every run succeeded with
     every event persisted."""
     steal0 = steal_s()
-    drain = troupe_drain(server, graph_body, args.drain, args.threads, args.timeout, events_per_run)
+    drain = troupe_drain(server, graph_body, args.drain, args.threads, args.timeout, events_per_run,
+                         args.client == "plain")
     steal1 = steal_s()
     sub = summary(drain.submit_latencies_s)
     print(

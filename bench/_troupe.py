@@ -122,13 +122,20 @@ def ts_seconds(stamp: str) -> float:
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
-def troupe_latency(server: Server, graph_body: bytes, runs: int, warmup: int, timeout: float) -> LatencyResult:
+def troupe_latency(server: Server, graph_body: bytes, runs: int, warmup: int, timeout: float,
+                   fresh: bool = False) -> LatencyResult:
+    """``fresh``: a user's script's pattern, a new connection for the POST and another for
+    the run's stream (connecting is timed); else one keep-alive connection for both."""
     result = LatencyResult()
-    conn = Conn(server.port, server.token, timeout)
+    kept = Conn(server.port, server.token, timeout)
     try:
         for i in range(warmup + runs):
             t0 = time.perf_counter()
+            conn = Conn(server.port, server.token, timeout) if fresh else kept
             status, reply = conn.request("POST", "/api/runs", graph_body)
+            if fresh:
+                conn.close()
+                conn = Conn(server.port, server.token, timeout)
             t_submit = time.perf_counter()
             if status != 201:
                 raise BenchError(f"POST /api/runs answered {status}: {reply}")
@@ -145,6 +152,8 @@ def troupe_latency(server: Server, graph_body: bytes, runs: int, warmup: int, ti
                     finished = data
                     break
             t1 = time.perf_counter()
+            if fresh:
+                conn.close()
             if finished is None:
                 raise BenchError(f"run {run_id}: the stream ended without run_finished")
             if i < warmup:
@@ -157,7 +166,7 @@ def troupe_latency(server: Server, graph_body: bytes, runs: int, warmup: int, ti
                 result.server_s.append(ts_seconds(finished["ts"]) - ts_seconds(first["ts"]))
             result.events_per_run = count
     finally:
-        conn.close()
+        kept.close()
     return result
 
 
@@ -228,13 +237,14 @@ class DrainResult:
 
 
 def troupe_drain(
-    server: Server, graph_body: bytes, n: int, threads: int, timeout: float, expected_events: int
+    server: Server, graph_body: bytes, n: int, threads: int, timeout: float, expected_events: int,
+    fresh: bool = False,
 ) -> DrainResult:
     watcher = GlobalWatcher(server.port, server.token)
     watcher.start()
     if not watcher.ready.wait(30) or watcher.broken:
         raise BenchError(f"could not follow /api/stream: {watcher.broken}")
-    submitters = _Submitters(server, graph_body, n, threads)
+    submitters = _Submitters(server, graph_body, n, threads, fresh)
     cpu0 = cpu_seconds(server.pid)
     client0 = os.times()
     pid0 = last_pid()
@@ -272,8 +282,9 @@ class _Submitters:
     """``threads`` clients that post ``n`` runs between them, let go together by a
     barrier; each notes its figures in its own slot, so they share no lock."""
 
-    def __init__(self, server: Server, graph_body: bytes, n: int, threads: int) -> None:
+    def __init__(self, server: Server, graph_body: bytes, n: int, threads: int, fresh: bool) -> None:
         self.server = server
+        self.fresh = fresh  # a new connection for each POST, as a plain script makes them
         self.graph_body = graph_body
         self.n = n
         self.threads = threads
@@ -304,6 +315,9 @@ class _Submitters:
             self.gate.wait(30)
             for _ in range(self.counts[k]):
                 t0 = time.perf_counter()
+                if self.fresh:
+                    conn.close()
+                    conn = Conn(self.server.port, self.server.token, timeout=60.0)
                 status, reply = conn.request("POST", "/api/runs", self.graph_body)
                 t1 = time.perf_counter()
                 if status != 201:
