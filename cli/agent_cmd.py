@@ -102,7 +102,7 @@ class StartOptions:
     unix_socket: str | None = None  # dial through this socket (an ssh -R forward)
     foreground: bool = False  # else detached, its output in a log file
     mounts: tuple[str, ...] = ()  # LABEL=PATH
-    warm: int = 0  # run children kept started, torch imported
+    warm: int = 0  # run children kept forked from the zygote
     ca: str | None = None  # the certificate of an https control plane's own authority
     packs: tuple[str, ...] = ()  # folders of packs of this machine's own (--packs)
     accept_packs: bool = False  # fetch the control plane's folder packs as runs need them

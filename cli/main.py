@@ -346,8 +346,8 @@ def agent_start(
     mount: Annotated[list[str] | None, typer.Option(
         help="LABEL=PATH, repeatable: storage this machine has, reported to the control plane")] = None,
     warm: Annotated[int, typer.Option(
-        min=0, max=64, help="keep N run processes started, torch imported, so a run need not wait for them "
-                            "(each holds a few hundred MB)")] = 0,
+        min=0, max=64, help="keep N run processes forked from a zygote that imported torch, so a run need not "
+                            "wait for an interpreter (Linux; the zygote holds a few hundred MB)")] = 0,
     ca: Annotated[str | None, typer.Option(
         "--ca", help="trust this certificate (or authority) for an https control plane with a self-signed "
                      "certificate; kept with the credential")] = None,

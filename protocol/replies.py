@@ -110,12 +110,9 @@ class StudyAttempt(_Reply):
     objective_value: float | None = None
 
 
-class StudyDetail(_Reply):
-    id: str
-    name: str | None
-    state: str
-    halt_reason: str | None = None
-    budget: dict[str, Any]
+class StudyDetail(StudySummary):
+    """A study's summary and everything else about it."""
+
     objective: dict[str, Any]
     repeats: int
     variants: list[dict[str, Any]]
@@ -125,7 +122,6 @@ class StudyDetail(_Reply):
                                                        "objective_value, repeats, rank}")
     unranked: list[dict[str, Any]]
     plugin_id: str | None = None
-    created_at: str
     notes: list[dict[str, Any]] = Field(default_factory=list)
 
 

@@ -53,7 +53,7 @@ class AgentConfig:
     # Where this agent keeps its runs' recorded outputs, and for how many runs.
     outputs_dir: Path | None = None
     recorded_outputs_keep: int = 20
-    warm: int = 0  # run children kept started, torch imported (``--warm N``)
+    warm: int = 0  # run children kept forked from a zygote (``--warm N``)
     ddp_cpu_ranks: int = 0  # test-only (TROUPE_DDP_CPU_RANKS): DDP ranks on the CPU
     # Where runs' artifacts wait until the control plane has them, and how much it holds.
     artifact_outbox: Path | None = None
