@@ -170,6 +170,7 @@ function drawSeries(lines = (name, points) => [{ label: name, points }]) {
   const bySeries = new Map(Object.entries(page.series).map(([name, points]) => [name, lines(name, points)]));
   page.charts.show(bySeries);
   page.noMetrics.hidden = bySeries.size > 0;
+  page.controls.hidden = bySeries.size === 0;  // nothing to zoom, smooth or scale yet
 }
 
 function metricsSoon() {
@@ -188,6 +189,7 @@ export async function openRunPage(runId, view) {
   const chartBox = el("div", { class: "charts" });
   page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded."),
     lineage: Boolean(run.resumed_from) };
+  page.controls = chartControls(page.charts.settings, (what) => (what === "reset" ? page.charts.resetZoom() : page.charts.redraw()));
   const head = el("div", { id: "run-head" });
   const refresh = async () => {
     if (!page || page.runId !== runId) return;
@@ -200,7 +202,7 @@ export async function openRunPage(runId, view) {
   const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
   view.replaceChildren(
     el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
-    section("run-metrics", "Metrics", chartControls(page.charts.settings, (what) => (what === "reset" ? page.charts.resetZoom() : page.charts.redraw())), page.noMetrics, chartBox),
+    section("run-metrics", "Metrics", page.controls, page.noMetrics, chartBox),
     section("run-printed", "Console", el("p", { class: "muted" }, printed.text || ACTIVE.has(run.status)
       ? "What the run printed, a line each, marked by its node (! for stderr)." : "It printed nothing."), console_),
     section("run-log", "Events", el("p", { class: "muted" }, ACTIVE.has(run.status) ? "The last 200, then live." : "The last 200."),
