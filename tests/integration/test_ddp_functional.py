@@ -1,7 +1,8 @@
 """DDP inside a worker run's process (issue 17, point 2; #792), on the CPU with gloo
 through the documented test-only switch TROUPE_DDP_CPU_RANKS: one run, one event log,
 the same final weights on every rank, its ranks started by a child the zygote forked; a
-killed rank fails the run (of a fresh child), naming the rank, within seconds. The real path (NCCL, one rank per card) is in tests/gpu."""
+killed rank fails the run (of a fresh child), naming the rank, within seconds. The real
+path (NCCL, one rank per card) is in tests/gpu."""
 
 from __future__ import annotations
 
