@@ -153,7 +153,7 @@ class RunProcess(Actor):
             batch: list[pipe.FromChild] = []
             try:
                 while True:  # what waits goes to the actor together
-                    said = self._conn.recv()  # a list of the run's frames, or a warm child's lone one
+                    said = self._conn.recv()  # a list of the run's frames (a lone frame is taken too)
                     if isinstance(said, list):
                         batch.extend(said)
                     else:

@@ -53,9 +53,9 @@ log = logging.getLogger("troupe.child")
 def preload() -> Any:
     """The zygote's imports, before it forks any child; answers the node catalog. CUDA
     stays untouched (a run sets its cards first), and no thread is started."""
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    from subprocess_runner.seeding import cap_threads
+    from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
+    number_cards_by_bus()
     cap_threads()
     _import_all(PRELOAD_MODULES)
     from subprocess_runner.catalog import load_catalog
@@ -154,8 +154,10 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ups
 def _set_cards(assign: dict[str, Any]) -> list[str]:
     """The run's cards, made the only ones CUDA sees, and its nodes' environment: both
     before any import can read them."""
+    from subprocess_runner.seeding import number_cards_by_bus
+
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    number_cards_by_bus()
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
     for node in assign["graph"].get("nodes", []):  # resources.env (XLA_FLAGS...): before any import reads it
         os.environ.update((node.get("resources") or {}).get("env") or {})

@@ -38,7 +38,7 @@ HOLD_S = 0.25
 class Upstream:
     """The run's own frame counter (gap-free from 1: the agent's replay key) and the
     frames not yet handed to the pipe. ``lock``: the pipe's one-writer lock, shared with
-    whatever else writes to the same pipe (a warm child's ``Warm``)."""
+    whatever else of the child writes to the same pipe."""
 
     def __init__(self, conn: Connection, lock: threading.Lock) -> None:
         self._conn = conn
