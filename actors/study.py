@@ -201,7 +201,8 @@ class StudyActor(Actor):
         submission = Submission(
             graph, name, options, await read_flavors(self._store, graph, options), "/base_graph",
             seed=attempt_seed(spec.get("seed"), repeat), study_id=self.study_id,
-            shared=(shared_base(base), document, chosen["params"]) if base is not None else None)
+            shared=(shared_base(base), document, chosen["params"]) if base is not None else None,
+            submitted_by=spec.get("submitted_by"))
         row = {"study_id": self.study_id, "variant": variant, "repeat": repeat, "attempt": attempt}
         admitted = await placer.ask(Submit(submission, row))
         await admitted.committed

@@ -53,6 +53,7 @@ class Submission:
     rerun_of: str | None = None
     resumed_from: Mapping[str, Any] | None = None
     shared: tuple[tuple[str, str], dict[str, Any], dict[str, Any]] | None = None  # (base, document, params)
+    submitted_by: str | None = None  # a session's id, or "server"; a sweep's or a study's runs are its submitter's
 
     @property
     def node_types(self) -> frozenset[str]:
@@ -180,6 +181,7 @@ def _after_device(settings: Settings, catalog: Catalog, submission: Submission, 
         study_id=submission.study_id,
         rerun_of=submission.rerun_of,
         resumed_from=submission.resumed_from,
+        submitted_by=submission.submitted_by,
     )
     return record, graph
 

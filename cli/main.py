@@ -209,8 +209,15 @@ def open_(
     expires: Annotated[str, typer.Option(help="how long it is good for: 90s, 30m, 2h, 1d")] = "12h",
     read_only: Annotated[bool, typer.Option("--read-only", help="a link for a projector or a guest: reads only")]
     = False,
+    max_running: Annotated[int | None, typer.Option(min=1, help="each session it opens runs at most N runs at "
+                                                                 "once; the others wait")] = None,
+    max_waiting: Annotated[int | None, typer.Option(min=0, help="each session has at most N runs waiting; more "
+                                                                 "are refused")] = None,
+    max_memory_gib: Annotated[float | None, typer.Option(min=0.001, help="each session's runs hold at most this "
+                                                                          "much memory budget (GiB) at once")] = None,
 ) -> None:
-    """A login link: one-time for you (the teacher), or with --uses for a class."""
+    """A login link: one-time for you (the teacher), or with --uses for a class, whose
+    sessions --max-running, --max-waiting and --max-memory-gib limit."""
     from cli.config import load_settings
     from cli.logins import seconds
     from cli.session import read_session
@@ -223,6 +230,8 @@ def open_(
         body: dict[str, Any] = {"expires_s": seconds(expires), "read_only": read_only}
         if uses is not None:
             body["uses"] = uses
+        limits = {"max_running": max_running, "max_waiting": max_waiting, "max_memory_gib": max_memory_gib}
+        body.update({name: value for name, value in limits.items() if value is not None})
         status, reply = connect.client(None, None).request("POST", "/api/login-links", body)
         if status != 201:
             raise CliError(f"the server refused a login link ({status}): {reply}")
@@ -230,8 +239,9 @@ def open_(
         _fail(exc)
     print(reply["login_url"])
     if reply["kind"] != "teacher":
-        print(f"  a {reply['kind']} link, good for {reply['uses']} browsers or terminals for {expires}",
-              file=sys.stderr)
+        limited = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in (reply.get("quotas") or {}).items())
+        print(f"  a {reply['kind']} link, good for {reply['uses']} browsers or terminals for {expires}"
+              + (f"; each session: {limited}" if limited else ""), file=sys.stderr)
     if browser if browser is not None else reply["kind"] == "teacher":
         import webbrowser
 

@@ -88,13 +88,15 @@ class Listing:
     sort: str | None = None  # a metric series: by its newest value, lowest first
     descending: bool = False
     params: bool = False  # a column per swept param (the runs of one sweep)
+    mine: bool = False  # only the runs this login submitted
 
 
 def list_runs(client: Client, asked: Listing) -> int:
     query = {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
         "sweeps", asked.sweep)), ("study_id", asked.study and client.full_id("studies", asked.study)),
         ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor),
-        ("sort", asked.sort and ("-" if asked.descending else "") + asked.sort)) if v}
+        ("sort", asked.sort and ("-" if asked.descending else "") + asked.sort),
+        ("mine", "true" if asked.mine else None)) if v}
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
     if asked.form != "table":
         print(json.dumps(reply, indent=2) if asked.form == "json" else "\n".join(r["id"] for r in reply["runs"]))
@@ -105,8 +107,8 @@ def list_runs(client: Client, asked: Listing) -> int:
         return EXIT_OK
     wide = shutil.get_terminal_size((120, 24)).columns >= WIDE_COLUMNS
     rows = [_ls_row(r, asked.full, wide) for r in runs]
-    header = ["ID", "NAME", "STATUS", "WHERE", "STARTED", "TOOK", "LEFT", "LOSS", "PROGRESS / WAITS FOR"] if wide \
-        else ["ID", "STATUS", "LEFT", "LOSS", "PROGRESS / WAITS FOR"]
+    header = (["ID", "NAME", "STATUS", "WHERE", "BY", "STARTED", "TOOK", "LEFT", "LOSS", "PROGRESS / WAITS FOR"]
+              if wide else ["ID", "STATUS", "LEFT", "LOSS", "PROGRESS / WAITS FOR"])
     extra_header, extra = _extra_columns(client, asked, runs)
     rows = [[*row[:-1], *more, row[-1]] for row, more in zip(rows, extra, strict=True)]
     print(table(rows, [*header[:-1], *extra_header, header[-1]]))
@@ -147,7 +149,8 @@ def _ls_row(run: dict[str, Any], full: bool, wide: bool) -> list[str]:
     last = reason or _progress(run)
     if wide:
         return [short, (run.get("name") or "")[:24], run["status"], run.get("queue_key") or run.get("device") or "",
-                age(run.get("started_at")), duration(run), time_left(run), _loss(run), last]
+                (run.get("submitted_label") or "-")[:20], age(run.get("started_at")), duration(run), time_left(run),
+                _loss(run), last]
     return [short, run["status"], time_left(run), _loss(run), last[:40]]
 
 

@@ -82,11 +82,13 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             desc: Annotated[bool, typer.Option("--desc", help="with --sort: highest first")] = False,
             params: Annotated[bool, typer.Option("--params", help="a column per swept param (a sweep's runs)")]
             = False,
+            mine: Annotated[bool, typer.Option("--mine", help="only the runs this login submitted (its sweeps' "
+                                                              "and studies' runs too)")] = False,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
-        """List runs, newest first."""
+        """List runs, newest first, with who submitted each."""
         done(lambda: runs_cmd.list_runs(client(host, port), runs_cmd.Listing(
             status, sweep, study, search, tag, limit, cursor, "ids" if quiet else "json" if as_json else "table",
-            full, sort, desc, params)))
+            full, sort, desc, params, mine)))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

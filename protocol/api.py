@@ -151,6 +151,9 @@ class RunRow(BaseModel):
     queue_key: str
     lane: str
     queue_position: int | None
+    submitted_by: str | None = Field(default=None, description="the session that submitted it (server: the "
+                                                               "server's token)")
+    submitted_label: str | None = Field(default=None, description="the name that session goes by now")
     created_at: str
     started_at: str | None
     finished_at: str | None

@@ -120,6 +120,14 @@ class CapacityRefused(TroupeError):
     http_status = 503
 
 
+class QuotaExceeded(TroupeError):
+    """Raised when a session's submission would pass a limit its class link set (runs
+    running or waiting at once, memory budget held); ``details`` has the counts."""
+
+    code = "quota_exceeded"
+    http_status = 429
+
+
 def pointer_from_path(path: tuple[Any, ...] | list[Any]) -> str:
     """Turns a location such as ``("graph", "nodes", 2, "type")`` into an RFC 6901
     pointer, escaping ``~`` and ``/`` as the RFC requires."""

@@ -59,6 +59,7 @@ class RunRecord:
     study_id: str | None = None
     rerun_of: str | None = None
     resumed_from: Mapping[str, Any] | None = None  # the checkpoints a resumed run continues from
+    submitted_by: str | None = None  # the session that submitted it, or "server" (the server's token)
     shared_graph: SharedGraph | None = None
 
     @property

@@ -7,6 +7,7 @@ default and leave a line in ``warnings``, which ``troupe start`` logs.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -108,6 +109,14 @@ class Settings:
     # The longest a login session lives, however long its link was good for (30 days,
     # as long as the browser keeps its cookie).
     session_max_s: int = 30 * 86400
+    # How a queue key hands its free slots out when several people wait: ``fair`` (to
+    # whoever used that key least lately, FIFO within one person) or ``fifo``
+    # (TROUPE_QUEUE_ORDER), and the half-life of that use (TROUPE_FAIR_SHARE_HALF_LIFE_S).
+    queue_order: str = "fair"
+    fair_share_half_life_s: float = 3600.0
+    # What a class link limits its sessions to when the teacher gives no limits of its
+    # own (TROUPE_CLASS_MAX_RUNNING, _MAX_WAITING, _MAX_MEMORY_GIB; 0 or unset: none).
+    class_quotas: Mapping[str, int] = field(default_factory=dict)
     # Inside a SLURM job: when it ends (SLURM_JOB_END_TIME, epoch seconds).
     job_end_time: float | None = None
     transfer_max_mb: int = 256  # the most a worker run fetches of its uploads (transfer backend)
@@ -216,6 +225,12 @@ class Settings:
             pack_dirs=(home / "packs", *(Path(p).expanduser() for p in environ.get("TROUPE_PACKS", "").split(os.pathsep)
                                          if p.strip()), *(p.expanduser().resolve() for p in packs)),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
+            queue_order=reader.choice("TROUPE_QUEUE_ORDER", ("fair", "fifo")),
+            fair_share_half_life_s=reader.number("TROUPE_FAIR_SHARE_HALF_LIFE_S", 3600.0) or 3600.0,
+            class_quotas={key: value for key, value in (
+                ("max_running", reader.integer("TROUPE_CLASS_MAX_RUNNING", 0, minimum=0)),
+                ("max_waiting", reader.integer("TROUPE_CLASS_MAX_WAITING", 0, minimum=0)),
+                ("max_memory_mib", math.ceil(reader.number("TROUPE_CLASS_MAX_MEMORY_GIB", 0.0) * 1024))) if value},
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,
             s3=reader.bucket() if reader.flag("TROUPE_S3_ENABLED", False) else None,
@@ -257,6 +272,13 @@ class _Reader:
             self._warnings.append(f"{name}={raw!r} must be a non-negative number; using {default}")
             return default
         return value
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str:
+        """One of ``choices``, the first by default."""
+        raw = self._env.get(name, "").strip().lower()
+        if raw and raw not in choices:
+            self._warnings.append(f"{name}={raw!r} is not one of {', '.join(choices)}; using {choices[0]}")
+        return raw if raw in choices else choices[0]
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self._env.get(name, "").strip().lower()

@@ -227,8 +227,9 @@ class ControlPlane:
             # A new key's line fills from the placer's Enqueues (on a server's start too:
             # the placer's Restore hands on each queued run): nothing to read, nothing to
             # ask of the live runs, which are hundreds in a busy lab.
-            ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry,
-                             rebuild=restarted).start(self.registry)
+            ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry, rebuild=restarted,
+                             order=self.settings.queue_order,
+                             half_life_s=self.settings.fair_share_half_life_s).start(self.registry)
             if restarted:  # a restarted queue learns from the live runs which slots they hold
                 for run_name in self.registry.names("runs/"):
                     run = self.registry.lookup(run_name)

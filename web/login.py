@@ -24,11 +24,13 @@ bearer token. The session token itself never reaches a page.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +52,7 @@ REQUEST_HEADER = "X-Troupe-Request"
 LOGOUT_PATH = "/api/logout"
 OWN_NAME_PATH = "/api/sessions/me"
 TEACHER, CLASS, READ = "teacher", "class", "read"
+SERVER_SUBMITTER = "server"
 # What a class session may change: its own work. Everything else is the teacher's.
 CLASS_ROUTES = ("/api/runs", "/api/sweeps", "/api/studies", "/api/files", "/api/export", "/api/estimates",
                 "/api/editor-sessions")
@@ -69,11 +72,22 @@ class Who:
     session_id: str | None = None
     by_cookie: bool = False
     label: str = ""  # the name "who is connected" shows for it
+    quotas: Mapping[str, int] | None = None  # what its class link limits it to (``quotas.py``)
 
     def may_change(self, path: str) -> bool:
         if self.kind == TEACHER or path in (LOGOUT_PATH, OWN_NAME_PATH):  # every session may end and name itself
             return True
         return self.kind == CLASS and any(path == p or path.startswith(p + "/") for p in CLASS_ROUTES)
+
+
+def submitter_of(who: Who) -> str:
+    """What a run records as its submitter: the session's id, or ``server`` for the
+    server's own token (the teacher at the machine)."""
+    return who.session_id or SERVER_SUBMITTER
+
+
+def _who(row: Mapping[str, Any], by_cookie: bool) -> Who:
+    return Who(row["kind"], row["id"], by_cookie, row["label"], row.get("quotas"))
 
 
 @dataclass
@@ -87,6 +101,7 @@ class LoginBook:
     store: Any = None
     _sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # secret hash -> row
     _seen: dict[str, float] = field(default_factory=dict)  # session id -> last written (monotonic)
+    _quota_turns: dict[str, asyncio.Lock] = field(default_factory=dict)  # session id -> its submissions' turn
 
     @property
     def cookie_name(self) -> str:
@@ -103,9 +118,10 @@ class LoginBook:
                     row["expires_at"] = started.timestamp() + self.session_max_s
                 self._sessions[row["secret_hash"]] = row
 
-    async def new_link(self, base_url: str, kind: str = TEACHER, uses: int = 1, expires_s: float = 7 * 86400) -> str:
+    async def new_link(self, base_url: str, kind: str = TEACHER, uses: int = 1, expires_s: float = 7 * 86400,
+                       quotas: Mapping[str, int] | None = None) -> str:
         token = secrets.token_urlsafe(24)
-        await self.store.write(AddLoginLink(digest(token), kind, uses, time.time() + expires_s))
+        await self.store.write(AddLoginLink(digest(token), kind, uses, time.time() + expires_s, quotas or None))
         return f"{base_url.rstrip('/')}/?token={token}"
 
     async def redeem(self, token: str, label: str) -> tuple[str, dict[str, Any]] | None:
@@ -125,6 +141,10 @@ class LoginBook:
         for row in self._sessions.values():
             if row["id"] == session_id:
                 row["label"] = label
+
+    def quota_lock(self, session_id: str) -> asyncio.Lock:
+        """One session's submissions are checked against its quotas one at a time."""
+        return self._quota_turns.setdefault(session_id, asyncio.Lock())
 
     async def revoke(self, session_id: str) -> bool:
         self._forget({session_id})
@@ -150,10 +170,10 @@ class LoginBook:
             if self.token and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token.encode()):
                 return Who(TEACHER)
             row = self._live(digest(given))
-            return Who(row["kind"], row["id"], label=row["label"]) if row is not None and self._touch(row) else None
+            return _who(row, False) if row is not None and self._touch(row) else None
         value = request.cookies.get(self.cookie_name, "")
         row = self._live(digest(value)) if value else None
-        return Who(row["kind"], row["id"], True, row["label"]) if row is not None and self._touch(row) else None
+        return _who(row, True) if row is not None and self._touch(row) else None
 
     def _live(self, hashed: str) -> dict[str, Any] | None:
         """The session of that secret, unless it has ended with its time."""

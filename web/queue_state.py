@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from actors.placer.actor import PlacerView, Quarantined, Waiting
+from actors.placer.queue import PositionOf, QueueView
 from protocol import events as ev
 from web.context import Services
 
@@ -21,7 +22,7 @@ class QueueState:
     """One reading of the placer and the queues, for one request."""
 
     def __init__(self, waiting: dict[str, Any], quarantined: dict[str, str],
-                 snapshots: dict[str, dict[str, Any]]) -> None:
+                 snapshots: dict[str, QueueView]) -> None:
         self.waiting: dict[str, dict[str, str]] = waiting["runs"]
         self.quarantined = quarantined
         self._snapshots = snapshots
@@ -46,7 +47,9 @@ class QueueState:
 
     def row(self, key: str, limit: int) -> dict[str, Any]:
         """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""
-        snapshot = self._snapshots.get(key, {"queue_key": key, "limit": limit, "running": 0, "queued": 0})
+        found = self._snapshots.get(key)
+        snapshot: dict[str, Any] = found.counts() if found is not None else {
+            "queue_key": key, "limit": limit, "running": 0, "queued": 0}
         held = self._held.get(key, 0)
         # The limit is the key's slot count (a worker's queue only keeps the order).
         row = {**snapshot, "limit": limit, "running": max(0, snapshot["running"] - held),
@@ -75,6 +78,44 @@ class QueueState:
                 "message": f"{place} for {key}: {queue['running']} of {queue['limit']} slots busy"}
 
 
+def in_line(svc: Services, run_id: str, stored: int | None, queue_key: str | None = None) -> int | None:
+    """A queued run's position: what the store counts (the FIFO's) unless its queue is
+    under fair order with several submitters waiting; then the runs handed on before it
+    plus its place in the fair line, as of the queue's last published view."""
+    if stored is None:
+        return None
+    names = [f"queues/{queue_key}"] if queue_key is not None else svc.registry.names("queues/")
+    for name in names:
+        ref = svc.registry.lookup(name)
+        view = ref.view if ref is not None else None
+        if isinstance(view, QueueView) and view.order is not None:
+            found = view.order.position(run_id)
+            if found is not None:
+                return _placer_held(svc, view.queue_key) + found
+    return stored
+
+
+async def submitted_position(svc: Services, run_id: str, submitter: str | None, queue_key: str,
+                             stored: int | None) -> int | None:
+    """A run just stored: its place in line. Its queue is asked (it has the run by now:
+    the placer told it before the row was stored) only when others wait there under fair
+    order; else the store's FIFO count is the place."""
+    ref = svc.registry.lookup(f"queues/{queue_key}")
+    view = ref.view if ref is not None else None
+    if stored is None or ref is None or not isinstance(view, QueueView) or not view.fair \
+            or not view.submitters - {submitter or ""}:
+        return stored
+    found = await ref.ask(PositionOf(run_id))
+    return stored if found is None else _placer_held(svc, queue_key) + found
+
+
+def _placer_held(svc: Services, queue_key: str) -> int:
+    """Runs of the key its queue handed on that have not started (the seed gate, a device
+    shared with a worker): they start before any run still in the queue's line."""
+    placer = svc.actor("placer").view
+    return placer.board.held().get(queue_key, 0) if isinstance(placer, PlacerView) else 0
+
+
 async def with_queue_reasons(svc: Services, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows, each queued one with its ``queue_reason`` (asks the actors only when the
     page holds a queued run)."""
@@ -82,6 +123,8 @@ async def with_queue_reasons(svc: Services, runs: list[dict[str, Any]]) -> list[
     if not queued:
         return runs
     state = await QueueState.read(svc, {run["queue_key"] for run in queued}, frozenset(run["id"] for run in queued))
+    for run in queued:
+        run["queue_position"] = in_line(svc, run["id"], run.get("queue_position"), run["queue_key"])
     for run in runs:
         run["queue_reason"] = state.reason(run, svc.settings.concurrency_for(run["queue_key"]))
     return runs

@@ -15,6 +15,7 @@ from protocol.api import TAG_PATTERN, RunEdit
 from protocol.errors import InvalidRequest
 from web.context import services
 from web.errors import json_reply
+from web.login import submitter_of
 from web.queue_state import with_queue_reasons
 from web.requests import int_query, read_model, run_id_from
 from web.routes_runs import public_row, run_detail
@@ -56,6 +57,20 @@ def _tag_query(request: web.Request) -> str | None:
     return tag
 
 
+def _mine(request: web.Request) -> str | None:
+    """``?mine=true``: the runs the asking session submitted (the server's token: "server")."""
+    mine = request.query.get("mine", "false")
+    if mine not in ("true", "false"):
+        raise InvalidRequest("mine is true or false", pointer="?mine")
+    if mine == "false":
+        return None
+    who = services(request).login.who(request)
+    if who is None:
+        raise InvalidRequest("mine=true needs a session (a login link's, or the server's token) to say whose runs",
+                             pointer="?mine", code="no_session")
+    return submitter_of(who)
+
+
 @routes.get("/api/runs")
 async def list_runs(request: web.Request) -> web.Response:
     svc = services(request)
@@ -79,14 +94,16 @@ async def list_runs(request: web.Request) -> web.Response:
     search = raw_search.strip() or None
     tag = _tag_query(request)
     sweep_id, study_id = request.query.get("sweep_id") or None, request.query.get("study_id") or None
+    mine = _mine(request)
     if grouped == "true" and not (sweep_id or study_id):
-        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag))
+        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine))
         rows = await with_queue_reasons(svc, [item["run"] for item in items if item["kind"] == "run"])
         public = iter(public_row(r) for r in rows)
         found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
     else:
         sort = _sort_query(request)
-        rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort))
+        rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort,
+                                                         mine))
         found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
                  for r in await with_queue_reasons(svc, rows)]
     if values == "true":

@@ -12,11 +12,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from actors.store.logins import ListLoginLinks, ListSessions
-from protocol.errors import NotFound, StateConflict, Unauthorized
+from protocol.errors import InvalidRequest, NotFound, StateConflict, Unauthorized
 from protocol.numbers import INTEGRAL
 from web.context import Services, services
 from web.errors import LOGIN_LINKS_PATH, json_reply
 from web.login import CLASS, LOGOUT_PATH, OWN_NAME_PATH, READ, REQUEST_HEADER, TEACHER
+from web.quotas import quotas_from
 from web.requests import read_model
 
 routes = web.RouteTableDef()
@@ -32,6 +33,11 @@ class NewLoginLink(BaseModel):
     uses: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
     expires_s: float = Field(default=12 * 3600, gt=0, le=365 * 86400)
     read_only: StrictBool = False
+    # Limits of the sessions the link opens (web/quotas.py); a class link without any
+    # gets the server's defaults (TROUPE_CLASS_MAX_*).
+    max_running: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
+    max_waiting: Annotated[int, Field(ge=0, le=100_000), INTEGRAL] | None = None
+    max_memory_gib: float | None = Field(default=None, gt=0, le=65_536)
 
 
 class Login(BaseModel):
@@ -69,9 +75,15 @@ async def new_login_link(request: web.Request) -> web.Response:
     body = await read_model(request, NewLoginLink) if request.can_read_body else NewLoginLink()
     kind = READ if body.read_only else (CLASS if body.uses is not None else TEACHER)
     base = svc.public_url or f"{request.scheme}://{request.host}"
-    link = await svc.login.new_link(base, kind, body.uses or 1, body.expires_s)
-    return json_reply({"login_url": link, "kind": kind, "uses": body.uses or 1, "expires_s": body.expires_s},
-                      status=201)
+    quotas = quotas_from(body.max_running, body.max_waiting, body.max_memory_gib)
+    if kind == READ and quotas:
+        raise InvalidRequest("a read-only link opens sessions that submit nothing: give it no limits",
+                             pointer="/read_only", code="limits_on_read_only")
+    if kind == CLASS and not quotas:
+        quotas = dict(svc.settings.class_quotas)
+    link = await svc.login.new_link(base, kind, body.uses or 1, body.expires_s, quotas)
+    return json_reply({"login_url": link, "kind": kind, "uses": body.uses or 1, "expires_s": body.expires_s,
+                       "quotas": quotas}, status=201)
 
 
 @routes.post("/api/login")
@@ -187,7 +199,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     _teacher_only(svc, request, "the sessions are the teacher's to see")
     rows = await svc.store.read(ListSessions())
     return json_reply({"sessions": [{k: r[k] for k in ("id", "kind", "label", "created_at", "last_seen_at",
-                                                         "revoked", "expires_at", "link_id")} for r in rows]})
+                                                         "revoked", "expires_at", "link_id", "quotas")} for r in rows]})
 
 
 @routes.delete("/api/sessions/{session_id}")

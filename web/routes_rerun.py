@@ -52,7 +52,7 @@ async def rerun(request: web.Request) -> web.Response:
         options = options.model_copy(update={"params_set": done})
     graph = Graph.model_validate(document)
     refuse_privileged(svc, request, graph, "")  # another's run is no way around the rule
-    reply = await queue_run(svc, graph, row["name"], options, rerun_of=old_id, resumed_from=resumed_from)
+    reply = await queue_run(svc, request, graph, row["name"], options, rerun_of=old_id, resumed_from=resumed_from)
     return json_reply(reply, status=201)
 
 

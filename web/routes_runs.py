@@ -24,8 +24,9 @@ from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged
-from web.queue_state import with_queue_reasons
+from web.login import refuse_privileged, submitter_of
+from web.queue_state import submitted_position, with_queue_reasons
+from web.quotas import declared_mib, within_quota
 from web.requests import RUN_ID, int_query, read_model, run_id_from, wants_csv
 
 routes = web.RouteTableDef()
@@ -35,9 +36,9 @@ MAX_TAIL = 100_000  # the most events ?tail= may ask for (a page is cut by bytes
 OUTPUTS_READ_TIMEOUT_S = 10.0  # how long a worker has to answer a read of its recorded outputs
 
 ROW_FIELDS = (
-    "id", "name", "status", "device", "queue_key", "lane", "queue_position", "created_at", "started_at",
-    "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant", "study_id", "error",
-    "progress", "tags", "note",
+    "id", "name", "status", "device", "queue_key", "lane", "queue_position", "submitted_by", "submitted_label",
+    "created_at", "started_at", "finished_at", "final_loss", "final_loss_non_finite", "sweep_id", "sweep_variant",
+    "study_id", "error", "progress", "tags", "note",
 )
 
 
@@ -114,18 +115,23 @@ async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
     svc = services(request)
     refuse_privileged(svc, request, body.graph, "/graph")
-    return json_reply(await queue_run(svc, body.graph, body.name, body.options), status=201)
+    return json_reply(await queue_run(svc, request, body.graph, body.name, body.options), status=201)
 
 
-async def queue_run(svc: Services, graph_doc: Graph, name: str | None, options: RunOptions,
+async def queue_run(svc: Services, request: web.Request, graph_doc: Graph, name: str | None, options: RunOptions,
                     **asked: Any) -> dict[str, Any]:
     """Validates and queues one run, as ``POST /api/runs`` answers it: one ``Submit`` to
-    the placer. ``asked``: more of the ``Submission`` (a rerun's origin)."""
+    the placer, within its session's quotas. ``asked``: more of the ``Submission`` (a
+    rerun's origin)."""
     graph_doc = with_type_resources(graph_doc, svc.catalog)
-    submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options), **asked)
-    admitted: Admitted = await svc.actor("placer").ask(Submit(submission))
-    position = await admitted.committed
+    who = svc.login.who(request)
+    submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options),
+                            submitted_by=submitter_of(who) if who is not None else None, **asked)
+    async with within_quota(svc, who, 1, declared_mib(options)):
+        admitted: Admitted = await svc.actor("placer").ask(Submit(submission))
+        stored = await admitted.committed
     record = admitted.record
+    position = await submitted_position(svc, record.id, record.submitted_by, str(record.queue_key), stored)
     return {"run_id": record.id, "status": ev.QUEUED, "device": record.device, "queue_key": str(record.queue_key),
             "lane": record.lane, "queue_position": position, "warnings": warning_texts(list(record.warnings))}
 

@@ -24,7 +24,8 @@ from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged
+from web.login import refuse_privileged, submitter_of
+from web.quotas import declared_mib, within_quota
 from web.requests import hex_id, read_model, wants_csv
 from web.routes_sweeps import sweep_limits
 
@@ -63,7 +64,8 @@ def _notes(spec: dict[str, Any], budget: dict[str, Any]) -> list[dict[str, str]]
         '{"worker": "<its name>"}: each seeded run then has a process of its own. See docs/studies.md.')}]
 
 
-async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None) -> dict[str, Any]:
+async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None = None,
+                       submitted_by: str | None = None) -> dict[str, Any]:
     """Validates everything, stores the study and starts its actor; nothing is left
     behind when a check fails. A target applies to every attempt, with the rules of a
     single run's target."""
@@ -81,7 +83,8 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
                  "variants": [{"name": v["name"], "params": v["params"]} for v in variants],
                  "repeats": body.repeats, "seed": body.seed,
                  "objective": body.objective.model_dump(mode="json"),
-                 "options": body.options.model_dump(mode="json", exclude_none=True)},
+                 "options": body.options.model_dump(mode="json", exclude_none=True),
+                 "submitted_by": submitted_by},  # its runs count as its submitter's
         "budget": body.budget.model_dump(mode="json", exclude_none=True), "plugin_id": plugin_id,
         "created_at": ev.utc_now(),
     }
@@ -98,7 +101,19 @@ async def submit_study(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitStudy)
     refuse_privileged(svc, request, body.base_graph, "/base_graph")
-    return json_reply(await store_and_start(svc, await create_study(svc, body)), status=201)
+    who = svc.login.who(request)
+    study = await create_study(svc, body, submitted_by=submitter_of(who) if who is not None else None)
+    # Its runs start over time, as many at once as its budget lets: those are what a quota sees.
+    at_once = _runs_at_once(body, len(study["spec"]["variants"]))
+    async with within_quota(svc, who, at_once, declared_mib(body.options) * at_once):
+        return json_reply(await store_and_start(svc, study), status=201)
+
+
+def _runs_at_once(body: SubmitStudy, variants: int) -> int:
+    total = variants * body.repeats
+    if body.budget.max_runs is not None:
+        total = min(total, body.budget.max_runs)
+    return min(total, body.budget.max_parallel_runs or total)
 
 
 async def load(svc: Services, study_id: str) -> dict[str, Any]:

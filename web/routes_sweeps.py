@@ -22,7 +22,8 @@ from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged
+from web.login import refuse_privileged, submitter_of
+from web.quotas import declared_mib, within_quota
 from web.requests import hex_id, read_model, wants_csv
 
 routes = web.RouteTableDef()
@@ -45,17 +46,20 @@ async def submit_sweep(request: web.Request) -> web.Response:
     name = body.name or body.base_graph.name or "sweep"
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     base = shared_base(compiled.base)
+    who = svc.login.who(request)
     # A target applies to every variant.
     submissions = tuple(
         Submission(Graph.model_validate(variant.graph), name, body.options, flavors, "/base_graph", seed=variant.seed,
-                   sweep_id=sweep_id, sweep_variant=variant.index, shared=(base, variant.graph, variant.params))
+                   sweep_id=sweep_id, sweep_variant=variant.index, shared=(base, variant.graph, variant.params),
+                   submitted_by=submitter_of(who) if who is not None else None)
         for variant in compiled.variants)
     variants = tuple({"index": v.index, "params": v.params, "seed": v.seed} for v in compiled.variants)
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),
              "objective": body.objective.model_dump(mode="json"), "domains": compiled.domains,
              "total": compiled.total_combinations, "created_at": ev.utc_now()}
-    records, committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, variants, submissions))
-    await committed
+    async with within_quota(svc, who, len(submissions), declared_mib(body.options) * len(submissions)):
+        records, committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, variants, submissions))
+        await committed
     return json_reply(
         {"sweep_id": sweep_id, "total_combinations": compiled.total_combinations, "params": compiled.domains,
          "variants": [{**v, "run_id": r.id, "status": ev.QUEUED} for v, r in zip(variants, records, strict=True)]},

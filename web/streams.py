@@ -22,6 +22,7 @@ from protocol import events as ev
 from protocol import jsonsafe
 from protocol.errors import NotFound
 from web.context import Services, services
+from web.queue_state import in_line
 from web.requests import int_query, run_id_from
 
 routes = web.RouteTableDef()
@@ -148,7 +149,8 @@ class _RunStream:
             self.finished = True
         return _event_frame(event)
 
-    def position_frame(self, position: int | None) -> bytes:
+    def position_frame(self, stored: int | None) -> bytes:
+        position = in_line(self.svc, self.run_id, stored)
         if position == self.position:
             return b""
         self.position = position

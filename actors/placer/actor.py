@@ -381,7 +381,8 @@ class Placer(Actor):
                     f"{MOUNT_NEED}{label}" for label in labels_of(document) - {UPLOAD_LABEL}}
             asked = record.devices if len(record.devices) > 1 else ()
             self._ensure_queue(str(record.queue_key)).tell(Enqueue(run_id, record.enqueue_seq, record.seeded, asked,
-                                                                   record.memory_budget_mib, record.duration_s))
+                                                                   record.memory_budget_mib, record.duration_s,
+                                                                   record.submitted_by or ""))
 
     def _check_interactive(self, session: str | None, seeded: bool) -> None:
         if len(self._interactive) >= self._interactive_limit:

@@ -1,22 +1,28 @@
-"""QueueActor: the FIFO of one queue key (``cpu``, ``cuda:0``) and its slot count.
+"""QueueActor: the line of one queue key (``cpu``, ``cuda:0``) and its slot count.
 
-It hands its head to the placer with ``Admit`` whenever a slot is free, counting the run
-as holding the slot from then on; the slot comes back with ``Release``, which the run
-sends as soon as its graph ends (or it is withdrawn). Interactive runs never pass here.
-On a restart the FIFO is rebuilt from the queued rows in the store.
+It hands the run whose turn it is to the placer with ``Admit`` whenever a slot is free,
+counting the run as holding the slot from then on; the slot comes back with ``Release``,
+which the run sends as soon as its graph ends (or it is withdrawn). Whose turn it is:
+FIFO among one submitter's runs, and among submitters the one that used the key least
+lately (``fair_share.py``), unless the order is ``fifo``. A submitter whose session
+allows N runs at once waits while N of its runs hold slots here. Interactive runs never
+pass here. On a restart the line is rebuilt from the queued rows in the store, and what
+each submitter used from the runs' start and end times.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections import OrderedDict
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from actors.base import Actor, Registry, Snapshot
+from actors.placer.fair_share import FairLine, Order, Usage
 from actors.placer.messages import Admit
 from actors.store import StoreClient
-from actors.store.runs import QueuedRuns
+from actors.store.runs import KeyUsage, QueuedRuns, SessionCap
 
 log = logging.getLogger("troupe.queue")
 
@@ -30,6 +36,7 @@ class Enqueue:
     devices: tuple[str, ...] = ()
     budget_mib: int | None = None
     duration_s: float | None = None
+    submitter: str = ""  # a session's id, "server", or "" (unknown: a run from before it was recorded)
 
 
 @dataclass(frozen=True)
@@ -53,56 +60,115 @@ class Occupying:
 
 
 
+@dataclass(frozen=True)
+class PositionOf:
+    """Ask: the run's place in the fair line now (1: next), or None where the FIFO order
+    the store counts is the order. A submitter asks once its run is stored."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class CapKnown:
+    """From the queue itself: the store answered how many runs a session may run at once."""
+
+    submitter: str
+    cap: int | None
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What the queues panel and a queued run's position read: counts, and the line's
+    ``order`` while several submitters wait under fair order (else None: FIFO)."""
+
+    queue_key: str
+    limit: int
+    running: int
+    queued: int
+    order: Order | None
+    fair: bool = False
+    submitters: frozenset[str] = frozenset()  # those with runs waiting
+
+    def __getitem__(self, name: str) -> Any:  # the panel reads it as the dict it was
+        return getattr(self, name)
+
+    def counts(self) -> dict[str, Any]:
+        return {"queue_key": self.queue_key, "limit": self.limit, "running": self.running, "queued": self.queued}
+
+
 class QueueActor(Actor):
     publishes_view = True  # the queues panel and a queued run's reason read it without an ask
-    quiet_messages = frozenset({Readmit, Snapshot})
+    quiet_messages = frozenset({Readmit, Snapshot, PositionOf})
 
     def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry,
-                 rebuild: bool = True) -> None:
+                 rebuild: bool = True, order: str = "fifo", half_life_s: float = 3600.0) -> None:
         super().__init__(f"queues/{queue_key}")
         self._rebuild = rebuild  # a restarted queue reads its line back from the store
         self.queue_key = queue_key
         self._limit = limit
         self._store = store
         self._registry = registry
-        # The waiting runs by id, in enqueue order: a withdrawn run leaves in O(1).
-        self._fifo: OrderedDict[str, Enqueue] = OrderedDict()
+        self._fair = order == "fair"
+        self._half_life_s = half_life_s
+        self._usage = Usage(half_life_s)
+        # The waiting runs: a withdrawn run leaves in O(1), a pick costs O(submitters).
+        self._line: FairLine[Enqueue] = FairLine(lambda e: e.enqueue_seq, self._usage, self._fair)
         self._holding: set[str] = set()
         self._admitted: dict[str, Enqueue] = {}  # handed on
         self._known: set[str] = set()
+        self._caps: dict[str, int | None] = {"": None, "server": None}  # submitter -> runs at once it may hold
+        self._asking: set[str] = set()  # submitters whose limit is being read
+        self._pump_due = False
+        self._found_running: dict[str, tuple[str, float]] = {}  # a restart: run -> (submitter, started)
 
     async def on_start(self) -> None:
-        # Rebuild: queued rows in enqueue order. Runs already holding a slot announce
-        # themselves with Occupying (the runs supervisor asks them after a restart).
+        # What each submitter used lately, from the store (fair order only): the order
+        # survives a restart. Runs already holding a slot announce themselves with
+        # Occupying (the runs supervisor asks them after a restart).
+        if self._fair:
+            for submitter, started, ended, run_id in await self._store.read(
+                    KeyUsage(self.queue_key, time.time() - 10 * self._half_life_s)):
+                if ended is None:
+                    self._found_running[run_id] = (submitter, started)
+                else:
+                    self._usage.charge(submitter, ended - started, ended)
         if not self._rebuild:
             return
-        for run_id, seq, seeded, devices, budget, duration in await self._store.read(QueuedRuns(self.queue_key)):
+        for run_id, seq, seeded, devices, budget, duration, submitter in await self._store.read(
+                QueuedRuns(self.queue_key)):
             if self._registry.lookup(f"runs/{run_id}") is not None:
-                self._fifo[run_id] = Enqueue(run_id, seq, seeded, devices, budget, duration)
-                self._known.add(run_id)
+                await self._enqueue(Enqueue(run_id, seq, seeded, devices, budget, duration, submitter))
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Enqueue(run_id):
-                if run_id not in self._known:
-                    self._known.add(run_id)
-                    self._fifo[run_id] = message
-                self._pump()
+            case Enqueue():
+                await self._enqueue(message)
+                self._pump_soon()
             case Release(run_id):
                 self._known.discard(run_id)
                 self._holding.discard(run_id)
                 self._admitted.pop(run_id, None)
-                self._fifo.pop(run_id, None)
+                self._line.remove(run_id)
+                self._usage.release(run_id)
                 self._pump()
             case Occupying(run_id):
                 self._known.add(run_id)
-                self._fifo.pop(run_id, None)
+                self._line.remove(run_id)
                 self._holding.add(run_id)
+                submitter, since = self._found_running.pop(run_id, ("", None))
+                self._usage.hold(run_id, submitter, since)
+            case CapKnown(submitter, cap):
+                self._asking.discard(submitter)
+                self._caps[submitter] = cap
+                self._pump()
             case Readmit():
                 placer = self._registry.lookup("placer")
                 for entry in sorted(self._admitted.values(), key=lambda e: e.enqueue_seq):
                     if placer is not None and entry.run_id in self._holding:
                         placer.tell(self._admit(entry))
+            case PositionOf(run_id):
+                order = self._line.order()
+                return order.position(run_id) if order is not None else None
             case Snapshot():
                 return self.make_view()
             case _:
@@ -110,18 +176,62 @@ class QueueActor(Actor):
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
-    def make_view(self) -> dict[str, Any]:
-        return {"queue_key": self.queue_key, "limit": self._limit, "running": len(self._holding),
-                "queued": len(self._fifo)}
+    async def _enqueue(self, entry: Enqueue) -> None:
+        if entry.run_id in self._known:
+            return
+        self._known.add(entry.run_id)
+        if entry.submitter not in self._caps and entry.submitter not in self._asking:
+            self._ask_cap(entry.submitter)
+        self._line.add(entry.run_id, entry.submitter, entry)
+
+    def _ask_cap(self, submitter: str) -> None:
+        """A session seen here first: its limit of runs at once, read once, without
+        holding the actor (no run is handed on until the answer is in: milliseconds)."""
+        self._asking.add(submitter)
+        me = self.ref
+
+        def _known(read: asyncio.Future[Any]) -> None:
+            failed = read.cancelled() or read.exception() is not None
+            if failed:
+                log.warning("could not read the quota of session %s; its runs are not limited here", submitter)
+            me.tell(CapKnown(submitter, None if failed else read.result()))
+
+        asyncio.ensure_future(self._store.read(SessionCap(submitter))).add_done_callback(_known)
+
+    def make_view(self) -> QueueView:
+        return QueueView(self.queue_key, self._limit, len(self._holding), len(self._line), self._line.order(),
+                         self._fair, self._line.submitters())
+
+    def _capped(self, submitter: str) -> bool:
+        cap = self._caps.get(submitter)
+        return cap is not None and self._usage.held_by(submitter) >= cap
+
+    def _pump_soon(self) -> None:
+        """Hands runs on once this burst of messages is handled: a restarted server's
+        placer hands on every queued run at once, and the first must not take the free
+        slot before the others (of people who used the key less) are in line."""
+        if not self._pump_due:
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._pump_now)
+
+    def _pump_now(self) -> None:
+        self._pump_due = False
+        if self.ref.is_alive:
+            self._pump()
+            self.changed()
 
     def _pump(self) -> None:
         placer = self._registry.lookup("placer")
-        if placer is None:
+        if placer is None or self._asking:  # whose turn it is waits until every limit is known
             return
-        while self._fifo and len(self._holding) < self._limit:
-            _, entry = self._fifo.popitem(last=False)
-            self._holding.add(entry.run_id)
-            self._admitted[entry.run_id] = entry
+        while len(self._line) and len(self._holding) < self._limit:
+            picked = self._line.pick(self._capped)
+            if picked is None:
+                return
+            run_id, submitter, entry = picked
+            self._holding.add(run_id)
+            self._admitted[run_id] = entry
+            self._usage.hold(run_id, submitter)
             placer.tell(self._admit(entry))
 
     def _admit(self, entry: Enqueue) -> Admit:

@@ -9,7 +9,9 @@ is the head of its token's hash: it names the link in lists without giving it aw
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ class AddLoginLink:
     kind: str
     uses: int
     expires_at: float  # epoch seconds
+    quotas: Mapping[str, int] | None = None  # limits of the sessions it opens (max_running, ...)
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,9 @@ class SeenSessions:
 
 # SQL ---------------------------------------------------------------------------
 
-_COLUMNS = ("id", "secret_hash", "kind", "label", "created_at", "last_seen_at", "revoked", "expires_at", "link_id")
-_LINK_COLUMNS = ("kind", "uses_left", "expires_at", "created_at", "revoked")
+_COLUMNS = ("id", "secret_hash", "kind", "label", "created_at", "last_seen_at", "revoked", "expires_at", "link_id",
+            "quotas")
+_LINK_COLUMNS = ("kind", "uses_left", "expires_at", "created_at", "revoked", "quotas")
 LINK_ID_CHARS = 16
 
 
@@ -93,16 +97,17 @@ def _link_id(token_hash: str) -> str:
 
 
 def _add_link(s: Session, op: AddLoginLink) -> None:
-    s.conn.execute("INSERT INTO login_links(token_hash, kind, uses_left, expires_at, created_at) "
-                   "VALUES (?, ?, ?, ?, ?)", (op.token_hash, op.kind, op.uses, op.expires_at, ev.utc_now()))
+    s.conn.execute("INSERT INTO login_links(token_hash, kind, uses_left, expires_at, created_at, quotas) "
+                   "VALUES (?, ?, ?, ?, ?, ?)", (op.token_hash, op.kind, op.uses, op.expires_at, ev.utc_now(),
+                                                 json.dumps(dict(op.quotas)) if op.quotas else None))
 
 
 def _use_link(s: Session, op: UseLoginLink) -> dict[str, Any] | None:
-    found = s.conn.execute("SELECT kind, uses_left, expires_at, revoked FROM login_links WHERE token_hash = ?",
-                           (op.token_hash,)).fetchall()
+    found = s.conn.execute("SELECT kind, uses_left, expires_at, revoked, quotas FROM login_links "
+                           "WHERE token_hash = ?", (op.token_hash,)).fetchall()
     if not found:
         return None
-    kind, uses_left, link_expires, revoked = found[0]
+    kind, uses_left, link_expires, revoked, quotas = found[0]
     now_s = time.time()
     if int(str(uses_left)) <= 0 or float(str(link_expires)) < now_s or revoked:
         return None
@@ -110,23 +115,29 @@ def _use_link(s: Session, op: UseLoginLink) -> dict[str, Any] | None:
     now, expires_at = ev.utc_now(), min(float(str(link_expires)), now_s + op.max_s)
     link_id = _link_id(op.token_hash)
     s.conn.execute("INSERT INTO sessions(id, secret_hash, kind, label, created_at, last_seen_at, revoked, expires_at, "
-                   "link_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                   (op.session_id, op.session_hash, kind, op.label[:200], now, now, expires_at, link_id))
+                   "link_id, quotas) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+                   (op.session_id, op.session_hash, kind, op.label[:200], now, now, expires_at, link_id, quotas))
     return {"id": op.session_id, "secret_hash": op.session_hash, "kind": str(kind), "label": op.label[:200],
-            "created_at": now, "last_seen_at": now, "revoked": False, "expires_at": expires_at, "link_id": link_id}
+            "created_at": now, "last_seen_at": now, "revoked": False, "expires_at": expires_at, "link_id": link_id,
+            "quotas": _quotas(quotas)}
+
+
+def _quotas(text: Any) -> dict[str, int] | None:
+    return json.loads(str(text)) if text else None
 
 
 def list_sessions(s: Session, _: ListSessions) -> list[dict[str, Any]]:
     rows = s.conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM sessions ORDER BY created_at").fetchall()
-    return [{**dict(zip(_COLUMNS, row, strict=True)), "revoked": bool(row[6])} for row in rows]
+    return [{**dict(zip(_COLUMNS, row, strict=True)), "revoked": bool(row[6]), "quotas": _quotas(row[9])}
+            for row in rows]
 
 
 def _list_links(s: Session, _: ListLoginLinks) -> list[dict[str, Any]]:
     rows = s.conn.execute(f"SELECT token_hash, {', '.join(_LINK_COLUMNS)}, (SELECT COUNT(*) FROM sessions "
                           "WHERE sessions.link_id = substr(login_links.token_hash, 1, ?)) FROM login_links "
                           "ORDER BY created_at", (LINK_ID_CHARS,)).fetchall()
-    return [{"id": _link_id(str(row[0])), **dict(zip(_LINK_COLUMNS, row[1:6], strict=True)), "revoked": bool(row[5]),
-             "sessions": row[6]} for row in rows]
+    return [{"id": _link_id(str(row[0])), **dict(zip(_LINK_COLUMNS, row[1:7], strict=True)), "revoked": bool(row[5]),
+             "quotas": _quotas(row[6]), "sessions": row[7]} for row in rows]
 
 
 def _revoke_link(s: Session, op: RevokeLoginLink) -> list[str] | None:

@@ -33,6 +33,7 @@ class ListRuns:
     # Ordered by the newest value of this series (``-name``: highest first), runs without
     # one last; one page only, each row with its ``sort_value``.
     sort: str | None = None
+    submitted_by: str | None = None  # one submitter's runs (``?mine=true``)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ListGroups:
     before_seq: int | None = None
     search: str | None = None
     tag: str | None = None
+    submitted_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def _filters(query: ListRuns | ListGroups) -> tuple[list[str], list[Any]]:
         statuses = query.status.split(",")
         where.append(f"r.status IN ({', '.join('?' for _ in statuses)})")
         args.extend(statuses)
-    for column in ("sweep_id", "study_id"):
+    for column in ("sweep_id", "study_id", "submitted_by"):
         value = getattr(query, column, None)
         if value is not None:
             where.append(f"r.{column} = ?")

@@ -11,6 +11,7 @@ import shutil
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import apsw
@@ -97,6 +98,30 @@ class QueuedRuns:
 
 
 @dataclass(frozen=True)
+class KeyUsage:
+    """What each submitter used of a queue key since ``since`` (epoch seconds): rows of
+    (submitter, started, ended or None while it runs, run id), for fair order."""
+
+    queue_key: str
+    since: float
+
+
+@dataclass(frozen=True)
+class SessionCap:
+    """How many runs the session may have running at once (its class link's limit), or None."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class SessionLoad:
+    """What a submitter has now: ``{"running", "waiting", "memory_mib"}`` (the declared or
+    derived memory budgets of its running and waiting runs)."""
+
+    submitted_by: str
+
+
+@dataclass(frozen=True)
 class QueuePosition:
     run_id: str
 
@@ -119,7 +144,7 @@ RUN_COLUMNS = (
     "finished_at", "error", "error_detail", "sweep_id", "sweep_variant", "study_id", "worker",
     "holds", "worker_counter", "graph_digest", "memory_budget_mib", "memory_budget_source", "peak_memory_mib",
     "peak_memory_exact", "out_of_memory", "one_shot", "duration_s", "execution_facts", "graph_base", "rerun_of",
-    "resumed_from", "progress", "note",
+    "resumed_from", "progress", "note", "submitted_by",
 )
 _JSON_COLUMNS = ("graph", "options", "warnings", "holds", "execution_facts", "resumed_from", "progress")
 UPDATABLE = frozenset(RUN_COLUMNS) - {"id", "enqueue_seq", "created_at", "graph", "graph_base"}
@@ -143,7 +168,12 @@ _FINAL_LOSS = """
         (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss'
          ORDER BY m.seq DESC LIMIT 1))
 """
-SELECT_RUNS = f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS} FROM runs r"
+# submitted_label: the name its submitter's session goes by now (a student may name
+# themselves after submitting); the server's own token has no session row.
+_SUBMITTER = "CASE WHEN r.submitted_by = 'server' THEN 'server token' ELSE " \
+    "(SELECT s.label FROM sessions s WHERE s.id = r.submitted_by) END"
+SELECT_RUNS = (f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)}, {_POSITION}, {_FINAL_LOSS}, {_SUBMITTER} "
+               "FROM runs r")
 
 
 class _Bases:
@@ -177,7 +207,7 @@ def whole_graph(conn: apsw.Connection, row: dict[str, Any]) -> dict[str, Any]:
 
 def run_row(values: tuple[Any, ...]) -> dict[str, Any]:
     row = dict(zip(RUN_COLUMNS, values[: len(RUN_COLUMNS)], strict=True))
-    row["queue_position"], final = values[len(RUN_COLUMNS):]
+    row["queue_position"], final, row["submitted_label"] = values[len(RUN_COLUMNS):]
     # A diverged loss is null with what it was: "nan", "inf" or "-inf".
     row["final_loss"], row["final_loss_non_finite"] = json.loads(str(final)) if final is not None else (None, None)
     row["deterministic"] = bool(row["deterministic"])
@@ -253,16 +283,46 @@ def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[Any, ...]]:
     """The queued runs of a key in FIFO order, with the devices each asks for when it
     names several (``target.devices``), its memory budget and its expected length."""
     found = []
-    for run_id, seq, seed, options, budget, duration in conn.execute(
-        "SELECT id, enqueue_seq, seed, options, memory_budget_mib, duration_s FROM runs WHERE queue_key = ? "
-        "AND status = 'queued' AND lane = 'queued' ORDER BY enqueue_seq",
+    for run_id, seq, seed, options, budget, duration, submitter in conn.execute(
+        "SELECT id, enqueue_seq, seed, options, memory_budget_mib, duration_s, submitted_by FROM runs "
+        "WHERE queue_key = ? AND status = 'queued' AND lane = 'queued' ORDER BY enqueue_seq",
         (queue_key,),
     ):
         devices = held_devices(json.loads(str(options or "{}")), "")
         found.append((str(run_id), int(seq), seed is not None, tuple(devices) if len(devices) > 1 else (),
                       int(budget) if budget is not None else None,
-                      float(duration) if duration is not None else None))
+                      float(duration) if duration is not None else None, str(submitter or "")))
     return found
+
+
+_EPOCH = "(julianday({}) - 2440587.5) * 86400.0"
+
+
+def key_usage(conn: apsw.Connection, query: KeyUsage) -> list[tuple[str, float, float | None, str]]:
+    rows = conn.execute(
+        f"SELECT submitted_by, {_EPOCH.format('started_at')}, {_EPOCH.format('finished_at')}, id, status FROM runs "
+        "WHERE queue_key = ? AND lane = 'queued' AND started_at IS NOT NULL "
+        "AND (status = 'running' OR finished_at >= ?)",
+        (query.queue_key, datetime.fromtimestamp(query.since, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")))
+    return [(str(who or ""), float(started), None if status == "running" or ended is None else float(ended),
+             str(run_id)) for who, started, ended, run_id, status in rows
+            if started is not None and (status == "running" or ended is not None)]
+
+
+def session_load(conn: apsw.Connection, query: SessionLoad) -> dict[str, int]:
+    load = {"running": 0, "waiting": 0, "memory_mib": 0}
+    for status, count, memory in conn.execute(
+            "SELECT status, COUNT(*), COALESCE(SUM(memory_budget_mib), 0) FROM runs WHERE submitted_by = ? "
+            "AND status IN ('queued', 'running') GROUP BY status", (query.submitted_by,)):
+        load["running" if status == ev.RUNNING else "waiting"] += int(str(count))
+        load["memory_mib"] += int(str(memory))
+    return load
+
+
+def session_cap(conn: apsw.Connection, query: SessionCap) -> int | None:
+    found = conn.execute("SELECT quotas FROM sessions WHERE id = ?", (query.session_id,)).fetchall()
+    quotas = json.loads(str(found[0][0])) if found and found[0][0] else {}
+    return int(quotas["max_running"]) if quotas.get("max_running") else None
 
 
 def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
@@ -420,6 +480,9 @@ READS: Table = {
     GetRun: lambda s, m: get_run(s.conn, m.run_id),
     QueuedRuns: lambda s, m: queued_runs(s.conn, m.queue_key),
     QueuePosition: lambda s, m: queue_position(s.conn, m.run_id),
+    KeyUsage: lambda s, m: key_usage(s.conn, m),
+    SessionCap: lambda s, m: session_cap(s.conn, m),
+    SessionLoad: lambda s, m: session_load(s.conn, m),
     ReadStream: lambda s, m: read_stream(s.conn, m),
     StatusCounts: lambda s, m: status_counts(s.conn),
     MaxEnqueueSeq: lambda s, m: max_enqueue_seq(s.conn),

@@ -340,6 +340,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE sessions ADD COLUMN link_id TEXT;
     ALTER TABLE login_links ADD COLUMN revoked INTEGER NOT NULL DEFAULT 0;
     """,
+    # 21: who submitted each run (a session's id, or "server" for the server's token),
+    # for fair order and quotas; the limits a class link gives the sessions it opens
+    # (JSON: max_running, max_waiting, max_memory_mib), copied onto each session.
+    """
+    ALTER TABLE runs ADD COLUMN submitted_by TEXT;
+    CREATE INDEX runs_submitter ON runs(submitted_by, status) WHERE submitted_by IS NOT NULL;
+    ALTER TABLE login_links ADD COLUMN quotas TEXT;
+    ALTER TABLE sessions ADD COLUMN quotas TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

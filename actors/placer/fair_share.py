@@ -1,0 +1,205 @@
+"""Fair share within one queue key: who gets a freed slot when several people wait.
+
+A queue key's slot goes to the submitter who has used that key least lately, as
+SLURM's fairshare does: use is slot-seconds, each second counting half as much a
+half-life later. Among one submitter's runs the order is FIFO; with one submitter
+waiting it is plain FIFO, and so it is for everyone with ``TROUPE_QUEUE_ORDER=fifo``.
+
+Decay is applied without touching every figure as time passes: a charge made at time
+``t`` is stored multiplied by ``2 ** ((t - t0) / half_life)``, so every stored figure is
+in the units of one moment and they compare as they are (dividing all by the same factor
+would not change their order). When that factor grows large the base moves forward.
+
+``Order`` is the immutable picture of the line a queue publishes for readers: the
+position a run will start at if nothing else arrives, supposing each run holds its slot
+about as long as this key's recent runs did (``estimate_s``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+_REBASE = 512.0  # half-lives since the base after which the base moves (2**512 fits a float)
+_ESTIMATE_S = 1.0  # a run's expected slot time before any run of the key has ended
+_EASE = 0.2  # weight of the newest run in the key's running mean of slot time
+
+E = TypeVar("E")
+
+
+class Usage:
+    """Decayed slot-seconds of one queue key, by submitter. ``clock``: epoch seconds."""
+
+    def __init__(self, half_life_s: float, clock: Callable[[], float] = time.time) -> None:
+        self._half_life = half_life_s
+        self._clock = clock
+        self._base = clock()
+        self._charged: dict[str, float] = {}  # submitter -> slot-seconds, scaled to the base
+        self._holding: dict[str, tuple[str, float]] = {}  # run -> (submitter, since)
+        self.estimate_s = _ESTIMATE_S
+
+    def _scale(self, at: float) -> float:
+        return 2.0 ** ((at - self._base) / self._half_life)
+
+    def hold(self, run_id: str, submitter: str, since: float | None = None) -> None:
+        """The run took a slot (``since``: when, for a run a restart found running)."""
+        self._holding.setdefault(run_id, (submitter, self._clock() if since is None else since))
+
+    def release(self, run_id: str) -> None:
+        held = self._holding.pop(run_id, None)
+        if held is not None:
+            now = self._clock()
+            seconds = max(0.0, now - held[1])
+            self.charge(held[0], seconds, now)
+            self.estimate_s += _EASE * (max(seconds, 0.001) - self.estimate_s)
+
+    def charge(self, submitter: str, seconds: float, at: float) -> None:
+        """Slot-seconds used, as of ``at`` (a restart charges what the store says was used)."""
+        if (at - self._base) / self._half_life > _REBASE:
+            factor = self._scale(at)
+            self._charged = {who: used / factor for who, used in self._charged.items()}
+            self._base = at
+        self._charged[submitter] = self._charged.get(submitter, 0.0) + seconds * self._scale(at)
+
+    def held_by(self, submitter: str) -> int:
+        return sum(1 for who, _ in self._holding.values() if who == submitter)
+
+    def of(self, submitters: Iterator[str] | list[str]) -> dict[str, float]:
+        """Each one's use now, in units that compare (not seconds: scaled to the base)."""
+        now = self._clock()
+        scale = self._scale(now)
+        used = {who: self._charged.get(who, 0.0) for who in submitters}
+        for who, since in self._holding.values():
+            if who in used:
+                used[who] += max(0.0, now - since) * scale
+        return used
+
+    def step(self) -> float:
+        """What one more run of the key adds to its submitter's use, in the units of ``of``."""
+        return max(self.estimate_s, 0.001) * self._scale(self._clock())
+
+    def in_seconds(self, used: float) -> float:
+        """A figure of ``of`` as decayed slot-seconds now, for people to read."""
+        return used / self._scale(self._clock())
+
+
+@dataclass
+class _Person(Generic[E]):
+    line: OrderedDict[str, E] = field(default_factory=OrderedDict)
+    picture: tuple[tuple[str, int], ...] | None = None  # the line as last published, until it changes
+
+
+class FairLine(Generic[E]):
+    """The waiting runs of one queue key, by submitter; ``seq_of`` gives an entry's
+    enqueue sequence (the FIFO order). Every operation but a pick is O(1); a pick is
+    O(submitters waiting)."""
+
+    def __init__(self, seq_of: Callable[[E], int], usage: Usage, fair: bool) -> None:
+        self._seq_of = seq_of
+        self._usage = usage
+        self._fair = fair
+        self._fifo: OrderedDict[str, tuple[str, E]] = OrderedDict()  # every waiting run, in enqueue order
+        self._people: dict[str, _Person[E]] = {}
+        self._submitters: frozenset[str] | None = frozenset()  # who waits, until someone comes or goes
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._fifo
+
+    def add(self, run_id: str, submitter: str, entry: E) -> None:
+        self._fifo[run_id] = (submitter, entry)
+        person = self._people.get(submitter)
+        if person is None:
+            person = self._people[submitter] = _Person()
+            self._submitters = None
+        person.line[run_id] = entry
+        person.picture = None
+
+    def remove(self, run_id: str) -> E | None:
+        found = self._fifo.pop(run_id, None)
+        if found is None:
+            return None
+        submitter, entry = found
+        person = self._people[submitter]
+        del person.line[run_id]
+        person.picture = None
+        if not person.line:
+            del self._people[submitter]
+            self._submitters = None
+        return entry
+
+    def submitters(self) -> frozenset[str]:
+        if self._submitters is None:
+            self._submitters = frozenset(self._people)
+        return self._submitters
+
+    def pick(self, capped: Callable[[str], bool]) -> tuple[str, str, E] | None:
+        """The run that gets the next free slot, taken out of the line; None when every
+        waiting submitter is at its limit of runs at once (``capped``)."""
+        if not self._fifo:
+            return None
+        if not self._fair or len(self._people) == 1:
+            chosen = next((who for who, _ in self._fifo.values() if not capped(who)), None)
+        else:
+            open_ = [who for who in self._people if not capped(who)]
+            used = self._usage.of(open_)
+            chosen = min(open_, key=lambda who: (used[who], self._head_seq(who)), default=None)
+        if chosen is None:
+            return None
+        run_id, entry = next(iter(self._people[chosen].line.items()))
+        self.remove(run_id)
+        return run_id, chosen, entry
+
+    def _head_seq(self, submitter: str) -> int:
+        return self._seq_of(next(iter(self._people[submitter].line.values())))
+
+    def order(self) -> Order | None:
+        """The published picture of the line, or None when the FIFO order (which the store
+        answers) is the order: fifo mode, or one submitter waiting."""
+        if not self._fair or len(self._people) < 2:
+            return None
+        lines = {}
+        for who, person in self._people.items():
+            if person.picture is None:
+                person.picture = tuple((run_id, self._seq_of(e)) for run_id, e in person.line.items())
+            lines[who] = person.picture
+        return Order(lines, self._usage.of(list(lines)), self._usage.step())
+
+
+@dataclass(frozen=True)
+class Order:
+    """The line of a queue key under fair order, as of one burst of its messages.
+    ``used``: each submitter's use then, ``step``: what one more run adds to it (the key's
+    recent slot time, in the same units)."""
+
+    lines: Mapping[str, tuple[tuple[str, int], ...]]
+    used: Mapping[str, float]
+    step: float
+
+    def position(self, run_id: str) -> int | None:
+        """1 + the waiting runs that start before this one if nothing else arrives: each
+        submitter's runs in turn of their use."""
+        for who, line in self.lines.items():
+            index = next((i for i, (rid, _) in enumerate(line) if rid == run_id), None)
+            if index is not None:
+                return 1 + index + sum(
+                    self._before(other, line[index][1], self.used[who] + index * self.step)
+                    for other in self.lines if other != who)
+        return None
+
+    def _before(self, other: str, seq: int, key: float) -> int:
+        """How many of ``other``'s runs start before a run of this use ``key`` and sequence."""
+        line, used = self.lines[other], self.used[other]
+        reach = (key - used) / self.step  # other's k-th run starts first when k < reach
+        exact = round(reach)
+        if abs(reach - exact) < 1e-9:  # a tie goes to the run enqueued first
+            count = exact + (1 if 0 <= exact < len(line) and line[exact][1] < seq else 0)
+        else:
+            count = math.ceil(reach)
+        return max(0, min(len(line), count))

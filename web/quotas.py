@@ -1,0 +1,79 @@
+"""Quotas per session: the limits a class link gives the sessions it opens.
+
+* ``max_running``: runs of the session running at once. The queue holds the others back
+  (``actors/placer/queue.py``), so it refuses nothing by itself;
+* ``max_waiting``: runs waiting at once. A run counts as waiting until it starts, except
+  those that may start at once under ``max_running``;
+* ``max_memory_mib``: memory budgets (``target.memory_gib``) of its running and waiting
+  runs together.
+
+A submission that would pass a limit is refused whole, before anything is stored: 429
+``quota_exceeded`` with the limit and the counts. One session's submissions are checked
+one at a time, each until its rows are stored, so two at once cannot both slip under a
+limit. The teacher's sessions and the server's token have no limits unless their link
+set some.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from actors.store.runs import SessionLoad
+from protocol.api import RunOptions
+from protocol.errors import QuotaExceeded
+from web.context import Services
+from web.login import Who
+
+QUOTA_NAMES = ("max_running", "max_waiting", "max_memory_mib")
+
+
+def quotas_from(max_running: int | None, max_waiting: int | None, max_memory_gib: float | None
+                ) -> dict[str, int]:
+    """A link's limits as stored; an absent one is no limit."""
+    found = {"max_running": max_running, "max_waiting": max_waiting,
+             "max_memory_mib": math.ceil(max_memory_gib * 1024) if max_memory_gib is not None else None}
+    return {name: int(value) for name, value in found.items() if value is not None}
+
+
+def declared_mib(options: RunOptions) -> int:
+    """The memory budget a run declares (``target.memory_gib``), MiB; 0 without one."""
+    gib = options.target.memory_gib if options.target is not None else None
+    return math.ceil(gib * 1024) if gib is not None else 0
+
+
+@asynccontextmanager
+async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: int) -> AsyncIterator[None]:
+    """Holds the session's turn while ``runs`` more (with ``memory_mib`` of budgets in
+    all) are checked and stored; raises ``QuotaExceeded`` when they would pass a limit."""
+    quotas = who.quotas if who is not None else None
+    if not quotas or who is None or who.session_id is None:
+        yield
+        return
+    async with svc.login.quota_lock(who.session_id):
+        load = await svc.store.read(SessionLoad(who.session_id))
+        _check(quotas, load, runs, memory_mib)
+        yield
+
+
+def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory_mib: int) -> None:
+    counts: dict[str, Any] = {"running": load["running"], "waiting": load["waiting"], "asked": runs}
+    max_running, max_waiting = quotas.get("max_running"), quotas.get("max_waiting")
+    if max_waiting is not None:
+        room = max(0, max_running - load["running"]) if max_running is not None else 0
+        would_wait = max(0, load["waiting"] + runs - room)
+        if would_wait > max_waiting:
+            raise QuotaExceeded(
+                f"this session may have {max_waiting} runs waiting at once"
+                + (f" (and {max_running} running)" if max_running is not None else "")
+                + f"; it has {load['running']} running and {load['waiting']} waiting, and this asks for {runs} more. "
+                "Wait for some to finish, or cancel some", details={**counts, "limit": "max_waiting", **quotas})
+    max_memory = quotas.get("max_memory_mib")
+    if max_memory is not None and memory_mib and load["memory_mib"] + memory_mib > max_memory:
+        raise QuotaExceeded(
+            f"this session may hold {max_memory} MiB of memory budgets at once; its runs hold {load['memory_mib']} "
+            f"MiB and this asks for {memory_mib} MiB more", details={**counts, "limit": "max_memory_mib",
+                                                                   "memory_mib": load["memory_mib"],
+                                                                   "asked_mib": memory_mib, **quotas})
