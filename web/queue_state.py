@@ -13,9 +13,10 @@ import asyncio
 from typing import Any
 
 from actors.placer.actor import PlacerView, Quarantined, Waiting
-from actors.placer.queue import PositionOf, QueueView
+from actors.placer.queue import PositionOf, PredictFor, QueueView
 from protocol import events as ev
 from web.context import Services
+from web.login import submitter_of
 
 
 class QueueState:
@@ -107,6 +108,19 @@ async def submitted_position(svc: Services, run_id: str, submitter: str | None, 
         return stored
     found = await ref.ask(PositionOf(run_id))
     return stored if found is None else _placer_held(svc, queue_key) + found
+
+
+async def predicted_place(svc: Services, queue_key: str, request: Any, fifo: int) -> tuple[int, bool]:
+    """Where a run the request's session queued now on ``queue_key`` would start, and
+    whether that is by fair order (others wait there); ``fifo``: the place at the end."""
+    ref = svc.registry.lookup(f"queues/{queue_key}")
+    view = ref.view if ref is not None else None
+    who = svc.login.who(request)
+    me = submitter_of(who) if who is not None else ""
+    if ref is None or not isinstance(view, QueueView) or not view.fair or not view.submitters - {me}:
+        return fifo, False
+    found = await ref.ask(PredictFor(me))
+    return (fifo, False) if found is None else (_placer_held(svc, queue_key) + found, True)
 
 
 def _placer_held(svc: Services, queue_key: str) -> int:

@@ -19,7 +19,7 @@ from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
-from web.queue_state import QueueState
+from web.queue_state import QueueState, predicted_place
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
@@ -54,8 +54,11 @@ async def queue_prediction(request: web.Request) -> web.Response:
     if row["state"] == "quarantined":
         reason = {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {row['reason']}"}
     elif row["queued"] or row["running"] >= row["limit"]:
-        reason = {"code": "slots_busy", "message": f"#{row['queued'] + 1} in line for {key}: {row['running']} of "
-                                                   f"{row['limit']} slots busy"}
+        place, fair = await predicted_place(svc, key, request, row["queued"] + 1)
+        reason = {"code": "slots_busy", "message": f"#{place} in line for {key}: {row['running']} of "
+                                                   f"{row['limit']} slots busy" + (
+                                                       "; the line is in fair order (who used this queue least "
+                                                       "lately goes first)" if fair else "")}
     else:
         reason = await svc.actor("placer").ask(Predict(key, seeded == "true"), first=True)
     return json_reply({"queue_key": key, "starts": reason is None, "reason": reason})

@@ -27,6 +27,8 @@ from typing import Generic, TypeVar
 _REBASE = 512.0  # half-lives since the base after which the base moves (2**512 fits a float)
 _ESTIMATE_S = 1.0  # a run's expected slot time before any run of the key has ended
 _EASE = 0.2  # weight of the newest run in the key's running mean of slot time
+_TIE = 1e-6  # use closer than this share of a run's slot time is a tie
+_LAST = 2**63  # the enqueue sequence of a run not queued yet: after every run queued
 
 E = TypeVar("E")
 
@@ -149,7 +151,9 @@ class FairLine(Generic[E]):
         else:
             open_ = [who for who in self._people if not capped(who)]
             used = self._usage.of(open_)
-            chosen = min(open_, key=lambda who: (used[who], self._head_seq(who)), default=None)
+            least = min(used.values(), default=0.0) + _TIE * self._usage.step()
+            # Use within a hair of the least is a tie, as ``Order`` counts one: FIFO decides.
+            chosen = min((who for who in open_ if used[who] <= least), key=self._head_seq, default=None)
         if chosen is None:
             return None
         run_id, entry = next(iter(self._people[chosen].line.items()))
@@ -159,16 +163,19 @@ class FairLine(Generic[E]):
     def _head_seq(self, submitter: str) -> int:
         return self._seq_of(next(iter(self._people[submitter].line.values())))
 
-    def order(self) -> Order | None:
+    def order(self, also: str | None = None) -> Order | None:
         """The published picture of the line, or None when the FIFO order (which the store
-        answers) is the order: fifo mode, or one submitter waiting."""
-        if not self._fair or len(self._people) < 2:
+        answers) is the order: fifo mode, or one submitter waiting. ``also``: a submitter
+        about to queue a run, who is in the picture even with nothing waiting."""
+        if not self._fair or len(set(self._people) | ({also} if also is not None else set())) < 2:
             return None
-        lines = {}
+        lines: dict[str, tuple[tuple[str, int], ...]] = {}
         for who, person in self._people.items():
             if person.picture is None:
                 person.picture = tuple((run_id, self._seq_of(e)) for run_id, e in person.line.items())
             lines[who] = person.picture
+        if also is not None:
+            lines.setdefault(also, ())
         return Order(lines, self._usage.of(list(lines)), self._usage.step())
 
 
@@ -193,12 +200,18 @@ class Order:
                     for other in self.lines if other != who)
         return None
 
+    def position_new(self, who: str) -> int:
+        """Where a run ``who`` queued now would start: after its own waiting runs."""
+        index = len(self.lines[who])
+        key = self.used[who] + index * self.step
+        return 1 + index + sum(self._before(other, _LAST, key) for other in self.lines if other != who)
+
     def _before(self, other: str, seq: int, key: float) -> int:
         """How many of ``other``'s runs start before a run of this use ``key`` and sequence."""
         line, used = self.lines[other], self.used[other]
         reach = (key - used) / self.step  # other's k-th run starts first when k < reach
         exact = round(reach)
-        if abs(reach - exact) < 1e-9:  # a tie goes to the run enqueued first
+        if abs(reach - exact) < _TIE:  # a tie goes to the run enqueued first
             count = exact + (1 if 0 <= exact < len(line) and line[exact][1] < seq else 0)
         else:
             count = math.ceil(reach)

@@ -69,6 +69,14 @@ class PositionOf:
 
 
 @dataclass(frozen=True)
+class PredictFor:
+    """Ask: where a run this submitter queued now would start (1: next), or None where
+    the FIFO order is the order."""
+
+    submitter: str
+
+
+@dataclass(frozen=True)
 class CapKnown:
     """From the queue itself: the store answered how many runs a session may run at once."""
 
@@ -89,16 +97,13 @@ class QueueView:
     fair: bool = False
     submitters: frozenset[str] = frozenset()  # those with runs waiting
 
-    def __getitem__(self, name: str) -> Any:  # the panel reads it as the dict it was
-        return getattr(self, name)
-
     def counts(self) -> dict[str, Any]:
         return {"queue_key": self.queue_key, "limit": self.limit, "running": self.running, "queued": self.queued}
 
 
 class QueueActor(Actor):
     publishes_view = True  # the queues panel and a queued run's reason read it without an ask
-    quiet_messages = frozenset({Readmit, Snapshot, PositionOf})
+    quiet_messages = frozenset({Readmit, Snapshot, PositionOf, PredictFor})
 
     def __init__(self, queue_key: str, limit: int, store: StoreClient, registry: Registry,
                  rebuild: bool = True, order: str = "fifo", half_life_s: float = 3600.0) -> None:
@@ -169,8 +174,11 @@ class QueueActor(Actor):
             case PositionOf(run_id):
                 order = self._line.order()
                 return order.position(run_id) if order is not None else None
+            case PredictFor(submitter):
+                order = self._line.order(also=submitter)
+                return order.position_new(submitter) if order is not None else None
             case Snapshot():
-                return self.make_view()
+                return self.make_view().counts()
             case _:
                 # A message nobody defined is a bug: crash, and let the supervisor act.
                 raise TypeError(f"{self.name} got an unknown message {message!r}")

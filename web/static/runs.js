@@ -81,6 +81,12 @@ function pickBox(row) {
   return el("td", { class: "pick" }, box);
 }
 
+// Who submitted a run, by the name their session goes by now (a sweep or a study: its rows
+// carry the name of the first run listed).
+function byName(row) {
+  return row.submitted_label || (row.submitted_by ? row.submitted_by.slice(0, 8) : "");
+}
+
 function renderRow(row, child = false) {
   const where = el("td", { title: row.queue_key }, row.queue_key);
   if (row.queue_position !== null) where.append(el("span", { class: "position" }, `#${row.queue_position} in queue`));
@@ -95,7 +101,8 @@ function renderRow(row, child = false) {
   const name = el("td", { title: row.id }, el("a", { href: `#/runs/${row.id}`, onclick: (e) => e.stopPropagation() },
     row.name || row.id.slice(0, 8)), ...(row.tags || []).map((tag) => el("span", { class: "tag" }, tag)));
   return el("tr", { "data-run": row.id, class: child ? "child" : null, onclick: () => { location.hash = `#/runs/${row.id}`; } },
-    pickBox(row), name, statusCell(row), where, el("td", { title: row.started_at || "" }, age(row.started_at)),
+    pickBox(row), name, statusCell(row), where, el("td", { class: "by", title: row.submitted_by || "" }, byName(row)),
+    el("td", { title: row.started_at || "" }, age(row.started_at)),
     el("td", {}, duration(row)), progress, el("td", {}, loss), ...columnCells(row), actions(row));
 }
 
@@ -112,7 +119,7 @@ function groupRow(group) {
     onclick: (e) => { e.stopPropagation(); toggle(key); } }, open ? "▾" : "▸")),
   el("td", {}, el("a", { href: `#/${group.kind === "sweep" ? "sweeps" : "studies"}/${group.id}`, onclick: (e) => e.stopPropagation() },
     `${group.kind} ${group.name || group.id.slice(0, 8)}`)),
-  el("td", { colspan: 6 + pickedColumns().length }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`
+  el("td", { colspan: 7 + pickedColumns().length }, `${group.runs} run${group.runs === 1 ? "" : "s"}: ${counts}`
     + (best ? ` · ${best}` : "")), el("td", {}));
 }
 
@@ -168,7 +175,7 @@ async function groupMembers(group) {
 let sortBy = null; // {column, descending}
 const SORT_KEYS = {
   name: (r) => (r.name || r.id || "").toLowerCase(), status: (r) => r.status || r.kind, queue_key: (r) => r.queue_key,
-  started_at: (r) => r.started_at, final_loss: (r) => r.final_loss,
+  started_at: (r) => r.started_at, final_loss: (r) => r.final_loss, by: (r) => byName(r).toLowerCase() || null,
   duration: (r) => (r.started_at ? (Date.parse(r.finished_at || new Date().toISOString()) - Date.parse(r.started_at)) : null),
   progress: (r) => (r.progress && r.progress.epochs ? r.progress.epoch / r.progress.epochs : null),
 };
@@ -186,6 +193,28 @@ function sorted(rows) {
   });
 }
 
+// Sorted by the By column, the list is grouped by person: a heading row before each
+// person's runs, with how many of them are listed.
+function byPerson(rendered, rows) {
+  if (!sortBy || sortBy.column !== "by") return rendered;
+  const out = [];
+  let last;
+  rendered.forEach((tr) => {
+    const row = tr.dataset.group ? null : rows.find((r) => r.id === tr.dataset.run);
+    if (!row && !tr.dataset.group) { out.push(tr); return; }  // a run of an open sweep or study
+    const whose = (r) => (r.kind ? "sweeps and studies" : byName(r) || "unknown");
+    const who = row ? whose(row) : "sweeps and studies";
+    if (who !== last) {
+      const count = rows.filter((r) => whose(r) === who).length;
+      out.push(el("tr", { class: "person", "data-person": who },
+        el("td", { colspan: 10 + pickedColumns().length }, `${who} · ${count} ${row ? "run" : "group"}${count === 1 ? "" : "s"}`)));
+      last = who;
+    }
+    out.push(tr);
+  });
+  return out;
+}
+
 export async function refreshRuns() {
   const [unsorted, running, queues] = await Promise.all([
     listRows(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
@@ -193,11 +222,11 @@ export async function refreshRuns() {
   const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
   const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
   loaded = [...list.rows.filter((r) => !r.kind), ...[...members.values()].flat()];
-  document.getElementById("rows").replaceChildren(...list.rows.flatMap((row) => {
+  document.getElementById("rows").replaceChildren(...byPerson(list.rows.flatMap((row) => {
     if (!row.kind) return [renderRow(row)];
     const key = `${row.kind}:${row.id}`;
     return [groupRow(row), ...sorted(members.get(key) || []).map((member) => renderRow(member, true))];
-  }));
+  }), list.rows));
   const narrowed = Boolean(search || filter);
   document.getElementById("empty").hidden = list.rows.length > 0 || narrowed;
   document.getElementById("no-match").hidden = list.rows.length > 0 || !narrowed;
