@@ -338,6 +338,8 @@ class LoginLink(_Reply):
     created_at: str
     revoked: bool
     sessions: int
+    quotas: dict[str, int] | None = Field(default=None, description="limits of the sessions it opens: max_running, "
+                                                                    "max_waiting, max_memory_mib")
 
 
 class LoginLinks(_Reply):
@@ -347,6 +349,7 @@ class LoginLinks(_Reply):
 class NewLoginLink(_Reply):
     login_url: str
     kind: str
+    quotas: dict[str, int] = Field(default_factory=dict, description="limits of the sessions it opens")
 
 
 class Sessions(_Reply):

@@ -61,6 +61,8 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
     if mutation:  # a busy lane, an offline worker, a full card, a stopping server: not now, maybe later
         responses["503"] = {"description": "no capacity now; the error's code says which", **_json(api.ErrorReply)}
+        responses["429"] = {"description": "quota_exceeded: past a limit of the session's class link",
+                             **_json(api.ErrorReply)}
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, **_json(body)}
@@ -176,6 +178,8 @@ def _run_paths() -> dict[str, Any]:
                 ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
                                   "description": "empty: any tag"}),
                 ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
+                ("mine", "query", {"type": "string", "enum": ["true", "false"],
+                                   "description": "true: the runs the asking session submitted"}),
                 ("values", "query", {"type": "string", "enum": ["true", "false"],
                                      "description": "true: each run with its params and newest metric values"}),
                 ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
