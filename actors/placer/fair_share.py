@@ -89,10 +89,15 @@ class Usage:
         return used / self._scale(self._clock())
 
 
+# A person's waiting runs as published: their ids and enqueue sequences, in order.
+Picture = tuple[tuple[str, ...], tuple[int, ...]]
+
+
 @dataclass
 class _Person(Generic[E]):
     line: OrderedDict[str, E] = field(default_factory=OrderedDict)
-    picture: tuple[tuple[str, int], ...] | None = None  # the line as last published, until it changes
+    seqs: dict[str, int] = field(default_factory=dict)  # in the line's order: copied at C speed
+    picture: Picture | None = None  # the line as last published, until it changes
 
 
 class FairLine(Generic[E]):
@@ -121,6 +126,7 @@ class FairLine(Generic[E]):
             person = self._people[submitter] = _Person()
             self._submitters = None
         person.line[run_id] = entry
+        person.seqs[run_id] = self._seq_of(entry)
         person.picture = None
 
     def remove(self, run_id: str) -> E | None:
@@ -130,6 +136,7 @@ class FairLine(Generic[E]):
         submitter, entry = found
         person = self._people[submitter]
         del person.line[run_id]
+        del person.seqs[run_id]
         person.picture = None
         if not person.line:
             del self._people[submitter]
@@ -141,19 +148,24 @@ class FairLine(Generic[E]):
             self._submitters = frozenset(self._people)
         return self._submitters
 
-    def pick(self, capped: Callable[[str], bool]) -> tuple[str, str, E] | None:
+    def pick(self, capped: Callable[[str], bool] | None = None) -> tuple[str, str, E] | None:
         """The run that gets the next free slot, taken out of the line; None when every
-        waiting submitter is at its limit of runs at once (``capped``)."""
+        waiting submitter is at its limit of runs at once (``capped``; None: nobody has one)."""
         if not self._fifo:
             return None
         if not self._fair or len(self._people) == 1:
-            chosen = next((who for who, _ in self._fifo.values() if not capped(who)), None)
+            if capped is None:
+                chosen: str | None = next(iter(self._fifo.values()))[0]
+            else:
+                chosen = next((who for who, _ in self._fifo.values() if not capped(who)), None)
         else:
-            open_ = [who for who in self._people if not capped(who)]
+            open_ = list(self._people) if capped is None else [who for who in self._people if not capped(who)]
+            if not open_:
+                return None
             used = self._usage.of(open_)
-            least = min(used.values(), default=0.0) + _TIE * self._usage.step()
+            least = min(used.values()) + _TIE * self._usage.step()
             # Use within a hair of the least is a tie, as ``Order`` counts one: FIFO decides.
-            chosen = min((who for who in open_ if used[who] <= least), key=self._head_seq, default=None)
+            chosen = min((who for who in open_ if used[who] <= least), key=self._head_seq)
         if chosen is None:
             return None
         run_id, entry = next(iter(self._people[chosen].line.items()))
@@ -161,7 +173,7 @@ class FairLine(Generic[E]):
         return run_id, chosen, entry
 
     def _head_seq(self, submitter: str) -> int:
-        return self._seq_of(next(iter(self._people[submitter].line.values())))
+        return next(iter(self._people[submitter].seqs.values()))
 
     def order(self, also: str | None = None) -> Order | None:
         """The published picture of the line, or None when the FIFO order (which the store
@@ -169,13 +181,13 @@ class FairLine(Generic[E]):
         about to queue a run, who is in the picture even with nothing waiting."""
         if not self._fair or len(set(self._people) | ({also} if also is not None else set())) < 2:
             return None
-        lines: dict[str, tuple[tuple[str, int], ...]] = {}
+        lines: dict[str, Picture] = {}
         for who, person in self._people.items():
             if person.picture is None:
-                person.picture = tuple((run_id, self._seq_of(e)) for run_id, e in person.line.items())
+                person.picture = (tuple(person.seqs), tuple(person.seqs.values()))
             lines[who] = person.picture
         if also is not None:
-            lines.setdefault(also, ())
+            lines.setdefault(also, ((), ()))
         return Order(lines, self._usage.of(list(lines)), self._usage.step())
 
 
@@ -185,34 +197,35 @@ class Order:
     ``used``: each submitter's use then, ``step``: what one more run adds to it (the key's
     recent slot time, in the same units)."""
 
-    lines: Mapping[str, tuple[tuple[str, int], ...]]
+    lines: Mapping[str, Picture]
     used: Mapping[str, float]
     step: float
 
     def position(self, run_id: str) -> int | None:
         """1 + the waiting runs that start before this one if nothing else arrives: each
         submitter's runs in turn of their use."""
-        for who, line in self.lines.items():
-            index = next((i for i, (rid, _) in enumerate(line) if rid == run_id), None)
-            if index is not None:
-                return 1 + index + sum(
-                    self._before(other, line[index][1], self.used[who] + index * self.step)
-                    for other in self.lines if other != who)
+        for who, (ids, seqs) in self.lines.items():
+            try:
+                index = ids.index(run_id)
+            except ValueError:
+                continue
+            return 1 + index + sum(self._before(other, seqs[index], self.used[who] + index * self.step)
+                                   for other in self.lines if other != who)
         return None
 
     def position_new(self, who: str) -> int:
         """Where a run ``who`` queued now would start: after its own waiting runs."""
-        index = len(self.lines[who])
+        index = len(self.lines[who][0])
         key = self.used[who] + index * self.step
         return 1 + index + sum(self._before(other, _LAST, key) for other in self.lines if other != who)
 
     def _before(self, other: str, seq: int, key: float) -> int:
         """How many of ``other``'s runs start before a run of this use ``key`` and sequence."""
-        line, used = self.lines[other], self.used[other]
+        seqs, used = self.lines[other][1], self.used[other]
         reach = (key - used) / self.step  # other's k-th run starts first when k < reach
         exact = round(reach)
         if abs(reach - exact) < _TIE:  # a tie goes to the run enqueued first
-            count = exact + (1 if 0 <= exact < len(line) and line[exact][1] < seq else 0)
+            count = exact + (1 if 0 <= exact < len(seqs) and seqs[exact] < seq else 0)
         else:
             count = math.ceil(reach)
-        return max(0, min(len(line), count))
+        return max(0, min(len(seqs), count))

@@ -124,6 +124,7 @@ class QueueActor(Actor):
         self._caps: dict[str, int | None] = {"": None, "server": None}  # submitter -> runs at once it may hold
         self._asking: set[str] = set()  # submitters whose limit is being read
         self._pump_due = False
+        self._any_cap = False  # some session seen here has a limit of runs at once
         self._found_running: dict[str, tuple[str, float]] = {}  # a restart: run -> (submitter, started)
 
     async def on_start(self) -> None:
@@ -165,6 +166,7 @@ class QueueActor(Actor):
             case CapKnown(submitter, cap):
                 self._asking.discard(submitter)
                 self._caps[submitter] = cap
+                self._any_cap = self._any_cap or cap is not None
                 self._pump()
             case Readmit():
                 placer = self._registry.lookup("placer")
@@ -233,7 +235,7 @@ class QueueActor(Actor):
         if placer is None or self._asking:  # whose turn it is waits until every limit is known
             return
         while len(self._line) and len(self._holding) < self._limit:
-            picked = self._line.pick(self._capped)
+            picked = self._line.pick(self._capped if self._any_cap else None)
             if picked is None:
                 return
             run_id, submitter, entry = picked

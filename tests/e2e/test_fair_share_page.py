@@ -61,7 +61,7 @@ def test_a_class_shares_one_slot_fairly_in_the_page(open_page):
     expect(bob.locator("#queue-explain")).to_contain_text("fair order")
     bob.locator("dialog[open]").get_by_role("button", name="Queue").click()
     expect(bob.locator("#editor-status")).to_contain_text("#1 in queue")
-    bob_run = [r for r in server.get("/api/runs?limit=100")["runs"] if r["submitted_label"] == "Bob"][0]["id"]
+    bob_run = next(r for r in server.get("/api/runs?limit=100")["runs"] if r["submitted_label"] == "Bob")["id"]
 
     teacher.get_by_role("button", name="Runs").click()
     show(teacher, "#/runs")

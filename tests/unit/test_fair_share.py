@@ -120,7 +120,7 @@ def test_published_positions_are_the_order_the_line_is_picked_in():
         order = line.order()
         if order is None:  # one person drew every run: FIFO
             continue
-        predicted = sorted(order.lines[who][i][0] for who in order.lines for i in range(len(order.lines[who])))
+        predicted = [run_id for ids, _ in order.lines.values() for run_id in ids]
         predicted.sort(key=lambda run_id: order.position(run_id) or 0)
         picked = []
         while len(line):
