@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from actors.store.runs import SessionLoad
+from actors.store.submitters import SessionLoad
 from protocol.api import RunOptions
 from protocol.errors import QuotaExceeded
 from web.context import Services

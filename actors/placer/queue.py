@@ -22,7 +22,8 @@ from actors.base import Actor, Registry, Snapshot
 from actors.placer.fair_share import FairLine, Order, Usage
 from actors.placer.messages import Admit
 from actors.store import StoreClient
-from actors.store.runs import KeyUsage, QueuedRuns, SessionCap
+from actors.store.runs import QueuedRuns
+from actors.store.submitters import KeyUsage, SessionCap
 
 log = logging.getLogger("troupe.queue")
 

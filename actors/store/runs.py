@@ -11,7 +11,6 @@ import shutil
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import apsw
@@ -95,30 +94,6 @@ class ReadStream:
 @dataclass(frozen=True)
 class QueuedRuns:
     queue_key: str
-
-
-@dataclass(frozen=True)
-class KeyUsage:
-    """What each submitter used of a queue key since ``since`` (epoch seconds): rows of
-    (submitter, started, ended or None while it runs, run id), for fair order."""
-
-    queue_key: str
-    since: float
-
-
-@dataclass(frozen=True)
-class SessionCap:
-    """How many runs the session may have running at once (its class link's limit), or None."""
-
-    session_id: str
-
-
-@dataclass(frozen=True)
-class SessionLoad:
-    """What a submitter has now: ``{"running", "waiting", "memory_mib"}`` (the declared or
-    derived memory budgets of its running and waiting runs)."""
-
-    submitted_by: str
 
 
 @dataclass(frozen=True)
@@ -295,36 +270,6 @@ def queued_runs(conn: apsw.Connection, queue_key: str) -> list[tuple[Any, ...]]:
     return found
 
 
-_EPOCH = "(julianday({}) - 2440587.5) * 86400.0"
-
-
-def key_usage(conn: apsw.Connection, query: KeyUsage) -> list[tuple[str, float, float | None, str]]:
-    rows = conn.execute(
-        f"SELECT submitted_by, {_EPOCH.format('started_at')}, {_EPOCH.format('finished_at')}, id, status FROM runs "
-        "WHERE queue_key = ? AND lane = 'queued' AND started_at IS NOT NULL "
-        "AND (status = 'running' OR finished_at >= ?)",
-        (query.queue_key, datetime.fromtimestamp(query.since, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")))
-    return [(str(who or ""), float(started), None if status == "running" or ended is None else float(ended),
-             str(run_id)) for who, started, ended, run_id, status in rows
-            if started is not None and (status == "running" or ended is not None)]
-
-
-def session_load(conn: apsw.Connection, query: SessionLoad) -> dict[str, int]:
-    load = {"running": 0, "waiting": 0, "memory_mib": 0}
-    for status, count, memory in conn.execute(
-            "SELECT status, COUNT(*), COALESCE(SUM(memory_budget_mib), 0) FROM runs WHERE submitted_by = ? "
-            "AND status IN ('queued', 'running') GROUP BY status", (query.submitted_by,)):
-        load["running" if status == ev.RUNNING else "waiting"] += int(str(count))
-        load["memory_mib"] += int(str(memory))
-    return load
-
-
-def session_cap(conn: apsw.Connection, query: SessionCap) -> int | None:
-    found = conn.execute("SELECT quotas FROM sessions WHERE id = ?", (query.session_id,)).fetchall()
-    quotas = json.loads(str(found[0][0])) if found and found[0][0] else {}
-    return int(quotas["max_running"]) if quotas.get("max_running") else None
-
-
 def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
     found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (run_id,)).fetchall()
     return int(found[0][0]) if found and found[0][0] is not None else None
@@ -480,9 +425,6 @@ READS: Table = {
     GetRun: lambda s, m: get_run(s.conn, m.run_id),
     QueuedRuns: lambda s, m: queued_runs(s.conn, m.queue_key),
     QueuePosition: lambda s, m: queue_position(s.conn, m.run_id),
-    KeyUsage: lambda s, m: key_usage(s.conn, m),
-    SessionCap: lambda s, m: session_cap(s.conn, m),
-    SessionLoad: lambda s, m: session_load(s.conn, m),
     ReadStream: lambda s, m: read_stream(s.conn, m),
     StatusCounts: lambda s, m: status_counts(s.conn),
     MaxEnqueueSeq: lambda s, m: max_enqueue_seq(s.conn),

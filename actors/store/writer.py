@@ -30,6 +30,7 @@ import actors.store.memory as memory
 import actors.store.run_list as run_list
 import actors.store.runs as runs
 import actors.store.studies as studies
+import actors.store.submitters as submitters
 import actors.store.sweeps as sweeps
 import actors.store.workers as workers
 from actors.store.schema import open_database
@@ -40,7 +41,8 @@ log = logging.getLogger("troupe.store")
 FULL_LOG_S = 30.0
 _FULL_SAID: dict[str, list[float]] = {}  # database path -> [when the last line was, writes since]
 
-CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins)
+CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins,
+            submitters)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
 # What outlives a run copies its result from it when it ends or before it is deleted:
