@@ -169,8 +169,9 @@ class Placer(Actor):
         # Worker runs pass no seed gate (each has its own process) but need a slot of
         # their device's ledger, as do local runs on a device a same-machine worker shares.
         self._book = WorkerBook()  # the one book of workers, read by eligibility and placement
+        fair = admission.settings.queue_order == "fair"
         self._slots = WorkerPlacement(self._book, registry, ensure_ledger, lambda: registry.lookup("placer"),
-                                      local_devices)
+                                      local_devices, admission.settings.fair_share_half_life_s if fair else None)
         self._types = catalog_types
         self._admission = admission
         self._needs: dict[str, frozenset[str]] = {}  # runs for ``any``: the node types of their graph

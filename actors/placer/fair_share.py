@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -229,3 +229,48 @@ class Order:
         else:
             count = math.ceil(reach)
         return max(0, min(len(seqs), count))
+
+
+class DeviceUse(Generic[E]):
+    """Use of each physical device (a worker's card, a machine's cpu) by submitter: the
+    line of runs waiting at one device (a card shared by memory: for room) is taken in
+    fair order when a run frees it. ``who``: an entry's submitter."""
+
+    def __init__(self, half_life_s: float, who: Callable[[E], str]) -> None:
+        self._half_life_s = half_life_s
+        self._who = who
+        self._by_device: dict[str, Usage] = {}
+
+    def hold(self, physicals: list[str], run_id: str, submitter: str) -> None:
+        for physical in physicals:
+            usage = self._by_device.get(physical)
+            if usage is None:
+                usage = self._by_device[physical] = Usage(self._half_life_s)
+            usage.hold(run_id, submitter)
+
+    def release(self, run_id: str, physicals: list[str]) -> None:
+        for physical in physicals:
+            usage = self._by_device.get(physical)
+            if usage is not None:
+                usage.release(run_id)
+
+    def in_fair_order(self, physical: str, waiting: deque[E]) -> deque[E]:
+        """The line as it will be tried: each submitter's runs in their order, submitters
+        in turn of their use of the device (as ``Order`` counts a queue's line); as it was
+        when one submitter waits."""
+        people = {self._who(entry) for entry in waiting}
+        if len(people) < 2:
+            return waiting
+        usage = self._by_device.get(physical)
+        used = usage.of(list(people)) if usage is not None else dict.fromkeys(people, 0.0)
+        step = usage.step() if usage is not None else _ESTIMATE_S
+        turns: dict[str, int] = {}
+        keyed = []
+        for index, entry in enumerate(waiting):
+            who = self._who(entry)
+            turn = turns.get(who, 0)
+            turns[who] = turn + 1
+            keyed.append((used[who] + turn * step, index, entry))
+        keyed.sort(key=lambda item: (item[0], item[1]))
+        return deque(entry for _, _, entry in keyed)
+

@@ -28,6 +28,7 @@ class Admit:
     devices: tuple[str, ...] = ()
     budget_mib: int | None = None  # its memory budget, for a shared card
     duration_s: float | None = None  # how long it is expected to take, for a batch job's agent
+    submitter: str = ""  # who submitted it: a device's line is taken in fair order
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 from actors.base import ActorRef, Registry
 from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.placer.book import INSTANCE_MARK, WorkerBook
+from actors.placer.fair_share import DeviceUse
 from actors.placer.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer.messages import Admit, Released
 from actors.placer.waiting import Anywhere, Line, Parked, in_time
@@ -29,7 +30,7 @@ LOCAL = "local"  # the provider name of the server's own devices
 class WorkerPlacement:
     def __init__(self, book: WorkerBook, registry: Registry, ensure_ledger: Callable[[str], tuple[ActorRef, bool]],
                  placer: Callable[[], ActorRef | None],
-                 local: Mapping[str, tuple[str, int]] | None = None) -> None:
+                 local: Mapping[str, tuple[str, int]] | None = None, fair_half_life_s: float | None = None) -> None:
         self._book = book  # the placer's: who is online, what it can run, which one-shot agent is spent
         self._registry = registry
         self._ensure_ledger = ensure_ledger
@@ -57,6 +58,10 @@ class WorkerPlacement:
         # Exclusive devices whose ledger said all its slots are held, with nothing sent to
         # it since: a line of 300 runs for one card asks once per freed slot, not twice.
         self._full: set[str] = set()
+        # Who used each device lately, for fair order in its line (None: FIFO, the setting).
+        self._use: DeviceUse[Admit] | None = DeviceUse(fair_half_life_s, lambda a: a.submitter) \
+            if fair_half_life_s else None
+        self._whose: dict[str, str] = {}  # run -> its submitter, from its admission until it frees its devices
 
     # Providers ---------------------------------------------------------------------
     async def online(self, name: str, devices: Mapping[str, tuple[str, int]], draining: bool,
@@ -156,6 +161,8 @@ class WorkerPlacement:
     # Admission ---------------------------------------------------------------------
     async def admit(self, admit: Admit, needs: frozenset[str] = frozenset()) -> None:
         """``needs``: for target ``any``, the node types a worker must have to take it."""
+        if self._use is not None and admit.submitter:
+            self._whose[admit.run_id] = admit.submitter
         if QueueKey.parse(admit.queue_key).pooled:
             self._any_waiting.append((admit, needs))
             await self._place_anywhere()
@@ -163,6 +170,8 @@ class WorkerPlacement:
             await self.admit_named(admit)
 
     async def admit_named(self, admit: Admit) -> None:
+        if self._use is not None and admit.submitter:
+            self._whose[admit.run_id] = admit.submitter
         key = QueueKey.parse(admit.queue_key)
         worker, device = key.provider or LOCAL, key.device
         # A worker named by its instances (a batch array's): the first of its tasks that is free.
@@ -268,6 +277,7 @@ class WorkerPlacement:
 
     async def release(self, run_id: str) -> None:
         """The run's slot goes back; the runs waiting for that device, or for any, retry."""
+        self._whose.pop(run_id, None)
         if self._unshared.pop(run_id, None) is None and run_id not in self._held:
             # Withdrawn while it waited (a run that holds slots waits in no line).
             self._any_waiting = deque(a for a in self._any_waiting if a[0].run_id != run_id)
@@ -278,9 +288,11 @@ class WorkerPlacement:
 
     async def _retry(self, physicals: list[str]) -> None:
         """Something was freed on these devices: the runs waiting for them try again, in
-        order (those that still do not fit wait again), then the runs for ``any``."""
+        fair order (those that still do not fit wait again), then the runs for ``any``."""
         for physical in physicals:
             waiting, line = self._device_waiting.get(physical, deque()), deque[Admit]()
+            if self._use is not None:
+                waiting = self._use.in_fair_order(physical, waiting)
             self._device_waiting[physical] = line
             mixed = physical in self._mixed
             self._mixed.discard(physical)
@@ -319,6 +331,8 @@ class WorkerPlacement:
 
     def _free_all(self, run_id: str) -> list[str]:
         freed = [physical for _, physical in self._held.pop(run_id, [])]
+        if self._use is not None:
+            self._use.release(run_id, freed)
         self._budgets.pop(run_id, None)
         self._caps.pop(run_id, None)
         for physical in freed:
@@ -445,6 +459,9 @@ class WorkerPlacement:
         return ledger
 
     def _start(self, run_id: str, start: Any) -> None:
+        if self._use is not None:
+            self._use.hold([physical for _, physical in self._held.get(run_id, [])], run_id,
+                           self._whose.pop(run_id, ""))
         run = self._registry.lookup(f"runs/{run_id}")
         if run is not None:
             run.tell(start)

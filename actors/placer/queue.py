@@ -246,4 +246,5 @@ class QueueActor(Actor):
             placer.tell(self._admit(entry))
 
     def _admit(self, entry: Enqueue) -> Admit:
-        return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib, entry.duration_s)
+        return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib, entry.duration_s,
+                     entry.submitter)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from cli.client import Client
-from tests.helpers import REPO, Server, base_env, graph, node, sleeper, troupe_cmd
+from tests.helpers import REPO, Server, base_env, graph, hello, node, sleeper, troupe_cmd
+from tests.integration.test_shared_cards_functional import share, shared_card  # noqa: F401  # the fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -171,3 +172,28 @@ def test_the_terminal_lists_its_own_runs_and_who_ran_what(make_server, tmp_path)
     assert mine.returncode == 0 and teacher not in mine.stdout and "hello" in mine.stdout, mine.stdout
     everyone = troupe("ls", "--full").stdout
     assert "BY" in everyone.splitlines()[0] and "server token" in everyone and teacher in everyone, everyone
+
+
+def test_a_card_shared_by_memory_takes_its_waiting_runs_in_fair_order(shared_card):  # noqa: F811  # the fixture
+    server = shared_card
+    share(server)
+    class_ = _students(server, ["ann", "bob"])
+
+    def submit(who: str, body: dict[str, Any], gib: float) -> str:
+        options = {"device": "cuda:0", "target": {"worker": "gpu-a", "memory_gib": gib, "wait": True}}
+        status, reply = class_[who].request("POST", "/api/runs", {"graph": body, "options": options})
+        assert status == 201, reply
+        return str(reply["run_id"])
+
+    server.wait_status(submit("ann", hello(), 1), "succeeded")  # ann has used the card
+    packed = [server.submit(sleeper(60), device="cuda:0", target={"worker": "gpu-a", "memory_gib": 7})["run_id"]
+              for _ in range(3)]
+    for run_id in packed:
+        server.wait_status(run_id, "running")
+    ann = [submit("ann", sleeper(60), 6) for _ in range(2)]  # no room: they wait for it, in her order
+    bob = submit("bob", hello(), 6)
+    server.client.request("POST", f"/api/runs/{packed[0]}/cancel")  # room for one 6 GiB run
+    bob_started = server.wait_status(bob, "succeeded")["started_at"]
+    ann_first = server.wait_status(ann[0], "running")["started_at"]
+    assert bob_started < ann_first  # the one who had not used the card goes first
+    _cancel_all(server, [*packed, *ann])
