@@ -164,8 +164,14 @@ def test_the_terminal_lists_its_own_runs_and_who_ran_what(make_server, tmp_path)
         return subprocess.run(troupe_cmd(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
     assert troupe("login", made.stdout.strip()).returncode == 0
+    student_ann = _students(server, ["ann"])["ann"]
+    ann = [_submit(student_ann, _nap(2, f"ann {i}"))["run_id"] for i in range(5)]
     ran = troupe("run", str(Path(REPO) / "examples" / "hello.json"))
     assert ran.returncode == 0, ran.stderr
+    assert "queued  position 1 on cpu" in ran.stdout, ran.stdout  # next, ahead of ann's four waiting
+    mine_id = next(line.split()[-1] for line in ran.stdout.splitlines() if "Run ID" in line)
+    assert _start_order(server, [*ann[:2], mine_id])[:2] == [ann[0], mine_id]
+    _cancel_all(server, ann)
     teacher = server.submit(_nap(0.01, "teachers"))["run_id"]
     server.wait_status(teacher, "succeeded")
     mine = troupe("ls", "--mine", "--full")
