@@ -41,6 +41,7 @@ from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
 from protocol import events as ev
 from protocol.graph import Graph
+from protocol.queue_key import QueueKey
 from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
@@ -227,9 +228,11 @@ class ControlPlane:
             # A new key's line fills from the placer's Enqueues (on a server's start too:
             # the placer's Restore hands on each queued run): nothing to read, nothing to
             # ask of the live runs, which are hundreds in a busy lab.
+            # A worker's device only keeps the order here (its ledger counts the slots, and the
+            # placer takes the line at the device in fair order): FIFO, with nothing to read.
+            order = self.settings.queue_order if QueueKey.parse(key).provider is None else "fifo"
             ref = QueueActor(key, self.settings.line_limit(key), self.store, self.registry, rebuild=restarted,
-                             order=self.settings.queue_order,
-                             half_life_s=self.settings.fair_share_half_life_s).start(self.registry)
+                             order=order, half_life_s=self.settings.fair_share_half_life_s).start(self.registry)
             if restarted:  # a restarted queue learns from the live runs which slots they hold
                 for run_name in self.registry.names("runs/"):
                     run = self.registry.lookup(run_name)

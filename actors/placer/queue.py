@@ -78,6 +78,14 @@ class PredictFor:
 
 
 @dataclass(frozen=True)
+class UseKnown:
+    """From the queue itself: what each submitter used of the key lately, as the store
+    read it (rows of ``KeyUsage``)."""
+
+    rows: tuple[tuple[str, float, float | None, str], ...]
+
+
+@dataclass(frozen=True)
 class CapKnown:
     """From the queue itself: the store answered how many runs a session may run at once."""
 
@@ -127,18 +135,19 @@ class QueueActor(Actor):
         self._pump_due = False
         self._any_cap = False  # some session seen here has a limit of runs at once
         self._found_running: dict[str, tuple[str, float]] = {}  # a restart: run -> (submitter, started)
+        self._loading_use = False  # the store is reading what each submitter used lately
 
     async def on_start(self) -> None:
         # What each submitter used lately, from the store (fair order only): the order
         # survives a restart. Runs already holding a slot announce themselves with
         # Occupying (the runs supervisor asks them after a restart).
-        if self._fair:
-            for submitter, started, ended, run_id in await self._store.read(
-                    KeyUsage(self.queue_key, time.time() - 10 * self._half_life_s)):
-                if ended is None:
-                    self._found_running[run_id] = (submitter, started)
-                else:
-                    self._usage.charge(submitter, ended - started, ended)
+        if self._fair:  # read meanwhile: only a choice between people waits for it
+            self._loading_use = True
+            me = self.ref
+            read = asyncio.ensure_future(self._store.read(KeyUsage(self.queue_key,
+                                                                   time.time() - 10 * self._half_life_s)))
+            read.add_done_callback(lambda done: me.tell(UseKnown(
+                () if done.cancelled() or done.exception() is not None else tuple(done.result()))))
         if not self._rebuild:
             return
         for run_id, seq, seeded, devices, budget, duration, submitter in await self._store.read(
@@ -164,6 +173,14 @@ class QueueActor(Actor):
                 self._holding.add(run_id)
                 submitter, since = self._found_running.pop(run_id, ("", None))
                 self._usage.hold(run_id, submitter, since)
+            case UseKnown(rows):
+                self._loading_use = False
+                for submitter, started, ended, run_id in rows:
+                    if ended is None:
+                        self._found_running[run_id] = (submitter, started)
+                    else:
+                        self._usage.charge(submitter, ended - started, ended)
+                self._pump()
             case CapKnown(submitter, cap):
                 self._asking.discard(submitter)
                 self._caps[submitter] = cap
@@ -234,6 +251,8 @@ class QueueActor(Actor):
     def _pump(self) -> None:
         placer = self._registry.lookup("placer")
         if placer is None or self._asking:  # whose turn it is waits until every limit is known
+            return
+        if self._loading_use and len(self._line.submitters()) > 1:  # and who used the key lately
             return
         while len(self._line) and len(self._holding) < self._limit:
             picked = self._line.pick(self._capped if self._any_cap else None)

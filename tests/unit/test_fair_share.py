@@ -8,6 +8,8 @@ import asyncio
 import itertools
 import random
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from actors.base import Registry, Snapshot
@@ -28,21 +30,28 @@ class Clock:
         return self.now
 
 
+@asynccontextmanager
 async def _queue(tmp_path: Path, order: str = "fair", limit: int = 1, caps: dict[str, int] | None = None
-                 ) -> tuple[QueueActor, Inbox]:
+                 ) -> AsyncIterator[tuple[QueueActor, Inbox]]:
     """A queue with a real store, whose sessions ann, bob and cem came from class links
-    (``caps``: a session's limit of runs at once)."""
+    (``caps``: a session's limit of runs at once); stopped at the end, store included."""
     registry = Registry()
     placer = Inbox("placer")
     placer.start(registry)
     store = StoreClient(start_thread_actor(StoreActor, "store", tmp_path / "db", tmp_path / "runs"))
-    for who in ("ann", "bob", "cem"):
-        quotas = {"max_running": caps[who]} if caps and who in caps else None
-        await store.write(AddLoginLink(f"link-{who}", "class", 1, time.time() + 60, quotas))
-        await store.write(UseLoginLink(f"link-{who}", f"secret-{who}", who, who, 60))
-    queue = QueueActor("cpu", limit, store, registry, rebuild=False, order=order)
-    queue.start(registry)
-    return queue, placer
+    try:
+        for who in ("ann", "bob", "cem"):
+            quotas = {"max_running": caps[who]} if caps and who in caps else None
+            await store.write(AddLoginLink(f"link-{who}", "class", 1, time.time() + 60, quotas))
+            await store.write(UseLoginLink(f"link-{who}", f"secret-{who}", who, who, 60))
+        queue = QueueActor("cpu", limit, store, registry, rebuild=False, order=order)
+        queue.start(registry)
+        yield queue, placer
+        queue.ref.stop()
+        await queue.ref.wait()
+    finally:
+        placer.ref.stop()
+        await store.ref.stop()
 
 
 async def _admitted(placer: Inbox, count: int) -> list[str]:
@@ -62,41 +71,41 @@ async def _admitted(placer: Inbox, count: int) -> list[str]:
 
 
 async def test_a_freed_slot_goes_to_the_person_who_waited_behind_a_long_line(tmp_path):
-    queue, placer = await _queue(tmp_path)
-    ref = queue.ref
-    for i in range(20):
-        ref.tell(Enqueue(f"ann{i}", i + 1, False, submitter="ann"))
-    assert await _admitted(placer, 1) == ["ann0"]
-    ref.tell(Enqueue("bob0", 21, False, submitter="bob"))
-    assert await ref.ask(PositionOf("bob0")) == 1  # next, though 19 of ann's were queued first
-    assert await ref.ask(PositionOf("ann1")) == 2
-    assert await ref.ask(PredictFor("cem")) == 2  # a third person's run would come right after bob's
-    ref.tell(Release("ann0"))
-    assert await _admitted(placer, 2) == ["ann0", "bob0"]
-    ref.tell(Release("bob0"))
-    assert await _admitted(placer, 3) == ["ann0", "bob0", "ann1"]
+    async with _queue(tmp_path) as (queue, placer):
+        ref = queue.ref
+        for i in range(20):
+            ref.tell(Enqueue(f"ann{i}", i + 1, False, submitter="ann"))
+        assert await _admitted(placer, 1) == ["ann0"]
+        ref.tell(Enqueue("bob0", 21, False, submitter="bob"))
+        assert await ref.ask(PositionOf("bob0")) == 1  # next, though 19 of ann's were queued first
+        assert await ref.ask(PositionOf("ann1")) == 2
+        assert await ref.ask(PredictFor("cem")) == 2  # a third person's run would come right after bob's
+        ref.tell(Release("ann0"))
+        assert await _admitted(placer, 2) == ["ann0", "bob0"]
+        ref.tell(Release("bob0"))
+        assert await _admitted(placer, 3) == ["ann0", "bob0", "ann1"]
 
 
 async def test_with_one_person_or_fifo_order_the_line_is_fifo(tmp_path):
     for order, submitters in (("fair", ["ann"] * 6), ("fifo", ["ann", "ann", "bob", "ann", "bob", "cem"])):
-        queue, placer = await _queue(tmp_path / order, order)
-        for i, who in enumerate(submitters):
-            queue.ref.tell(Enqueue(f"r{i}", i + 1, False, submitter=who))
-        for i in range(6):
-            assert (await _admitted(placer, i + 1))[-1] == f"r{i}"
-            if i == 0:  # no fair line to read: the store's FIFO count is the position
-                assert await queue.ref.ask(PositionOf("r3")) is None
-            queue.ref.tell(Release(f"r{i}"))
+        async with _queue(tmp_path / order, order) as (queue, placer):
+            for i, who in enumerate(submitters):
+                queue.ref.tell(Enqueue(f"r{i}", i + 1, False, submitter=who))
+            for i in range(6):
+                assert (await _admitted(placer, i + 1))[-1] == f"r{i}"
+                if i == 0:  # no fair line to read: the store's FIFO count is the position
+                    assert await queue.ref.ask(PositionOf("r3")) is None
+                queue.ref.tell(Release(f"r{i}"))
 
 
 async def test_a_session_at_its_limit_of_runs_at_once_waits_while_others_go(tmp_path):
-    queue, placer = await _queue(tmp_path, limit=3, caps={"ann": 1})
-    for i, who in enumerate(["ann", "ann", "ann", "bob", "bob"]):
-        queue.ref.tell(Enqueue(f"r{i}", i + 1, False, submitter=who))
-    assert await _admitted(placer, 3) == ["r0", "r3", "r4"]  # ann one at a time, bob the other slots
-    assert await queue.ref.ask(Snapshot()) == {"queue_key": "cpu", "limit": 3, "running": 3, "queued": 2}
-    queue.ref.tell(Release("r0"))
-    assert (await _admitted(placer, 4))[-1] == "r1"
+    async with _queue(tmp_path, limit=3, caps={"ann": 1}) as (queue, placer):
+        for i, who in enumerate(["ann", "ann", "ann", "bob", "bob"]):
+            queue.ref.tell(Enqueue(f"r{i}", i + 1, False, submitter=who))
+        assert await _admitted(placer, 3) == ["r0", "r3", "r4"]  # ann one at a time, bob the other slots
+        assert await queue.ref.ask(Snapshot()) == {"queue_key": "cpu", "limit": 3, "running": 3, "queued": 2}
+        queue.ref.tell(Release("r0"))
+        assert (await _admitted(placer, 4))[-1] == "r1"
 
 
 def test_published_positions_are_the_order_the_line_is_picked_in():
