@@ -203,3 +203,18 @@ def test_a_card_shared_by_memory_takes_its_waiting_runs_in_fair_order(shared_car
     ann_first = server.wait_status(ann[0], "running")["started_at"]
     assert bob_started < ann_first  # the one who had not used the card goes first
     _cancel_all(server, [*packed, *ann])
+
+
+def test_a_memory_quota_counts_the_budgets_a_session_holds(shared_card):  # noqa: F811  # the fixture
+    server = shared_card
+    share(server)
+    ann = _students(server, ["ann"], max_memory_gib=10)["ann"]
+    options = {"device": "cuda:0", "target": {"worker": "gpu-a", "memory_gib": 6}}
+    status, first = ann.request("POST", "/api/runs", {"graph": sleeper(60), "options": options})
+    assert status == 201, first
+    status, refused = ann.request("POST", "/api/runs", {"graph": sleeper(60), "options": options})
+    assert status == 429 and refused["error"]["code"] == "quota_exceeded", refused
+    details = refused["error"]["details"]
+    assert details["limit"] == "max_memory_mib" and details["memory_mib"] == 6 * 1024
+    assert details["asked_mib"] == 6 * 1024 and details["max_memory_mib"] == 10 * 1024
+    server.client.request("POST", f"/api/runs/{first['run_id']}/cancel")
