@@ -46,7 +46,7 @@ test: lint typecheck $(OPENAPI_STAMP)
 screenshots: $(STAMP)
 	$(PY) -m tests.e2e.showcase docs/images
 	TROUPE_SCREENSHOTS=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e/test_classroom.py \
-		tests/e2e/test_panels.py -k "teacher or share_a_card"
+		tests/e2e/test_panels.py tests/e2e/test_fair_share_page.py -k "teacher or share_a_card or fairly"
 
 # docs/cli.md's list of every command and option, rendered from the CLI (run by hand
 # after changing a command; a test says when it is out of date).
