@@ -84,10 +84,6 @@ class Usage:
         """What one more run of the key adds to its submitter's use, in the units of ``of``."""
         return max(self.estimate_s, 0.001) * self._scale(self._clock())
 
-    def in_seconds(self, used: float) -> float:
-        """A figure of ``of`` as decayed slot-seconds now, for people to read."""
-        return used / self._scale(self._clock())
-
 
 # A person's waiting runs as published: their ids and enqueue sequences, in order.
 Picture = tuple[tuple[str, ...], tuple[int, ...]]
@@ -115,9 +111,6 @@ class FairLine(Generic[E]):
 
     def __len__(self) -> int:
         return len(self._fifo)
-
-    def __contains__(self, run_id: str) -> bool:
-        return run_id in self._fifo
 
     def add(self, run_id: str, submitter: str, entry: E) -> None:
         self._fifo[run_id] = (submitter, entry)
