@@ -82,33 +82,48 @@ class _Tombstone:
         self.name, self._view, self._exited = name, view, exited
 
 
-class _Mailbox(asyncio.Queue[_Envelope]):
-    """A mailbox where a read may go ahead of the line (``put_first``), behind the reads
-    put there before it: they leave in the order they came."""
+class _Mailbox:
+    """An actor's line of envelopes; a read may go ahead of the line (``put_first``),
+    behind the reads put there before it: they leave in the order they came. One reader
+    (the actor's task) and no bound, so it is a deque and at most one waiting future:
+    an ``asyncio.Queue`` did the same with a getter list, a putter list and an event."""
 
-    def _init(self, maxsize: int) -> None:
+    __slots__ = ("_ahead", "_queue", "_waiter")
+
+    def __init__(self) -> None:
         self._queue: collections.deque[_Envelope] = collections.deque()
         self._ahead = 0  # envelopes put first, at the head of the line
-        self._putting_first = False
+        self._waiter: asyncio.Future[None] | None = None  # the actor's task, waiting for mail
+
+    def put_nowait(self, envelope: _Envelope) -> None:
+        self._queue.append(envelope)
+        self._wake()
 
     def put_first(self, envelope: _Envelope) -> None:
-        self._putting_first = True
-        try:
-            self.put_nowait(envelope)
-        finally:
-            self._putting_first = False
+        self._queue.insert(self._ahead, envelope)
+        self._ahead += 1
+        self._wake()
 
-    def _put(self, item: _Envelope) -> None:
-        if self._putting_first:
-            self._queue.insert(self._ahead, item)
-            self._ahead += 1
-        else:
-            self._queue.append(item)
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
-    def _get(self) -> _Envelope:
+    def empty(self) -> bool:
+        return not self._queue
+
+    def get_nowait(self) -> _Envelope:
         if self._ahead:
             self._ahead -= 1
         return self._queue.popleft()
+
+    async def get(self) -> _Envelope:
+        while not self._queue:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.get_nowait()
 
 
 class ActorRef:
@@ -135,8 +150,9 @@ class ActorRef:
 
     def tell(self, message: Any) -> None:
         """Fire and forget; a message to a dead actor is dropped."""
-        if self._actor._alive:
-            self._live_mailbox().put_nowait(_Envelope(message, None))
+        actor = self._actor
+        if actor._alive:
+            actor._mailbox.put_nowait(_Envelope(message, None))  # type: ignore[union-attr]  # alive: an Actor
         else:
             log.debug("dropped %s to dead actor %s", type(message).__name__, self.name)
 
@@ -321,12 +337,37 @@ class Actor:
         reason, error = "normal", None
         try:
             await self.on_start()
+            mailbox = self._mailbox
             while True:
-                envelope = await self._mailbox.get()
-                if isinstance(envelope.message, _Stop):
-                    reason = envelope.message.reason
+                envelope = mailbox.get_nowait() if mailbox._queue else await mailbox.get()
+                message, reply = envelope.message, envelope.reply
+                if isinstance(message, _Stop):
+                    reason = message.reason
                     break
-                await self._actor_handle(envelope)
+                # Handled here, not in a coroutine of its own: one frame less per message.
+                if reply is not None and reply.done() and not reply.cancelled():
+                    continue  # the ask timed out: its asker gave up on it
+                self._handling = True
+                try:
+                    result = await self.receive(message)
+                except TroupeError as exc:
+                    if reply is not None and not reply.done():
+                        reply.set_exception(exc)
+                    elif reply is None:
+                        log.warning("actor %s: %s while handling %s", self.name, exc, type(message).__name__)
+                    continue
+                except Exception as exc:
+                    if reply is not None and not reply.done():
+                        reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
+                        self._provoked = True
+                    raise
+                finally:
+                    self._handling = False
+                    if self._view_owed or type(message) not in self.quiet_messages:
+                        self._view_owed = False
+                        self.changed()
+                if reply is not None and not reply.done():
+                    reply.set_result(result)
         except asyncio.CancelledError:
             reason = "cancelled"
         except Exception as exc:
@@ -350,32 +391,6 @@ class Actor:
         # and its ref no longer point at each other and a finished run is freed at once
         # by reference counting, not later by a full collection that walks them all.
         self._ref._actor = _Tombstone(self.name, self._view, self._exited)
-
-    async def _actor_handle(self, envelope: _Envelope) -> None:
-        reply = envelope.reply
-        if reply is not None and reply.done() and not reply.cancelled():
-            return  # the ask timed out: its asker gave up on it
-        self._handling = True
-        try:
-            result = await self.receive(envelope.message)
-        except TroupeError as exc:
-            if reply is not None and not reply.done():
-                reply.set_exception(exc)
-            elif reply is None:
-                log.warning("actor %s: %s while handling %s", self.name, exc, type(envelope.message).__name__)
-            return
-        except Exception as exc:
-            if reply is not None and not reply.done():
-                reply.set_exception(ActorDeadError(f"actor {self.name} crashed: {exc}"))
-                self._provoked = True
-            raise
-        finally:
-            self._handling = False
-            if self._view_owed or type(envelope.message) not in self.quiet_messages:
-                self._view_owed = False
-                self.changed()
-        if reply is not None and not reply.done():
-            reply.set_result(result)
 
     def _actor_teardown(self) -> None:
         while not self._mailbox.empty():
