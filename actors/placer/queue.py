@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from actors.base import Actor, Registry, Snapshot
 from actors.placer.fair_share import FairLine, Order, Usage
@@ -93,10 +93,10 @@ class CapKnown:
     cap: int | None
 
 
-@dataclass(frozen=True)
-class QueueView:
+class QueueView(NamedTuple):
     """What the queues panel and a queued run's position read: counts, and the line's
-    ``order`` while several submitters wait under fair order (else None: FIFO)."""
+    ``order`` while several submitters wait under fair order (else None: FIFO). A named
+    tuple: made after every burst of messages, it costs a third of a frozen dataclass."""
 
     queue_key: str
     limit: int

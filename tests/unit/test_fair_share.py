@@ -129,7 +129,7 @@ def test_published_positions_are_the_order_the_line_is_picked_in():
         order = line.order()
         if order is None:  # one person drew every run: FIFO
             continue
-        predicted = [run_id for ids, _ in order.lines.values() for run_id in ids]
+        predicted = [run_id for who in order.lines for run_id in order.ids(who)]
         predicted.sort(key=lambda run_id: order.position(run_id) or 0)
         picked = []
         while len(line):
