@@ -24,6 +24,7 @@ import platformdirs
 from cli.client import Client
 from cli.config import load_settings
 from cli.errors import CliError
+from cli.event_loop import run as run_loop
 from subprocess_runner.devices import host_machine_id
 
 log = logging.getLogger("troupe.cli")
@@ -133,7 +134,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
         settings = load_settings(packs=[Path(p) for p in options.packs])
         for warning in settings.warnings:
             log.warning("setting ignored: %s", warning)
-        return asyncio.run(_serve(Agent(AgentConfig(
+        return run_loop(_serve(Agent(AgentConfig(
             url, name, credential, machine, simulated, settings.worker_kill_grace_s,
             int(settings.agent_outbox_mb * 1024 * 1024), settings.cuda_visible_devices, options.one_shot,
             options.idle_timeout_s, options.instance, options.deadline or settings.job_end_time, options.unix_socket,
@@ -142,7 +143,7 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30), ca,
             tuple(str(root) for root in settings.data_roots),
             command_kill_grace_s=settings.command_kill_grace_s, pack_dirs=settings.pack_dirs,
-            accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs"))))
+            accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs"))), settings.event_loop)
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 from cli.errors import CliError, NoServer
+from cli.event_loop import run as run_loop
 from cli.session import acquire_lock, lock_is_held, read_session, remove_session, write_session
 from protocol.settings import Settings
 from protocol.version import __version__
@@ -47,7 +48,7 @@ def start(settings: Settings) -> int:
 
     install()
     try:
-        code = asyncio.run(_serve(settings))
+        code = run_loop(_serve(settings), settings.event_loop)
     except Exception:
         log.critical("the control plane stopped on an error", exc_info=True)
         code = 1

@@ -117,6 +117,9 @@ class Settings:
     # What a class link limits its sessions to when the teacher gives no limits of its
     # own (TROUPE_CLASS_MAX_RUNNING, _MAX_WAITING, _MAX_MEMORY_GIB; 0 or unset: none).
     class_quotas: Mapping[str, int] = field(default_factory=dict)
+    # The event loop the server and agents run on (TROUPE_EVENT_LOOP): ``uvloop``, or
+    # ``asyncio`` (the standard library's, also where uvloop is not installed).
+    event_loop: str = "uvloop"
     # Inside a SLURM job: when it ends (SLURM_JOB_END_TIME, epoch seconds).
     job_end_time: float | None = None
     transfer_max_mb: int = 256  # the most a worker run fetches of its uploads (transfer backend)
@@ -231,6 +234,7 @@ class Settings:
                 ("max_running", reader.integer("TROUPE_CLASS_MAX_RUNNING", 0, minimum=0)),
                 ("max_waiting", reader.integer("TROUPE_CLASS_MAX_WAITING", 0, minimum=0)),
                 ("max_memory_mib", math.ceil(reader.number("TROUPE_CLASS_MAX_MEMORY_GIB", 0.0) * 1024))) if value},
+            event_loop=reader.choice("TROUPE_EVENT_LOOP", ("uvloop", "asyncio")),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,
             s3=reader.bucket() if reader.flag("TROUPE_S3_ENABLED", False) else None,

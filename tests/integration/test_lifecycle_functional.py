@@ -217,3 +217,15 @@ def test_a_store_that_keeps_breaking_stops_the_server_with_exit_1(make_server, t
     assert server.proc.wait(60) == 1
     output = server.printed("the control plane failed")  # its last lines may still be in the pipe
     assert "the control plane failed" in output and "store" in output
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_the_server_runs_on_the_event_loop_its_setting_names(make_server, choice):
+    """uvloop by default (installed with troupe); ``TROUPE_EVENT_LOOP=asyncio`` is the
+    standard library's loop, and a run goes through either the same way."""
+    server = make_server(**({"TROUPE_EVENT_LOOP": choice} if choice == "asyncio" else {}))
+    printed = server.printed("event loop: ")
+    assert f"event loop: {choice}" in printed
+    run_id = server.submit(hello())["run_id"]
+    assert server.events_until_finished(run_id)[-1]["type"] == "run_finished"
+    assert server.get(f"/api/runs/{run_id}")["status"] == "succeeded"
