@@ -12,7 +12,8 @@ Cases: ``fair``: ``--people`` submitters, round robin as they queued; ``fifo``:
 the same line with ``TROUPE_QUEUE_ORDER=fifo``; ``one``: everything from one submitter
 (the server's token, as bench/scale.py submits), which is FIFO under either setting. Run
 it against an older commit (``git worktree``) for the before: there every case is the one
-FIFO line the queue had.
+FIFO line the queue had. ``--loop``: the event loop, uvloop (what the server runs on since
+``TROUPE_EVENT_LOOP`` came) or asyncio's (what it ran on before).
 
     .venv/bin/python bench/fair_pick.py --waiting 10000 --people 30 --picks 2000
 """
@@ -100,7 +101,7 @@ async def _case(name: str, waiting: int, people: int, picks: int, folder: Path) 
     view = ref.view
     order_view = getattr(view, "order", None)
     if order_view is not None:
-        ids = order_view.lines[who[0]][0]
+        ids = order_view.ids(who[0])
         middle = ids[len(ids) // 2]
         reads = []
         for _ in range(200):
@@ -115,8 +116,8 @@ async def _case(name: str, waiting: int, people: int, picks: int, folder: Path) 
 
 
 async def _main(args: argparse.Namespace) -> None:
-    cases = ["fair", "fifo", "one"] if _FAIR else ["one"]
-    print(f"queue pick: {args.waiting} waiting, {args.people} people, {args.picks} picks; "
+    cases = [case for case in args.cases.split(",") if _FAIR or case == "one"]
+    print(f"queue pick: {args.waiting} waiting, {args.people} people, {args.picks} picks, on {args.loop}'s loop; "
           f"this commit orders {'fair and fifo' if _FAIR else 'fifo only'}")
     for name in cases:
         with tempfile.TemporaryDirectory() as folder:
@@ -125,7 +126,7 @@ async def _main(args: argparse.Namespace) -> None:
             print(f"  {name:5s} release -> next Admit + view: median {found['median_us']:.0f} µs, "
                   f"p99 {found['p99_us']:.0f} µs{read}")
     print(f"reproduce: .venv/bin/python bench/fair_pick.py --waiting {args.waiting} --people {args.people} "
-          f"--picks {args.picks}")
+          f"--picks {args.picks} --cases {args.cases} --loop {args.loop}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,10 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--people", type=int, default=30)
     parser.add_argument("--picks", type=int, default=2000)
+    parser.add_argument("--cases", default="fair,fifo,one", help="of fair, fifo, one (an older commit: one only)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                        help="the event loop (the server's is uvloop since TROUPE_EVENT_LOOP; asyncio before)")
     args = parser.parse_args(argv)
     if not 1 <= args.picks <= args.waiting or args.people < 1:
         parser.error("--picks is 1..--waiting, --people at least 1")
-    asyncio.run(_main(args))
+    if args.loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_main(args))
+    else:
+        asyncio.run(_main(args))
     return 0
 
 
