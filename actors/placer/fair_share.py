@@ -45,7 +45,15 @@ class Usage:
         self.estimate_s = _ESTIMATE_S
 
     def _scale(self, at: float) -> float:
-        return 2.0 ** ((at - self._base) / self._half_life)
+        """What a slot-second at ``at`` weighs against one at the base. Past ``_REBASE``
+        half-lives the base moves to ``at`` first (a key idle for weeks would otherwise
+        ask for a power of two past what a float holds)."""
+        exponent = (at - self._base) / self._half_life
+        if exponent > _REBASE:
+            shrink = 2.0 ** -exponent  # underflows to 0.0 at worst: so long ago it no longer counts
+            self._charged = {who: used * shrink for who, used in self._charged.items()}
+            self._base, exponent = at, 0.0
+        return 2.0 ** exponent
 
     def hold(self, run_id: str, submitter: str, since: float | None = None) -> None:
         """The run took a slot (``since``: when, for a run a restart found running)."""
@@ -61,11 +69,8 @@ class Usage:
 
     def charge(self, submitter: str, seconds: float, at: float) -> None:
         """Slot-seconds used, as of ``at`` (a restart charges what the store says was used)."""
-        if (at - self._base) / self._half_life > _REBASE:
-            factor = self._scale(at)
-            self._charged = {who: used / factor for who, used in self._charged.items()}
-            self._base = at
-        self._charged[submitter] = self._charged.get(submitter, 0.0) + seconds * self._scale(at)
+        weighed = seconds * self._scale(at)  # first: it may move the base, and every figure with it
+        self._charged[submitter] = self._charged.get(submitter, 0.0) + weighed
 
     @property
     def base(self) -> float:
@@ -242,6 +247,8 @@ class FairLine(Generic[E]):
         on a tie (use within a hair of the least, as ``Order`` counts one); None when
         everyone waiting is ``capped``."""
         usage, people, heap = self._usage, self._people, self._heap
+        tie = _TIE * usage.step()  # first: reading the clock may move the base
+        running = usage.running()
         if usage.base != self._heap_base:  # every figure shrank: keys are no longer below the truth
             self._heap_base = usage.base
             self._heap[:] = [(usage.charges.get(who, 0.0), next(iter(p.line.values())), who)
@@ -260,8 +267,6 @@ class FairLine(Generic[E]):
             if charged == true_charged and seq == true_seq:
                 break
             heapq.heapreplace(heap, (true_charged, true_seq, who))
-        tie = _TIE * usage.step()
-        running = usage.running()
         if heap and (capped is None or not capped(heap[0][2])):
             # The common case: nobody else is within a hair of the top's use (the top's
             # two children bound every other key from below): its turn, no more to read.
@@ -290,7 +295,7 @@ class FairLine(Generic[E]):
             used = charged + running.get(who, 0.0)
             seen.append((charged, seq, who, used))
             least = min(least, used)
-        ties = [(seq, who) for _, seq, who, used in seen if used <= least + tie]
+        ties = [(seq, who) for _, seq, who, used in seen if used <= least + tie] if least < math.inf else []
         chosen = min(ties)[1] if ties else None
         for charged, seq, who, _ in seen:
             if who != chosen:

@@ -144,3 +144,57 @@ def test_published_positions_are_the_order_the_line_is_picked_in():
             usage.estimate_s = 2.0  # release eases the estimate toward what it saw: the same here
         assert picked == predicted, (trial, picked, predicted)
         assert sorted(order.position(r) or 0 for r in picked) == list(range(1, len(picked) + 1))
+
+
+def test_every_pick_is_the_least_used_submitter_whatever_happened_before():
+    """The pick reads a heap it keeps right lazily; here it is checked against the rule
+    itself, read off ``Usage.of`` over everyone waiting, through runs queued, withdrawn
+    (from the front and the middle), holding slots, ending (charged) and capped people,
+    and a base that moves (every figure rescaled)."""
+    rng = random.Random(11)
+    people = ["ann", "bob", "cem", "dee", "eve"]
+    for trial in range(40):
+        clock = Clock()
+        usage = Usage(50.0, clock)
+        line: FairLine[int] = FairLine(lambda seq: seq, usage, fair=True)
+        seqs, waiting, holding = itertools.count(1), {}, {}
+        caps = {who: rng.choice([None, 1, 2]) for who in people}
+
+        def capped(who: str, holding=holding, caps=caps) -> bool:
+            return caps[who] is not None and sum(1 for w in holding.values() if w == who) >= caps[who]
+
+        for _ in range(150):
+            action = rng.random()
+            clock.now += rng.choice([0.0, 0.001, 0.5, 3.0, 30_000.0 if rng.random() < 0.02 else 1.0])
+            if action < 0.4:
+                seq, who = next(seqs), rng.choice(people)
+                line.add(f"r{seq}", who, seq)
+                waiting[f"r{seq}"] = who
+            elif action < 0.5 and waiting:
+                run_id = rng.choice(list(waiting))
+                assert line.remove(run_id) == int(run_id[1:])
+                del waiting[run_id]
+            elif action < 0.7 and holding:
+                run_id = rng.choice(list(holding))
+                usage.release(run_id)
+                del holding[run_id]
+            elif waiting:
+                open_ = {who for who in waiting.values() if not capped(who)}
+                used = usage.of(sorted(open_))
+                picked = line.pick(capped)
+                if not open_:
+                    assert picked is None
+                    continue
+                assert picked is not None, trial
+                run_id, who, seq = picked
+                least = min(used.values())
+                heads = {w: min(int(r[1:]) for r, o in waiting.items() if o == w) for w in open_}
+                if len(set(waiting.values())) > 1:  # several people: least use, FIFO on a tie
+                    ties = [w for w in open_ if used[w] <= least + 1e-6 * usage.step()]
+                    assert who == min(ties, key=heads.__getitem__), (trial, who, used, heads)
+                else:  # one person: FIFO
+                    assert seq == heads[who]
+                assert seq == heads[who] and waiting.pop(run_id) == who
+                holding[run_id] = who
+                usage.hold(run_id, who)
+        assert len(line) == len(waiting)
