@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import logging
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from subprocess_runner.upstream import Upstream
 if TYPE_CHECKING:
     from protocol.worker import Storage
     from subprocess_runner.artifacts import Shipper
+    from subprocess_runner.console import DescriptorCapture
     from subprocess_runner.engine import Outcome
 
 # What the zygote imports before it forks children: the run child's own modules, torch
@@ -72,22 +74,34 @@ def forked(conn: Connection, catalog: Any) -> None:
     and a small graph of core nodes, executed with its events dropped, copies the pages
     those write, which it shares with the zygote until then (about 2 ms of a run's start
     on a small CPU, moved off it). Nothing of that graph reaches the run."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:  # its global generator is the zygote's; every child would draw alike
-        numpy.random.seed()
     upstream = Upstream(conn, _PIPE)
     _prime(catalog)
+    # The global generators are the zygote's (and the prime drew from them): every child
+    # would draw alike. Each starts from fresh entropy, as an unseeded run expects.
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    from subprocess_runner.console import DescriptorCapture
+
+    capture = DescriptorCapture()  # its pipes and threads ready: the run's console output starts at once
     try:
-        frame: pipe.ToChild = conn.recv()
-    except (EOFError, OSError):
-        return
-    match frame:
-        case pipe.StartRun(assign):
-            main(conn, assign, catalog, upstream)
-        case pipe.Dismiss():
+        try:
+            frame: pipe.ToChild = conn.recv()
+        except (EOFError, OSError):
             return
-        case _:
-            raise TypeError(f"a forked child got an unknown frame {frame!r}")
+        match frame:
+            case pipe.StartRun(assign):
+                main(conn, assign, catalog, upstream, capture)
+            case pipe.Dismiss():
+                return
+            case _:
+                raise TypeError(f"a forked child got an unknown frame {frame!r}")
+    finally:
+        capture.close()
 
 
 # A graph of core nodes a forked child executes once, its events dropped, before its run
@@ -98,20 +112,46 @@ _PRIME_GRAPH = {"version": 1, "name": "prime", "settings": {"device": "cpu"},
                 "edges": [{"source": "c", "source_port": "value", "target": "m", "target_port": "value"}]}
 
 
+# An epoch of the torch pack's training on a few random points, its events dropped: the
+# paths of a dataset, a loader, a model, an optimizer and the loop, as a run's first
+# epoch takes them, write their pages here (the digits example's first epoch: ms sooner).
+_PRIME_TRAINING = {
+    "version": 1, "name": "prime-training", "settings": {"device": "cpu"},
+    "nodes": [{"id": "data", "type": "torch.SyntheticClassification",
+               "params": {"n": 64, "features": 64, "classes": 10, "val_fraction": 0.25, "seed": 0}},
+              {"id": "train", "type": "torch.DataLoader", "params": {"batch_size": 16, "shuffle": True}},
+              {"id": "val", "type": "torch.DataLoader", "params": {"batch_size": 16, "shuffle": False}},
+              {"id": "mlp", "type": "torch.MLP", "params": {"hidden": "16", "activation": "relu", "dropout": 0.1}},
+              {"id": "adam", "type": "torch.Optimizer", "params": {"kind": "adam", "lr": 0.01}},
+              {"id": "loop", "type": "torch.TrainingLoop", "params": {"epochs": 1}},
+              {"id": "eval", "type": "torch.Evaluate", "params": {}}],
+    "edges": [{"source": "data", "source_port": "train", "target": "train", "target_port": "dataset"},
+              {"source": "data", "source_port": "val", "target": "val", "target_port": "dataset"},
+              {"source": "data", "source_port": "train", "target": "mlp", "target_port": "data"},
+              {"source": "mlp", "source_port": "model", "target": "loop", "target_port": "model"},
+              {"source": "adam", "source_port": "optimizer", "target": "loop", "target_port": "optimizer"},
+              {"source": "train", "source_port": "loader", "target": "loop", "target_port": "train"},
+              {"source": "val", "source_port": "loader", "target": "loop", "target_port": "val"},
+              {"source": "loop", "source_port": "model", "target": "eval", "target_port": "model"},
+              {"source": "val", "source_port": "loader", "target": "eval", "target_port": "data"}]}
+
+
 def _prime(catalog: Any) -> None:
+    from subprocess_runner.console import Console, capture_descriptors
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import execute_graph, prepare_executable_graph
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
     execution_facts(RUN_PROCESS)  # taken again once the run has set its cards
     ctx = ExecutionContext("prime", None, "cpu", None, Sinks(lambda *_: None), threading.Event())
-    execute_graph(prepare_executable_graph(_PRIME_GRAPH, catalog), ctx, max_parallel=2)
-    torch = sys.modules.get("torch")
-    if torch is not None:  # a step of a small model on the CPU: autograd and the optimizer's paths
-        model = torch.nn.Linear(8, 2)
-        optimizer = torch.optim.Adam(model.parameters())
-        model(torch.ones(4, 8)).sum().backward()
-        optimizer.step()
+    with capture_descriptors(Console(lambda *_: None, 0)):  # as a run's graph runs: its console's paths
+        execute_graph(prepare_executable_graph(_PRIME_GRAPH, catalog), ctx, max_parallel=2)
+    # A run's folder is made and removed as here: the temporary names' generator, made
+    # anew in a forked process (a seed from the OS), and both paths' pages are its own now.
+    shutil.rmtree(tempfile.mkdtemp(prefix="troupe-prime-"), ignore_errors=True)
+    if "torch.TrainingLoop" in catalog.types:  # an epoch of a small model, as the torch pack trains one
+        ctx = ExecutionContext("prime", None, "cpu", None, Sinks(lambda *_: None), threading.Event())
+        execute_graph(prepare_executable_graph(_PRIME_TRAINING, catalog), ctx, max_parallel=2)
 
 
 def _import_all(names: tuple[str, ...]) -> None:
@@ -129,10 +169,12 @@ def cuda_touched() -> str | None:
     return None
 
 
-def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, upstream: Upstream | None = None) -> None:
+def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, upstream: Upstream | None = None,
+         capture: DescriptorCapture | None = None) -> None:
     """Executes one run. ``warm_catalog``: the node catalog the zygote loaded before this
-    child was forked (None: a fresh interpreter started for this run); ``upstream``: its
-    pipe's sender, started while a forked child waited."""
+    child was forked (None: a fresh interpreter started for this run); ``upstream`` and
+    ``capture``: its pipe's sender and its console's capture, made while a forked child
+    waited."""
     devices = _set_cards(assign)
     for name in _RUN_MODULES:
         importlib.import_module(name)
@@ -141,7 +183,7 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ups
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
-    run = _Run(conn, assign, devices, upstream)
+    run = _Run(conn, assign, devices, upstream, capture)
     # This process is what executes the run (``pid``); ``started_warm``: forked from the zygote.
     # Facts nobody waits for: they go up with the first node's start.
     used = tuple(sorted((assign.get("packs") or {}).items()))  # the folder packs it runs, as the control plane has them
@@ -169,8 +211,9 @@ class _Run:
     its cards, the cancel request). Its frames go up the pipe through its ``Upstream``."""
 
     def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str],
-                 upstream: Upstream | None) -> None:
+                 upstream: Upstream | None, capture: DescriptorCapture | None = None) -> None:
         self.conn = conn
+        self.capture = capture
         self.assign = assign
         self.devices = devices
         self.upstream = upstream or Upstream(conn, _PIPE)  # numbers the run's frames and sends them in batches
@@ -223,14 +266,15 @@ class _Run:
         except BaseException as exc:  # the run fails; the child still reports it
             outcome = Outcome("failed", f"the run child failed: {type(exc).__name__}: {exc}")
         shipper.close()  # its artifacts are stored (or warned about) before its end is reported
-        # Nothing is left behind on the worker: what the run wrote is stored, or waits in the
-        # agent's outbox under links of its own.
-        shutil.rmtree(self.run_dir, ignore_errors=True)
         error, out_of_memory = outcome.error, is_out_of_memory(outcome.error)
         if out_of_memory and budget:
             error = f"{error} (out of memory under the run's budget of {budget} MiB per card)"
         status = cast("pipe.EndStatus", outcome.status)  # the engine's three (the agent's RunEnded validates it)
         self.end(status, error, outcome.node_id, peak_mib(range(len(devices))), out_of_memory)
+        # Nothing is left behind on the worker: what the run wrote is stored, or waits in the
+        # agent's outbox under links of its own. Removed once the end is on its way (the
+        # process leaves only after this).
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _run_graph(self, warm_catalog: Any, mounts: dict[str, str], control_plane: dict[str, Any],
                    storage: Storage | None, shipper: Shipper) -> Outcome:
@@ -260,7 +304,7 @@ class _Run:
                                provenance=assign.get("provenance"), ddp=ddp, resume=resume,
                                limits=NodeLimits(float(assign.get("command_kill_grace_s", 5.0)),
                                                  assign.get("memory_budget_mib")))
-        with capture_descriptors(console):  # the whole process is the run's: fds 1 and 2 are its console
+        with capture_descriptors(console, self.capture):  # the whole process is the run's: fds 1 and 2 are its console
             return execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                  deterministic=bool(assign.get("deterministic")))
 

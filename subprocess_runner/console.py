@@ -202,37 +202,71 @@ def install() -> None:
         sys.stderr = _RoutedStream("stderr", sys.stderr)
 
 
-@contextlib.contextmanager
-def capture_descriptors(console: Console) -> Iterator[None]:
-    """Everything written to file descriptors 1 and 2 of this process goes to ``console``
-    (a worker run's child: the whole process is the run's)."""
-    readers, saved = [], []
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        sys.stdout.flush() if fd == 1 else sys.stderr.flush()
-        read_end, write_end = os.pipe()
-        saved.append((fd, os.dup(fd)))
-        os.dup2(write_end, fd)
-        os.close(write_end)
-        reader = threading.Thread(target=_pump, args=(read_end, name, console), name=f"console-{name}", daemon=True)
-        reader.start()
-        readers.append(reader)
-    try:
-        yield
-    finally:
+class DescriptorCapture:
+    """File descriptors 1 and 2 of this process, read by threads of their own from the
+    moment it is made: what they read goes to the console ``attach`` gives (before that,
+    on to where the descriptors wrote). A forked run child makes one while it waits for
+    its run, so that the run's start pays for no pipe and no thread."""
+
+    def __init__(self) -> None:
+        self._console: Console | None = None
+        self._saved: list[tuple[int, int]] = []  # (descriptor, a copy of what it was)
+        self._readers: list[threading.Thread] = []
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            sys.stdout.flush() if fd == 1 else sys.stderr.flush()
+            read_end, write_end = os.pipe()
+            copy = os.dup(fd)
+            self._saved.append((fd, copy))
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            reader = threading.Thread(target=self._pump, args=(read_end, name, copy), name=f"console-{name}",
+                                      daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def attach(self, console: Console) -> None:
+        self._console = console
+
+    def close(self) -> None:
+        """Puts the descriptors back and returns once everything written to them is read
+        (and the console closed). A second call does nothing."""
+        saved, self._saved = self._saved, []
+        if not saved:
+            return
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
         for fd, copy in saved:  # the pipes' write ends close: the readers see the end
             os.dup2(copy, fd)
-            os.close(copy)
-        for reader in readers:
+        for reader in self._readers:
             reader.join(5)
-        console.close()
+        for _, copy in saved:  # only now: a reader may have been passing output on to it
+            os.close(copy)
+        if self._console is not None:
+            self._console.close()
+
+    def _pump(self, read_end: int, name: str, before: int) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split between reads stays whole
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                console = self._console
+                if console is not None:
+                    console.write(name, decoder.decode(chunk))
+                else:
+                    with contextlib.suppress(OSError):
+                        os.write(before, chunk)
+        if self._console is not None:
+            self._console.write(name, decoder.decode(b"", final=True))
 
 
-def _pump(read_end: int, name: str, console: Console) -> None:
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character split between reads stays whole
-    with os.fdopen(read_end, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(65536):
-            console.write(name, decoder.decode(chunk))
-        console.write(name, decoder.decode(b"", final=True))
+@contextlib.contextmanager
+def capture_descriptors(console: Console, made: DescriptorCapture | None = None) -> Iterator[None]:
+    """Everything written to file descriptors 1 and 2 of this process goes to ``console``
+    (a worker run's child: the whole process is the run's). ``made``: a capture made
+    ahead, which this one closes."""
+    capture = made if made is not None else DescriptorCapture()
+    capture.attach(console)
+    try:
+        yield
+    finally:
+        capture.close()

@@ -29,10 +29,22 @@ MARKER = """from troupe import node
 @node
 def mark(x: float) -> float:
     \"\"\"How many runs of this process set the mark, this one included.\"\"\"
+    import os
+
     import torch
 
     torch._troupe_mark = getattr(torch, "_troupe_mark", 0) + 1
+    print(f"marked {torch._troupe_mark}", flush=True)  # the run's console, caught ahead of the run
+    os.write(2, b"written past Python\\n")
     return float(torch._troupe_mark)
+
+
+@node
+def draw(x: float) -> float:
+    \"\"\"A number from torch's global generator, which an unseeded run does not seed.\"\"\"
+    import torch
+
+    return float(torch.rand(1).item())
 """
 
 
@@ -105,22 +117,32 @@ def test_no_run_sees_what_the_last_changed_and_a_lost_zygote_is_started_again(ma
     agent = start_agent(server, tmp_path, command, machine="warm", TROUPE_HOME=str(tmp_path / "agent-home"))
     graph = {"version": 1, "name": "marks", "settings": {"device": "cpu"}, "edges": [
         {"source": "c", "source_port": "value", "target": "m", "target_port": "x"},
-        {"source": "m", "source_port": "value", "target": "log", "target_port": "value"}], "nodes": [
+        {"source": "m", "source_port": "value", "target": "log", "target_port": "value"},
+        {"source": "c", "source_port": "value", "target": "d", "target_port": "x"},
+        {"source": "d", "source_port": "value", "target": "drawn", "target_port": "value"}], "nodes": [
         {"id": "c", "type": "core.Constant", "params": {"value": 1}},
         {"id": "m", "type": "marker.mark", "params": {}},
-        {"id": "log", "type": "core.LogMetric", "params": {"name": "marks"}}]}
+        {"id": "log", "type": "core.LogMetric", "params": {"name": "marks"}},
+        {"id": "d", "type": "marker.draw", "params": {}},
+        {"id": "drawn", "type": "core.LogMetric", "params": {"name": "drawn"}}]}
     try:
         read_until(agent, "connected as warm")
         wait_warm(server, "warm", 1)
         zygote = _zygote(agent.pid)
+        drawn = []
         for _ in range(2):
             run_id = server.submit(graph, target={"worker": "warm"})["run_id"]
             assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
             assert server.get(f"/api/runs/{run_id}")["execution_facts"]["started_warm"] is True
             marks = server.get(f"/api/runs/{run_id}/metrics")["series"]["marks"]
             assert [p["value"] for p in marks] == [1.0]  # its own process: the last run's mark is not here
+            console = {(e["payload"]["stream"], e["payload"]["text"].strip())
+                       for e in server.get(f"/api/runs/{run_id}/events")["events"] if e["type"] == "console"}
+            assert {("stdout", "marked 1"), ("stderr", "written past Python")} <= console, console
+            drawn += [p["value"] for p in server.get(f"/api/runs/{run_id}/metrics")["series"]["drawn"]]
             wait_warm(server, "warm", 1)
 
+        assert drawn[0] != drawn[1]  # unseeded: each child's generator starts from fresh entropy, not the zygote's
         os.kill(zygote, signal.SIGKILL)  # the pool's ready child stays the agent's; a new zygote comes
         for turn in range(2):  # the child forked before the loss, then one of the new zygote
             run_id = server.submit(hello(), target={"worker": "warm"})["run_id"]
