@@ -24,11 +24,13 @@ from protocol import pipe
 # Frames waiting for the sender before an emitting node waits too: about a pipe message
 # of metric events, so a stalled agent holds the node back instead of the child's memory.
 BACKLOG = 1024
-# How long the sender waits after an event for the rest of its burst (a node's start, its
-# logs and its end come within a millisecond or two): each pipe message becomes a frame
-# on the link and a message through the control plane, so a run of short nodes costs a
-# few of each instead of one per event. Invisible beside what a person watching needs.
-LINGER_S = 0.002
+# How long the sender waits after an event for the rest of its burst (a short node's
+# start, its logs and its end come within a fraction of a millisecond): each pipe message
+# becomes a frame on the link and a message through the control plane, so a run of short
+# nodes costs a few of each instead of one per event. Every event waits this long on its
+# way (2 ms made a digits training's first epoch on a worker about 2 ms later); a node
+# that emits faster than the sender sends batches anyway, while a send is under way.
+LINGER_S = 0.0005
 # How long a frame sent with ``hold`` waits for the next one (the run's environment
 # facts, taken before its graph is loaded, wait for its first node): each frame that
 # goes up alone costs the control plane a message, a commit and an acknowledgement.
@@ -48,6 +50,7 @@ class Upstream:
         self._counter = 0
         self._closed = False  # the end was queued, or the pipe broke: nothing more is taken
         self._held = False  # what waits is only frames sent with ``hold``
+        self._sending = False  # the sender took a batch and has not put it in the pipe yet
         self._sender = threading.Thread(target=self._send_all, name="upstream", daemon=True)
         self._sender.start()
 
@@ -67,16 +70,27 @@ class Upstream:
 
     def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
             out_of_memory: bool) -> None:
-        """Queues the run's last frame and returns once every frame is in the pipe (the
-        process may exit right after)."""
+        """Sends the run's last frame, with whatever still waits, and returns once every
+        frame is in the pipe (the process may exit right after). Sent from this thread:
+        handing it to the sender would cost a switch between threads on the way out; a
+        batch the sender took before is in the pipe first (the pipe's lock)."""
+        batch: list[pipe.FromChild] = []
         with self._cond:
+            while self._sending:  # a batch taken before this one goes into the pipe first
+                self._cond.wait()
             if not self._closed:
                 self._counter += 1
                 self._waiting.append(pipe.ChildEnded(self._counter, status, error, node_id, peak_mib,
                                                      out_of_memory))
                 self._closed = True
-                self._cond.notify_all()
-        self._sender.join()
+                batch, self._waiting = self._waiting, []
+                self._cond.notify_all()  # the sender finds nothing left and ends
+        if batch:
+            try:
+                with self._pipe_lock:
+                    self._conn.send(batch)
+            except OSError:  # the agent is gone: nobody reads the end
+                pass
 
     def _send_all(self) -> None:
         while True:
@@ -90,13 +104,16 @@ class Upstream:
                     self._cond.wait(LINGER_S)  # the rest of a burst goes with its first event
                 if not self._waiting:
                     return
-                batch, self._waiting = self._waiting, []
+                batch, self._waiting, self._sending = self._waiting, [], True
                 self._cond.notify_all()  # a node waiting on a full backlog goes on
             try:
                 with self._pipe_lock:
                     self._conn.send(batch)
             except OSError:  # the agent is gone: the cancel listener stops the run
                 with self._cond:
-                    self._closed, self._waiting = True, []
+                    self._closed, self._waiting, self._sending = True, [], False
                     self._cond.notify_all()
                 return
+            with self._cond:
+                self._sending = False
+                self._cond.notify_all()  # the end, waiting for this batch to go first

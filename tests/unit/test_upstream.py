@@ -39,6 +39,24 @@ def test_events_waiting_behind_a_send_go_together_and_the_end_comes_last():
     assert len(messages) <= 3  # the first event alone at most, then the rest, then the end
 
 
+def test_the_end_sent_from_its_own_thread_follows_a_batch_the_sender_took_first():
+    """The end goes into the pipe from the thread that ends the run, not the sender's; a
+    batch the sender took before it, still waiting for the pipe, goes first."""
+    agent, child = multiprocessing.Pipe()
+    lock = threading.Lock()
+    upstream = Upstream(child, lock)
+    with lock:  # the sender takes the first event and waits for the pipe
+        upstream.event("metric", "t", {"name": "loss", "step": 1, "value": 1.0})
+        while not agent.poll(0) and not upstream._sending:  # the sender has it in hand
+            threading.Event().wait(0.001)
+        ender = threading.Thread(target=upstream.end, args=("succeeded", None, None, None, False))
+        ender.start()
+        ender.join(0.2)
+        assert ender.is_alive()  # the end waits for the batch taken before it
+    ender.join(10)
+    assert [[f.counter for f in message] for message in read_all(agent)] == [[1], [2]]
+
+
 def test_a_held_frame_waits_for_the_next_one_and_goes_up_with_it():
     agent, child = multiprocessing.Pipe()
     upstream = Upstream(child, threading.Lock())
