@@ -350,7 +350,7 @@ class Order:
 
     __slots__ = ("lines", "step", "used")
 
-    def __init__(self, lines: Mapping[str, Picture], used: UseAt | Mapping[str, float], step: float) -> None:
+    def __init__(self, lines: Mapping[str, Picture], used: UseAt, step: float) -> None:
         self.lines = lines
         self.used = used
         self.step = step
