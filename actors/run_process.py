@@ -2,8 +2,8 @@
 
 The child is an interpreter of its own (multiprocessing *spawn*) started for the run, or
 one the agent's zygote forked, taken from the warm pool; either way it executes this run
-only. A reader thread
-turns its pipe frames (``protocol.pipe``) into frames for the link. Cancel is cooperative
+only. Its pipe is read on the agent's event loop (``_ChildPipe``), and its frames
+(``protocol.pipe``) become frames for the link. Cancel is cooperative
 first (``CancelRun`` down the pipe), then a kill after ``kill_grace_s``. A child that dies
 without reporting (a segfault, an OOM kill) fails only its run, with the exit signal in
 the error.
@@ -17,9 +17,12 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go 
 # Batches of a child's frames read from its pipe and not yet handed to the link: one
 # more may be read while the last is handed on.
 _BATCHES_IN_HAND = 2
+_ROOM_POLL_S = 0.01  # how often a pipe held back for a full outbox looks for room again
 log = logging.getLogger("troupe.agent")
 
 
@@ -73,9 +77,11 @@ class RunProcess(Actor):
         self._mounts = mounts or {}  # this machine's storage labels, for the child's file references
         self._data_roots = data_roots  # and the folders its owner lets runs read by absolute path
         self._room = room  # cleared while the link's outbox is too full: the pipe is not read
-        # Batches read from the pipe and not yet handed to the link: the reader waits for
-        # them, so the link's ``room`` is current when it reads again.
-        self._in_hand = threading.BoundedSemaphore(_BATCHES_IN_HAND)
+        # Batches read from the pipe and not yet handed to the link: past a few the pipe
+        # is not read, so the link's ``room`` is current when it is read again.
+        self._in_hand = 0
+        self._pipe: asyncio.Transport | None = None
+        self._room_polled = False
         # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
         self._control_plane = control_plane or {}
         self._shelf = shelf if assign.record_outputs else None  # where its node outputs stay
@@ -128,9 +134,12 @@ class RunProcess(Actor):
                                             name=f"troupe-run-{self._assign.run_id[:8]}", daemon=False)
             self._process.start()
             child_end.close()
-        loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, args=(loop,), name=f"pipe-{self._assign.run_id[:8]}",
-                         daemon=True).start()
+        # The loop reads the pipe: a frame reaches this actor in one wake-up, not a
+        # reader thread's and then the loop's. The pipe is a socket pair; the transport
+        # reads a copy of its descriptor (``conn`` still sends the cancel).
+        sock = socket.socket(fileno=os.dup(self._conn.fileno()))
+        self._pipe, _ = await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: _ChildPipe(self._from_pipe, self._pipe_ended), sock)
 
     async def on_stop(self, reason: str) -> None:
         # The agent is stopping: the child is asked to stop, then killed after the grace,
@@ -141,35 +150,40 @@ class RunProcess(Actor):
             self._conn.send(pipe.CancelRun())
         await asyncio.to_thread(self._process.join, self._kill_grace_s)
         self._kill()
+        if self._pipe is not None:
+            self._pipe.close()
 
-    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
-        ended = False
-        while not ended:
-            while not self._in_hand.acquire(timeout=0.5):
-                if not self._alive:
-                    return
-            if self._room is not None:
-                self._room.wait()  # the child waits on its full pipe meanwhile: slowed, nothing dropped
-            batch: list[pipe.FromChild] = []
-            try:
-                while True:  # what waits goes to the actor together
-                    said = self._conn.recv()  # a list of the run's frames (a lone frame is taken too)
-                    if isinstance(said, list):
-                        batch.extend(said)
-                    else:
-                        batch.append(said)
-                    if len(batch) >= wire.EVENTS_PER_FRAME or not self._conn.poll():
-                        break
-            except (EOFError, OSError):
-                # The child's last frames may come with its pipe's end (a reader that was
-                # held back finds both waiting): they still go on, before its exit.
-                ended = True
-            if batch:
-                loop.call_soon_threadsafe(self.ref.tell, _FromChild(tuple(batch)))
-            else:
-                self._in_hand.release()
-        self._process.join()
-        loop.call_soon_threadsafe(self.ref.tell, _Exited(self._process.exitcode))
+    def _from_pipe(self, frames: tuple[pipe.FromChild, ...]) -> None:
+        self.ref.tell(_FromChild(frames))
+        self._in_hand += 1
+        if self._in_hand >= _BATCHES_IN_HAND or (self._room is not None and not self._room.is_set()):
+            self._hold_pipe()
+
+    def _hold_pipe(self) -> None:
+        """Reads no more of the pipe until a batch is handed on and the link has room: the
+        child waits on its full pipe meanwhile, slowed, nothing dropped."""
+        if self._pipe is not None and self._pipe.is_reading():
+            self._pipe.pause_reading()
+
+    def _read_again(self) -> None:
+        self._room_polled = False
+        if self._pipe is None or self._pipe.is_closing() or self._in_hand >= _BATCHES_IN_HAND:
+            return
+        if self._room is not None and not self._room.is_set():
+            if not self._room_polled:
+                self._room_polled = True
+                asyncio.get_running_loop().call_later(_ROOM_POLL_S, self._read_again)
+            return
+        if not self._pipe.is_reading():
+            self._pipe.resume_reading()
+
+    def _pipe_ended(self) -> None:
+        # Its last frames came before the end (the protocol delivered them first).
+        asyncio.get_running_loop().create_task(self._await_exit(), name=f"exit-{self._assign.run_id[:8]}")
+
+    async def _await_exit(self) -> None:
+        await asyncio.to_thread(self._process.join)
+        self.ref.tell(_Exited(self._process.exitcode))
 
     async def receive(self, message: Any) -> Any:
         run_id = self._assign.run_id
@@ -178,7 +192,8 @@ class RunProcess(Actor):
                 try:
                     await self._hand_on(from_child)
                 finally:
-                    self._in_hand.release()
+                    self._in_hand -= 1
+                    self._read_again()
             case _Exited(code):
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
@@ -267,6 +282,45 @@ class RunProcess(Actor):
             for pgid in groups:
                 with contextlib.suppress(OSError):
                     os.killpg(pgid, signal.SIGKILL)
+
+
+class _ChildPipe(asyncio.Protocol):
+    """The agent's end of a run child's pipe, read on the event loop: the frames of
+    ``multiprocessing.connection`` (a 4-byte big-endian length, or -1 and an 8-byte
+    one, then the pickle), each a list of the run's frames or a lone frame. What one
+    read brings goes to the actor as one batch."""
+
+    def __init__(self, deliver: Callable[[tuple[pipe.FromChild, ...]], None], ended: Callable[[], None]) -> None:
+        self._deliver = deliver
+        self._ended = ended
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        batch: list[pipe.FromChild] = []
+        while len(buffer) >= 4:
+            size, head = struct.unpack_from("!i", buffer)[0], 4
+            if size == -1:
+                if len(buffer) < 12:
+                    break
+                size, head = struct.unpack_from("!Q", buffer, 4)[0], 12
+            if len(buffer) < head + size:
+                break
+            said = ForkingPickler.loads(bytes(buffer[head:head + size]))
+            del buffer[:head + size]
+            if isinstance(said, list):
+                batch.extend(said)
+            else:
+                batch.append(said)
+        if batch:
+            self._deliver(tuple(batch))
+
+    def eof_received(self) -> bool:
+        return False  # the child closed its end: the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended()
 
 
 def _descendant_groups(pid: int) -> set[int]:

@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -49,6 +50,7 @@ _RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_ru
                 "subprocess_runner.transfer")
 # One writer of the pipe at a time: the run's events and its end.
 _PIPE = threading.Lock()
+_POOL_PREFIX = "troupe-run-pool-"  # a forked child's folder, made before its run came
 log = logging.getLogger("troupe.child")
 
 
@@ -87,7 +89,11 @@ def forked(conn: Connection, catalog: Any) -> None:
         torch.seed()
     from subprocess_runner.console import DescriptorCapture
 
-    capture = DescriptorCapture()  # its pipes and threads ready: the run's console output starts at once
+    # Made while it waits, each a thread start or a few system calls a run's start no
+    # longer pays: its console's pipes and readers, its folder, its cancel listener.
+    ahead = _Ahead(upstream, DescriptorCapture(), Path(tempfile.mkdtemp(prefix=_POOL_PREFIX)))
+    threading.Thread(target=_listen, args=(conn, ahead.cancel, ahead.armed), name="cancel-listener",
+                     daemon=True).start()
     try:
         try:
             frame: pipe.ToChild = conn.recv()
@@ -95,13 +101,42 @@ def forked(conn: Connection, catalog: Any) -> None:
             return
         match frame:
             case pipe.StartRun(assign):
-                main(conn, assign, catalog, upstream, capture)
+                main(conn, assign, catalog, ahead)
             case pipe.Dismiss():
                 return
             case _:
                 raise TypeError(f"a forked child got an unknown frame {frame!r}")
     finally:
-        capture.close()
+        ahead.capture.close()
+        shutil.rmtree(ahead.run_dir, ignore_errors=True)  # a dismissed child's folder (a run removed its own)
+
+
+@dataclass
+class _Ahead:
+    """What a forked child makes while it waits for its run."""
+
+    upstream: Upstream
+    capture: DescriptorCapture
+    run_dir: Path  # renamed for the run (its id in the name, as a fresh child's)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    armed: threading.Event = field(default_factory=threading.Event)  # set once the run came: the listener reads
+
+
+def _listen(conn: Connection, cancel: threading.Event, armed: threading.Event | None = None) -> None:
+    """Until the agent cancels the run (or the pipe closes: the agent is gone); ``armed``:
+    started ahead, it reads nothing before the run came."""
+    if armed is not None:
+        armed.wait()
+    try:
+        while True:
+            match frame := conn.recv():
+                case pipe.CancelRun():
+                    break
+                case _:
+                    log.warning("the run child dropped an unknown frame %r", frame)
+    except (EOFError, OSError):
+        pass
+    cancel.set()
 
 
 # A graph of core nodes a forked child executes once, its events dropped, before its run
@@ -142,7 +177,8 @@ def _prime(catalog: Any) -> None:
     from subprocess_runner.engine import execute_graph, prepare_executable_graph
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
-    execution_facts(RUN_PROCESS)  # taken again once the run has set its cards
+    _set_cards({"graph": {}})  # as a CPU run sets them: its facts are then taken here, not on its start
+    execution_facts(RUN_PROCESS)
     ctx = ExecutionContext("prime", None, "cpu", None, Sinks(lambda *_: None), threading.Event())
     with capture_descriptors(Console(lambda *_: None, 0)):  # as a run's graph runs: its console's paths
         execute_graph(prepare_executable_graph(_PRIME_GRAPH, catalog), ctx, max_parallel=2)
@@ -169,12 +205,10 @@ def cuda_touched() -> str | None:
     return None
 
 
-def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, upstream: Upstream | None = None,
-         capture: DescriptorCapture | None = None) -> None:
+def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ahead: _Ahead | None = None) -> None:
     """Executes one run. ``warm_catalog``: the node catalog the zygote loaded before this
-    child was forked (None: a fresh interpreter started for this run); ``upstream`` and
-    ``capture``: its pipe's sender and its console's capture, made while a forked child
-    waited."""
+    child was forked (None: a fresh interpreter started for this run); ``ahead``: what a
+    forked child made while it waited."""
     devices = _set_cards(assign)
     for name in _RUN_MODULES:
         importlib.import_module(name)
@@ -183,13 +217,16 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ups
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
-    run = _Run(conn, assign, devices, upstream, capture)
+    run = _Run(conn, assign, devices, ahead)
     # This process is what executes the run (``pid``); ``started_warm``: forked from the zygote.
     # Facts nobody waits for: they go up with the first node's start.
     used = tuple(sorted((assign.get("packs") or {}).items()))  # the folder packs it runs, as the control plane has them
     run.upstream.event("environment", None, {**execution_facts(RUN_PROCESS, used), "pid": os.getpid(),
                                              "started_warm": warm_catalog is not None}, hold=True)
-    threading.Thread(target=run.listen, name="cancel-listener", daemon=True).start()
+    if ahead is not None:
+        ahead.armed.set()
+    else:
+        threading.Thread(target=_listen, args=(conn, run.cancel), name="cancel-listener", daemon=True).start()
     run.execute(warm_catalog)
 
 
@@ -210,17 +247,22 @@ class _Run:
     """One run in this process: what its steps share (the pipe, the run's own directory,
     its cards, the cancel request). Its frames go up the pipe through its ``Upstream``."""
 
-    def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str],
-                 upstream: Upstream | None, capture: DescriptorCapture | None = None) -> None:
+    def __init__(self, conn: Connection, assign: dict[str, Any], devices: list[str], ahead: _Ahead | None) -> None:
         self.conn = conn
-        self.capture = capture
+        self.capture = ahead.capture if ahead is not None else None
         self.assign = assign
         self.devices = devices
-        self.upstream = upstream or Upstream(conn, _PIPE)  # numbers the run's frames and sends them in batches
+        # Numbers the run's frames and sends them in batches.
+        self.upstream = ahead.upstream if ahead is not None else Upstream(conn, _PIPE)
         # The run's files live in a directory of its own; its artifacts are stored from there
         # (their paths relative to it: the control plane refuses one that points elsewhere).
-        self.run_dir = Path(tempfile.mkdtemp(prefix=f"troupe-run-{assign['run_id'][:8]}-"))
-        self.cancel = threading.Event()
+        prefix = f"troupe-run-{assign['run_id'][:8]}-"
+        if ahead is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+        else:  # the folder made ahead, named for the run as a fresh child's is
+            self.run_dir = ahead.run_dir = ahead.run_dir.rename(
+                ahead.run_dir.with_name(prefix + ahead.run_dir.name.removeprefix(_POOL_PREFIX)))
+        self.cancel = ahead.cancel if ahead is not None else threading.Event()
 
     def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
         self.upstream.event(kind, node_id, payload)
@@ -228,19 +270,6 @@ class _Run:
     def end(self, status: pipe.EndStatus, error: str | None, node_id: str | None, peak_mib: int | None,
             out_of_memory: bool) -> None:
         self.upstream.end(status, error, node_id, peak_mib, out_of_memory)
-
-    def listen(self) -> None:
-        """Until the agent cancels the run (or the pipe closes: the agent is gone)."""
-        try:
-            while True:
-                match frame := self.conn.recv():
-                    case pipe.CancelRun():
-                        break
-                    case _:
-                        log.warning("the run child dropped an unknown frame %r", frame)
-        except (EOFError, OSError):
-            pass
-        self.cancel.set()
 
     def execute(self, warm_catalog: Any) -> None:
         """Runs the graph and reports its end, a failed one when any step of the run

@@ -27,24 +27,25 @@ CONTROL_PLANE, RUN_PROCESS = "control_plane", "run_process"
 _REPO = Path(__file__).resolve().parent.parent
 
 
-@functools.lru_cache(maxsize=64)
 def execution_facts(source: str, folder_packs: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """``{fingerprint, fingerprint_digest, fingerprint_source}`` of this process, taken
-    once: neither its code nor its environment changes while it lives (a worker's run
-    child is a new process for every run). ``folder_packs``: the packs loaded from
-    folders that the run uses, (name, sha256 of its files): user code that is part of
-    what executed it."""
-    found = fingerprint()
+    """``{fingerprint, fingerprint_digest, fingerprint_source}`` of this process: its code
+    and libraries do not change while it lives, so the facts are taken once for each
+    value of the variables it records (a warm child takes them for a CPU run's before
+    its run comes). ``folder_packs``: the packs loaded from folders that the run uses,
+    (name, sha256 of its files): user code that is part of what executed it."""
+    return _facts(source, folder_packs, tuple(process_env(FINGERPRINT_ENV).items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _facts(source: str, folder_packs: tuple[tuple[str, str], ...],
+           env: tuple[tuple[str, str | None], ...]) -> dict[str, Any]:
+    found = {**static_facts(), "accelerators": list(probe_accelerators(dict(env)["CUDA_VISIBLE_DEVICES"])),
+             "env": dict(env)}
     found["packs"] = [*found["packs"], *({"name": name, "digest": digest, "source": "folder"}
                                          for name, digest in folder_packs)]
     body = json.dumps(found, sort_keys=True, separators=(",", ":"))
     return {"fingerprint": found, "fingerprint_digest": hashlib.sha256(body.encode()).hexdigest()[:16],
             "fingerprint_source": source}
-
-
-def fingerprint() -> dict[str, Any]:
-    env = process_env(FINGERPRINT_ENV)
-    return {**static_facts(), "accelerators": list(probe_accelerators(env["CUDA_VISIBLE_DEVICES"])), "env": env}
 
 
 @functools.lru_cache(maxsize=1)

@@ -63,12 +63,14 @@ def confine(graph: Mapping[str, Any], roots: Iterable[str | Path]) -> None:
     lie inside one of ``roots`` (storage labels, uploads, run folders, the data roots
     the machine's owner named): a run is someone's code path into this machine's files,
     and a class session is not its owner."""
-    allowed = [Path(root).expanduser().resolve() for root in roots]
+    allowed: list[Path] | None = None  # resolved once a node names a file (most runs name none)
     for index, node in enumerate(graph.get("nodes", [])):
         for name in FILE_PARAMS:
             value = (node.get("params") or {}).get(name)
             if not isinstance(value, str) or not value:  # empty: the node's own default (the run's folder)
                 continue
+            if allowed is None:
+                allowed = [Path(root).expanduser().resolve() for root in roots]
             where = Path(value).expanduser()
             if not where.is_absolute() or not any(where.resolve().is_relative_to(root) for root in allowed):
                 raise PathNotAllowed(

@@ -6,6 +6,7 @@ nodes never imports numpy or torch; packs that import torch call ``seed_torch`` 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sys
@@ -16,7 +17,7 @@ _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
 def cap_threads(threads: int | None = None) -> int:
     """Caps the numeric libraries' thread pools (default: every core but one), before
     they are imported; a value the operator set already wins. Returns the cap."""
-    cap = threads if threads is not None else max(1, (os.cpu_count() or 2) - 1)
+    cap = threads if threads is not None else max(1, _cores() - 1)
     operator = os.environ.get("OMP_NUM_THREADS")
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(cap))
@@ -24,6 +25,12 @@ def cap_threads(threads: int | None = None) -> int:
     _cap[:] = [int(chosen) if chosen.isdigit() and int(chosen) > 0 else cap]
     _operator[:] = [operator is not None and operator == chosen]
     return _cap[0]
+
+
+@functools.cache
+def _cores() -> int:
+    """The machine's cores, read once (a file of /sys on Linux: a run child's start read it again)."""
+    return os.cpu_count() or 2
 
 
 def number_cards_by_bus() -> None:
