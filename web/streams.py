@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.events import BURST_BYTES, LAGGED, MISSED, RESET, Feed, Subscribe, Unsubscribe
+from actors.store.client import LOOP_PAGE_BYTES
 from actors.store.runs import QueuePosition, ReadStream
 from protocol import events as ev
 from protocol import jsonsafe
@@ -120,10 +121,13 @@ class _RunStream:
     async def replay(self) -> None:
         """Sends the stored events after the last one sent, then the queue position; a
         run that is not there (any more) is a 404 before the stream opens."""
-        # Small pages: a page waits in memory while a slow reader takes it.
+        # Small pages: a page waits in memory while a slow reader takes it. The first is
+        # smaller still, read on the loop (most runs' logs fit in it whole).
         cap = min(self.svc.settings.run_events_response_cap_bytes, BURST_BYTES) or BURST_BYTES
+        page = min(cap, LOOP_PAGE_BYTES)
         while True:
-            found = await self.svc.store.read(ReadStream(self.run_id, after=self.last, cap_bytes=cap))
+            found = await self.svc.store.read(ReadStream(self.run_id, after=self.last, cap_bytes=page))
+            page = cap
             if found is None and self.response is None:
                 raise NotFound(f"no run {self.run_id}", code="run_not_found")
             if found is None:  # deleted while followed: nothing more will come

@@ -15,8 +15,8 @@ database (that ends with an fsync): every ``CHECKPOINT_EVERY`` of its commits, t
 store's thread is told to.
 
 A few reads that an index and a limit keep small (the run list without a search, the
-workers, card policies, a graph's last peak) are answered on that connection too; every
-other read goes to the thread.
+workers, card policies, a graph's last peak, a stream's first page of a run's events)
+are answered on that connection too; every other read goes to the thread.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from actors.store.actor import Checkpoint, Commit
 from actors.store.events import AppendEvents
 from actors.store.memory import CardPolicies, LastPeak
 from actors.store.run_list import ListRuns
-from actors.store.runs import InsertRun, UpdateRun
+from actors.store.runs import InsertRun, ReadStream, UpdateRun
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer, is_broken
 from actors.threaded import ThreadActorRef
@@ -48,6 +48,9 @@ WRITE_TIMEOUT_S = 30.0
 INLINE_WRITES = frozenset({InsertRun, UpdateRun, AppendEvents})
 INLINE_MAX_ROWS = 32
 CHECKPOINT_EVERY = 200
+# A page of a run's events this small is read on the loop: a stream's first page (a
+# whole hello run's log is about 3 KB) then costs no hand-over to the thread and back.
+LOOP_PAGE_BYTES = 16 * 1024
 
 
 def _reads_here(message: Any) -> bool:
@@ -58,6 +61,8 @@ def _reads_here(message: Any) -> bool:
     50-100 ms. A search or a tag filter may walk every run, and stays on the thread."""
     if type(message) is ListRuns:
         return message.search is None and message.tag is None
+    if type(message) is ReadStream:
+        return 0 < message.cap_bytes <= LOOP_PAGE_BYTES
     return type(message) in _SMALL_READS
 
 
