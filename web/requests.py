@@ -35,7 +35,8 @@ async def read_model(request: web.Request, model: type[Model]) -> Model:
         raise InvalidRequest(f"the body is not valid JSON: {str(exc)[:200]}", pointer="") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"the body must be a JSON object, not {type(body).__name__}", pointer="")
-    _check_depth(body)
+    if not _plainly_shallow(raw):
+        _check_depth(body)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -46,6 +47,14 @@ def _not_json(token: str) -> Any:
     # Python's json reads NaN and Infinity; JSON has no such numbers, and a client that
     # sends them would be told later, in words about a value it never sent.
     raise ValueError(f"{token} is not a JSON number")
+
+
+def _plainly_shallow(raw: bytes) -> bool:
+    """Whether ``raw`` cannot hold what ``_check_depth`` looks for, seen from its bytes
+    (C-speed counts, where the walk cost a small run's submit about 14 us): a level of
+    nesting opens with a bracket, so fewer brackets than ``MAX_DEPTH`` are never too
+    deep; and text no record can keep comes only from an escape or non-ASCII bytes."""
+    return raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw
 
 
 def _check_depth(body: Any) -> None:

@@ -6,7 +6,9 @@ every route's body and in query strings."""
 from __future__ import annotations
 
 import copy
+import http.client
 import json
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -144,3 +146,36 @@ def _quote(text: str) -> str:
     from urllib.parse import quote
 
     return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _post_raw(server: Any, raw: bytes) -> tuple[int, dict[str, Any]]:
+    """A body sent as these bytes (the client's own JSON encoder would escape them)."""
+    address = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        conn.request("POST", "/api/runs", body=raw, headers={"Content-Type": "application/json",
+                                                             "Authorization": f"Bearer {server.token}"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_surrogate_sent_as_raw_bytes_and_a_body_nested_too_deep_are_refused_with_their_pointers(make_server):
+    server = make_server()
+    # UTF-8's bytes of U+D800, which Python's JSON reader lets through: no escape in the body.
+    doc = _print_graph()
+    doc["nodes"][1]["params"]["prefix"] = "@"
+    raw = json.dumps({"graph": doc}).encode().replace(b'"@"', b'"\xed\xa0\x80"')
+    status, reply = _post_raw(server, raw)
+    assert status == 400 and reply["error"]["code"] == "invalid_text", reply
+    assert reply["error"]["pointer"] == "/graph/nodes/1/params/prefix"
+    # 65 levels of objects below "graph"'s settings: each level one bracket.
+    nested: dict[str, Any] = {}
+    for _ in range(64):
+        nested = {"n": nested}
+    status, reply = _post_raw(server, json.dumps({"graph": {**_print_graph(), "settings": nested}}).encode())
+    assert status == 400 and reply["error"]["code"] == "too_deep", reply
+    assert reply["error"]["pointer"].startswith("/graph/settings/n/n/")
+    assert server.wait_status(server.submit(_print_graph())["run_id"], "succeeded")["status"] == "succeeded"
