@@ -118,7 +118,7 @@ class RunProcess(Actor):
                   "ddp_cpu_ranks": self._ddp_cpu_ranks, "artifact_outbox": self._artifact_outbox,
                   "data_roots": list(self._data_roots), "command_kill_grace_s": self._command_kill_grace_s,
                   "pack_paths": pack_paths}
-        warm = await self._pool.ask(Take()) if self._pool is not None and not _sets_env(assign) else None
+        warm = await (await self._pool.ask(Take())) if self._pool is not None and not _sets_env(assign) else None
         if warm is not None:
             try:
                 warm.conn.send(pipe.StartRun(assign))

@@ -3,9 +3,15 @@
 With ``troupe agent start --warm N`` the agent starts a zygote (``subprocess_runner.
 zygote``): one interpreter that imported torch, the engine and the built-in packs, and
 forks a run child in a few milliseconds. The pool keeps N forked children waiting for a
-run and forks the next one as soon as one is taken, so at any pace a run meets a ready
-child unless N runs came within the few milliseconds of a fork. A child takes one run
-and exits: a run in it is as isolated as one in a fresh interpreter.
+run. A child takes one run and exits: a run in it is as isolated as one in a fresh
+interpreter.
+
+The next child is forked ``REFILL_AFTER_S`` after one is taken, not at once: a fork of
+the zygote and the new child's priming take a core for about 30 ms, and on a small
+machine that is the core the run that just took a child needs for its start (the agent,
+the child and the control plane take turns), which then came up to 4-5 ms late. A run
+that finds no child ready meanwhile (runs in a burst, a sweep's next variant) waits for
+one forked for it: a fork takes about 10 ms, a fresh interpreter a second.
 
 Until the zygote is ready (about 2.5 s after the agent starts) a run is started cold, as
 without a pool: it never waits for a zygote that is starting. A zygote that dies is
@@ -25,6 +31,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -37,6 +44,7 @@ from subprocess_runner.zygote import FORKS, ForkedChild, Zygote
 log = logging.getLogger("troupe.agent")
 _RESTARTS = 3  # zygote deaths forgiven in a window
 _RESTART_WINDOW_S = 60.0
+REFILL_AFTER_S = 0.1  # after a child is taken, before the next is forked
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class WarmChild:
 
 @dataclass(frozen=True)
 class Take:
-    """Ask: a forked child (now the asker's), or None: start one cold."""
+    """Ask: a future of a forked child (now the asker's), or of None: start one cold."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,11 @@ class Stats:
 @dataclass(frozen=True)
 class _ZygoteReady:
     zygote: Zygote | None
+
+
+@dataclass(frozen=True)
+class _Refill:
+    """To the pool itself: the run that took a child is past its start."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class WarmPool(Actor):
         self._starting = False  # a zygote is being started
         self._ready: list[WarmChild] = []
         self._forking = 0
+        self._waiting: deque[asyncio.Future[WarmChild | None]] = deque()  # runs that found none ready
         self._deaths: list[float] = []  # when zygotes were lost, the newest last
         self._closed = threading.Event()  # seen by the threads that start and fork
 
@@ -100,15 +114,30 @@ class WarmPool(Actor):
         for child in self._ready:
             _dismiss(child)
         self._ready.clear()
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiting.clear()
         if self._zygote is not None:
             await asyncio.to_thread(self._zygote.close)
 
     async def receive(self, message: Any) -> Any:
         match message:
             case Take():
+                answer: asyncio.Future[WarmChild | None] = asyncio.get_running_loop().create_future()
                 child = self._take()
+                if child is not None:
+                    answer.set_result(child)
+                    self._refill_later()
+                elif self._zygote is None or self._closed.is_set():
+                    answer.set_result(None)  # no zygote (yet): this run starts cold
+                else:
+                    self._waiting.append(answer)
+                    self._fill(for_pool=False)  # a fork for this run now; the pool's after it
+                    self._refill_later()
+                return answer
+            case _Refill():
                 self._fill()
-                return child
             case _ZygoteReady(zygote):
                 self._starting = False
                 if zygote is None:
@@ -118,13 +147,17 @@ class WarmPool(Actor):
                     self._fill()
             case _Forked(child):
                 self._forking -= 1
-                if child is not None:
+                if self._waiting:
+                    self._serve(child)
+                elif child is not None:
                     self._ready.append(child)
-                self._fill()
+                    self._fill()
             case _ZygoteLost(zygote):
                 if zygote is self._zygote:
                     self._zygote = None
                     self._lost()
+                    while self._waiting and len(self._waiting) > self._forking:
+                        self._serve(None)  # nothing will be forked for them: they start cold
             case Stats():
                 return wire.WarmPool(size=self._size, ready=len(self._ready), rss_mib=_rss_mib(self._ready))
             case _:
@@ -139,12 +172,27 @@ class WarmPool(Actor):
             _dismiss(child)
         return None
 
-    def _fill(self) -> None:
+    def _serve(self, child: WarmChild | None) -> None:
+        """The oldest run still waiting gets ``child`` (None: it starts cold); with none
+        waiting, a child joins the ready ones."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # done: cancelled, its run stopped meanwhile
+                waiter.set_result(child)
+                return
+        if child is not None:
+            self._ready.append(child)
+
+    def _refill_later(self) -> None:
+        asyncio.get_running_loop().call_later(REFILL_AFTER_S, self.ref.tell, _Refill())
+
+    def _fill(self, for_pool: bool = True) -> None:
+        """Forks for the waiting runs, and (``for_pool``) up to the pool's size."""
         zygote = self._zygote
         if zygote is None or self._closed.is_set():
             return
         loop = asyncio.get_running_loop()
-        while len(self._ready) + self._forking < self._size:
+        while len(self._ready) + self._forking < len(self._waiting) + (self._size if for_pool else 0):
             self._forking += 1
             forked = loop.run_in_executor(None, _fork, zygote)
             forked.add_done_callback(lambda future: self.ref.tell(

@@ -103,6 +103,18 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _waiting_child(zygote: int, ran: set[int]) -> bool:
+    """Whether the zygote has a forked child alive that ran none of ``ran`` (the pool's next)."""
+    for pid in _children(zygote):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if pid not in ran and state != "Z":
+            return True
+    return False
+
+
 def _zygote(agent_pid: int) -> int | None:
     """The agent's child that has children of its own: the zygote and its forked ones."""
     return next((pid for pid in _children(agent_pid) if _children(pid)), None)
@@ -130,6 +142,7 @@ def test_no_run_sees_what_the_last_changed_and_a_lost_zygote_is_started_again(ma
         wait_warm(server, "warm", 1)
         zygote = _zygote(agent.pid)
         drawn = []
+        ran: set[int] = set()
         for _ in range(2):
             run_id = server.submit(graph, target={"worker": "warm"})["run_id"]
             assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
@@ -140,6 +153,10 @@ def test_no_run_sees_what_the_last_changed_and_a_lost_zygote_is_started_again(ma
                        for e in server.get(f"/api/runs/{run_id}/events")["events"] if e["type"] == "console"}
             assert {("stdout", "marked 1"), ("stderr", "written past Python")} <= console, console
             drawn += [p["value"] for p in server.get(f"/api/runs/{run_id}/metrics")["series"]["drawn"]]
+            ran.add(server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"])
+            # The next child is forked a moment after one is taken; the heartbeat may still
+            # say the last was ready.
+            server.poll_until(lambda: _waiting_child(zygote, ran), timeout=60)
             wait_warm(server, "warm", 1)
 
         assert drawn[0] != drawn[1]  # unseeded: each child's generator starts from fresh entropy, not the zygote's
