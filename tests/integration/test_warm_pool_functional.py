@@ -1,5 +1,6 @@
 """The warm pool (issues 17 and 42): an agent started with --warm N forks N run children
-from its zygote, which imported torch. A run takes one and the pool refills; a seeded run
+from its zygote, which imported torch. A run takes one and the pool refills; runs in a
+burst wait for children forked for them; a seeded run
 gives the same numbers as in a fresh child; a run that sets environment variables of its
 own starts cold; the pool's memory shows in GET /api/workers; a module global one run
 changed is not seen by the next; a zygote that dies is started again and the pool goes
@@ -77,6 +78,13 @@ def test_runs_take_warm_children_and_the_pool_refills(make_server, tmp_path):
         assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
         assert server.get(f"/api/runs/{run_id}")["execution_facts"]["started_warm"] is False
         assert worker_state(server, "warm")["warm_pool"]["ready"] == 1  # left for the next run
+
+        # A burst: the first run takes the ready child, the others wait for children forked
+        # for them (a fork takes milliseconds), none starts a fresh interpreter.
+        burst = [server.submit(hello(), target={"worker": "warm"})["run_id"] for _ in range(3)]
+        for run_id in burst:
+            assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
+        assert [server.get(f"/api/runs/{r}")["execution_facts"]["started_warm"] for r in burst] == [True] * 3
     finally:
         for agent in (warm, cold):
             agent.terminate()
