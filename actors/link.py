@@ -51,8 +51,8 @@ class LinkConfig:
     # Dial through this Unix socket (an ``ssh -R`` session's forward) instead of TCP.
     unix_socket: str | None = None
     ca: str | None = None  # an https control plane's own certificate (``--ca``)
-    # Set while the runs may hand on frames; the run processes' pipe readers wait on it
-    # (a threading.Event: they read on threads of their own).
+    # Set while the runs may hand on frames; a run process reads no more of its child's
+    # pipe while it is clear (and looks again every few milliseconds).
     room: threading.Event = field(default_factory=threading.Event)
 
 
