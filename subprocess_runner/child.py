@@ -175,10 +175,9 @@ def _prime(catalog: Any) -> None:
     from subprocess_runner.console import Console, capture_descriptors
     from subprocess_runner.context import ExecutionContext, Sinks
     from subprocess_runner.engine import execute_graph, prepare_executable_graph
-    from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
+    from subprocess_runner.fingerprint import RUN_PROCESS, take_ahead
 
-    _set_cards({"graph": {}})  # as a CPU run sets them: its facts are then taken here, not on its start
-    execution_facts(RUN_PROCESS)
+    take_ahead(RUN_PROCESS, {"CUDA_VISIBLE_DEVICES": _visible([])})  # a CPU run's, here rather than on its start
     ctx = ExecutionContext("prime", None, "cpu", None, Sinks(lambda *_: None), threading.Event())
     with capture_descriptors(Console(lambda *_: None, 0)):  # as a run's graph runs: its console's paths
         execute_graph(prepare_executable_graph(_PRIME_GRAPH, catalog), ctx, max_parallel=2)
@@ -237,10 +236,15 @@ def _set_cards(assign: dict[str, Any]) -> list[str]:
 
     devices = [d for d in assign.get("devices", []) if d.startswith("cuda:")]
     number_cards_by_bus()
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d.split(":", 1)[1] for d in devices)
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible(devices)
     for node in assign["graph"].get("nodes", []):  # resources.env (XLA_FLAGS...): before any import reads it
         os.environ.update((node.get("resources") or {}).get("env") or {})
     return devices
+
+
+def _visible(devices: list[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a run's cards (``cuda:N``, N in bus order)."""
+    return ",".join(d.split(":", 1)[1] for d in devices)
 
 
 class _Run:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import platform
 import re
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,15 @@ def execution_facts(source: str, folder_packs: tuple[tuple[str, str], ...] = ())
     its run comes). ``folder_packs``: the packs loaded from folders that the run uses,
     (name, sha256 of its files): user code that is part of what executed it."""
     return _facts(source, folder_packs, tuple(process_env(FINGERPRINT_ENV).items()))
+
+
+def take_ahead(source: str, changes: Mapping[str, str]) -> None:
+    """Takes the facts a run of this process will have once it has set ``changes`` (a
+    warm child, before its run comes), leaving the environment as it is: a child must
+    not change what CUDA would read before the run chose its cards."""
+    env = process_env(FINGERPRINT_ENV)
+    env.update((name, value) for name, value in changes.items() if name in env)
+    _facts(source, (), tuple(env.items()))
 
 
 @functools.lru_cache(maxsize=64)
