@@ -20,11 +20,12 @@ import signal
 import socket
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from actors.artifact_outbox import Flush, Wake
 from actors.base import Actor, ActorRef
@@ -42,6 +43,7 @@ ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go 
 # more may be read while the last is handed on.
 _BATCHES_IN_HAND = 2
 _ROOM_POLL_S = 0.01  # how often a pipe held back for a full outbox looks for room again
+_FRAMES_HELD = 2 * wire.EVENTS_PER_FRAME  # frames read from a pipe and waiting, past which it is not read
 log = logging.getLogger("troupe.agent")
 
 
@@ -80,7 +82,7 @@ class RunProcess(Actor):
         # Batches read from the pipe and not yet handed to the link: past a few the pipe
         # is not read, so the link's ``room`` is current when it is read again.
         self._in_hand = 0
-        self._pipe: asyncio.Transport | None = None
+        self._pipe: _ChildPipe | None = None
         self._room_polled = False
         # Where the child fetches uploads and sends artifacts: url, unix_socket, credential.
         self._control_plane = control_plane or {}
@@ -138,8 +140,8 @@ class RunProcess(Actor):
         # reader thread's and then the loop's. The pipe is a socket pair; the transport
         # reads a copy of its descriptor (``conn`` still sends the cancel).
         sock = socket.socket(fileno=os.dup(self._conn.fileno()))
-        self._pipe, _ = await asyncio.get_running_loop().connect_accepted_socket(
-            lambda: _ChildPipe(self._from_pipe, self._pipe_ended), sock)
+        reader = self._pipe = _ChildPipe(self._may_hand_on, self._from_pipe, self._pipe_ended)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: reader, sock)
 
     async def on_stop(self, reason: str) -> None:
         # The agent is stopping: the child is asked to stop, then killed after the grace,
@@ -153,29 +155,27 @@ class RunProcess(Actor):
         if self._pipe is not None:
             self._pipe.close()
 
-    def _from_pipe(self, frames: tuple[pipe.FromChild, ...]) -> None:
-        self.ref.tell(_FromChild(frames))
-        self._in_hand += 1
-        if self._in_hand >= _BATCHES_IN_HAND or (self._room is not None and not self._room.is_set()):
-            self._hold_pipe()
-
-    def _hold_pipe(self) -> None:
-        """Reads no more of the pipe until a batch is handed on and the link has room: the
-        child waits on its full pipe meanwhile, slowed, nothing dropped."""
-        if self._pipe is not None and self._pipe.is_reading():
-            self._pipe.pause_reading()
-
-    def _read_again(self) -> None:
-        self._room_polled = False
-        if self._pipe is None or self._pipe.is_closing() or self._in_hand >= _BATCHES_IN_HAND:
-            return
+    def _may_hand_on(self) -> bool:
+        """Whether the pipe may hand this actor another batch: few are in hand (one
+        handled asks again), and the link's outbox has room (else the child waits on its
+        full pipe: slowed, nothing dropped; the pipe asks again every few milliseconds)."""
+        if self._in_hand >= _BATCHES_IN_HAND:
+            return False
         if self._room is not None and not self._room.is_set():
             if not self._room_polled:
                 self._room_polled = True
-                asyncio.get_running_loop().call_later(_ROOM_POLL_S, self._read_again)
-            return
-        if not self._pipe.is_reading():
-            self._pipe.resume_reading()
+                asyncio.get_running_loop().call_later(_ROOM_POLL_S, self._pump_pipe)
+            return False
+        return True
+
+    def _from_pipe(self, frames: tuple[pipe.FromChild, ...]) -> None:
+        self._in_hand += 1
+        self.ref.tell(_FromChild(frames))
+
+    def _pump_pipe(self) -> None:
+        self._room_polled = False
+        if self._pipe is not None:
+            self._pipe.pump()
 
     def _pipe_ended(self) -> None:
         # Its last frames came before the end (the protocol delivered them first).
@@ -193,7 +193,8 @@ class RunProcess(Actor):
                     await self._hand_on(from_child)
                 finally:
                     self._in_hand -= 1
-                    self._read_again()
+                    if self._pipe is not None:
+                        self._pipe.pump()
             case _Exited(code):
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
@@ -287,18 +288,30 @@ class RunProcess(Actor):
 class _ChildPipe(asyncio.Protocol):
     """The agent's end of a run child's pipe, read on the event loop: the frames of
     ``multiprocessing.connection`` (a 4-byte big-endian length, or -1 and an 8-byte
-    one, then the pickle), each a list of the run's frames or a lone frame. What one
-    read brings goes to the actor as one batch."""
+    one, then the pickle), each a list of the run's frames or a lone frame. They are
+    handed on in batches of at most ``EVENTS_PER_FRAME``, each when ``may_hand_on``
+    says so, so that the link's ``room`` is current before the next: a read of the
+    socket may bring thousands. Past ``_FRAMES_HELD`` frames waiting here the socket is
+    not read, and the child waits on its pipe. Its end is told once all it sent was
+    handed on."""
 
-    def __init__(self, deliver: Callable[[tuple[pipe.FromChild, ...]], None], ended: Callable[[], None]) -> None:
-        self._deliver = deliver
+    def __init__(self, may_hand_on: Callable[[], bool], hand_on: Callable[[tuple[pipe.FromChild, ...]], None],
+                 ended: Callable[[], None]) -> None:
+        self._may_hand_on = may_hand_on
+        self._hand_on = hand_on
         self._ended = ended
         self._buffer = bytearray()
+        self._frames: deque[pipe.FromChild] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._lost = False
+        self._told_end = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
         buffer += data
-        batch: list[pipe.FromChild] = []
         while len(buffer) >= 4:
             size, head = struct.unpack_from("!i", buffer)[0], 4
             if size == -1:
@@ -310,17 +323,36 @@ class _ChildPipe(asyncio.Protocol):
             said = ForkingPickler.loads(bytes(buffer[head:head + size]))
             del buffer[:head + size]
             if isinstance(said, list):
-                batch.extend(said)
+                self._frames.extend(said)
             else:
-                batch.append(said)
-        if batch:
-            self._deliver(tuple(batch))
+                self._frames.append(said)
+        self.pump()
 
     def eof_received(self) -> bool:
         return False  # the child closed its end: the transport closes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._ended()
+        self._lost = True
+        self.pump()
+
+    def pump(self) -> None:
+        frames = self._frames
+        while frames and self._may_hand_on():
+            self._hand_on(tuple(frames.popleft() for _ in range(min(len(frames), wire.EVENTS_PER_FRAME))))
+        transport = self._transport
+        if self._lost:
+            if not frames and not self._told_end:
+                self._told_end = True
+                self._ended()
+        elif transport is not None and not transport.is_closing():
+            if len(frames) >= _FRAMES_HELD and transport.is_reading():
+                transport.pause_reading()
+            elif len(frames) < _FRAMES_HELD and not transport.is_reading():
+                transport.resume_reading()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
 
 def _descendant_groups(pid: int) -> set[int]:

@@ -133,7 +133,7 @@ class WarmPool(Actor):
                     answer.set_result(None)  # no zygote (yet): this run starts cold
                 else:
                     self._waiting.append(answer)
-                    self._fill(for_pool=False)  # a fork for this run now; the pool's after it
+                    self._fill(for_pool=False)  # a fork for this run now, unprimed; the pool's after it
                     self._refill_later()
                 return answer
             case _Refill():
@@ -187,14 +187,15 @@ class WarmPool(Actor):
         asyncio.get_running_loop().call_later(REFILL_AFTER_S, self.ref.tell, _Refill())
 
     def _fill(self, for_pool: bool = True) -> None:
-        """Forks for the waiting runs, and (``for_pool``) up to the pool's size."""
+        """Forks for the waiting runs, and (``for_pool``) up to the pool's size; a child
+        forked for a run that waits does not prime itself first."""
         zygote = self._zygote
         if zygote is None or self._closed.is_set():
             return
         loop = asyncio.get_running_loop()
         while len(self._ready) + self._forking < len(self._waiting) + (self._size if for_pool else 0):
             self._forking += 1
-            forked = loop.run_in_executor(None, _fork, zygote)
+            forked = loop.run_in_executor(None, _fork, zygote, for_pool)
             forked.add_done_callback(lambda future: self.ref.tell(
                 _Forked(None if future.cancelled() or future.exception() else future.result())))
 
@@ -221,8 +222,8 @@ class WarmPool(Actor):
         self._start_zygote()
 
 
-def _fork(zygote: Zygote) -> WarmChild | None:
-    forked = zygote.fork()
+def _fork(zygote: Zygote, prime: bool) -> WarmChild | None:
+    forked = zygote.fork(prime)
     return WarmChild(*forked) if forked is not None else None
 
 

@@ -69,7 +69,7 @@ def preload() -> Any:
     return load_catalog()
 
 
-def forked(conn: Connection, catalog: Any) -> None:
+def forked(conn: Connection, catalog: Any, prime: bool = True) -> None:
     """A child forked from the zygote: waits on its pipe for its one run (``StartRun``,
     or ``Dismiss``: the pool closes). Meanwhile it does what every run does first and
     needs nothing of the run: its pipe's sender starts, and a pass over the fingerprint
@@ -77,7 +77,8 @@ def forked(conn: Connection, catalog: Any) -> None:
     those write, which it shares with the zygote until then (about 2 ms of a run's start
     on a small CPU, moved off it). Nothing of that graph reaches the run."""
     upstream = Upstream(conn, _PIPE)
-    _prime(catalog)
+    if prime:  # not for a run that already waits: the copies cost it less than the priming
+        _prime(catalog)
     # The global generators are the zygote's (and the prime drew from them): every child
     # would draw alike. Each starts from fresh entropy, as an unseeded run expects.
     random.seed()

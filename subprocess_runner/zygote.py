@@ -48,7 +48,10 @@ FORKS = sys.platform == "linux"  # where a process that imported torch may be fo
 
 @dataclass(frozen=True, slots=True)
 class Fork:
-    """Fork a child for the run pipe whose end follows as a descriptor."""
+    """Fork a child for the run pipe whose end follows as a descriptor; ``prime``: it
+    primes itself before it reads the pipe (not when a run already waits for it)."""
+
+    prime: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +130,14 @@ class Zygote:
         threading.Thread(target=self._listen, name="zygote-reader", daemon=True).start()
         return True
 
-    def fork(self) -> tuple[ForkedChild, Connection] | None:
+    def fork(self, prime: bool = True) -> tuple[ForkedChild, Connection] | None:
         """A child forked for a run, with the agent's end of its pipe; None: the zygote is gone."""
         parent, child_end = multiprocessing.get_context("spawn").Pipe()
         try:
             with self._lock:
                 if self._conn is None:
                     return None
-                self._conn.send(Fork())
+                self._conn.send(Fork(prime))
                 reduction.send_handle(self._conn, child_end.fileno(), self._process.pid)
                 child = self._forked.get(timeout=FORK_REPLY_S)
         except (OSError, queue.Empty):
@@ -237,11 +240,11 @@ def serve(conn: Connection) -> None:
 
 def _answer(conn: Connection, catalog: Any, wake: tuple[int, int]) -> bool:
     match frame := conn.recv():
-        case Fork():
+        case Fork(prime):
             fd = reduction.recv_handle(conn)
             pid = os.fork()
             if pid == 0:
-                _child(conn, fd, catalog, wake)
+                _child(conn, fd, catalog, wake, prime)
             os.close(fd)
             conn.send(Forked(pid))
             return True
@@ -251,7 +254,7 @@ def _answer(conn: Connection, catalog: Any, wake: tuple[int, int]) -> bool:
             raise TypeError(f"the zygote got an unknown frame {frame!r}")
 
 
-def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int]) -> None:
+def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int], prime: bool) -> None:
     """In the forked child: drops what is the zygote's, runs its one run, and exits."""
     code = 0
     try:
@@ -265,7 +268,7 @@ def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int]) -> 
         multiprocessing.current_process().daemon = False
         from subprocess_runner import child
 
-        child.forked(Connection(fd), catalog)
+        child.forked(Connection(fd), catalog, prime)
     except BaseException:  # its run reported its own failure; this is the child's
         traceback.print_exc()
         code = 1
