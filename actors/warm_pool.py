@@ -11,7 +11,8 @@ the zygote and the new child's priming take a core for about 30 ms, and on a sma
 machine that is the core the run that just took a child needs for its start (the agent,
 the child and the control plane take turns), which then came up to 4-5 ms late. A run
 that finds no child ready meanwhile (runs in a burst, a sweep's next variant) waits for
-one forked for it: a fork takes about 10 ms, a fresh interpreter a second.
+one forked for it, which skips its priming: a fork takes about 10 ms, a fresh
+interpreter a second.
 
 Until the zygote is ready (about 2.5 s after the agent starts) a run is started cold, as
 without a pool: it never waits for a zygote that is starting. A zygote that dies is
