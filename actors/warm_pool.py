@@ -150,8 +150,9 @@ class WarmPool(Actor):
                 self._forking -= 1
                 if self._waiting:
                     self._serve(child)
-                elif child is not None:
-                    self._ready.append(child)
+                else:
+                    if child is not None:
+                        self._ready.append(child)
                     self._fill()
             case _ZygoteLost(zygote):
                 if zygote is self._zygote:
