@@ -49,8 +49,9 @@ def take_ahead(source: str, changes: Mapping[str, str]) -> None:
 @functools.lru_cache(maxsize=64)
 def _facts(source: str, folder_packs: tuple[tuple[str, str], ...],
            env: tuple[tuple[str, str | None], ...]) -> dict[str, Any]:
-    found = {**static_facts(), "accelerators": list(probe_accelerators(dict(env)["CUDA_VISIBLE_DEVICES"])),
-             "env": dict(env)}
+    values = dict(env)
+    found = {**static_facts(), "accelerators": list(probe_accelerators(values["CUDA_VISIBLE_DEVICES"])),
+             "env": values}
     found["packs"] = [*found["packs"], *({"name": name, "digest": digest, "source": "folder"}
                                          for name, digest in folder_packs)]
     body = json.dumps(found, sort_keys=True, separators=(",", ":"))
