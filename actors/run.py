@@ -22,10 +22,10 @@ from typing import Any
 from actors import executor
 from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
-from actors.executor import Execute, GraphEnded, NodeEvents
+from actors.executor import GraphEnded, NodeEvents
 from actors.placer.messages import Released
 from actors.placer.queue import Occupying, Release
-from actors.run_assign import assign_frame, local_resume
+from actors.run_assign import assign_frame, local_execute
 from actors.run_effects import EventRows, opening_events, peak_row
 from actors.run_messages import (
     Abandon,
@@ -51,8 +51,6 @@ from protocol import jsonsafe
 from protocol import worker as wire
 from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
-from subprocess_runner.context import NodeLimits
-from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache, SessionCache
@@ -243,28 +241,12 @@ class RunActor(Actor):
         if self._worker is not None:
             self._send_to_worker("assign")
             return
-        executor.start(
-            self._executor_pool,
-            Execute(
-                graph=self._graph,
-                run_id=self.run_id,
-                device=torch_device(self._record.device, self._settings.cuda_visible_devices),
-                seed=self._record.seed,
-                deterministic=self._record.deterministic,
-                max_parallel=self._settings.max_parallel_nodes,
-                cancel=self._executor_cancel(),
-                pool=self._node_pool,
-                run_dir=self._settings.home / "runs" / self.run_id,
-                cpu_gate=self._cpu_gate(),
-                cache=self._editor_cache(),
-                provenance=self._record.provenance,
-                resume=local_resume(self._record.resumed_from),
-                console_cap_bytes=self._settings.run_console_cap_bytes,
-                limits=NodeLimits(kill_grace_s=self._settings.command_kill_grace_s),
-            ),
-            asyncio.get_running_loop(),
-            self.ref,
-        )
+        execute = local_execute(self._record, self._graph, self._settings, self._executor_cancel(), self._node_pool,
+                                self._cpu_gate(), self._editor_cache())
+        walked = executor.start(self._executor_pool, execute, asyncio.get_running_loop(), self.ref)
+        if walked is not None:  # a few quick nodes, walked already: written with the start, in one commit
+            self._dispatch(NodeEvents(walked.events))
+            self._dispatch(GraphEnded(walked.outcome))
 
     def _editor_cache(self) -> SessionCache | None:
         """The editor session's cache, for an interactive run only: a queued run is a

@@ -1,19 +1,48 @@
-"""What a run's executor is told, made from the run's record: the checkpoint files an
-in-process run resumes from, and the ``assign`` frame a worker runs it from. Kept apart
+"""What a run's executor is told, made from the run's record: the ``Execute`` an
+in-process run is walked from (with the checkpoint files it resumes from), and the
+``assign`` frame a worker runs it from. Kept apart
 from the RunActor, whose concern is the run's lifecycle, not the wire's shape."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from typing import Any
 
+from actors.executor import Execute
 from protocol import worker as wire
 from protocol.run_record import RunRecord
 from protocol.settings import Settings
-from subprocess_runner.engine import ExecutableGraph
+from subprocess_runner.context import NodeLimits
+from subprocess_runner.devices import torch_device
+from subprocess_runner.engine import CpuGate, ExecutableGraph
+from subprocess_runner.node_cache import SessionCache
 
 
-def local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:
+def local_execute(record: RunRecord, graph: ExecutableGraph, settings: Settings, cancel: threading.Event,
+                  node_pool: Executor | None, cpu_gate: CpuGate | None, cache: SessionCache | None) -> Execute:
+    """An in-process run's graph walk, on the device it was admitted to."""
+    return Execute(
+        graph=graph,
+        run_id=record.id,
+        device=torch_device(record.device, settings.cuda_visible_devices),
+        seed=record.seed,
+        deterministic=record.deterministic,
+        max_parallel=settings.max_parallel_nodes,
+        cancel=cancel,
+        pool=node_pool,
+        run_dir=settings.home / "runs" / record.id,
+        cpu_gate=cpu_gate,
+        cache=cache,
+        provenance=record.provenance,
+        resume=_local_resume(record.resumed_from),
+        console_cap_bytes=settings.run_console_cap_bytes,
+        limits=NodeLimits(kill_grace_s=settings.command_kill_grace_s),
+    )
+
+
+def _local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:
     """The checkpoint files of a resumed in-process run, on this machine."""
     if not resumed:
         return None

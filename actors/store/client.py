@@ -5,10 +5,11 @@ across batches (one batch in flight at a time), and ``on_committed`` sees a batc
 writes (with their results) only after the commit, once per batch, so the event hub
 never publishes an event the database could still lose.
 
-A small batch of the writes a run makes as it goes (its row, a few events) is committed
-here, on the loop, by a ``Writer`` on a connection of this client's own: a hand-over to
-the store's thread and back costs two thread wake-ups, about 100 us of CPU on a VM,
-more than the commit. A large batch, or any other write (retention, recovery, deletes,
+A batch is taken one turn of the loop after its first write: what the actors ready in
+that turn write joins it. A small batch of the writes a run makes as it goes (its row,
+a few events) is committed here, on the loop, by a ``Writer`` on a connection of this
+client's own: a hand-over to the store's thread and back costs two thread wake-ups,
+about 100 us of CPU on a VM, more than the commit. A large batch, or any other write (retention, recovery, deletes,
 which may take long), goes to the store's thread as a ``Commit``, and SQLite works there
 while the loop goes on. The loop's connection never copies the write-ahead log into the
 database (that ends with an fsync): every ``CHECKPOINT_EVERY`` of its commits, the
@@ -148,6 +149,10 @@ class StoreClient:
 
     async def _flush(self) -> None:
         try:
+            # One turn of the loop first: the handlers already ready add their writes to
+            # this batch. A submitted run's row and its first events (written in its
+            # actor's first turn) are then one commit, not two, published in one batch.
+            await asyncio.sleep(0)
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
