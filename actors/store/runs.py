@@ -21,6 +21,7 @@ from actors.store.events import append_events, get_events
 from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
+from protocol import jsonsafe
 from protocol.api import held_devices
 from protocol.run_record import RunRecord
 from subprocess_runner.sweeps import with_params
@@ -199,7 +200,7 @@ def run_row(values: tuple[Any, ...]) -> dict[str, Any]:
 
 def _encode(key: str, value: Any) -> Any:
     if key in _JSON_COLUMNS:
-        return json.dumps(value)
+        return jsonsafe.dumps_stored(value)
     if isinstance(value, bool):
         return int(value)
     return value

@@ -57,3 +57,18 @@ def test_an_agents_payload_reads_back_as_json_dumps_wrote_it(payload):
     assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)  # NaN == NaN as text
     if payload in NOT_FLAT:
         assert jsonsafe.dumps_flat(payload) == json.dumps(payload, default=str)  # not plain: the same text
+
+
+STORED = [{"version": 1, "nodes": [{"id": "a", "type": "core.Constant", "params": {"value": 2.5}}], "edges": []},
+          {"lane": "queued", "target": {"worker": "w1", "devices": ["cuda:0"]}, "tags": ("a", "b")},
+          {"value": math.nan, "hi": [math.inf, -math.inf]}, {1: "int key", "text": "é \u2028 \"q\""},
+          {"lone": "\ud800"}, [], None]
+
+
+@pytest.mark.parametrize("value", STORED)
+def test_a_stored_column_reads_back_as_json_dumps_wrote_it(value):
+    """The store writes a run's JSON columns with ``dumps_stored``: what ``json.loads``
+    reads back is what it read of ``json.dumps``'s text, NaN tokens and a lone surrogate
+    included."""
+    ours, theirs = json.loads(jsonsafe.dumps_stored(value)), json.loads(json.dumps(value))
+    assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)  # NaN == NaN as text
