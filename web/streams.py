@@ -34,13 +34,25 @@ KEEPALIVE_S = 15.0
 RETRY_MS = 3000
 
 
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_RETRY = f"retry: {RETRY_MS}\n\n".encode()  # the first bytes of every stream
+
+
 async def _open_sse(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    """A stream whose first write starts with ``_RETRY``: one write, one send, not two."""
+    response = web.StreamResponse(headers=_SSE_HEADERS)
     response.force_close()  # a stream that ends ends its connection: a reader waiting on it learns at once
     await response.prepare(request)
-    await response.write(f"retry: {RETRY_MS}\n\n".encode())
+    return response
+
+
+def _whole(data: bytes) -> web.Response:
+    """A stream that has ended before it was opened (a finished run's log, read in one
+    page) as one reply: its headers and its events leave in one send, not four (the
+    headers, the retry line, the events, the chunked end), each a system call that, on
+    loopback, does the reader's side of TCP too."""
+    response = web.Response(body=_RETRY + data, headers=_SSE_HEADERS)
+    response.force_close()
     return response
 
 
@@ -108,6 +120,7 @@ class _RunStream:
     def __init__(self, svc: Services, request: web.Request, run_id: str, after: int) -> None:
         self.svc, self.request, self.run_id = svc, request, run_id
         self.response: web.StreamResponse | None = None  # opened once the run is known
+        self.held: list[bytes] = []  # frames not sent yet: the stream may end with them, in one reply
         self.last = after
         self.queue = Feed()
         self.finished = False
@@ -140,7 +153,10 @@ class _RunStream:
             if next_after is None:
                 if not self.finished:
                     chunks.append(self.position_frame(position))
-                await self._write(chunks)
+                if self.response is None:
+                    self.held.extend(chunks)  # sent with what follows, or alone if it ends here
+                else:
+                    await self._write(chunks)
                 return
             await self._write(chunks)
 
@@ -161,8 +177,11 @@ class _RunStream:
         return _frame("queue_position", {"run_id": self.run_id, "queue_position": position})
 
     async def open(self) -> web.StreamResponse:
+        """The stream, opened with what was held, in one write."""
         if self.response is None:
             self.response = await _open_sse(self.request)
+            held, self.held = self.held, []
+            await _send(self.request, self.response, _RETRY + b"".join(held))
         return self.response
 
     async def _write(self, chunks: list[bytes]) -> None:
@@ -212,6 +231,8 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
     try:
         await stream.subscribe()
         await stream.replay()  # a 404 when there is no such run
+        if stream.finished and stream.response is None:
+            return _whole(b"".join(stream.held))
         response = await stream.open()
         await stream.live()
         await _send(request, response, b"", eof=True)
@@ -233,7 +254,7 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     try:
         # A client back with its Last-Event-ID gets the changes it missed, or one reset.
         await hub.ask(Subscribe(queue, (None,), _connected(request), _last_event_id(request)))
-        await _send(request, response, _frame("hello", {"server_started_at": svc.started_at}))
+        await _send(request, response, _RETRY + _frame("hello", {"server_started_at": svc.started_at}))
         while True:
             items = await queue.burst(KEEPALIVE_S)
             if not items:
