@@ -1,11 +1,13 @@
 """Server-sent event streams: one run's events, and every run's changes.
 
-Subscribe first, replay from the store second, live third, skipping seqs already sent:
-the hand-over has no gap and no duplicate. A ``RESET`` from the hub (it restarted) is
-answered by subscribing and replaying again from the last seq sent. A reader too far
-behind (``LAGGED``) is told where to resume (``stream_lagged``) and the stream ends; one
-that takes no bytes for ``TROUPE_STREAM_WRITE_TIMEOUT_S`` is disconnected. A run stream resumes from
-``?after=`` or from the ``Last-Event-ID`` a reconnecting EventSource sends.
+A run's stream reads its log first: a finished run's log is all there is, sent in one
+reply without a subscription. Otherwise it subscribes, reads on from the last seq read,
+then goes live, skipping seqs already sent: the hand-over has no gap and no duplicate.
+A ``RESET`` from the hub (it restarted) is answered by subscribing and replaying again
+from the last seq sent. A reader too far behind (``LAGGED``) is told where to resume
+(``stream_lagged``) and the stream ends; one that takes no bytes for
+``TROUPE_STREAM_WRITE_TIMEOUT_S`` is disconnected. A run stream resumes from ``?after=``
+or from the ``Last-Event-ID`` a reconnecting EventSource sends.
 """
 
 from __future__ import annotations
@@ -123,12 +125,14 @@ class _RunStream:
         self.held: list[bytes] = []  # frames not sent yet: the stream may end with them, in one reply
         self.last = after
         self.queue = Feed()
+        self.subscribed = False
         self.finished = False
         self.position: int | None = None
 
     async def subscribe(self) -> None:
         hub = self.svc.actor("events")
         # Row changes of every run move this run's queue position.
+        self.subscribed = True  # before the ask: one cut short may still have subscribed
         await hub.ask(Subscribe(self.queue, (self.run_id, None), _connected(self.request)))
 
     async def replay(self) -> None:
@@ -216,7 +220,7 @@ class _RunStream:
 
     async def close(self) -> None:
         hub = self.svc.registry.lookup("events")
-        if hub is not None:
+        if hub is not None and self.subscribed:
             hub.tell(Unsubscribe(self.queue))
 
 
@@ -229,8 +233,10 @@ async def run_stream(request: web.Request) -> web.StreamResponse:
         after = max(after, resumed)
     stream = _RunStream(svc, request, run_id_from(request), after)
     try:
-        await stream.subscribe()
         await stream.replay()  # a 404 when there is no such run
+        if not stream.finished:  # subscribed, then read again: nothing written meanwhile is missed
+            await stream.subscribe()
+            await stream.replay()
         if stream.finished and stream.response is None:
             return _whole(b"".join(stream.held))
         response = await stream.open()
