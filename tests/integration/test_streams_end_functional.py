@@ -5,12 +5,13 @@ instead of sending keepalives for ever."""
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from tests.helpers import hello
+from tests.helpers import hello, sleeper
 
 
 def _reopen(server, run_id: str, last_event_id: int) -> tuple[int, bytes]:
@@ -35,7 +36,45 @@ def test_a_finished_runs_stream_ends_for_a_reader_that_has_its_whole_log(shared_
     assert status == 200 and body.count(b"event: run_event") == 1
 
 
-def _frames(response: http.client.HTTPResponse, until: Callable[[list[dict]], bool]) -> list[dict]:
+def _open_stream(server, run_id: str) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    parts = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn.request("GET", f"/api/runs/{run_id}/stream", headers={"Accept": "text/event-stream"})
+    return conn, conn.getresponse()
+
+
+def test_a_finished_runs_stream_is_one_reply_and_a_running_runs_stream_stays_open(shared_server):
+    """A run that has ended is sent whole, with its length; one still going is followed
+    as it goes, and its stream ends after ``run_finished``. Both open with the retry."""
+    done = shared_server.submit(hello())["run_id"]
+    shared_server.wait_status(done, "succeeded")
+    conn, response = _open_stream(shared_server, done)
+    assert response.status == 200 and response.getheader("Content-Type") == "text/event-stream"
+    assert response.getheader("Transfer-Encoding") is None
+    body = response.read()  # the whole log, to the end of the reply
+    conn.close()
+    assert len(body) == int(response.getheader("Content-Length") or -1)
+    frames = _frames(io.BytesIO(body), lambda f: bool(f) and f[-1].get("data", {}).get("type") == "run_finished")
+    assert frames[0] == {"retry": "3000"}
+    events = [f["data"] for f in frames[1:]]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)) == [int(f["id"]) for f in frames[1:]]
+    assert events[0]["type"] == "run_queued" and events[-1]["payload"]["status"] == "succeeded"
+
+    going = shared_server.submit(sleeper(30))["run_id"]
+    conn, response = _open_stream(shared_server, going)
+    assert response.getheader("Transfer-Encoding") == "chunked" and response.getheader("Content-Length") is None
+    started = _frames(response, lambda f: any(x.get("data", {}).get("type") == "node_started" for x in f))
+    assert started[0] == {"retry": "3000"}
+    status, _ = shared_server.client.request("POST", f"/api/runs/{going}/cancel")
+    assert status == 200
+    rest = _frames(response, lambda f: bool(f) and f[-1].get("data", {}).get("type") == "run_finished")
+    assert response.read() == b""  # the stream ended with the run
+    conn.close()
+    seqs = [f["data"]["seq"] for f in started + rest if "seq" in f.get("data", {})]
+    assert seqs == list(range(1, len(seqs) + 1)) and rest[-1]["data"]["payload"]["status"] == "cancelled"
+
+
+def _frames(response: http.client.HTTPResponse | io.BytesIO, until: Callable[[list[dict]], bool]) -> list[dict]:
     """The stream's frames as {"id", "event", "data", "retry"} until ``until`` holds."""
     frames: list[dict] = []
     frame: dict = {}
