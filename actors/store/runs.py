@@ -282,8 +282,10 @@ def read_stream(conn: apsw.Connection, query: ReadStream
     if not found:
         return None
     events, next_after = get_events(conn, query.run_id, query.after, None, query.cap_bytes)
-    ended = bool(conn.execute("SELECT 1 FROM events WHERE run_id = ? AND type = ? AND seq <= ? LIMIT 1",
-                              (query.run_id, ev.RUN_FINISHED, query.after)).fetchall())
+    # Seqs start at 1: a reader that has none has nothing that could have ended.
+    ended = query.after > 0 and bool(conn.execute(
+        "SELECT 1 FROM events WHERE run_id = ? AND type = ? AND seq <= ? LIMIT 1",
+        (query.run_id, ev.RUN_FINISHED, query.after)).fetchall())
     return events, next_after, int(found[0][0]) if found[0][0] is not None else None, ended
 
 
