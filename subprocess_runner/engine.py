@@ -252,7 +252,9 @@ class _Walk:
             # While claims wait, look at the cancel token now and then (nodes in slots
             # look at it themselves).
             pending: list[Future[Any]] = [*self.running, *self.claiming]
-            done, _ = wait(pending, timeout=_POLL_S if self.claiming else None, return_when=FIRST_COMPLETED)
+            # Nodes run in this thread are done already: ``wait`` would lock every future to see so.
+            done = [future for future in pending if future.done()] or wait(
+                pending, timeout=_POLL_S if self.claiming else None, return_when=FIRST_COMPLETED)[0]
             for future in done:
                 if future in self.claiming:
                     self._claimed(future)

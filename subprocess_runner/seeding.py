@@ -57,7 +57,7 @@ def node_threads(declared: int | None, max_parallel: int) -> int:
     operator's own ``OMP_NUM_THREADS`` still wins for undeclared nodes."""
     if declared is not None:
         return max(1, declared)
-    cap = _cap[0] if _cap else max(1, (os.cpu_count() or 2) - 1)
+    cap = _cap[0] if _cap else max(1, _cores() - 1)
     if _operator and _operator[0]:
         return cap
     return max(1, cap // max(1, max_parallel))
