@@ -19,6 +19,7 @@ from actors.errors import DeviceUnavailable
 from actors.placer.book import WorkerOffer
 from actors.resources import Machine, resolve
 from protocol import events as ev
+from protocol import jsonsafe
 from protocol.api import RunOptions, held_devices
 from protocol.errors import InvalidRequest
 from protocol.graph import Graph
@@ -280,7 +281,7 @@ def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[Executab
             _PREPARED.popitem(last=False)
     else:
         _PREPARED.move_to_end(key)
-    return found[0], json.loads(found[1]), found[2]
+    return found[0], jsonsafe.loads(found[1]), found[2]  # a document of its own for each record
 
 
 def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
