@@ -1,7 +1,7 @@
 """What a run's executor is told, made from the run's record: the ``Execute`` an
 in-process run is walked from (with the checkpoint files it resumes from), and the
-``assign`` frame a worker runs it from. Kept apart
-from the RunActor, whose concern is the run's lifecycle, not the wire's shape."""
+``assign`` frame a worker runs it from. Kept apart from the RunActor, whose concern is
+the run's lifecycle, not the wire's shape."""
 
 from __future__ import annotations
 
