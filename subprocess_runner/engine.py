@@ -60,6 +60,28 @@ class Outcome:
 _POLL_S = 0.05  # how often an executor with claims waiting looks at its run's cancel token
 
 
+class _Ran(Future[dict[str, Any]]):
+    """The outcome of a node run in the walking thread: done when made, so it needs none
+    of a ``Future``'s condition and lock (made, locked and read three times for each
+    node of a quick graph walked on the loop). Never handed to ``wait``: the walk looks
+    at ``done`` first."""
+
+    def __init__(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
+        self._result, self._exception = result, error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        if self._exception is not None:
+            raise self._exception
+        assert self._result is not None
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._exception
+
+
 def _queued(emit: Any, node_id: str, cpus: int, reason: str) -> None:
     emit(ev.NODE_QUEUED, node_id, {"cpus": cpus, "reason": reason})
 
@@ -377,17 +399,14 @@ class _Walk:
             raise RuntimeError(f"node code raised {type(exc).__name__}({exc})") from exc
 
     def start(self, node_id: str) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]]
         if self.graph.nodes[node_id].node_type.quick or (
                 len(self.ready) == 0 and not self.running and not self.claiming and not self.granted):
             # A quick node, or the only node that can run now (a chain), runs in this
             # thread: no pool hand-off.
-            future = Future()
             try:
-                future.set_result(self.run_one(node_id))
+                return _Ran(self.run_one(node_id), None)
             except BaseException as exc:
-                future.set_exception(exc)
-            return future
+                return _Ran(None, exc)
         if self.pool is not None:
             return self.pool.submit(self.run_one, node_id)
         if self.own_pool is None:
