@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pydantic_core
@@ -31,10 +32,10 @@ def finite_json(payload: dict[str, Any], text: str | None = None) -> tuple[dict[
     if text is not None and "NaN" not in text and "Infinity" not in text:
         return payload, text
     try:
-        return payload, json.dumps(payload, allow_nan=False, default=str)
+        return payload, _FINITE_OR_TEXT.encode(payload)
     except ValueError:
         cleaned = finite(payload)
-        return cleaned, json.dumps(cleaned, allow_nan=False, default=str)
+        return cleaned, _FINITE_OR_TEXT.encode(cleaned)
 
 
 def finite(payload: dict[str, Any]) -> dict[str, Any]:
@@ -99,10 +100,18 @@ def dumps_stored(value: Any) -> str:
         return json.dumps(value)
 
 
-def dumps(obj: Any, **kwargs: Any) -> str:
-    """``json.dumps`` that never writes ``NaN``/``Infinity``."""
+def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``json.dumps`` that never writes ``NaN``/``Infinity``; ``default`` is ``str`` or
+    None (what the callers pass), each with an encoder made once, not one a call."""
+    encoder = _FINITE if default is None else _FINITE_OR_TEXT if default is str else json.JSONEncoder(
+        allow_nan=False, default=default)
     try:
-        return json.dumps(obj, allow_nan=False, **kwargs)
+        return encoder.encode(obj)
     except ValueError:
         found: dict[str, str] = {}
-        return json.dumps(_clean(obj, "", found), allow_nan=False, **kwargs)
+        return encoder.encode(_clean(obj, "", found))
+
+
+# ``json.dumps`` with other than its defaults makes a new encoder each call.
+_FINITE = json.JSONEncoder(allow_nan=False)
+_FINITE_OR_TEXT = json.JSONEncoder(allow_nan=False, default=str)
