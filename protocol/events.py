@@ -11,6 +11,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
+from json.encoder import encode_basestring_ascii as _quoted
 from typing import Any
 
 from protocol import jsonsafe
@@ -212,10 +213,15 @@ def payload_json(event: Mapping[str, Any]) -> str:
     return encoded if encoded is not None else jsonsafe.dumps(event["payload"], default=str)
 
 
-def event_json(event: Mapping[str, Any]) -> str:
-    """The whole event as JSON, around the payload's encoding."""
-    return (f'{{"seq": {int(event["seq"])}, "type": {json.dumps(event["type"])}, "ts": {json.dumps(event["ts"])}, '
-            f'"node_id": {json.dumps(event["node_id"])}, "payload": {payload_json(event)}}}')
+def event_json(seq: int, kind: str, ts: str, node_id: str | None, payload: str) -> str:
+    """The whole event as JSON, around the payload's encoding (the texts quoted as
+    ``json.dumps`` quotes them, without its way through an encoder for each)."""
+    return (f'{{"seq": {int(seq)}, "type": {_text(kind)}, "ts": {_text(ts)}, "node_id": {_text(node_id)}, '
+            f'"payload": {payload}}}')
+
+
+def _text(value: Any) -> str:
+    return _quoted(value) if type(value) is str else json.dumps(value)
 
 
 def cap_payload(payload: dict[str, Any], cap_bytes: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from actors.events import BURST_BYTES, LAGGED, MISSED, RESET, Feed, Subscribe, Unsubscribe
 from actors.store.client import LOOP_PAGE_BYTES
+from actors.store.events import EventRow
 from actors.store.runs import QueuePosition, ReadStream
 from protocol import events as ev
 from protocol import jsonsafe
@@ -78,8 +79,8 @@ def _frame(kind: str, data: Any) -> bytes:
     return f"event: {kind}\ndata: {jsonsafe.dumps(data)}\n\n".encode()
 
 
-def _event_frame(event: dict[str, Any]) -> bytes:
-    return f"id: {event['seq']}\nevent: run_event\ndata: {ev.event_json(event)}\n\n".encode()
+def _event_frame(seq: int, kind: str, ts: str, node_id: str | None, payload: str) -> bytes:
+    return f"id: {seq}\nevent: run_event\ndata: {ev.event_json(seq, kind, ts, node_id, payload)}\n\n".encode()
 
 
 async def _send(request: web.Request, response: web.StreamResponse, data: bytes, eof: bool = False) -> None:
@@ -152,7 +153,7 @@ class _RunStream:
                 return
             events, next_after, position, ended = found
             self.finished = self.finished or ended  # the reader has the whole log already
-            chunks = [self.event_frame(event) for event in events]
+            chunks = [self.row_frame(row) for row in events]
             del events, found  # only the frames wait for the reader
             if next_after is None:
                 if not self.finished:
@@ -165,13 +166,23 @@ class _RunStream:
             await self._write(chunks)
 
     def event_frame(self, event: dict[str, Any]) -> bytes:
-        """The event's SSE frame, or nothing for a seq already sent."""
-        if event["seq"] <= self.last or self.finished:
+        """A published event's SSE frame, or nothing for a seq already sent."""
+        if not self._fresh(event["seq"], event["type"]):
             return b""
-        self.last = event["seq"]
-        if event["type"] == ev.RUN_FINISHED:
+        return _event_frame(event["seq"], event["type"], event["ts"], event["node_id"], ev.payload_json(event))
+
+    def row_frame(self, row: EventRow) -> bytes:
+        """A stored event's SSE frame (its payload as stored, not parsed), or nothing for
+        a seq already sent."""
+        return _event_frame(*row) if self._fresh(row[0], row[1]) else b""
+
+    def _fresh(self, seq: int, kind: str) -> bool:
+        if seq <= self.last or self.finished:
+            return False
+        self.last = seq
+        if kind == ev.RUN_FINISHED:
             self.finished = True
-        return _event_frame(event)
+        return True
 
     def position_frame(self, stored: int | None) -> bytes:
         position = in_line(self.svc, self.run_id, stored)

@@ -115,6 +115,19 @@ def get_events(
     """A page of events and the ``after`` to ask for next when the byte cap cut it:
     those after ``after``, or with ``tail`` the last ``tail`` of those. Rows are read
     only as far as the page goes."""
+    rows, next_after = event_rows(conn, run_id, after, tail, cap_bytes)
+    return [ev.stored_event(*row) for row in rows], next_after
+
+
+# seq, type, ts, node_id and the payload's JSON, as stored: what a stream frames as it is.
+EventRow = tuple[int, str, str, str | None, str]
+
+
+def event_rows(
+    conn: apsw.Connection, run_id: str, after: int, tail: int | None, cap_bytes: int
+) -> tuple[list[EventRow], int | None]:
+    """``get_events``'s page as the rows are stored, payloads not parsed: a stream only
+    sends them on."""
     found: Any
     if tail is not None:
         found = conn.execute(
@@ -124,16 +137,16 @@ def get_events(
         found = conn.execute(
             "SELECT seq, type, ts, node_id, payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
             (run_id, after))
-    events: list[dict[str, Any]] = []
+    rows: list[EventRow] = []
     used = 0
-    for seq, kind, ts, node_id, payload in found:
-        size = len(payload) + 96
+    for row in found:
+        size = len(row[4]) + 96
         # A page always holds at least one event, or a huge one would block the cursor.
-        if cap_bytes > 0 and events and used + size > cap_bytes:
-            return events, events[-1]["seq"]
+        if cap_bytes > 0 and rows and used + size > cap_bytes:
+            return rows, rows[-1][0]
         used += size
-        events.append(ev.stored_event(seq, kind, ts, node_id, payload))
-    return events, None
+        rows.append(row)
+    return rows, None
 
 
 def events_of_type(conn: apsw.Connection, run_id: str, kind: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import apsw
 
 from actors.errors import RunNotFound, RunStillActive
 from actors.store.artifacts import artifacts
-from actors.store.events import append_events, get_events
+from actors.store.events import EventRow, append_events, event_rows
 from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
@@ -83,7 +83,7 @@ class GetRun:
 @dataclass(frozen=True)
 class ReadStream:
     """What a run's stream sends first, read together: None when there is no such run,
-    else a page of its events after ``after`` (capped), the ``after`` to read on from when
+    else a page of its events after ``after`` (capped; rows as stored), the ``after`` to read on from when
     the cap cut the page, the run's queue position, and whether its log ended at or
     before ``after`` (a reader that has it all: its stream ends at once)."""
 
@@ -277,11 +277,11 @@ def queue_position(conn: apsw.Connection, run_id: str) -> int | None:
 
 
 def read_stream(conn: apsw.Connection, query: ReadStream
-                ) -> tuple[list[dict[str, Any]], int | None, int | None, bool] | None:
+                ) -> tuple[list[EventRow], int | None, int | None, bool] | None:
     found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (query.run_id,)).fetchall()
     if not found:
         return None
-    events, next_after = get_events(conn, query.run_id, query.after, None, query.cap_bytes)
+    events, next_after = event_rows(conn, query.run_id, query.after, None, query.cap_bytes)
     # Seqs start at 1: a reader that has none has nothing that could have ended.
     ended = query.after > 0 and bool(conn.execute(
         "SELECT 1 FROM events WHERE run_id = ? AND type = ? AND seq <= ? LIMIT 1",
