@@ -14,8 +14,8 @@ from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.memory import LastPeak
 from actors.store.run_list import ListRuns
-from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun
-from actors.store.schema import SCHEMA_VERSION, open_database
+from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun, insert_run
+from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer
 from actors.threaded import start_thread_actor
@@ -65,6 +65,27 @@ def test_the_schema_version_is_kept_in_user_version(tmp_path):
     conn.close()
     with pytest.raises(RuntimeError, match="schema version"):
         open_database(tmp_path / "db")
+
+
+def test_a_database_of_version_21_keeps_only_grouped_runs_in_the_sweep_and_study_indexes(tmp_path):
+    conn = apsw.Connection(str(tmp_path / "db"))
+    for number in range(21):
+        conn.execute(MIGRATIONS[number])
+    conn.execute("PRAGMA user_version=21")
+    insert_run(conn, run_record(run_id(1), 1, sweep_id="s1"))
+    insert_run(conn, run_record(run_id(2), 2, study_id="t1"))
+    insert_run(conn, run_record(run_id(3), 3))
+    conn.close()
+    conn = open_database(tmp_path / "db")
+    assert conn.execute("PRAGMA user_version").fetchall()[0][0] == SCHEMA_VERSION
+    for column, index, key in (("sweep_id", "runs_sweep", "s1"), ("study_id", "runs_study", "t1")):
+        plan = str(conn.execute(f"EXPLAIN QUERY PLAN SELECT id FROM runs WHERE {column} = ?", (key,)).fetchall())
+        assert f"USING INDEX {index}" in plan
+        assert conn.execute(f"SELECT id FROM runs WHERE {column} = ?", (key,)).fetchall() == [
+            (run_id(1 if column == "sweep_id" else 2),)]
+        # A partial index: no null entry for every run outside a group.
+        (sql,), = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (index,)).fetchall()
+        assert str(sql).endswith(f"WHERE {column} IS NOT NULL")
 
 
 async def test_writes_from_one_tick_commit_together_in_order(store):
