@@ -57,6 +57,9 @@ from subprocess_runner.node_cache import NodeCache, SessionCache
 
 log = logging.getLogger("troupe.run")
 
+# Retention follows a run's end by this much, once for all the runs that ended meanwhile.
+RETENTION_DELAY_S = 0.1
+
 
 @dataclass(frozen=True)
 class _OneShotTimeout:
@@ -340,9 +343,9 @@ class RunActor(Actor):
         if reason is not None:
             payload["reason"] = reason
         self._emit(ev.RUN_FINISHED, None, payload)
-        if self._settings.run_retention_keep_last >= 0:
-            self._write(Prune(self._settings.run_retention_keep_last))
         self._flush_events()
+        if self._settings.run_retention_keep_last >= 0:
+            self._store.write_soon(Prune(self._settings.run_retention_keep_last), RETENTION_DELAY_S)
         # It stops once its final writes are stored (the run keeps no slot meanwhile).
         self._writes.then(functools.partial(self.ref.stop, "finished"))
 

@@ -103,6 +103,7 @@ class StoreClient:
     _since_checkpoint: int = 0
     _pending: list[_Pending] = field(default_factory=list)
     _flushing: asyncio.Task[None] | None = None
+    _soon: set[Any] = field(default_factory=set)  # ops ``write_soon`` will write
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -142,6 +143,22 @@ class StoreClient:
         if self._flushing is None:
             self._flushing = asyncio.get_running_loop().create_task(self._flush(), name="store-flush")
         return future
+
+    def write_soon(self, op: Any, delay_s: float) -> None:
+        """Writes ``op`` ``delay_s`` from now, once however often an equal op is asked for
+        meanwhile: retention after each run's end is then one prune for a burst of runs,
+        not part of every run's last batch (which it sent to the store's thread, where a
+        script's next submit then waited for it). Nothing is written for a store that has
+        stopped by then (the server stops; retention runs again at its start)."""
+        if op in self._soon:
+            return
+        self._soon.add(op)
+        asyncio.get_running_loop().call_later(delay_s, self._write_later, op)
+
+    def _write_later(self, op: Any) -> None:
+        self._soon.discard(op)
+        if self.ref is not None and self.ref.is_alive:
+            self.write(op)
 
     async def drain(self) -> None:
         """Waits until every write made so far is committed."""

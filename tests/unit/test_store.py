@@ -212,6 +212,25 @@ async def test_a_runs_small_writes_commit_on_the_loop_and_larger_ones_need_the_s
     assert conn.execute("SELECT MAX(seq), COUNT(*) FROM events").fetchall()[0] == (32, 32)
 
 
+async def test_retention_asked_for_by_runs_ending_together_is_one_prune(client_of):
+    committed, marked = [], asyncio.Event()
+
+    def seen(writes):
+        committed.extend(writes)
+        if any(op == Prune(5) for op, _ in writes):
+            marked.set()
+
+    client = client_of(True, on_committed=seen)
+    for seq in range(1, 4):
+        await insert(client, seq)
+    for _ in range(3):  # three runs end within the delay
+        client.write_soon(Prune(1), 0.05)
+    client.write_soon(Prune(5), 0.06)  # a marker due after any of them
+    await asyncio.wait_for(marked.wait(), 5)
+    assert [(op, result) for op, result in committed if isinstance(op, Prune)] == [
+        (Prune(1), [run_id(1), run_id(2)]), (Prune(5), [])]
+
+
 async def test_the_run_list_is_read_on_the_loop_and_a_search_needs_the_stores_thread(tmp_path, client_of):
     """A bounded read (the newest runs, the workers, a graph's last peak) is answered on
     the loop's connection; a search, which may walk every run, goes to the thread."""
