@@ -81,6 +81,9 @@ class _Ran(Future[dict[str, Any]]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return self._exception
 
+    def __repr__(self) -> str:  # Future's own reads the state this one never set
+        return f"<_Ran {'raised ' + type(self._exception).__name__ if self._exception else 'finished'}>"
+
 
 def _queued(emit: Any, node_id: str, cpus: int, reason: str) -> None:
     emit(ev.NODE_QUEUED, node_id, {"cpus": cpus, "reason": reason})
