@@ -66,6 +66,18 @@ def test_a_credential_exchange_announcing_a_large_body_is_refused_before_it_is_r
     assert server.rss_mib() - baseline < GROWTH_MIB
 
 
+def test_a_body_over_its_cap_that_announces_no_length_is_refused_when_it_came_whole(make_server):
+    server = make_server()
+    data = b"x" * 5000  # over a credential exchange's 4 KiB, in one chunk sent with the headers
+    head = ("POST /api/workers/credentials HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    reply = _raw(server, head, f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+    assert isinstance(reply, bytes)
+    body = json.loads(reply.split(b"\r\n\r\n", 1)[1])
+    assert int(reply.split(b" ", 2)[1]) == 413 and body["error"]["code"] == "payload_too_large", reply[:300]
+    assert body["error"]["details"]["limit_bytes"] == 4096
+
+
 def test_a_body_that_stalls_is_cut_at_the_read_deadline_and_its_connection_closed(make_server):
     server = make_server(TROUPE_REQUEST_READ_TIMEOUT_S="1")
     baseline = server.rss_mib()
