@@ -151,10 +151,10 @@ class _RunStream:
             if found is None:  # deleted while followed: nothing more will come
                 self.finished = True
                 return
-            events, next_after, position, ended = found
+            rows, next_after, position, ended = found
             self.finished = self.finished or ended  # the reader has the whole log already
-            chunks = [self.row_frame(row) for row in events]
-            del events, found  # only the frames wait for the reader
+            chunks = [self.row_frame(row) for row in rows]
+            del rows, found  # only the frames wait for the reader
             if next_after is None:
                 if not self.finished:
                     chunks.append(self.position_frame(position))

@@ -83,9 +83,9 @@ class GetRun:
 @dataclass(frozen=True)
 class ReadStream:
     """What a run's stream sends first, read together: None when there is no such run,
-    else a page of its events after ``after`` (capped; rows as stored), the ``after`` to read on from when
-    the cap cut the page, the run's queue position, and whether its log ended at or
-    before ``after`` (a reader that has it all: its stream ends at once)."""
+    else a page of its events after ``after`` (capped; rows as stored), the ``after`` to
+    read on from when the cap cut the page, the run's queue position, and whether its log
+    ended at or before ``after`` (a reader that has it all: its stream ends at once)."""
 
     run_id: str
     after: int = 0
@@ -281,12 +281,12 @@ def read_stream(conn: apsw.Connection, query: ReadStream
     found = conn.execute(f"SELECT {_POSITION} FROM runs r WHERE r.id = ?", (query.run_id,)).fetchall()
     if not found:
         return None
-    events, next_after = event_rows(conn, query.run_id, query.after, None, query.cap_bytes)
+    rows, next_after = event_rows(conn, query.run_id, query.after, None, query.cap_bytes)
     # Seqs start at 1: a reader that has none has nothing that could have ended.
     ended = query.after > 0 and bool(conn.execute(
         "SELECT 1 FROM events WHERE run_id = ? AND type = ? AND seq <= ? LIMIT 1",
         (query.run_id, ev.RUN_FINISHED, query.after)).fetchall())
-    return events, next_after, int(found[0][0]) if found[0][0] is not None else None, ended
+    return rows, next_after, int(found[0][0]) if found[0][0] is not None else None, ended
 
 
 def status_counts(conn: apsw.Connection) -> dict[str, int]:
