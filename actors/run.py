@@ -109,6 +109,7 @@ class RunActor(Actor):
         self._frames = 0
         self._events_dropped = 0  # by a worker's outbox across outages, in all
         self._open_nodes: dict[str, None] = {}  # started and not yet ended, in order (worker runs)
+        self._row_ahead: dict[str, Any] = {}  # the start's row fields, written with the end's
         self._writes = RunWrites(self.run_id, record.study_id, store, registry, self.ref)
         self._effects = EventRows(self.run_id, record.record_outputs, settings.recorded_outputs_keep)
 
@@ -237,19 +238,26 @@ class RunActor(Actor):
             # ``auto`` became the device it was placed on.
             self._record = record.with_changes(worker=worker, device=started["device"], devices=(
                 (started["device"],) if len(record.devices) == 1 else record.devices))
-        if self._worker is None:  # this process executes it (a worker's child reports its own)
-            fields["execution_facts"] = execution_facts(CONTROL_PLANE, self._graph.folder_packs())
-        self._write(UpdateRun(self.run_id, fields))
-        self._emit(ev.RUN_STARTED, None, started)
         if self._worker is not None:
+            self._write(UpdateRun(self.run_id, fields))
+            self._emit(ev.RUN_STARTED, None, started)
             self._send_to_worker("assign")
             return
+        # This process executes it (a worker's child reports its own facts).
+        fields["execution_facts"] = execution_facts(CONTROL_PLANE, self._graph.folder_packs())
+        self._emit(ev.RUN_STARTED, None, started)
         execute = local_execute(self._record, self._graph, self._settings, self._executor_cancel(), self._node_pool,
                                 self._cpu_gate(), self._editor_cache())
         walked = executor.start(self._executor_pool, execute, asyncio.get_running_loop(), self.ref)
-        if walked is not None:  # a few quick nodes, walked already: written with the start, in one commit
-            self._dispatch(NodeEvents(walked.events))
-            self._dispatch(GraphEnded(walked.outcome))
+        if walked is None:
+            self._write(UpdateRun(self.run_id, fields))
+            return
+        # A few quick nodes, walked already: the row goes from queued to its end in one
+        # update, written after the events in one commit. No reader could have seen it
+        # running, and moving it through "running" as well rewrote its index entries twice.
+        self._row_ahead = fields
+        self._dispatch(NodeEvents(walked.events))
+        self._dispatch(GraphEnded(walked.outcome))
 
     def _editor_cache(self) -> SessionCache | None:
         """The editor session's cache, for an interactive run only: a queued run is a
@@ -330,20 +338,22 @@ class RunActor(Actor):
             self._emit(ev.NODE_FAILED, open_node, {"error": error or f"the run ended {status}"})
         self._open_nodes.clear()
         self._status = status
-        fields: dict[str, Any] = {"status": status, "finished_at": ev.utc_now(), "error": error}
+        fields: dict[str, Any] = {**self._row_ahead, "status": status, "finished_at": ev.utc_now(), "error": error}
+        self._row_ahead = {}
         payload: dict[str, Any] = {"status": status, "error": error}
         if memory is not None and memory[0] is not None:
             fields.update(peak_memory_mib=memory[0], peak_memory_exact=memory[1], out_of_memory=memory[2])
-        self._write(UpdateRun(self.run_id, fields))
-        peak = peak_row(self._record, status, memory)
-        if peak is not None:
-            self._write(peak)
         if node_id is not None:
             payload["node_id"] = node_id
         if reason is not None:
             payload["reason"] = reason
+        # The last event first: the run's events since its last write then go as one, and
+        # its row's end follows them in the same commit (one handler's writes are one batch).
         self._emit(ev.RUN_FINISHED, None, payload)
-        self._flush_events()
+        self._write(UpdateRun(self.run_id, fields))
+        peak = peak_row(self._record, status, memory)
+        if peak is not None:
+            self._write(peak)
         if self._settings.run_retention_keep_last >= 0:
             self._store.write_soon(Prune(self._settings.run_retention_keep_last), RETENTION_DELAY_S)
         # It stops once its final writes are stored (the run keeps no slot meanwhile).

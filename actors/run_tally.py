@@ -42,15 +42,17 @@ class RunTally:
     def changed(self, run_id: str, fields: Mapping[str, Any]) -> None:
         status = fields.get("status")
         known = self._open.get(run_id)
-        if status == ev.RUNNING:
+        # A start: "running", or a run of a few quick nodes whose row went from queued to
+        # its end in one write (its start time came with it).
+        if status == ev.RUNNING or (status in ev.TERMINAL_STATES and fields.get("started_at")):
             worker = fields.get("worker") or (known[3] if known is not None else None)
             if worker:  # a pool's run names its worker as it starts; a named one had it
                 self._worker_runs.labels(str(worker)).inc()
             if known is not None and fields.get("started_at"):
                 queue_key, created, _, named = known
-                self._open[run_id] = (queue_key, created, str(fields["started_at"]), named)
+                known = self._open[run_id] = (queue_key, created, str(fields["started_at"]), named)
                 self._wait.labels(queue_key).observe(_seconds(created, str(fields["started_at"])))
-        elif status in ev.TERMINAL_STATES:
+        if status in ev.TERMINAL_STATES:
             self._finished.labels(str(status)).inc()
             self._open.pop(run_id, None)
             if known is not None and known[2] is not None and fields.get("finished_at"):

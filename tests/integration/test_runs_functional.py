@@ -130,7 +130,9 @@ def test_global_stream_announces_created_and_status_changes(shared_server):
             seen.append((data["kind"], data.get("status")))
             if data.get("status") == "succeeded":
                 break
-    assert seen == [("created", "queued"), ("status", "running"), ("status", "succeeded")]
+    # hello's few quick nodes are walked as it starts: its row goes from queued to its end
+    # in one write, and a status is announced as it is committed.
+    assert seen == [("created", "queued"), ("status", "succeeded")]
 
 
 def test_prometheus_metrics_count_queues_and_runs(shared_server):

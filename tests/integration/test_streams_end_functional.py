@@ -121,7 +121,8 @@ def test_the_global_stream_numbers_its_changes_and_a_client_back_with_its_id_get
     conn.close()
     again = [f["data"] for f in back if f.get("event") == "run"]
     assert {c["run_id"] for c in again} == set(missed) and all(int(f["id"]) > ids[-1] for f in back if "id" in f)
-    assert [c["kind"] for c in again if c["run_id"] == missed[0]] == ["created", "status", "status"]
+    # created, then succeeded: hello's quick nodes take its row from queued to its end in one write
+    assert [c["kind"] for c in again if c["run_id"] == missed[0]] == ["created", "status"]
 
     conn, response = _follow_all(server, "1")  # an id no longer held (or of another life of the server)
     told = _frames(response, lambda f: any(x.get("event") == "reset" for x in f))

@@ -67,9 +67,10 @@ async def test_a_study_attempt_tells_its_study_each_status_once_it_is_committed(
     run.tell(Start())
     await asyncio.wait_for(run.wait(), 10)
     told = await study.settled()
-    assert [(c.run_id, c.status) for c in told] == [(RUN_ID, "running"), (RUN_ID, "succeeded")]
-    # When told, the row already says so (or, for a quick run, more: it may have ended).
-    assert study.stored[0] in ("running", "succeeded") and study.stored[1] == "succeeded"
+    # hello's few quick nodes are walked as the run starts: its row goes from queued to
+    # its end in one write, so "running" is never committed, and never told.
+    assert [(c.run_id, c.status) for c in told] == [(RUN_ID, "succeeded")]
+    assert study.stored == ["succeeded"]  # when told, the row already says so
     await store.ref.stop()
 
 
