@@ -5,11 +5,12 @@ across batches (one batch in flight at a time), and ``on_committed`` sees a batc
 writes (with their results) only after the commit, once per batch, so the event hub
 never publishes an event the database could still lose.
 
-A batch is taken one turn of the loop after its first write: what the actors ready in
-that turn write joins it. A small batch of the writes a run makes as it goes (its row,
-a few events) is committed here, on the loop, by a ``Writer`` on a connection of this
-client's own: a hand-over to the store's thread and back costs two thread wake-ups,
-about 100 us of CPU on a VM, more than the commit. A large batch, or any other write
+A batch is taken once a turn of the loop after its first write adds nothing to it (at
+most ``BATCH_TURNS_MAX`` turns): what the actors ready in those turns write joins it. A
+small batch of the writes a run makes as it goes (its row, a few events) is committed
+here, on the loop, by a ``Writer`` on a connection of this client's own: a hand-over to
+the store's thread and back costs two thread wake-ups, about 100 us of CPU on a VM, more
+than the commit. A large batch, or any other write
 (retention, recovery, deletes, which may take long), goes to the store's thread as a
 ``Commit``, and SQLite works there while the loop goes on. The loop's connection never
 copies the write-ahead log into the database (that ends with an fsync): every
@@ -48,6 +49,11 @@ WRITE_TIMEOUT_S = 30.0
 # overlaps the loop's parsing of what comes next.
 INLINE_WRITES = frozenset({InsertRun, UpdateRun, AppendEvents})
 INLINE_MAX_ROWS = 32
+# A batch waits while each turn of the loop adds to it, at most this many turns: a lone
+# run's writes go after one turn that added nothing, and runs submitted at once by a
+# script's four threads took 30% fewer commits (762 for 1,500 runs, not 1,084) and
+# drained 15% faster.
+BATCH_TURNS_MAX = 8
 CHECKPOINT_EVERY = 200
 # A page of a run's events this small is read on the loop: a stream's first page (a
 # whole hello run's log is about 3 KB) then costs no hand-over to the thread and back.
@@ -166,10 +172,16 @@ class StoreClient:
 
     async def _flush(self) -> None:
         try:
-            # One turn of the loop first: the handlers already ready add their writes to
-            # this batch. A submitted run's row and its first events (written in its
-            # actor's first turn) are then one commit, not two, published in one batch.
-            await asyncio.sleep(0)
+            # Turns of the loop first, while each adds writes: the handlers already
+            # ready add theirs to this batch. A submitted run's row and its first events
+            # (written in its actor's first turn) are then one commit, not two, published
+            # in one batch; a burst of submissions is a few commits, not two a run.
+            size = 0
+            for _ in range(BATCH_TURNS_MAX):
+                if len(self._pending) == size:
+                    break
+                size = len(self._pending)
+                await asyncio.sleep(0)
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
