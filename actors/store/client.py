@@ -10,9 +10,9 @@ most ``BATCH_TURNS_MAX`` turns): what the actors ready in those turns write join
 small batch of the writes a run makes as it goes (its row, a few events) is committed
 here, on the loop, by a ``Writer`` on a connection of this client's own: a hand-over to
 the store's thread and back costs two thread wake-ups, about 100 us of CPU on a VM, more
-than the commit. A large batch, or any other write
-(retention, recovery, deletes, which may take long), goes to the store's thread as a
-``Commit``, and SQLite works there while the loop goes on. The loop's connection never
+than the commit. A large batch, or any other write (retention, recovery, deletes, which
+may take long), goes to the store's thread as a ``Commit``, and SQLite works there while
+the loop goes on. The loop's connection never
 copies the write-ahead log into the database (that ends with an fsync): every
 ``CHECKPOINT_EVERY`` of its commits, the store's thread is told to.
 

@@ -102,6 +102,26 @@ async def test_writes_from_one_tick_commit_together_in_order(store):
     assert len(events) == 200 and events[4]["payload"] == {"i": 5}
 
 
+async def test_a_batch_takes_the_writes_of_each_turn_that_adds_to_it(client_of):
+    """A burst (writes in turn after turn of the loop) is one commit; a write after the
+    batch was taken starts the next."""
+    batches: list[int] = []
+    client = client_of(True, on_committed=lambda writes: batches.append(len(writes)))
+    await insert(client, 1, "running")
+    batches.clear()
+
+    def event(seq: int) -> AppendEvents:
+        return AppendEvents(run_id(1), ({"seq": seq, "type": "log", "ts": "t", "payload": {}},))
+
+    client.write(event(1))
+    for seq in (2, 3, 4):
+        await asyncio.sleep(0)
+        last = client.write(event(seq))
+    await last
+    await client.write(event(5))
+    assert batches == [4, 1]
+
+
 async def test_a_bad_op_fails_alone(store):
     good = insert(store, 1)
     bad = store.write(UpdateRun(run_id(1), {"no_such_column": 1}))
