@@ -19,25 +19,33 @@ copies the write-ahead log into the database (that ends with an fsync): every
 A few reads that an index and a limit keep small (the run list without a search, the
 workers, card policies, a graph's last peak, a stream's first page of a run's events)
 are answered on that connection too; every other read goes to the thread.
+
+A run's log is followed here from its first event while it stays small (a page), and
+kept for a while once it has ended (``LOGS_FOLLOWED`` runs, ended or not): the stream a
+script opens right after it submitted a quick run is then answered without reading back
+what was just written. Any write other than a run's row or events (a delete, retention,
+recovery) forgets them all: what is kept is always what the database holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.errors import StoreUnavailable
 from actors.store.actor import Checkpoint, Commit
-from actors.store.events import AppendEvents
+from actors.store.events import AppendEvents, EventRow
 from actors.store.memory import CardPolicies, LastPeak
 from actors.store.run_list import ListRuns
 from actors.store.runs import InsertRun, ReadStream, UpdateRun
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer, is_broken
 from actors.threaded import ThreadActorRef
+from protocol import events as ev
 from protocol.errors import TroupeError
 
 log = logging.getLogger("troupe.store")
@@ -58,6 +66,9 @@ CHECKPOINT_EVERY = 200
 # A page of a run's events this small is read on the loop: a stream's first page (a
 # whole hello run's log is about 3 KB) then costs no hand-over to the thread and back.
 LOOP_PAGE_BYTES = 16 * 1024
+# Small logs followed from their first event (runs in progress or just ended), for the
+# stream a client opens next: a script's four threads need a few, a page a few more.
+LOGS_FOLLOWED = 64
 
 
 def _reads_here(message: Any) -> bool:
@@ -75,6 +86,39 @@ def _reads_here(message: Any) -> bool:
 
 _SMALL_READS = frozenset({ListWorkers, CardPolicies, LastPeak})
 _THREAD = object()  # what the loop's connection answers for work the thread is to do
+
+
+@dataclass(slots=True)
+class _Log:
+    """A run's log as stored, every row of it from its first (while it is small)."""
+
+    rows: list[EventRow]
+    size: int
+    ended: bool = False
+
+
+def _followed(log_so_far: _Log | None, op: AppendEvents) -> _Log | None:
+    """The log followed so far with ``op``'s rows as they were stored, when they carry
+    it on (from seq 1, none missing, not past its end, within a page); else None. A
+    worker's frames (a counter) may repeat, and are not followed."""
+    if op.counter is not None or (log_so_far is not None and log_so_far.ended):
+        return None
+    if log_so_far is None:
+        log_so_far = _Log([], 0)
+    rows, size = log_so_far.rows, log_so_far.size
+    for event in op.events:
+        seq = len(rows) + 1
+        if event["seq"] != seq:
+            return None
+        payload = ev.payload_json(event)
+        size += len(payload) + 96
+        if size > LOOP_PAGE_BYTES:
+            return None
+        rows.append((seq, event["type"], event["ts"], event.get("node_id"), payload))
+        if event["type"] == ev.RUN_FINISHED:
+            log_so_far.ended = True
+    log_so_far.size = size
+    return log_so_far
 
 
 def _log_failed_write(future: asyncio.Future[Any]) -> None:
@@ -111,6 +155,8 @@ class StoreClient:
     _flushing: asyncio.Task[None] | None = None
     _soon: set[Any] = field(default_factory=set)  # ops ``write_soon`` will write
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # run id -> its log as stored, every row from the first, while it is small
+    _logs: OrderedDict[str, _Log] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -127,6 +173,7 @@ class StoreClient:
             self._inline.close()
             self._inline = None
         self._thread_committed = False
+        self._logs.clear()
 
     def _store(self) -> ThreadActorRef:
         if self.ref is None:
@@ -134,10 +181,16 @@ class StoreClient:
         return self.ref
 
     async def read(self, message: Any, timeout: float = 10.0) -> Any:
+        if type(message) is ReadStream and message.run_id in self._logs:
+            kept = self._kept_stream(message)
+            if kept is not None:
+                return kept
         if _reads_here(message):
             found = self._here(lambda writer: writer.read(message))
             if found is not _THREAD:
                 return found
+        elif not Writer.reads(message):
+            self._logs.clear()  # a write asked for its answer: it may delete runs
         return await self._store().ask(message, timeout)
 
     def write(self, op: Any) -> asyncio.Future[Any]:
@@ -195,6 +248,7 @@ class StoreClient:
                     continue
                 committed = tuple((p.op, outcome) for p, outcome in zip(batch, outcomes, strict=True)
                                   if not isinstance(outcome, Exception))
+                self._follow_logs(committed)
                 if committed:
                     try:
                         self.on_committed(committed)
@@ -210,6 +264,34 @@ class StoreClient:
         finally:
             self._flushing = None
             self._idle.set()
+
+    def _follow_logs(self, committed: tuple[tuple[Any, Any], ...]) -> None:
+        """Follows the logs committed whole from their first event, keeping those that
+        ended; forgets what any other write may have changed."""
+        logs = self._logs
+        for op, _ in committed:
+            kind = type(op)
+            if kind is AppendEvents:
+                followed = _followed(logs.pop(op.run_id, None), op)
+                if followed is not None:
+                    logs[op.run_id] = followed
+                    if len(logs) > LOGS_FOLLOWED:
+                        logs.popitem(last=False)
+            elif kind is not UpdateRun and kind is not InsertRun:  # a row's fields are not its log
+                logs.clear()
+
+    def _kept_stream(self, query: ReadStream) -> tuple[list[EventRow], None, None, bool] | None:
+        """``ReadStream``'s answer from a kept log (the run has ended, so it has no queue
+        position), or None when there is none or the page would be cut (then the
+        database answers)."""
+        kept = self._logs[query.run_id]
+        if not kept.ended:
+            return None
+        rows = [row for row in kept.rows if row[0] > query.after]
+        if query.cap_bytes > 0 and sum(len(row[4]) + 96 for row in rows) > query.cap_bytes:
+            return None
+        ended = query.after > 0 and any(row[1] == ev.RUN_FINISHED and row[0] <= query.after for row in kept.rows)
+        return rows, None, None, ended
 
     async def _commit(self, ops: tuple[Any, ...]) -> list[Any]:
         """One outcome per op: its result, or the exception it raised alone."""

@@ -14,7 +14,7 @@ from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.memory import LastPeak
 from actors.store.run_list import ListRuns
-from actors.store.runs import DeleteRun, GetRun, Prune, Recover, UpdateRun, insert_run
+from actors.store.runs import DeleteRun, GetRun, Prune, ReadStream, Recover, UpdateRun, insert_run
 from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer
@@ -265,3 +265,46 @@ async def test_the_run_list_is_read_on_the_loop_and_a_search_needs_the_stores_th
     with pytest.raises(Exception, match="store"):
         await client.read(ListRuns(search="x"))
     client.close()
+
+
+def _log(first, last, finished=True, payload="x"):
+    kinds = ["log"] * (last - first + 1)
+    if finished:
+        kinds[-1] = "run_finished"
+    return tuple({"seq": seq, "type": kind, "ts": f"t{seq}", "node_id": "a" if seq % 2 else None,
+                  "payload": {"n": seq, "text": payload}}
+                 for seq, kind in zip(range(first, last + 1), kinds, strict=True))
+
+
+@pytest.mark.parametrize("on_loop", [False, True])
+async def test_a_stream_read_right_after_a_runs_end_answers_what_the_database_holds(tmp_path, client_of, on_loop):
+    """A run's log is followed from its first event as it is committed, and a stream's
+    first page of it, once it has ended, is what the database would answer for any
+    ``after``: also for a log too long to follow, a worker's frames, a log that did not
+    start at 1, and a run deleted since."""
+    client = client_of(on_loop)
+    runs = {1: [_log(1, 1, False), _log(2, 12)],  # a quick run: queued, then the rest
+            2: [_log(1, 3, False), _log(4, 40, payload="y" * 600)],  # longer than a page
+            3: [_log(1, 5)],  # a worker's run (a frame counter)
+            4: [_log(2, 6)],  # its first events were never written (not followed)
+            5: [_log(1, 4, False)],  # still running
+            6: [_log(1, 1, False), _log(2, 5)]}  # another quick run
+    for seq, writes in runs.items():
+        await insert(client, seq, "running")
+        for events in writes:
+            client.write(AppendEvents(run_id(seq), events, counter=7 if seq == 3 else None))
+        await client.write(UpdateRun(run_id(seq), {"status": "succeeded" if seq != 5 else "running"}))
+    database = Writer.open(tmp_path / "db", tmp_path / "runs")
+    try:
+        for seq in runs:
+            for after in (0, 1, 3, 12, 13, 40):
+                query = ReadStream(run_id(seq), after=after, cap_bytes=16 * 1024)
+                assert await client.read(query) == database.read(query), (seq, after)
+        client.write(AppendEvents(run_id(1), _log(13, 13, False)))  # an event after its end
+        await client.write(DeleteRun(run_id(6)))
+        for seq in (1, 6):
+            query = ReadStream(run_id(seq), after=0, cap_bytes=16 * 1024)
+            assert await client.read(query) == database.read(query)
+        assert await client.read(ReadStream(run_id(6), cap_bytes=16 * 1024)) is None
+    finally:
+        database.close()
