@@ -20,11 +20,12 @@ A few reads that an index and a limit keep small (the run list without a search,
 workers, card policies, a graph's last peak, a stream's first page of a run's events)
 are answered on that connection too; every other read goes to the thread.
 
-A run's log is followed here from its first event while it stays small (a page), and
-kept for a while once it has ended (``LOGS_FOLLOWED`` runs, ended or not): the stream a
-script opens right after it submitted a quick run is then answered without reading back
-what was just written. Any write other than a run's row or events (a delete, retention,
-recovery) forgets them all: what is kept is always what the database holds.
+A run stored since this client started has its log followed here from its first event
+while it stays small (a page), and kept for a while once it has ended (``LOGS_FOLLOWED``
+runs, ended or not): the stream a script opens right after it submitted a quick run is
+then answered without reading back what was just written. Any write other than a run's
+row or events (a delete, retention, recovery) forgets them all: what is kept is always
+what the database holds.
 """
 
 from __future__ import annotations
@@ -97,28 +98,27 @@ class _Log:
     ended: bool = False
 
 
-def _followed(log_so_far: _Log | None, op: AppendEvents) -> _Log | None:
-    """The log followed so far with ``op``'s rows as they were stored, when they carry
-    it on (from seq 1, none missing, not past its end, within a page); else None. A
-    worker's frames (a counter) may repeat, and are not followed."""
-    if op.counter is not None or (log_so_far is not None and log_so_far.ended):
-        return None
-    if log_so_far is None:
-        log_so_far = _Log([], 0)
+def _carries_on(log_so_far: _Log, op: AppendEvents) -> bool:
+    """Adds ``op``'s rows as they were stored to the log followed so far, when they carry
+    it on (the next seqs, none missing, not past its end, within a page); False, and the
+    log is to be dropped, when they do not. A worker's frames (a counter) may repeat,
+    and are not followed."""
+    if op.counter is not None or log_so_far.ended:
+        return False
     rows, size = log_so_far.rows, log_so_far.size
     for event in op.events:
         seq = len(rows) + 1
         if event["seq"] != seq:
-            return None
+            return False
         payload = ev.payload_json(event)
         size += len(payload) + 96
         if size > LOOP_PAGE_BYTES:
-            return None
+            return False
         rows.append((seq, event["type"], event["ts"], event.get("node_id"), payload))
         if event["type"] == ev.RUN_FINISHED:
             log_so_far.ended = True
     log_so_far.size = size
-    return log_so_far
+    return True
 
 
 def _log_failed_write(future: asyncio.Future[Any]) -> None:
@@ -266,18 +266,22 @@ class StoreClient:
             self._idle.set()
 
     def _follow_logs(self, committed: tuple[tuple[Any, Any], ...]) -> None:
-        """Follows the logs committed whole from their first event, keeping those that
-        ended; forgets what any other write may have changed."""
+        """Follows the logs of the runs stored since this client started, from their
+        first event, keeping those that ended; forgets what any other write may have
+        changed. A run restored from an earlier start numbers its events from 1 again,
+        over what its first life stored: it is never followed."""
         logs = self._logs
         for op, _ in committed:
             kind = type(op)
             if kind is AppendEvents:
-                followed = _followed(logs.pop(op.run_id, None), op)
-                if followed is not None:
-                    logs[op.run_id] = followed
-                    if len(logs) > LOGS_FOLLOWED:
-                        logs.popitem(last=False)
-            elif kind is not UpdateRun and kind is not InsertRun:  # a row's fields are not its log
+                log_so_far = logs.pop(op.run_id, None)
+                if log_so_far is not None and _carries_on(log_so_far, op):
+                    logs[op.run_id] = log_so_far
+            elif kind is InsertRun:
+                logs[op.record.id] = _Log([], 0)
+                if len(logs) > LOGS_FOLLOWED:
+                    logs.popitem(last=False)
+            elif kind is not UpdateRun:  # a row's fields are not its log
                 logs.clear()
 
     def _kept_stream(self, query: ReadStream) -> tuple[list[EventRow], None, None, bool] | None:

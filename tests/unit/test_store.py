@@ -281,7 +281,7 @@ async def test_a_stream_read_right_after_a_runs_end_answers_what_the_database_ho
     """A run's log is followed from its first event as it is committed, and a stream's
     first page of it, once it has ended, is what the database would answer for any
     ``after``: also for a log too long to follow, a worker's frames, a log that did not
-    start at 1, and a run deleted since."""
+    start at 1, a run restored after a restart, and a run deleted since."""
     client = client_of(on_loop)
     runs = {1: [_log(1, 1, False), _log(2, 12)],  # a quick run: queued, then the rest
             2: [_log(1, 3, False), _log(4, 40, payload="y" * 600)],  # longer than a page
@@ -294,6 +294,11 @@ async def test_a_stream_read_right_after_a_runs_end_answers_what_the_database_ho
         for events in writes:
             client.write(AppendEvents(run_id(seq), events, counter=7 if seq == 3 else None))
         await client.write(UpdateRun(run_id(seq), {"status": "succeeded" if seq != 5 else "running"}))
+    await insert(client, 7, "running")
+    await client.write(AppendEvents(run_id(7), _log(1, 1, False)))
+    client.close()  # the server starts again, and run 7 is restored from its row: its log starts again at 1
+    await client.write(AppendEvents(run_id(7), ({**_log(1, 1, False)[0], "ts": "again"}, *_log(2, 3))))
+    runs[7] = []
     database = Writer.open(tmp_path / "db", tmp_path / "runs")
     try:
         for seq in runs:
