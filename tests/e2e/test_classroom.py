@@ -51,7 +51,9 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
 
         # Someone with the address but no link sees only how to log in.
         stranger = context_page(on_lan("", port))
-        expect(stranger.locator("#login-wall")).to_contain_text("open the login link you were given")
+        # The wall goes up once the page has asked /api/info: a cold browser on a busy CI
+        # machine can take longer than expect's default 5 s to get there.
+        expect(stranger.locator("#login-wall")).to_contain_text("open the login link you were given", timeout=30_000)
         expect(stranger.locator("#run-graph")).to_be_hidden()
         screenshot(stranger, "classroom-login.png")
 
@@ -86,6 +88,9 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         expect(ann.locator("#my-name")).to_have_text("You: Ann Lee")
 
         bob = context_page(class_link)
+        # The link is spent by the page, which then loads "/" again: what is clicked before
+        # the logged-in page is there is lost with the first one.
+        bob.locator("#editor-status").get_by_text("nodes").wait_for()
         bob.get_by_role("link", name="Results").click()
         bob.locator(f'tr[data-run="{run_id}"] .status.succeeded').wait_for()  # everyone sees every run
         expect(bob.locator('.tab[data-tab="people"]')).to_be_hidden()  # who is connected: the teacher's
@@ -99,7 +104,7 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         expect(projector.locator(".login-banner")).to_contain_text("Read-only")
         expect(projector.locator("#run-graph")).to_be_hidden()
         spent = context_page(class_link)  # the third browser: two uses only
-        expect(spent.locator("#login-wall")).to_contain_text("already used up")
+        expect(spent.locator("#login-wall")).to_contain_text("already used up", timeout=30_000)
 
         teacher.get_by_role("button", name="Connected").click()
         rows = teacher.locator("#session-rows tr")
