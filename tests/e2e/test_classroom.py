@@ -42,18 +42,26 @@ def test_a_teacher_and_two_students(make_server, lan, tmp_path):
         browser = playwright.chromium.launch(executable_path=chromium_in(lan, tmp_path), headless=True, args=FLAGS,
                                              env={**os.environ})
         errors: list[str] = []
+        trouble: list[str] = []  # what a page that never ran its script met: said if the wall stays down
 
         def context_page(url: str):
             page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
             page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("requestfailed", lambda request: trouble.append(f"{request.url}: {request.failure}"))
+            page.on("console", lambda message: trouble.append(message.text) if message.type == "error" else None)
             page.goto(url)
             return page
 
         # Someone with the address but no link sees only how to log in.
         stranger = context_page(on_lan("", port))
-        # The wall goes up once the page has asked /api/info: a cold browser on a busy CI
-        # machine can take longer than expect's default 5 s to get there.
-        expect(stranger.locator("#login-wall")).to_contain_text("open the login link you were given", timeout=30_000)
+        # The wall goes up once the page has asked /api/info (a cold browser on a busy CI
+        # machine may take more than expect's default 5 s); when it stays down, the failure
+        # says what the page's requests met.
+        try:
+            expect(stranger.locator("#login-wall")).to_contain_text("open the login link you were given",
+                                                                    timeout=30_000)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nfailed requests and console errors: {trouble}") from None
         expect(stranger.locator("#run-graph")).to_be_hidden()
         screenshot(stranger, "classroom-login.png")
 
