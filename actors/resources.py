@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from actors.store import StoreClient
 from actors.store.flavors import ListFlavors
 from protocol.api import RunOptions
@@ -104,8 +106,7 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
             if env.setdefault(name, value) != value:
                 raise InvalidRequest(f"two nodes set {name} to different values; a run has one process",
                                      pointer=f"{where}/env/{name}", node_id=node.id, code="env_conflict")
-        nodes.append(node.model_copy(update={"resources": NodeResources.model_validate(
-            {**asked.model_dump(exclude_none=True), **{k: v for k, v in granted.items() if v is not None}})}))
+        nodes.append(node.model_copy(update={"resources": _granted(asked, granted, node.id, where)}))
     if env and not on_worker:
         warnings.append({"message": f"resources.env ({', '.join(sorted(env))}) is set in a worker's run process "
                                     "only; this server's runs share its process, so it is not applied here",
@@ -113,6 +114,20 @@ def resolve(graph_doc: Graph, options: RunOptions, flavors: Mapping[str, Mapping
     memory_gib = _budget(options, flavors, on_worker, warnings)
     engine_graph = graph_doc.model_copy(update={"nodes": nodes}) if any(n.resources for n in nodes) else graph_doc
     return Resolved(engine_graph, memory_gib, warnings, sum(durations) if durations else None)
+
+
+def _granted(asked: NodeResources, granted: dict[str, Any], node_id: str, where: str) -> NodeResources:
+    """The node's resources as granted. A flavor stored before today's bounds may hold a
+    size they refuse: that is the submission's error, never the placer's crash."""
+    try:
+        return NodeResources.model_validate(
+            {**asked.model_dump(exclude_none=True), **{k: v for k, v in granted.items() if v is not None}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        quantity = ".".join(str(p) for p in first["loc"][:1])
+        raise InvalidRequest(f"node {node_id}: its flavor {asked.flavor!r} gives {quantity} a size out of bounds "
+                             f"({first['msg']}); change the flavor", pointer=f"{where}/flavor", node_id=node_id,
+                             code="flavor_invalid") from None
 
 
 def _budget(options: RunOptions, flavors: Mapping[str, Mapping[str, Any]], on_worker: bool,

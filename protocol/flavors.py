@@ -29,6 +29,8 @@ def ram_mb(value: int | str) -> int:
     mb = float(match.group(1)) * _UNIT_MB[match.group(2).lower()]
     if mb <= 0:
         raise ValueError(f"ram {value!r} is no memory at all")
+    if mb > RAM_MAX_MB:  # the number's own bound, which a text must meet too
+        raise ValueError(f"ram {value!r} is over {RAM_MAX_MB} MB, more than any machine has")
     return max(1, round(mb))  # a size under 1 MB is 1 MB
 
 

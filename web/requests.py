@@ -57,8 +57,11 @@ def _plainly_shallow(raw: bytes) -> bool:
     """Whether ``raw`` cannot hold what ``_check_depth`` looks for, seen from its bytes
     (C-speed counts, where the walk cost a small run's submit about 14 us): a level of
     nesting opens with a bracket, so fewer brackets than ``MAX_DEPTH`` are never too
-    deep; and text no record can keep comes only from an escape or non-ASCII bytes."""
-    return raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw
+    deep; and text no record can keep comes only from an escape or non-ASCII bytes. That
+    holds for UTF-8 only: JSON in UTF-16 or UTF-32 (which the reader takes too) is ASCII
+    bytes with NULs between, where an escape's bytes are not side by side."""
+    return (raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH and raw.isascii() and b"\\u" not in raw
+            and b"\0" not in raw)
 
 
 def _check_depth(body: Any) -> None:

@@ -4,6 +4,8 @@ a run that still uses them."""
 
 from __future__ import annotations
 
+import apsw
+
 from tests.helpers import graph, hello, node
 
 
@@ -86,3 +88,16 @@ def test_a_flavors_budget_on_a_run_in_this_server_is_ignored_with_a_warning(shar
     warning = next(e for e in events if e["type"] == "warning")
     assert warning["payload"]["code"] == "flavor_budget_ignored" and events[-1]["payload"]["status"] == "succeeded"
     assert shared_server.get(f"/api/runs/{reply['run_id']}")["memory_budget_mib"] is None
+
+
+def test_a_flavor_an_older_server_stored_out_of_todays_bounds_refuses_its_runs_and_stops_nothing(make_server):
+    server = make_server()
+    server.client.request("POST", "/api/flavors", {"name": "vast", "ram": 4096})
+    server.stop()
+    # As a server before the text bound kept "2000000T": more MB than a size may hold.
+    with apsw.Connection(str(server.home / "troupe.db")) as db:
+        db.execute("UPDATE flavors SET ram = ? WHERE name = 'vast'", (2**41,))
+    again = make_server(home=server.home)
+    error = again.submit(flavored("vast"), expect=400)["error"]
+    assert (error["code"], error["pointer"]) == ("flavor_invalid", "/graph/nodes/0/resources/flavor"), error
+    assert again.events_until_finished(again.submit(hello())["run_id"])[-1]["payload"]["status"] == "succeeded"
