@@ -52,6 +52,7 @@ class Target(BaseModel):
 
 # Params changed from the terminal: ``NODE.PARAM`` (or ``NODE.vars.NAME``) -> a value.
 ParamsSet = dict[Annotated[str, Field(max_length=300)], str | int | float | bool]
+PARAMS_SET_MAX = 100  # params a run keeps as set from the terminal, a rerun's own included
 
 
 class RunOptions(BaseModel):
@@ -78,8 +79,9 @@ class RunOptions(BaseModel):
     require_device: StrictBool = Field(default=False, description="refuse the run (device_unavailable) rather than "
                                                                   "fall back to cpu when the device is not there")
     params_set: ParamsSet | None = Field(
-        default=None, max_length=100, description="what `--set` changed (NODE.PARAM -> value), kept with the run "
-                                                  "for show and the page; the graph already holds the values")
+        default=None, max_length=PARAMS_SET_MAX,
+        description="what `--set` changed (NODE.PARAM -> value), kept with the run for show and the page; the graph "
+                    "already holds the values")
 
 
 class SubmitRun(BaseModel):
@@ -213,7 +215,7 @@ class RerunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     resume: StrictBool = False
-    params_set: ParamsSet | None = Field(default=None, max_length=100)
+    params_set: ParamsSet | None = Field(default=None, max_length=PARAMS_SET_MAX)
 
 
 class RunGroup(BaseModel):

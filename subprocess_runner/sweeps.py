@@ -67,6 +67,8 @@ def _expand_range(spec: SweepRange, param_type: str, where: str, max_domain: int
         raise SweepInvalid("range min is above max", pointer=f"{where}/min")
     if spec.scale == "log" and spec.min <= 0:
         raise SweepInvalid("a log range needs a positive min", pointer=f"{where}/min")
+    if math.isinf(spec.max - spec.min):  # each point is min + a share of the width
+        raise SweepInvalid("the range from min to max is wider than a float holds", pointer=f"{where}/max")
     too_many = f"values; the limit is {max_domain} (TROUPE_MAX_SWEEP_DOMAIN)"
     if kind == "float":
         if spec.count > max_domain:
@@ -93,7 +95,10 @@ def _points(spec: SweepRange) -> Iterator[float]:
     if spec.scale == "log":
         low, high = math.log10(spec.min), math.log10(spec.max)
         for i in range(spec.count):
-            yield 10 ** (low + i * (high - low) / (spec.count - 1))
+            try:
+                yield 10 ** (low + i * (high - low) / (spec.count - 1))
+            except OverflowError:  # the top end, rounded past the largest float
+                yield spec.max
         return
     for i in range(spec.count):
         yield spec.min + i * (spec.max - spec.min) / (spec.count - 1)

@@ -106,7 +106,8 @@ async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Res
     if row is None:
         raise RunNotFound(f"no run {run_id}")
     await _authorize(svc, request, row.get("worker"))
-    reason = request.headers[FAILED_HEADER][:500] or "the worker gave up on it"
+    # A header is any bytes; aiohttp keeps those that are not UTF-8 as lone surrogates.
+    reason = request.headers[FAILED_HEADER][:500].encode("utf-8", "replace").decode() or "the worker gave up on it"
     node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
     await svc.store.write(RecordArtifact(run_id, node, kind, path, "transfer", None, None, None, FAILED, reason))
     return json_reply({"run_id": run_id, "path": path, "state": FAILED, "reason": reason})

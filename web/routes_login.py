@@ -162,8 +162,10 @@ _SYSTEMS = (("Android", "Android"), ("iPhone", "iPhone"), ("iPad", "iPad"), ("Wi
 
 def _label(what: str, request: web.Request) -> str:
     """How "who is connected" names a session: what, from where, in which browser
-    ("browser 10.0.0.7 · Firefox on Windows")."""
-    agent = request.headers.get("User-Agent", "")
+    ("browser 10.0.0.7 · Firefox on Windows"). A header is any bytes (aiohttp keeps
+    those that are not UTF-8 as lone surrogates): the label keeps printable text only."""
+    sent = request.headers.get("User-Agent", "")[:400].encode("utf-8", "replace").decode()
+    agent = "".join(c if c.isprintable() else "?" for c in sent)
     browser = next((name for mark, name in _BROWSERS if mark in agent), "")
     system = next((name for mark, name in _SYSTEMS if mark in agent), "")
     kind = f"{browser} on {system}" if browser and system else browser or system or agent[:40]

@@ -13,10 +13,11 @@ import asyncio
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from actors.store.runs import GetRun
 from protocol import events as ev
-from protocol.api import RerunRequest, RunOptions
+from protocol.api import PARAMS_SET_MAX, RerunRequest, RunOptions
 from protocol.errors import InvalidRequest, NotFound, StateConflict, pointer_from_path
 from protocol.graph import Graph
 from subprocess_runner.digest import file_sha256
@@ -49,6 +50,9 @@ async def rerun(request: web.Request) -> web.Response:
     if body.params_set:
         document = with_params(document, _checked_sets(document, body.params_set))
         done = {**(options.params_set or {}), **body.params_set}
+        if len(done) > PARAMS_SET_MAX:
+            raise InvalidRequest(f"params_set: with what run {old_id} already set, the rerun would set {len(done)} "
+                                 f"params; a run keeps at most {PARAMS_SET_MAX}", pointer="/params_set")
         options = options.model_copy(update={"params_set": done})
     graph = Graph.model_validate(document)
     refuse_privileged(svc, request, graph, "")  # another's run is no way around the rule
@@ -59,14 +63,18 @@ async def rerun(request: web.Request) -> web.Response:
 def _checked_sets(graph: dict[str, Any], params_set: dict[str, Any]) -> dict[str, Any]:
     """Each key names a node of the run's graph (its param is checked with the graph);
     a key that names none is refused, never set nowhere."""
-    ids = {str(n.get("id")) for n in graph.get("nodes", [])}
+    params = {str(n.get("id")): n.get("params") or {} for n in graph.get("nodes", [])}
     for key in params_set:
         node_id = key.rpartition(".")[0]
-        if node_id not in ids:
-            node_id = node_id.rpartition(".")[0]  # NODE.vars.NAME
-        if node_id not in ids:
+        if node_id not in params:
+            node_id, _, mapping = node_id.rpartition(".")  # NODE.vars.NAME
+            if node_id in params and not isinstance(params[node_id].get(mapping, {}), dict):
+                raise InvalidRequest(f"params_set: {key!r} sets a name in {node_id}.{mapping}, which is a single "
+                                     f"value, not a mapping; set {node_id}.{mapping} itself",
+                                     pointer=pointer_from_path(["params_set", key]), code="graph_invalid")
+        if node_id not in params:
             raise InvalidRequest(f"params_set: {key!r} names no node of the run's graph (it has "
-                                 f"{', '.join(sorted(ids))})", pointer=pointer_from_path(["params_set", key]),
+                                 f"{', '.join(sorted(params))})", pointer=pointer_from_path(["params_set", key]),
                                  code="graph_invalid")
     return params_set
 
@@ -79,7 +87,12 @@ def rerun_options(row: dict[str, Any]) -> RunOptions:
         options["seed"] = row["seed"]
     options.pop("editor_session", None)
     options["lane"] = ev.LANE_QUEUED
-    return RunOptions.model_validate(options)
+    try:
+        return RunOptions.model_validate(options)
+    except ValidationError as exc:  # kept by an older server, under rules since made stricter
+        first = exc.errors()[0]
+        raise StateConflict(f"run {row['id']}'s options no longer hold ({'/'.join(map(str, first['loc']))}: "
+                            f"{first['msg']}); submit its graph afresh", code="options_outdated") from None
 
 
 async def _resume_plan(svc: Services, row: dict[str, Any]) -> dict[str, Any]:

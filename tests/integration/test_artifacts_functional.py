@@ -56,14 +56,15 @@ def test_a_worker_runs_checkpoints_come_back_by_transfer_and_by_mount(make_serve
 
 
 def _put(server, run_id: str, path: str, body: bytes, sha256: str, length: int | None = None,
-         token: str | None = None) -> tuple[int, bytes]:
-    """A worker's PUT by hand; ``length`` larger than the body: the sender stops midway."""
+         token: str | None = None, header: bytes = b"") -> tuple[int, bytes]:
+    """A worker's PUT by hand; ``length`` larger than the body: the sender stops midway;
+    ``header``: one more header line, as raw bytes."""
     parsed = urllib.parse.urlsplit(server.url)
     head = (f"PUT /api/runs/{run_id}/artifacts?{urllib.parse.urlencode({'path': path, 'kind': 'checkpoint'})} "
             f"HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token or server.token}\r\n"
             f"X-Troupe-Sha256: {sha256}\r\nContent-Length: {length or len(body)}\r\nConnection: close\r\n\r\n")
     with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as conn:
-        conn.sendall(head.encode() + body)
+        conn.sendall(head.encode()[:-2] + header + b"\r\n" + body)
         if length is not None and length > len(body):
             conn.shutdown(socket.SHUT_WR)  # cut short: the rest never comes
         reply = b""
@@ -112,6 +113,12 @@ def test_a_transfer_cut_short_or_corrupted_leaves_no_row(make_server, tmp_path):
         events = server.get(f"/api/runs/{run_id}/events")["events"]
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
         assert events[-1]["type"] == "artifact" and events[-1]["payload"]["path"] == "checkpoints/late.pt"
+        # A worker that gives up says why in a header, which may hold any bytes.
+        status, reply = _put(server, run_id, "checkpoints/lost.pt", b"", good,
+                             header=b"X-Troupe-Artifact-Failed: disk \xff gone\r\n")
+        assert status == 200, reply
+        lost = server.get(f"/api/runs/{run_id}")["artifacts"][-1]
+        assert (lost["path"], lost["state"], lost["reason"]) == ("checkpoints/lost.pt", "failed", "disk ? gone")
     finally:
         agent.terminate()
         agent.wait(30)

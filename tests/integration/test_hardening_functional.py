@@ -202,6 +202,18 @@ def cursor(text: str) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
+def ticker_sweep(param: str, span: dict) -> bytes:
+    base = graph(node("t", "core.Ticker", count=1, interval=0, name="val_loss"), device="cpu")
+    return json.dumps({"name": "s", "base_graph": base, "objective": {"metric": "val_loss", "direction": "minimize"},
+                       "sweep_spec": {"method": "grid", "params": [{"node_id": "t", "param": param, "range": span}]}
+                       }).encode()
+
+
+# A name that is a lone surrogate, sent as UTF-16 JSON: ASCII bytes with NULs between.
+UTF16_SURROGATE = json.dumps({"graph": {"version": 1, "name": "@", "nodes": [], "edges": []}}).replace(
+    '"@"', '"\\ud800"').encode("utf-16-le")
+
+
 @pytest.mark.parametrize("method, path, body", [
     ("POST", "/api/runs", DEEP),
     ("POST", "/api/export", DEEP),
@@ -214,6 +226,14 @@ def cursor(text: str) -> str:
     ("GET", f"/api/runs/{'a' * 32}/events?after={2**63}", None),
     ("GET", f"/api/runs/{'a' * 32}/events?tail={2**63}", None),
     ("GET", f"/api/runs?cursor={cursor('runs:' + str(2**64))}", None),
+    # These once crashed the placer (a 503 for every ask in its mailbox) or answered 500.
+    ("POST", "/api/runs", json.dumps({"graph": graph(node("a", "core.Constant", value=1) | {
+        "resources": {"ram": "2000000T"}})}).encode()),
+    ("POST", "/api/flavors", b'{"name": "huge", "ram": "2000000T"}'),
+    ("POST", "/api/runs", UTF16_SURROGATE),
+    ("POST", "/api/sweeps", ticker_sweep("count", {"min": -1e308, "max": 1e308, "count": 2, "type": "int"})),
+    ("POST", "/api/sweeps", ticker_sweep("interval", {"min": 1e300, "max": sys.float_info.max, "count": 3,
+                                                      "scale": "log"})),
 ])
 def test_no_request_shape_gives_a_500(shared_server, method, path, body):
     status, text = raw(shared_server, method, path, body)
@@ -323,3 +343,38 @@ async def test_the_session_token_from_loopback_needs_this_machines_id(shared_ser
         await ws.send_str(agent_hello(name="tunnelled", machine_id="another-machine"))
         refused = wire.parse_frame((await ws.receive(timeout=10)).data)
     assert isinstance(refused, wire.Refused) and "machine id" in refused.reason
+
+
+def test_a_rerun_refuses_what_its_run_could_not_keep_and_stays_rerunnable(shared_server):
+    ticker = graph(node("t", "core.Ticker", count=1, interval=0, name="val_loss"), device="cpu")
+    full = {f"t.k{i}": 1 for i in range(100)}  # what --set recorded: as many as a run keeps
+    run_id = shared_server.submit(ticker, params_set=full)["run_id"]
+    shared_server.wait_status(run_id, "succeeded")
+    # A name in a param that holds one value, not a mapping of names.
+    status, text = raw(shared_server, "POST", f"/api/runs/{run_id}/rerun", b'{"params_set": {"t.count.x": 2}}')
+    assert status == 400 and strict(text)["error"]["pointer"] == "/params_set/t.count.x", text  # type: ignore[index]
+    # One more set than a run keeps: refused, where it once made a run no rerun could copy.
+    status, text = raw(shared_server, "POST", f"/api/runs/{run_id}/rerun", b'{"params_set": {"t.count": 2}}')
+    assert status == 400 and strict(text)["error"]["pointer"] == "/params_set", text  # type: ignore[index]
+    status, text = raw(shared_server, "POST", f"/api/runs/{run_id}/rerun", b"{}")
+    assert status == 201, text
+
+
+def test_a_login_from_a_user_agent_that_is_not_text_is_named_in_text(shared_server):
+    status, made = shared_server.client.request("POST", "/api/login-links", {"uses": 1})
+    assert status == 201, made
+    token = made["login_url"].split("token=", 1)[1]
+    host, port = shared_server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps({"token": token}).encode()
+    conn.putrequest("POST", "/api/login")
+    conn.putheader("User-Agent", b"curl\xff\xfe\tx")  # not UTF-8, and a tab
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    response = conn.getresponse()
+    reply = strict(response.read().decode())
+    assert response.status == 201, reply
+    sessions = shared_server.get("/api/sessions")["sessions"]
+    label = next(s["label"] for s in sessions if s["id"] == reply["id"])  # type: ignore[index]
+    assert label.endswith("curl???x"), label
