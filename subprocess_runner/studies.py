@@ -3,6 +3,7 @@ variants from their attempts."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,34 @@ from subprocess_runner.validation import check_param
 
 SEED_MODULUS = 2**32
 MAX_ATTEMPTS = 10_000  # variants x repeats: the runs a study may ever make
-_REDUCE: dict[str, Callable[[list[float]], float]] = {
-    "mean": statistics.fmean, "median": statistics.median, "min": min, "max": max,
-}
+
+
+def _mean(values: list[float]) -> float:
+    """The mean, also of values whose sum is past the largest float (a diverging loss)."""
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return ordered[middle - 1] / 2 + ordered[middle] / 2  # (a + b) / 2 to the bit, and never past a float
+
+
+def _spread(values: list[float]) -> float:
+    """The sample standard deviation; values near the largest float are scaled first."""
+    try:
+        return statistics.stdev(values)
+    except OverflowError:
+        scale = max(abs(v) for v in values)
+        return statistics.stdev([v / scale for v in values]) * scale
+
+
+_REDUCE: dict[str, Callable[[list[float]], float]] = {"mean": _mean, "median": _median, "min": min, "max": max}
 
 
 def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -> list[dict[str, Any]]:
@@ -89,7 +115,7 @@ def rank(variants: list[dict[str, Any]], attempts: list[dict[str, Any]], repeats
         values = [final[r]["objective_value"] for r in range(repeats)
                   if statuses[r] == "succeeded" and final[r]["objective_value"] is not None]
         entry = {"variant": variant["name"], "params": variant.get("params", {}), "values": values,
-                 "std": statistics.stdev(values) if len(values) > 1 else 0.0 if values else None}
+                 "std": _spread(values) if len(values) > 1 else 0.0 if values else None}
         if "over_budget" in statuses:
             reason = "over_budget"
         elif any(s in ("failed", "cancelled") for s in statuses):

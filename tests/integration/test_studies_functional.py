@@ -174,3 +174,13 @@ def test_a_study_finishes_within_budget_across_a_sigkill(make_server, tmp_path):
     assert statuses.count("interrupted") == 1 and statuses.count("succeeded") == 4
     assert done["used"]["runs"] <= 6 and len(done["attempts"]) == done["used"]["runs"]
     assert [r["variant"] for r in done["ranking"]] == ["v1", "v2"]
+
+
+@pytest.mark.parametrize("reduce", ["mean", "median"])
+def test_objective_values_near_the_largest_float_are_reduced_and_ranked(shared_server, reduce):
+    # Their sum is past a float: the mean, the median and the spread are still found.
+    study = post(shared_server, study_body(variants(1.7e308, 1), repeats=2, seed=3, objective={"reduce": reduce}))
+    done = wait_state(shared_server, study["id"], "finished", "halted", "failed")
+    assert done["state"] == "finished", done
+    assert [(r["variant"], r["rank"], r["objective_value"], r["std"]) for r in done["ranking"]] == [
+        ("v1", 1, 1.0, 0.0), ("v1.7e+308", 2, 1.7e308, 0.0)]
