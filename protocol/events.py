@@ -110,6 +110,8 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
         name, step, value = payload.get("name"), payload.get("step"), payload.get("value")
         if not isinstance(name, str) or not 0 < len(name) <= NAME_MAX:
             return payload, f"a metric needs a name of 1 to {NAME_MAX} characters"
+        if not jsonsafe.encodable(name):  # the series' name is a column of its own, stored as UTF-8
+            return payload, f"metric {ascii(name)[:60]}: its name holds a lone surrogate, which is not text"
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
             return payload, f"metric {name}: step must be an integer from 0 to 2**53, got {str(step)[:40]}"
         if (value is None and "non_finite" not in payload) or (value is not None and (
@@ -151,6 +153,8 @@ def outside_run_dir(path: str) -> str | None:
     shown = repr(path[:200])
     if not path or len(path) > 1024:
         return f"an artifact path must name a file in the run's folder in 1 to 1024 characters, got {shown}"
+    if not jsonsafe.encodable(path):
+        return f"an artifact path must be text (it holds a lone surrogate), got {path[:200]!a}"
     if path.startswith("/") or "\\" in path:
         return f"an artifact path is relative to the run's folder, with / between folders, got {shown}"
     for segment in path.split("/"):

@@ -69,7 +69,11 @@ def loads(text: str | bytes) -> Any:
     try:
         return pydantic_core.from_json(text)
     except ValueError:
+        pass
+    try:
         return json.loads(text)
+    except RecursionError:  # nested deeper than Python's reader goes: refused as any bad JSON
+        raise ValueError("the JSON is nested too deep to read") from None
 
 
 _FLAT = frozenset({str, int, float, bool, type(None)})
@@ -115,3 +119,16 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None) -> str:
 # ``json.dumps`` with other than its defaults makes a new encoder each call.
 _FINITE = json.JSONEncoder(allow_nan=False)
 _FINITE_OR_TEXT = json.JSONEncoder(allow_nan=False, default=str)
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: JSON's ``\\ud800`` escape reads into a lone
+    surrogate, which passes every schema and then fails the first encoder that meets it
+    (the store's, a log's, a worker frame's), far from the request that sent it."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

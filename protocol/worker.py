@@ -15,12 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 # Close codes of the worker socket (4000-4999 are the application's).
 CLOSE_REFUSED = 4001  # handshake refused: version, credential, revoked
 CLOSE_PROTOCOL = 4002  # a malformed or unexpected frame
+# The largest count or size a frame may carry: SQLite's INTEGER holds it, with room to add.
+COUNT_MAX = 2**62
 
 
 class _Frame(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    frame_no: int = Field(default=0, ge=0)
+    frame_no: int = Field(default=0, ge=0, le=COUNT_MAX)
 
 
 class Card(BaseModel):
@@ -28,16 +30,16 @@ class Card(BaseModel):
 
     uuid: str
     name: str
-    index: int = Field(ge=0)
-    memory_total_mib: int = Field(ge=0)
-    memory_free_mib: int = Field(ge=0)
+    index: int = Field(ge=0, le=COUNT_MAX)
+    memory_total_mib: int = Field(ge=0, le=COUNT_MAX)
+    memory_free_mib: int = Field(ge=0, le=COUNT_MAX)
     pci_bus_id: str | None = None
 
 
 class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cpus: int = Field(ge=1)
+    cpus: int = Field(ge=1, le=COUNT_MAX)
     cards: list[Card] = Field(default_factory=list)
     mps: bool = False
 
@@ -95,9 +97,9 @@ class WarmPool(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    size: int = Field(ge=0)
-    ready: int = Field(ge=0)
-    rss_mib: int | None = Field(default=None, ge=0)
+    size: int = Field(ge=0, le=COUNT_MAX)
+    ready: int = Field(ge=0, le=COUNT_MAX)
+    rss_mib: int | None = Field(default=None, ge=0, le=COUNT_MAX)
 
 
 class ArtifactOutboxUsage(BaseModel):
@@ -106,8 +108,8 @@ class ArtifactOutboxUsage(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    bytes: int = Field(ge=0)
-    entries: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=COUNT_MAX)
+    entries: int = Field(ge=0, le=COUNT_MAX)
     full: bool = False
 
 
@@ -125,7 +127,7 @@ class Ack(_Frame):
     forget them). Sent at every heartbeat and after 256 run frames or 100 ms of them."""
 
     type: Literal["ack"] = "ack"
-    upto: int = Field(default=0, ge=0)
+    upto: int = Field(default=0, ge=0, le=COUNT_MAX)
     runs: dict[str, int] = Field(default_factory=dict)
 
 
@@ -161,7 +163,7 @@ class Storage(BaseModel):
 
     mount_label: str | None = None
     s3: S3Bucket | None = None
-    transfer_max_mb: int = Field(default=1024, ge=0)
+    transfer_max_mb: int = Field(default=1024, ge=0, le=COUNT_MAX)
 
 
 class ResumeFiles(BaseModel):
@@ -185,10 +187,10 @@ class Assign(_Frame):
     seed: int | None = None
     deterministic: bool = False
     devices: list[str] = Field(default_factory=list)
-    max_parallel: int = Field(default=4, ge=1)
+    max_parallel: int = Field(default=4, ge=1, le=COUNT_MAX)
     # On a shared card: the run's memory budget, which the child sets as its allocator's
     # cap (a fraction of the card's total) before the graph starts.
-    memory_budget_mib: int | None = Field(default=None, ge=1)
+    memory_budget_mib: int | None = Field(default=None, ge=1, le=COUNT_MAX)
     memory_total_mib: dict[str, int] = Field(default_factory=dict)  # device -> the card's total
     provenance: Literal["identity", "content"] | None = None  # record the files the run reads
     # Keep each node's outputs on the worker, for the inspector to read through the link.
@@ -222,7 +224,7 @@ class ReadOutputs(_Frame):
     ``node_id``'s), answered by ``Outputs`` with the same ``request``."""
 
     type: Literal["read_outputs"] = "read_outputs"
-    request: int = Field(ge=1)
+    request: int = Field(ge=1, le=COUNT_MAX)
     run_id: str
     node_id: str | None = None
 
@@ -232,7 +234,7 @@ class Outputs(_Frame):
     keeps none for that run (never recorded, or past TROUPE_RECORDED_OUTPUTS_KEEP)."""
 
     type: Literal["outputs"] = "outputs"
-    request: int = Field(ge=1)
+    request: int = Field(ge=1, le=COUNT_MAX)
     found: bool = True
     outputs: dict[str, Any] = Field(default_factory=dict)
 
@@ -245,7 +247,7 @@ EVENTS_PER_FRAME = 512
 class _RunFrame(_Frame):
     run_id: str
     # The run's own frame counter (from 1, gap-free), kept until acknowledged.
-    counter: int = Field(ge=1, le=2**62)
+    counter: int = Field(ge=1, le=COUNT_MAX)
 
 
 class RunEvents(_RunFrame):
@@ -276,7 +278,7 @@ class RunEnded(_RunFrame):
     node_id: str | None = None
     # The most memory the run used: its cards' allocator peak, or the child's resident
     # set where it had no card; exact, as the child is the run's alone.
-    peak_memory_mib: int | None = Field(default=None, ge=0)
+    peak_memory_mib: int | None = Field(default=None, ge=0, le=COUNT_MAX)
     out_of_memory: bool = False
 
 
@@ -286,7 +288,7 @@ class Gap(_RunFrame):
     dropped. Recorded as a ``warning`` with code ``events_dropped``: never a silent loss."""
 
     type: Literal["gap"] = "gap"
-    dropped: int = Field(ge=1)
+    dropped: int = Field(ge=1, le=COUNT_MAX)
 
 
 RUN_FRAMES = (RunEvents, RunEnded, Gap)

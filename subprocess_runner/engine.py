@@ -162,10 +162,15 @@ def invoke_node(
         _current_node.reset(token)
 
 
-def summarize(value: Any) -> Any:
+_SUMMARY_DEPTH = 32  # lists and dicts nested deeper are shown by a short repr
+
+
+def summarize(value: Any, _depth: int = 0) -> Any:
     """A JSON-safe view of an output for events and recorded outputs: plain values as
     they are; objects that describe themselves (``summary()``), torch tensors and
-    models by their description; anything else by type and a short repr."""
+    models by their description; anything else by type and a short repr. Containers
+    past ``_SUMMARY_DEPTH`` levels too: an output nested a thousand deep (a script's
+    ``result``) must not fail its node in the recursion that describes it."""
     if value is None or isinstance(value, bool | int | str):
         return value
     describe = getattr(value, "summary", None)
@@ -184,11 +189,16 @@ def summarize(value: Any) -> Any:
             return describe_model(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
-    if isinstance(value, list | tuple) and len(value) <= 64:
-        return [summarize(v) for v in value]
-    if isinstance(value, dict) and len(value) <= 64 and all(isinstance(k, str) for k in value):
-        return {k: summarize(v) for k, v in value.items()}
-    return {"type": type(value).__name__, "repr": repr(value)[:200]}
+    if _depth < _SUMMARY_DEPTH:
+        if isinstance(value, list | tuple) and len(value) <= 64:
+            return [summarize(v, _depth + 1) for v in value]
+        if isinstance(value, dict) and len(value) <= 64 and all(isinstance(k, str) for k in value):
+            return {k: summarize(v, _depth + 1) for k, v in value.items()}
+    try:
+        shown = repr(value)[:200]
+    except Exception as exc:  # nested too deep for repr, or a repr of its own that fails
+        shown = f"a {type(value).__name__} that cannot be shown ({type(exc).__name__})"
+    return {"type": type(value).__name__, "repr": shown}
 
 
 def execute_graph(

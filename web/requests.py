@@ -10,6 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from protocol.errors import InvalidRequest, NotFound, pointer_from_path
+from protocol.jsonsafe import encodable
 from web.context import services
 from web.limits import read_body
 
@@ -86,19 +87,6 @@ def _check_depth(body: Any) -> None:
                 if isinstance(item, str) and not item.isascii():
                     _check_text(item, body)
             stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
-
-
-def encodable(text: str) -> bool:
-    """Whether ``text`` can be written as UTF-8: JSON's ``\\ud800`` escape reads into a lone
-    surrogate, which passes every schema and then fails the first encoder that meets it
-    (the store's, a log's, a worker frame's), far from the request that sent it."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def refuse_unencodable(text: str, pointer: str, what: str = "a string") -> None:

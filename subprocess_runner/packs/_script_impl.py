@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from protocol.events import STEP_MAX
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
 
@@ -205,9 +206,11 @@ class _Lines:
                 self._structured(line)
 
     def _structured(self, line: str) -> None:
+        """Runs on the thread that drains the command's output: nothing a line holds may
+        end it (then the pipe fills and the command blocks for good)."""
         try:
             found = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what the reader takes
             return
         if not isinstance(found, dict):
             return
@@ -218,8 +221,11 @@ class _Lines:
                                  step=int(step) if isinstance(step, int | float) else None)
             elif "progress" in found and found.get("total"):
                 done, total = int(found["progress"]), int(found["total"])
+                if not 0 <= done <= STEP_MAX or not 0 < total <= STEP_MAX:
+                    raise ValueError(f"progress and total must be counts up to 2**53, got {done!s:.40} of "
+                                     f"{total!s:.40}")
                 self._ctx.metric("progress", done / total, step=done, epoch=done, epochs=total)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             self._ctx.warning(f"a {'metric' if 'metric' in found else 'progress'} line was not read: {exc}",
                               code="line_not_read")
         if "result" in found:

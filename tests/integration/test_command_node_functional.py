@@ -221,3 +221,32 @@ def test_a_script_may_call_the_public_helper_instead_of_printing_json(make_serve
     run_id = server.submit(doc)["run_id"]
     assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"
     assert _series(server, run_id, "loss") == [0.25, 0.5] and _series(server, run_id, "final") == [0.75]
+
+
+ODD = r'''
+import json
+for line in ('{"metric": "x", "value": 1, "step": 1e400}',  # a step past any integer
+             '{"metric": "x", "value": 1%s}' % ("0" * 400),  # a value past any float
+             '{"progress": 1e400, "total": 1}',
+             '{"progress": 1, "total": 1%s}' % ("0" * 400),
+             '{"metric": "\\ud800", "value": 1}',  # a name that is not text
+             '{"result": %s}' % ("[" * 5000 + "]" * 5000)):  # past what a JSON reader takes
+    print(line, flush=True)
+for step in range(1, 3001):  # more than a pipe holds: only a reader that goes on lets it end
+    print(json.dumps({"metric": "loss", "value": step / 4, "step": step}))
+print(json.dumps({"result": json.loads("[" * 700 + "1" + "]" * 700)}))  # deep, and readable
+'''
+
+
+def test_lines_no_point_can_hold_are_warnings_and_the_scripts_output_keeps_being_read(make_server, lab):
+    (lab / "odd.py").write_text(ODD)
+    server = make_server(TROUPE_DATA_ROOTS=str(lab.parent))
+    doc = graph(node("train", "script.Command", argv=["{python}", "odd.py"], cwd=str(lab)), name="odd")
+    run_id = server.submit(doc)["run_id"]
+    row = server.wait_status(run_id, "succeeded", timeout=60)
+    assert row["status"] == "succeeded", row.get("error")
+    assert len(_series(server, run_id, "loss")) == 3000
+    events = server.get(f"/api/runs/{run_id}/events?tail=100000")["events"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # no batch of them lost
+    warnings = [e["payload"] for e in events if e["type"] == "warning"]
+    assert [w["code"] for w in warnings] == ["line_not_read"] * 4 + ["event_rejected"], warnings

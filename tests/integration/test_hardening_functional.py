@@ -85,6 +85,10 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
                # A worker's transfer is recorded by the control plane on arrival, never announced.
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/claimed.pt", "backend": "transfer",
                              "size": 3, "sha256": "a" * 64}),
+               # Text no column can keep (the JSON escape of a lone surrogate).
+               ("metric", {"name": "\ud800", "step": 1, "value": 1.0}),
+               ("artifact", {"kind": "checkpoint", "path": "checkpoints/\ud800.pt", "backend": "mount",
+                             "label": "data", "size": 3, "sha256": "a" * 64}),
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt", "backend": "mount",
                              "label": "data", "size": 3, "sha256": "a" * 64})]
         for counter, (kind, payload) in enumerate(bad, start=1):
@@ -96,7 +100,7 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
     events = shared_server.get(f"/api/runs/{run_id}/events")["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     rejected = [e["payload"] for e in events if e["payload"].get("code") == "event_rejected"]
-    assert len(rejected) == 5
+    assert len(rejected) == 7
     artifacts = shared_server.get(f"/api/runs/{run_id}")["artifacts"]
     assert [a["path"] for a in artifacts] == ["checkpoints/last.pt"]
 
@@ -122,9 +126,10 @@ async def test_an_events_frame_is_applied_once_from_its_first_new_event(shared_s
         await assigned(ws)
         await ws.send_str(events(3, line(1), line(2), line(3)))
         await ws.send_str(events(5, line(2), line(3), line(4), line(5)))  # replayed, with two new ones
-        await ws.send_str(events(8, ("metric", "m", '{"name": "loss", "step": 1, "value": NaN}'),
-                                 ("log", None, "[1, 2]"), ("log", None, "not json")))
-        await ws.send_str(wire.RunEnded(run_id=run_id, counter=9, status="succeeded").model_dump_json())
+        await ws.send_str(events(9, ("metric", "m", '{"name": "loss", "step": 1, "value": NaN}'),
+                                 ("log", None, "[1, 2]"), ("log", None, "not json"),
+                                 ("log", None, "[" * 5000 + "]" * 5000)))  # deeper than a JSON reader goes
+        await ws.send_str(wire.RunEnded(run_id=run_id, counter=10, status="succeeded").model_dump_json())
         shared_server.wait_status(run_id, "succeeded")
     finally:
         await session.close()
@@ -134,7 +139,23 @@ async def test_an_events_frame_is_applied_once_from_its_first_new_event(shared_s
     metric = next(e["payload"] for e in logged if e["type"] == "metric")
     assert metric["value"] is None and metric["non_finite"] == "nan"
     rejected = [e["payload"]["message"] for e in logged if e["payload"].get("code") == "event_rejected"]
-    assert rejected == ["a log event was refused: its payload is not a JSON object"] * 2
+    assert rejected == ["a log event was refused: its payload is not a JSON object"] * 3
+
+
+async def test_an_ended_frame_with_a_size_past_any_column_closes_the_socket(shared_server):
+    session, ws = await forger(shared_server, "sizes")
+    try:
+        run_id = shared_server.submit(hello(), target={"worker": "sizes"})["run_id"]
+        await assigned(ws)
+        frame = json.loads(wire.RunEnded(run_id=run_id, counter=1, status="succeeded").model_dump_json())
+        await ws.send_str(json.dumps({**frame, "peak_memory_mib": 10**30}))  # once stored, then the row stuck
+        closed = await ws.receive(timeout=10)
+        while closed.type == aiohttp.WSMsgType.TEXT:
+            closed = await ws.receive(timeout=10)
+        assert ws.close_code == wire.CLOSE_PROTOCOL
+    finally:
+        await session.close()
+        shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
 
 
 async def test_an_events_frame_with_a_lifecycle_event_closes_the_socket(shared_server):
