@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cli.errors import CliError, NoServer
+from cli.errors import BadAddress, CliError, NoServer
 from protocol.tls import untrusted
 from protocol.unix_http import connect
 
@@ -26,7 +26,10 @@ class Client:
         self.ca = ca  # a self-signed server's certificate (``--ca``)
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        return connect(self.url, self._unix_socket, timeout, self.ca)
+        try:
+            return connect(self.url, self._unix_socket, timeout, self.ca)
+        except (ValueError, http.client.InvalidURL) as exc:  # "[::1", "x:y", a port past 65535
+            raise BadAddress(f"{self.url} is not a server's address ({exc}); give --host NAME --port 1-65535") from None
 
     def _headers(self, body: bytes | None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -53,12 +56,27 @@ class Client:
             data = response.read()
         except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
             raise self._unreachable(exc, "; start one with `troupe start`") from None
+        except (OverflowError, http.client.InvalidURL) as exc:  # a port or a host name no socket takes
+            raise BadAddress(f"{self.url} is not a server's address ({exc})") from None
         finally:
             conn.close()
+        return response.status, self._answer(response.status, response.getheader("Content-Type") or "", data)
+
+    def _answer(self, status: int, content_type: str, data: bytes) -> Any:
+        """The reply's JSON, or the text of a CSV or of the metrics page. A troupe server
+        answers one of those (or nothing): a success that is anything else came from
+        something else at that address, and no command may read it as done; a refusal
+        that is not JSON is kept as its text."""
+        if content_type.startswith(("text/csv", "text/plain")):
+            return data.decode(errors="replace")
         try:
-            return response.status, json.loads(data) if data else None
-        except ValueError:
-            return response.status, data.decode(errors="replace")
+            found = json.loads(data) if data else None
+        except (ValueError, RecursionError):
+            found = data.decode(errors="replace")
+        if 200 <= status < 300 and not (found is None or isinstance(found, dict)):
+            raise CliError(f"{self.url} answered {status} with {str(found)[:80]!r}, not a troupe server's JSON; "
+                           "is this the server's address?")
+        return found
 
     def full_id(self, kind: str, given: str) -> str:
         """The id of the run, sweep or study (``kind``: runs, sweeps, studies) that
@@ -112,6 +130,9 @@ class Client:
         except (ConnectionRefusedError, OSError) as exc:
             conn.close()
             raise self._unreachable(exc) from None
+        except (OverflowError, http.client.InvalidURL) as exc:
+            conn.close()
+            raise BadAddress(f"{self.url} is not a server's address ({exc})") from None
         if response.status != 200:
             body = response.read()
             conn.close()

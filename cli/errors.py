@@ -21,6 +21,13 @@ class NoServer(CliError):
     code = "no_server"
 
 
+class BadAddress(CliError):
+    """A host or port that is no address at all (``--port 70000``, ``--host "[::1"``)."""
+
+    code = "bad_address"
+    exit_code = EXIT_USAGE
+
+
 class AlreadyRunning(CliError):
     code = "already_running"
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from cli.config import load_settings
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.files import read_json_object
 from cli.render import Renderer
-from cli.run_cmd import _load_graph
 from cli.set_params import apply_sets, catalog_params
 from protocol import events as ev
 from protocol.graph import Graph
@@ -32,7 +32,7 @@ def load_valid_graph(path: str, sets: Sequence[str] = (),
     TROUPE_PACKS and ``packs``; CliError when invalid."""
     from pydantic import ValidationError
 
-    raw = _load_graph(path)
+    raw = read_json_object(path, "a graph object")
     catalog = load_catalog(load_settings(packs=list(packs)).pack_dirs)
     for name, error in catalog.broken_packs.items():
         print(f"  ⚠ pack {name} was not loaded: {error}", file=sys.stderr)

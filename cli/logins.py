@@ -54,7 +54,11 @@ def login(url: str, token: str | None, ca: str | None = None) -> int:
     """With a login link (``http://host:8765/?token=...``) one of its uses becomes this
     terminal's session; with ``--token`` (a teacher's session token) that is kept.
     ``ca``: the certificate of a server serving https with a self-signed one."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # read for its check: a port that is no number, or past 65535, raises
+    except ValueError:
+        parts = urllib.parse.urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(f"{url!r} is not a server's address (http://host:port, or the login link you were given)")
     base = f"{parts.scheme}://{parts.netloc}"

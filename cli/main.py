@@ -109,8 +109,8 @@ def run(
     = None,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
-    port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
+    host: terminal.Host = None,
+    port: terminal.Port = None,
 ) -> None:
     """Submit a graph to the running server and follow it to its result."""
     from cli.run_cmd import submit_and_follow
@@ -139,8 +139,8 @@ def rerun(
     = None,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
-    host: Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")] = None,
-    port: Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")] = None,
+    host: terminal.Host = None,
+    port: terminal.Port = None,
 ) -> None:
     """Queue a run again with its graph, options and target; --resume goes on from its last checkpoint."""
     from cli.run_cmd import rerun_and_follow

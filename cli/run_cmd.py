@@ -14,6 +14,7 @@ from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, SubmitRejected
+from cli.files import read_json_object
 from cli.render import Renderer
 from cli.set_params import apply_sets_by_server
 from protocol import events as ev
@@ -22,23 +23,9 @@ from protocol import events as ev
 _STREAM_SILENCE_S = 45.0
 
 
-def _load_graph(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read the graph {path}: {exc.strerror or exc}") from None
-    try:
-        graph = json.loads(text)
-    except ValueError as exc:
-        raise CliError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(graph, dict):
-        raise CliError(f"{path} must hold a graph object")
-    return graph
-
-
 def submit_and_follow(client: Client, path: str, options: dict[str, Any], name: str | None, detach: bool,
                       timeout: float | None, sets: Sequence[str] = (), form: str = "text") -> int:
-    graph = _load_graph(path)
+    graph = read_json_object(path, "a graph object")
     done = apply_sets_by_server(client, graph, sets)
     if done:
         options = {**options, "params_set": done}
@@ -174,7 +161,8 @@ class LiveLine:
         started, first_epoch = self._first
         eta = ""
         if epoch > first_epoch:
-            eta = f"  ETA {(now - started) / (epoch - first_epoch) * (epochs - epoch):.0f}s"
+            with contextlib.suppress(OverflowError):  # a count of epochs past any float: no ETA
+                eta = f"  ETA {(now - started) / (epoch - first_epoch) * (epochs - epoch):.0f}s"
         sys.stdout.write(f"\r\033[K  ⋯ {event.get('node_id')}  epoch {epoch}/{epochs}{eta}")
         sys.stdout.flush()
         self._shown = True

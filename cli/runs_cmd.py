@@ -170,7 +170,11 @@ def time_left(row: dict[str, Any]) -> str:
         return "-"
     first, newest = _when(progress["first_at"]), _when(progress["at"])
     per_epoch = (newest - first).total_seconds() / done
-    left = per_epoch * (int(progress["epochs"]) - int(progress["epoch"])) - (datetime.now(UTC) - newest).total_seconds()
+    try:
+        left = per_epoch * (int(progress["epochs"]) - int(progress["epoch"]))
+    except OverflowError:  # a count of epochs past any float: no time left to say
+        return "-"
+    left -= (datetime.now(UTC) - newest).total_seconds()
     return _seconds(max(0.0, left))
 
 

@@ -20,7 +20,7 @@ from cli.errors import EXIT_USAGE, CliError
 # ``type``, ``options``...), or None for a type the catalog does not have.
 ParamsOf = Callable[[str], Sequence[Mapping[str, Any]] | None]
 
-_INTEGER = re.compile(r"-?[0-9]+")
+_INTEGER = re.compile(r"-?[0-9]{1,400}")  # Python reads no more than 4,300 digits
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
@@ -33,7 +33,8 @@ class BadSet(CliError):
 
 def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) -> dict[str, Any]:
     """Changes ``graph`` in place; returns what was set (``"node.param"`` -> value)."""
-    nodes = {str(n.get("id")): n for n in graph.get("nodes", []) if isinstance(n, dict)}
+    listed = graph.get("nodes")  # what is not a list of objects the schema then refuses, in words
+    nodes = {str(n.get("id")): n for n in (listed if isinstance(listed, list) else []) if isinstance(n, dict)}
     done: dict[str, Any] = {}
     for given in sets:
         target, equals, raw = given.partition("=")
@@ -55,6 +56,8 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
                          f"{'mapping ' if key is not None else ''}param {param!r}; it has "
                          f"{', '.join(sorted(declared)) or 'none'}")
         params = node.setdefault("params", {})
+        if not isinstance(params, dict):
+            raise BadSet(f"--set {given!r}: node {node_id}'s params are not an object in the graph")
         if key is not None:
             value = _scalar(raw)
             params[param] = {**(params.get(param) or {}), key: value}

@@ -17,26 +17,15 @@ from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.files import read_json_object
 from cli.runs_cmd import age, answer, table
 from cli.set_params import apply_sets_by_server
 from protocol import events as ev
 
 
-def _spec(path: str) -> dict[str, Any]:
-    try:
-        body = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise CliError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise CliError(f"{path} must hold a JSON object (the body of the request)")
-    return body
-
-
 def _spec_with(client: Client, path: str, sets: Sequence[str]) -> dict[str, Any]:
     """The spec, its base graph's params changed by ``--set``."""
-    body = _spec(path)
+    body = read_json_object(path, "a JSON object (the body of the request)")
     if sets:
         if not isinstance(body.get("base_graph"), dict):
             raise CliError(f"{path} has no base_graph for --set to change")

@@ -36,7 +36,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="print the API's own object
 Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
 Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
-Port = Annotated[int | None, typer.Option(help="server port (default: the last `troupe start`)")]
+Port = Annotated[int | None, typer.Option(min=1, max=65535, help="server port (default: the last `troupe start`)")]
 Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
 Sets = Annotated[list[str] | None, typer.Option("--set", help="change a param of the base graph: NODE.PARAM=VALUE "
                                                                "(repeatable)")]

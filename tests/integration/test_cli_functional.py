@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import signal
 import subprocess
+import threading
 
 from tests.helpers import EXAMPLES, REPO, base_env, graph, node, sleeper, troupe_cmd
 
@@ -108,7 +110,7 @@ def test_rejected_submission_exits_1_with_the_pointer(shared_server, tmp_path):
 
 def test_missing_graph_file_exits_1(shared_server, tmp_path):
     result = cli(shared_server, "run", str(tmp_path / "nope.json"))
-    assert result.returncode == 1 and "cannot read the graph" in result.stderr
+    assert result.returncode == 1 and "cannot read" in result.stderr and "nope.json" in result.stderr
 
 
 def test_usage_errors_exit_2(shared_server):
@@ -131,3 +133,57 @@ def test_exec_runs_offline_and_exits_by_outcome(tmp_path):
     invalid = cli(tmp_path, "exec", write(tmp_path, "i.json", graph(node("f", "core.Nope"))))
     assert invalid.returncode == 1 and "/nodes/0/type" in invalid.stderr
     assert not (tmp_path / "troupe.db").exists()  # no server, no database
+
+
+def _one_line(result, code: int, words: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 or code == 2, result.stderr  # typer boxes a usage error
+
+
+def test_files_and_addresses_that_are_no_use_end_in_one_line_and_an_exit_code(shared_server, tmp_path):
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    _one_line(cli(shared_server, "run", str(latin)), 1, "not UTF-8")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _one_line(cli(shared_server, "sweep", "start", str(deep)), 1, "nested too deep")
+    _one_line(cli(tmp_path, "exec", write(tmp_path, "n.json", {"version": 1, "nodes": 5, "edges": []})), 1, "nodes")
+    odd = graph(node("a", "core.Constant", value=1))
+    odd["nodes"][0]["params"] = [1]
+    _one_line(cli(tmp_path, "exec", write(tmp_path, "p.json", odd), "--set", "a.value=2"), 2, "not an object")
+    ticker = write(tmp_path, "t.json", graph(node("t", "core.Ticker", count=1, interval=0)))
+    _one_line(cli(tmp_path, "exec", ticker, "--set", "t.count=" + "9" * 5000), 2, "is an int")  # past int()'s digits
+    _one_line(cli(shared_server, "ls", "--port", "70000"), 2, "65535")
+    _one_line(cli(shared_server, "ls", "--host", "[::1"), 2, "not a server's address")
+    _one_line(cli(tmp_path, "login", "http://[::1"), 1, "not a server's address")
+
+
+def test_something_else_at_the_address_is_never_read_as_a_servers_answer(tmp_path):
+    class NotTroupe(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self._reply()
+
+        def do_DELETE(self):
+            self._reply()
+
+        def _reply(self) -> None:
+            body, kind = (b"[1, 2]", "application/json") if "runs" in self.path else (b"<html>hi</html>", "text/html")
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotTroupe)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port = str(other.server_address[1])
+        _one_line(cli(tmp_path, "ls", "--port", port), 1, "not a troupe server")
+        _one_line(cli(tmp_path, "rm", "a" * 32, "--port", port), 1, "not a troupe server")
+        _one_line(cli(tmp_path, "workers", "--port", port), 1, "not a troupe server")
+    finally:
+        other.shutdown()
