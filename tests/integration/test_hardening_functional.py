@@ -49,6 +49,16 @@ async def forger(server, name="forger"):
     return session, ws
 
 
+async def closed_for_breaking_the_protocol(ws) -> None:
+    """Reads what the control plane still sends until it closes the socket, as it does
+    a worker whose frames break the protocol."""
+    closed = await ws.receive(timeout=10)
+    while closed.type == aiohttp.WSMsgType.TEXT:
+        closed = await ws.receive(timeout=10)
+    assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+    assert ws.close_code == wire.CLOSE_PROTOCOL
+
+
 async def test_a_worker_cannot_end_or_touch_runs_that_are_not_its_own(shared_server):
     running = shared_server.submit(sleeper(30))["run_id"]
     shared_server.wait_status(running, "running")
@@ -61,11 +71,7 @@ async def test_a_worker_cannot_end_or_touch_runs_that_are_not_its_own(shared_ser
         assert row["status"] == "running" and row["artifacts"] == []
         for counter in range(100):  # an agent that keeps at it is disconnected
             await ws.send_str(run_event(running, 20 + counter, "log", {"message": "x"}))
-        closed = await ws.receive(timeout=10)
-        while closed.type == aiohttp.WSMsgType.TEXT:
-            closed = await ws.receive(timeout=10)
-        assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
-        assert ws.close_code == wire.CLOSE_PROTOCOL
+        await closed_for_breaking_the_protocol(ws)
     finally:
         await session.close()
         shared_server.client.request("POST", f"/api/runs/{running}/cancel")
@@ -149,10 +155,7 @@ async def test_an_ended_frame_with_a_size_past_any_column_closes_the_socket(shar
         await assigned(ws)
         frame = json.loads(wire.RunEnded(run_id=run_id, counter=1, status="succeeded").model_dump_json())
         await ws.send_str(json.dumps({**frame, "peak_memory_mib": 10**30}))  # once stored, then the row stuck
-        closed = await ws.receive(timeout=10)
-        while closed.type == aiohttp.WSMsgType.TEXT:
-            closed = await ws.receive(timeout=10)
-        assert ws.close_code == wire.CLOSE_PROTOCOL
+        await closed_for_breaking_the_protocol(ws)
     finally:
         await session.close()
         shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
@@ -165,10 +168,7 @@ async def test_an_events_frame_with_a_lifecycle_event_closes_the_socket(shared_s
         await assigned(ws)
         await ws.send_str(wire.RunEvents(run_id=run_id, counter=2, events=[
             ("log", None, '{"message": "fine"}'), ("run_finished", None, '{"status": "succeeded"}')]).model_dump_json())
-        closed = await ws.receive(timeout=10)
-        while closed.type == aiohttp.WSMsgType.TEXT:
-            closed = await ws.receive(timeout=10)
-        assert ws.close_code == wire.CLOSE_PROTOCOL
+        await closed_for_breaking_the_protocol(ws)
     finally:
         await session.close()
         shared_server.client.request("POST", f"/api/runs/{run_id}/cancel")
