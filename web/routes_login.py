@@ -22,6 +22,17 @@ from web.requests import read_model
 
 routes = web.RouteTableDef()
 STATIC = Path(__file__).parent / "static"
+# The page shows other people's text (a class's run names, logs, labels); it writes it all
+# as text, and the policy holds if a later change does not: scripts from this server only,
+# never inline, no plugins, no framing (a click on a teacher's page is the teacher's own).
+# Inline style attributes stay: the page sets widths and colours with them.
+PAGE_HEADERS = {
+    "Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                               "img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+}
 
 
 class NewLoginLink(BaseModel):
@@ -64,8 +75,7 @@ async def index(request: web.Request) -> web.StreamResponse:
         '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
         f'<meta name="troupe-session" content="{html_escape(kind or "")}">'
         f'<meta name="troupe-name" content="{html_escape(who.label if who else "")}">')
-    return web.Response(text=html, content_type="text/html",
-                        headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
+    return web.Response(text=html, content_type="text/html", headers=PAGE_HEADERS)
 
 
 @routes.post(LOGIN_LINKS_PATH)

@@ -145,7 +145,7 @@ async def get_study(request: web.Request) -> web.Response:
     for entry in reply["unranked"]:
         writer.writerow([entry["variant"], "", "", entry["std"] if entry["std"] is not None else "",
                          entry["repeats_done"], entry["reason"], *(entry["params"].get(k) for k in keys)])
-    return web.Response(text=out.getvalue(), content_type="text/csv")
+    return web.Response(text=out.getvalue(), content_type="text/csv", headers={"X-Content-Type-Options": "nosniff"})
 
 
 @routes.post("/api/studies/{study_id}/cancel")

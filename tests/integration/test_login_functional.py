@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import urllib.request
 from urllib.parse import urlsplit
 
 from tests.helpers import REPO, base_env, hello, troupe_cmd
@@ -97,3 +98,12 @@ def test_a_session_names_itself_and_the_server_token_has_no_name(make_server):
         assert status == 400 and reply["error"]["pointer"] in ("/name", "/nom"), (bad, reply)
     status, reply = server.client.request("PUT", "/api/sessions/me", {"name": "root"})
     assert status == 409 and reply["error"]["code"] == "no_session"
+
+
+def test_the_page_allows_scripts_from_its_server_only_and_no_framing(shared_server):
+    with urllib.request.urlopen(shared_server.url + "/", timeout=30) as response:
+        headers = response.headers
+    policy = dict(part.strip().split(" ", 1) for part in headers["Content-Security-Policy"].split(";"))
+    assert policy["script-src"] == "'self'" and policy["object-src"] == "'none'"
+    assert policy["frame-ancestors"] == "'none'" and headers["X-Frame-Options"] == "DENY"
+    assert headers["X-Content-Type-Options"] == "nosniff"
