@@ -23,8 +23,9 @@ import platformdirs
 
 from cli.client import Client
 from cli.config import load_settings
-from cli.errors import CliError
+from cli.errors import BadOption, CliError
 from cli.event_loop import run as run_loop
+from protocol.worker import INSTANCE
 from subprocess_runner.devices import host_machine_id
 
 log = logging.getLogger("troupe.cli")
@@ -121,6 +122,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     mounts = _mounts(options.mounts)
     if options.instance is not None and (not options.one_shot or not name):
         raise CliError("--instance is for the tasks of a batch array: give it with --one-shot and --name")
+    if options.instance is not None and not re.fullmatch(INSTANCE, options.instance):
+        raise BadOption(f"--instance {options.instance[:80]!r}: a task id is 1 to 64 letters, digits, '_', '.' or '-'")
     name, credential, ca = _credential(url, token, name, machine, options)
     label = f"{name}{'#' + options.instance if options.instance else ''}"
     # A batch job's agent, and one an SSH session runs, belong to that job or session.

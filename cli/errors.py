@@ -21,6 +21,13 @@ class NoServer(CliError):
     code = "no_server"
 
 
+class BadOption(CliError):
+    """An option's value that no command could use (``--instance ../x``)."""
+
+    code = "bad_option"
+    exit_code = EXIT_USAGE
+
+
 class BadAddress(CliError):
     """A host or port that is no address at all (``--port 70000``, ``--host "[::1"``)."""
 

@@ -17,6 +17,8 @@ CLOSE_REFUSED = 4001  # handshake refused: version, credential, revoked
 CLOSE_PROTOCOL = 4002  # a malformed or unexpected frame
 # The largest count or size a frame may carry: SQLite's INTEGER holds it, with room to add.
 COUNT_MAX = 2**62
+# A batch array's task id: it names the agent's files too (``agent-NAME#ID.pid``), so no "/".
+INSTANCE = r"[A-Za-z0-9_.\-]{1,64}"
 
 
 class _Frame(BaseModel):
@@ -60,7 +62,7 @@ class Hello(_Frame):
     spent: bool = False
     # One task of a batch array: the agents of one enrollment connect as instances of
     # one worker (``<name>#<instance>``).
-    instance: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    instance: str | None = Field(default=None, pattern=f"^{INSTANCE}$")
     # When the batch job ends (epoch seconds): a run expected to take longer is not sent.
     deadline: float | None = None
     # Storage labels the agent was started with (``--mount data=/mnt/nas``): label -> path.

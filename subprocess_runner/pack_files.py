@@ -19,6 +19,9 @@ from pathlib import Path
 from subprocess_runner.errors import PackArchiveRefused
 
 MAX_ARCHIVE_BYTES = 64 * 2**20  # a pack is code, not data: larger is refused both ways
+# What the archive may unpack to, all its files together: a small gzip of zeros, or a
+# sparse member, would otherwise fill the worker's disk or memory before the digest check.
+MAX_UNPACKED_BYTES = 256 * 2**20
 
 
 def pack_name(path: Path) -> str:
@@ -41,11 +44,18 @@ def pack_files(path: Path) -> list[tuple[str, Path]]:
     found = []
     for file in sorted(path.rglob("*")):
         relative = file.relative_to(path.parent)
-        if any(part.startswith(".") or part == "__pycache__" for part in relative.parts) or file.suffix == ".pyc":
-            continue
-        if file.is_file():
+        # A link is not the pack's file: it may point anywhere on this machine.
+        if not _not_the_pack(relative.as_posix()) and file.is_file() and not file.is_symlink():
             found.append((relative.as_posix(), file))
     return found
+
+
+def _not_the_pack(name: str) -> bool:
+    """Byte code and hidden files are not the pack (not in its digest), so an archive
+    that holds them is refused: a ``__pycache__`` beside the checked source would be
+    imported instead of it."""
+    parts = name.split("/")
+    return any(part.startswith(".") or part == "__pycache__" for part in parts) or name.endswith(".pyc")
 
 
 def digest_of(path: Path) -> str:
@@ -87,9 +97,13 @@ def unpack(data: bytes, name: str, digest: str, cache: Path) -> Path:
                 members = tar.getmembers()
                 for member in members:
                     top = member.name.split("/", 1)[0]
-                    if not (member.isfile() or member.isdir()) or top not in (name, f"{name}.py"):
+                    if (not (member.isfile() or member.isdir()) or member.issparse() or _not_the_pack(member.name)
+                            or top not in (name, f"{name}.py")):
                         raise PackArchiveRefused(f"pack {name}: the archive holds {member.name!r}, which is not "
                                                  "a file of the pack")
+                if sum(member.size for member in members) > MAX_UNPACKED_BYTES:
+                    raise PackArchiveRefused(f"pack {name}: the archive unpacks to more than "
+                                             f"{MAX_UNPACKED_BYTES // 2**20} MiB; a pack is code, not data")
                 tar.extractall(staging, members=members, filter="data")
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
             raise PackArchiveRefused(f"pack {name}: the archive cannot be read ({type(exc).__name__}: {exc}); "

@@ -26,8 +26,16 @@ routes = web.RouteTableDef()
 
 
 async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
-    while chunk := await part.read_chunk(CHUNK):
-        yield chunk
+    try:
+        while chunk := await part.read_chunk(CHUNK):
+            yield chunk
+    except ValueError as exc:  # aiohttp's reader: a part that ends with no closing boundary
+        raise _malformed(exc) from None
+
+
+def _malformed(exc: ValueError) -> InvalidRequest:
+    return InvalidRequest(f"the form is not well-formed multipart/form-data ({' '.join(str(exc).split())[:200]})",
+                          pointer="")
 
 
 @routes.post("/api/files")
@@ -35,8 +43,11 @@ async def upload(request: web.Request) -> web.Response:
     svc = services(request)
     if not request.content_type.startswith("multipart/"):
         raise InvalidRequest("send the file as multipart/form-data, in a field named file", pointer="")
-    reader = await request.multipart()
-    part = await reader.next()
+    try:
+        reader = await request.multipart()
+        part = await reader.next()
+    except ValueError as exc:  # no boundary, one too long, a body that does not start with it
+        raise _malformed(exc) from None
     if part is None:
         raise InvalidRequest("the form has no field named file", pointer="/file")
     _only_the_file(part)
@@ -50,9 +61,12 @@ async def upload(request: web.Request) -> web.Response:
             size, sha256 = await pour_async(paced(_chunks(part), svc.settings.request_read_timeout_s), out, limit)
         if size > limit:
             raise PayloadTooLarge(f"the file is over {svc.settings.upload_max_mb} MB (TROUPE_UPLOAD_MAX_MB)")
-        extra = await reader.next()
-        if extra is not None:
-            _only_the_file(extra)
+        try:
+            extra = await reader.next()
+        except ValueError as exc:
+            raise _malformed(exc) from None
+        if extra is not None:  # a second file too: one upload is one file
+            raise InvalidRequest("the form holds more than one field; it takes one, named file", pointer="")
         file_id = sha256[:32]
         os.replace(temporary, folder / file_id)
     finally:

@@ -157,6 +157,9 @@ def test_files_and_addresses_that_are_no_use_end_in_one_line_and_an_exit_code(sh
     _one_line(cli(shared_server, "ls", "--port", "70000"), 2, "65535")
     _one_line(cli(shared_server, "ls", "--host", "[::1"), 2, "not a server's address")
     _one_line(cli(tmp_path, "login", "http://[::1"), 1, "not a server's address")
+    # A batch task's id names the agent's files: one with a "/" would place them elsewhere.
+    _one_line(cli(tmp_path, "agent", "start", "--url", shared_server.url, "--token", "t", "--name", "w",
+                  "--one-shot", "--instance", "../../escaped"), 2, "task id")
 
 
 def test_something_else_at_the_address_is_never_read_as_a_servers_answer(tmp_path):

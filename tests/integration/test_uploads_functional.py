@@ -82,3 +82,30 @@ def test_a_worker_run_fetches_the_upload_it_reads_and_checks_it(make_server, tmp
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def _post(server, content_type: str, body: bytes) -> tuple[int, dict]:
+    parsed = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+    conn.request("POST", "/api/files", body=body, headers={"Content-Type": content_type,
+                                                          "Authorization": f"Bearer {server.token}"})
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    return response.status, reply
+
+
+def test_a_form_that_is_not_well_formed_is_a_400_and_keeps_nothing(shared_server):
+    head = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.csv"\r\n\r\nrows'
+    for content_type, body in [
+            ("multipart/form-data", head + b"\r\n--b--\r\n"),  # no boundary named
+            ("multipart/form-data; boundary=" + "b" * 71, head + b"\r\n--b--\r\n"),  # longer than 70
+            ("multipart/", head + b"\r\n--b--\r\n"),
+            ("multipart/form-data; boundary=b", b""),
+            ("multipart/form-data; boundary=other", head + b"\r\n--b--\r\n"),  # not the boundary it names
+            ("multipart/form-data; boundary=b", head),  # the file never ends
+            ("multipart/form-data; boundary=b", head + b"\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; "
+                                                b"filename=\"b.csv\"\r\n\r\nmore\r\n--b--\r\n")]:  # two files
+        status, reply = _post(shared_server, content_type, body)
+        assert status == 400 and reply["error"]["code"] == "invalid_request", (content_type, body[-30:], reply)
+    assert shared_server.get("/api/files")["files"] == []
