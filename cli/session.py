@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from cli.errors import AlreadyRunning
+from cli.errors import AlreadyRunning, CliError
 
 SESSION_FILE = "session.json"
 LOCK_FILE = "troupe.lock"
@@ -44,8 +44,11 @@ def remove_session(home: Path) -> None:
 
 def acquire_lock(home: Path) -> IO[str]:
     """Returns the held lock file; raises ``AlreadyRunning`` naming the other server."""
-    home.mkdir(parents=True, exist_ok=True)
-    handle = open(home / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        handle = open(home / LOCK_FILE, "a+")  # noqa: SIM115 - held for the process lifetime
+    except OSError as exc:  # a file of that name, a folder this user may not write
+        raise CliError(f"TROUPE_HOME {home} cannot hold the server's files: {exc.strerror or exc}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -49,6 +51,13 @@ def start(settings: Settings) -> int:
     install()
     try:
         code = run_loop(_serve(settings), settings.event_loop)
+    except OSError as exc:
+        if not _cannot_listen(exc):
+            log.critical("the control plane stopped on an error", exc_info=True)
+        else:  # the user's to mend, in one line: another port, another address
+            log.error("cannot listen on %s port %s: %s (TROUPE_HOST / --host, TROUPE_PORT / --port)",
+                      settings.host, settings.port, exc.strerror or exc)
+        code = 1
     except Exception:
         log.critical("the control plane stopped on an error", exc_info=True)
         code = 1
@@ -93,6 +102,12 @@ async def _serve(settings: Settings) -> int:
     code = await plane.serve(stop)
     print("troupe stopped.", flush=True)
     return code
+
+
+def _cannot_listen(exc: OSError) -> bool:
+    """A port taken or not ours to bind, an address this machine does not have, or a
+    name that resolves to none."""
+    return isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def _check_tls(settings: Settings) -> None:

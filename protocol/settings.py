@@ -180,7 +180,7 @@ class Settings:
         return cls(
             home=home,
             host=host or environ.get("TROUPE_HOST") or "127.0.0.1",
-            port=port if port is not None else reader.integer("TROUPE_PORT", DEFAULT_PORT, minimum=0),
+            port=port if port is not None else reader.integer("TROUPE_PORT", DEFAULT_PORT, minimum=0, maximum=65535),
             run_queue_max_concurrent_gpu=reader.limit("TROUPE_RUN_QUEUE_MAX_CONCURRENT_GPU", 1),
             run_queue_max_concurrent_cpu=reader.limit("TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU", 2),
             run_queue_max_concurrent=reader.per_key("TROUPE_RUN_QUEUE_MAX_CONCURRENT"),
@@ -249,7 +249,7 @@ class _Reader:
         self._env = environ
         self._warnings = warnings
 
-    def integer(self, name: str, default: int, *, minimum: int | None = None) -> int:
+    def integer(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
         raw = self._env.get(name, "").strip()
         if not raw:
             return default
@@ -261,9 +261,12 @@ class _Reader:
         if minimum is not None and value < minimum:
             self._warnings.append(f"{name}={value} is below {minimum}; using {default}")
             return default
+        if maximum is not None and value > maximum:
+            self._warnings.append(f"{name}={raw[:40]} is above {maximum}; using {default}")
+            return default
         return value
 
-    def number(self, name: str, default: float) -> float:
+    def number(self, name: str, default: float, *, maximum: float = 1e15) -> float:
         raw = self._env.get(name, "").strip()
         if not raw:
             return default
@@ -272,8 +275,8 @@ class _Reader:
         except ValueError:
             self._warnings.append(f"{name}={raw!r} is not a number; using {default}")
             return default
-        if value < 0 or value != value:
-            self._warnings.append(f"{name}={raw!r} must be a non-negative number; using {default}")
+        if not 0 <= value <= maximum:  # NaN and infinity too: a setting is a finite amount
+            self._warnings.append(f"{name}={raw[:40]!r} must be a number from 0 to {maximum:g}; using {default}")
             return default
         return value
 

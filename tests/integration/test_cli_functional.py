@@ -5,14 +5,18 @@ from __future__ import annotations
 import http.server
 import json
 import signal
+import socket
 import subprocess
 import threading
+from pathlib import Path
 
 from tests.helpers import EXAMPLES, REPO, base_env, graph, node, sleeper, troupe_cmd
 
 
 def cli(server_or_home, *args, timeout=60):
-    home = getattr(server_or_home, "home", server_or_home)
+    # A Path has a ``home`` too (the class's Path.home): asked by attribute, a folder once
+    # became TROUPE_HOME "<bound method Path.home ...>" in the checkout.
+    home = server_or_home if isinstance(server_or_home, Path) else server_or_home.home
     return subprocess.run(troupe_cmd(*args), cwd=REPO, env=base_env(home), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -190,3 +194,14 @@ def test_something_else_at_the_address_is_never_read_as_a_servers_answer(tmp_pat
         _one_line(cli(tmp_path, "workers", "--port", port), 1, "not a troupe server")
     finally:
         other.shutdown()
+
+
+def test_a_server_that_cannot_start_says_why_in_a_line(tmp_path):
+    (tmp_path / "taken").write_text("a file where the home would be")
+    _one_line(cli(tmp_path / "taken", "start", "--port", "0"), 1, "cannot hold the server's files")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        result = cli(tmp_path / "home", "start", "--port", str(holder.getsockname()[1]))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot listen on 127.0.0.1 port" in result.stderr and "address already in use" in result.stderr

@@ -29,6 +29,14 @@ def test_limits_below_one_count_as_one_and_garbage_is_ignored_with_a_warning():
     assert s.run_interactive_max_concurrent == 2 and len(s.warnings) == 1
 
 
+def test_amounts_past_their_range_or_not_finite_are_ignored_with_a_warning():
+    s = settings(TROUPE_PORT="99999", TROUPE_CLASS_MAX_MEMORY_GIB="inf", TROUPE_WORKER_HEARTBEAT_S="nan",
+                 TROUPE_STOP_GRACE_S="1e308")
+    assert s.port == 8765 and "max_memory_mib" not in s.class_quotas  # once a port 99999 - 65536, an OverflowError
+    assert (s.worker_heartbeat_s, s.stop_grace_s) == (10.0, 10.0)
+    assert len(s.warnings) == 4, s.warnings
+
+
 def test_per_key_overrides_win_and_alias_keys_merge():
     s = settings(TROUPE_RUN_QUEUE_MAX_CONCURRENT="cuda=2, cpu=8, mps:0=0, bad, =3, x=y")
     assert dict(s.run_queue_max_concurrent) == {"cuda:0": 2, "cpu": 8, "mps:0": 1}
