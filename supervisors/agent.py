@@ -93,6 +93,10 @@ class Agent:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
+        if self._finished.is_set() and self.config.one_shot and self.exit_code == 0:
+            # Ended from outside (an SSH forward gone) before its run was reported: 0 would
+            # tell the batch job that a run succeeded.
+            self.exit_code = ONE_SHOT_EXIT["interrupted"] if tree.one_shot.taken else NO_RUN_CAME
         if not self._finished.is_set():
             await self._end_runs(tree.registry, link)
         await tree.runs.stop(timeout=self.config.kill_grace_s + 5)

@@ -60,6 +60,11 @@ def test_exit_codes_say_failed_and_cancelled_and_that_no_run_came(make_server, t
     idle = one_shot_agent(server, tmp_path / "b", "batch-b", "--idle-timeout", "0.5")
     assert idle.wait(30) == 4
     assert "no run came within 0.5 s" in idle.stdout.read()
+    # An SSH session's forward gone before a run came: no run, never exit 0 ("succeeded").
+    gone = start_agent(server, tmp_path / "b", f"troupe agent start --url {server.url} --name batch-b --one-shot "
+                                               f"--unix-socket {tmp_path / 'gone.sock'}")
+    assert gone.wait(30) == 4
+    assert "is gone" in gone.stdout.read()
 
 
 def test_a_named_one_shot_worker_takes_one_run_and_the_next_waits_for_the_next_agent(make_server, tmp_path):
