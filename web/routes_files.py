@@ -65,8 +65,9 @@ async def upload(request: web.Request) -> web.Response:
             extra = await reader.next()
         except ValueError as exc:
             raise _malformed(exc) from None
-        if extra is not None:  # a second file too: one upload is one file
-            raise InvalidRequest("the form holds more than one field; it takes one, named file", pointer="")
+        if extra is not None:
+            _only_the_file(extra)  # another field: refused at its name
+            raise InvalidRequest("the form holds a second file; one upload is one file", pointer="/file")
         file_id = sha256[:32]
         os.replace(temporary, folder / file_id)
     finally:
