@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -122,6 +123,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
     mounts = _mounts(options.mounts)
     if options.instance is not None and (not options.one_shot or not name):
         raise CliError("--instance is for the tasks of a batch array: give it with --one-shot and --name")
+    if options.deadline is not None and not math.isfinite(options.deadline):
+        raise BadOption(f"--deadline {options.deadline}: give the batch job's end in epoch seconds")
     if options.instance is not None and not re.fullmatch(INSTANCE, options.instance):
         raise BadOption(f"--instance {options.instance[:80]!r}: a task id is 1 to 64 letters, digits, '_', '.' or '-'")
     name, credential, ca = _credential(url, token, name, machine, options)

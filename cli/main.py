@@ -55,12 +55,13 @@ def _fail(exc: CliError) -> None:
 def start(
     host: Annotated[str | None, typer.Option(help="address to bind (default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="port (default 8765; 0 picks a free one)", min=0, max=65535)] = None,
-    examples: Annotated[Path | None, typer.Option(help="folder of example graphs to serve")] = None,
+    examples: Annotated[Path | None, typer.Option(exists=True, file_okay=False,
+                                                  help="folder of example graphs to serve")] = None,
     tls_cert: Annotated[Path | None, typer.Option(
         "--tls-cert", help="serve https with this certificate (PEM; with --tls-key). Agents and terminals "
                            "trust a self-signed one with --ca")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="the certificate's private key (PEM)")] = None,
-    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", exists=True, file_okay=False, help=PACKS_HELP)] = None,
 ) -> None:
     """Start the control plane in the foreground; Ctrl+C stops it gracefully."""
     from cli.config import load_settings
@@ -163,7 +164,7 @@ def exec_(
     events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
-    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", exists=True, file_okay=False, help=PACKS_HELP)] = None,
 ) -> None:
     """Execute a graph here, without a server."""
     from cli.exec_cmd import exec_graph
@@ -361,7 +362,7 @@ def agent_start(
     ca: Annotated[str | None, typer.Option(
         "--ca", help="trust this certificate (or authority) for an https control plane with a self-signed "
                      "certificate; kept with the credential")] = None,
-    packs: Annotated[list[Path] | None, typer.Option("--packs", help=PACKS_HELP)] = None,
+    packs: Annotated[list[Path] | None, typer.Option("--packs", exists=True, file_okay=False, help=PACKS_HELP)] = None,
     accept_packs: Annotated[bool, typer.Option(
         "--accept-packs", help="fetch the control plane's packs (code) as its runs need them, checked by digest; "
                                "off: a run needing a pack this machine lacks is not sent here")] = False,

@@ -164,6 +164,9 @@ def test_files_and_addresses_that_are_no_use_end_in_one_line_and_an_exit_code(sh
     # A batch task's id names the agent's files: one with a "/" would place them elsewhere.
     _one_line(cli(tmp_path, "agent", "start", "--url", shared_server.url, "--token", "t", "--name", "w",
                   "--one-shot", "--instance", "../../escaped"), 2, "task id")
+    _one_line(cli(tmp_path, "agent", "start", "--url", shared_server.url, "--token", "t", "--name", "w",
+                  "--one-shot", "--deadline", "nan"), 2, "epoch seconds")
+    _one_line(cli(tmp_path / "other", "start", "--examples", str(tmp_path / "nowhere")), 2, "does not exist")
 
 
 def test_something_else_at_the_address_is_never_read_as_a_servers_answer(tmp_path):
