@@ -132,6 +132,12 @@ class FileInUse(StateConflict):
     code = "file_in_use"
 
 
+class UploadDeleted(StateConflict):
+    """Raised when the same content was deleted while it was being uploaded."""
+
+    code = "upload_deleted"
+
+
 class WorkerNotConnected(TroupeError):
     """Raised when what is asked for lives on a worker (a worker run's recorded outputs)
     and that worker is not connected now."""

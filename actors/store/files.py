@@ -1,6 +1,7 @@
 """Uploaded files: their rows. The bytes live under ``TROUPE_HOME/files``, named by id,
 written by the upload route before the row; a file still named by a run that is queued or
-executing cannot be deleted. Called only from the store's thread."""
+executing cannot be deleted. Called only from the store's thread, which orders a row's
+writing and its deletion: a row is written only while its bytes are there."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import apsw
 
-from actors.errors import FileInUse, FileNotFound
+from actors.errors import FileInUse, FileNotFound, UploadDeleted
 from actors.store.table import Session, Table
 from protocol import events as ev
 
@@ -39,7 +40,11 @@ class ListFiles:
 # SQL ---------------------------------------------------------------------------
 
 
-def add(conn: apsw.Connection, file: Mapping[str, Any]) -> dict[str, Any]:
+def add(session: Session, file: Mapping[str, Any]) -> dict[str, Any]:
+    if not (session.runs_dir.parent / "files" / file["id"]).is_file():
+        # The same content's DELETE came between the bytes' arrival and this row.
+        raise UploadDeleted(f"file {file['id']} was deleted while it was uploaded; nothing was kept, send it again")
+    conn = session.conn
     conn.execute("INSERT OR REPLACE INTO files(id, name, size, sha256, created_at) VALUES (?, ?, ?, ?, ?)",
                  (file["id"], file["name"], file["size"], file["sha256"], ev.utc_now()))
     return list_files(conn, file["id"])[0]
@@ -64,7 +69,7 @@ def delete(session: Session, file_id: str) -> None:
 
 
 WRITES: Table = {
-    AddFile: lambda s, op: add(s.conn, op.file),
+    AddFile: lambda s, op: add(s, op.file),
     DeleteFile: lambda s, op: delete(s, op.file_id),
 }
 READS: Table = {

@@ -4,6 +4,7 @@ not deleted from under it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import http.client
 import json
@@ -109,3 +110,23 @@ def test_a_form_that_is_not_well_formed_is_a_400_and_keeps_nothing(shared_server
         status, reply = _post(shared_server, content_type, body)
         assert status == 400 and reply["error"]["code"] == "invalid_request", (content_type, body[-30:], reply)
     assert shared_server.get("/api/files")["files"] == []
+
+
+def test_an_upload_and_a_delete_of_the_same_file_at_once_never_leave_a_row_without_its_bytes(shared_server):
+    content = b"a,y\n1,0\n"
+    file_id = hashlib.sha256(content).hexdigest()[:32]
+    parsed = urllib.parse.urlsplit(shared_server.url)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(100):
+            uploaded = pool.submit(upload, shared_server, content)
+            deleted = pool.submit(shared_server.client.request, "DELETE", f"/api/files/{file_id}")
+            status, reply = uploaded.result()
+            assert status in (201, 409), reply  # 409 upload_deleted: its bytes went with the delete
+            deleted.result()
+            listed = [f["id"] for f in shared_server.get("/api/files")["files"]]
+            conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=30)
+            conn.request("GET", f"/api/files/{file_id}/content",
+                         headers={"Authorization": f"Bearer {shared_server.token}"})
+            content_status = conn.getresponse().status
+            conn.close()
+            assert (file_id in listed) == (content_status == 200), (listed, content_status)
