@@ -55,11 +55,11 @@ def login(url: str, token: str | None, ca: str | None = None) -> int:
     terminal's session; with ``--token`` (a teacher's session token) that is kept.
     ``ca``: the certificate of a server serving https with a self-signed one."""
     try:
-        parts = urllib.parse.urlsplit(url)
-        _ = parts.port  # read for its check: a port that is no number, or past 65535, raises
-    except ValueError:
-        parts = urllib.parse.urlsplit("")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+        parts: urllib.parse.SplitResult | None = urllib.parse.urlsplit(url)
+        _ = parts.port if parts else None  # read for its check: a port that is no number, or past 65535
+    except ValueError:  # "http://[::1": no address at all
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(f"{url!r} is not a server's address (http://host:port, or the login link you were given)")
     base = f"{parts.scheme}://{parts.netloc}"
     link_token = urllib.parse.parse_qs(parts.query).get("token", [None])[0]
