@@ -24,7 +24,7 @@ import secrets
 import shlex
 import signal
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ FINAL = (
     ("refused by the control plane", "the control plane refused the remote agent"),
     ("enrollment refused", "the control plane refused the remote agent's enrollment"),
 )
+LINE_MAX = 4096  # what one line of ssh's output keeps
+CHUNK = 65536
 NOT_FOUND = 127  # the remote shell's exit code for a command it cannot find
 PR_SET_PDEATHSIG = 1
 
@@ -107,21 +109,31 @@ class SshSession(Actor):
         while True:
             self._attempts += 1
             self.changed()
-            code = await self._run_once()
+            try:
+                code = await self._run_once()
+            except OSError as exc:
+                # No ssh client on this machine, or no process to be had: no retry helps,
+                # and the worker must say so rather than stay `connecting` for ever.
+                self._last.append(f"{exc.strerror or exc}: {exc.filename or 'ssh'}")
+                self._fail("the control plane cannot run ssh")
+                return
             reason = self._final_reason(code)
             if reason is not None:
-                self._state = "failed"
-                self.changed()
-                detail = next((line for line in reversed(self._last) if line.strip()), "")
-                log.error("ssh session of %s failed: %s (%s)", self._target.name, reason, detail)
-                self._on_failed(self._target.name, f"{reason}: {detail}" if detail else reason)
-                self.stop_self("failed")
+                self._fail(reason)
                 return
             delay = BACKOFF_S[min(self._attempts - 1, len(BACKOFF_S) - 1)]
             self._state = "retrying"
             self.changed()
             log.warning("ssh session of %s ended (exit %s); again in %ss", self._target.name, code, delay)
             await asyncio.sleep(delay)
+
+    def _fail(self, reason: str) -> None:
+        self._state = "failed"
+        self.changed()
+        detail = next((line for line in reversed(self._last) if line.strip()), "")
+        log.error("ssh session of %s failed: %s (%s)", self._target.name, reason, detail)
+        self._on_failed(self._target.name, f"{reason}: {detail}" if detail else reason)
+        self.stop_self("failed")
 
     async def _run_once(self) -> int:
         token = secrets.token_urlsafe(24)
@@ -132,8 +144,8 @@ class SshSession(Actor):
         self._state = "running"
         self.changed()
         assert self._process.stdout is not None
-        async for line in self._process.stdout:
-            self._last.append(line.decode(errors="replace").rstrip())
+        async for line in _lines(self._process.stdout):
+            self._last.append(line)
             self.changed()
         return await self._process.wait()
 
@@ -176,6 +188,23 @@ class SshSession(Actor):
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+    """What ssh and the remote side print, line by line, a line cut at ``LINE_MAX``
+    characters: a stream's own line reader raises past 64 KiB without a newline (a
+    remote progress bar, a banner), which would leave the pipe unread and ssh blocked."""
+    pending = b""
+    while chunk := await stream.read(CHUNK):
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        for line in whole:
+            yield line[:LINE_MAX].decode(errors="replace").rstrip()
+        if len(pending) > LINE_MAX:
+            yield pending[:LINE_MAX].decode(errors="replace").rstrip()
+            pending = b""
+    if pending:
+        yield pending[:LINE_MAX].decode(errors="replace").rstrip()
 
 
 def _die_with_parent() -> None:
