@@ -178,7 +178,7 @@ class EventHub(Actor):
                 if self._tally is not None:
                     self._tally.deleted(run_id)
                 self._change({"kind": "deleted", "run_id": run_id})
-            case UpdateStudy(study_id, fields) if "state" in fields:
+            case UpdateStudy(study_id, fields) if "state" in fields and result:
                 self._change({"kind": "study", "study_id": study_id, "state": fields["state"],
                               "halt_reason": fields.get("halt_reason")})
             case Prune():

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.base import Actor, Registry
+from actors.errors import ShuttingDown, TroupeError
 from actors.placer.actor import Submit
 from actors.resources import read_flavors
 from actors.run_messages import Cancel, RunStatusChanged
@@ -41,6 +42,7 @@ log = logging.getLogger("troupe.study")
 PERSIST_ACTIVE_S = 1.0
 _RETRY = frozenset({ev.INTERRUPTED})
 _EARLIEST_S = 0.01  # a deadline already past is looked at on the next loop turns
+RUNNING = ("running",)  # the study's own state writes: a cancel committed first wins
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,12 @@ class StudyActor(Actor):
         self._alive_after_step = False
         study = await self._store.read(GetStudy(self.study_id))
         if study is None or study["state"] != "running":
+            if study is not None and study["state"] == "cancelled":
+                # The cancel's own pass saw the attempts of its read; one this actor
+                # started meanwhile is stopped here.
+                for attempt in study["attempts"]:
+                    if attempt["status"] in ev.ACTIVE_STATES:
+                        await self._cancel_run(attempt["run_id"], "study_cancelled")
             self.stop_self("not running")
             return
         if self._active is None:
@@ -155,8 +163,8 @@ class StudyActor(Actor):
 
         owed = self._owed(spec, attempts)
         if not owed and not in_flight:
-            self._store.write(UpdateStudy(self.study_id, {"state": "finished",
-                                                          "active_seconds": round(self._active, 3)}))
+            finished = {"state": "finished", "active_seconds": round(self._active, 3)}
+            self._store.write(UpdateStudy(self.study_id, finished, RUNNING))
             self.stop_self("finished")
             return
         room = len(owed)
@@ -167,7 +175,16 @@ class StudyActor(Actor):
             room = min(room, left)
         next_attempt = max((a["attempt"] for a in attempts), default=-1) + 1
         for variant, repeat in owed[: max(room, 0)]:
-            await self._start_attempt(spec, variant, repeat, next_attempt, study["name"])
+            try:
+                await self._start_attempt(spec, variant, repeat, next_attempt, study["name"])
+            except ShuttingDown:
+                return  # the next start takes the study up where it is
+            except TroupeError as exc:
+                # Refused as a single run would be (a flavor edited since, a target worker
+                # not back after a restart): nothing would wake a study left running, so
+                # it halts and says why; resume tries again.
+                self._halt(f"attempt_refused: {exc.code}: {exc}")
+                return
             next_attempt += 1
         if left is not None and left <= 0 and owed and not in_flight:
             self._halt("budget_max_runs")
@@ -209,14 +226,17 @@ class StudyActor(Actor):
 
     async def _stop_attempt(self, attempt: dict[str, Any], reason: str) -> None:
         self._store.write(SetAttemptStatus(self.study_id, attempt["attempt"], "over_budget"))
-        run = self._registry.lookup(f"runs/{attempt['run_id']}")
+        await self._cancel_run(attempt["run_id"], reason)
+
+    async def _cancel_run(self, run_id: str, reason: str) -> None:
+        run = self._registry.lookup(f"runs/{run_id}")
         if run is not None:
             await run.ask(Cancel(reason))
 
     def _halt(self, reason: str) -> None:
         log.info("study %s halted: %s", self.study_id, reason)
         self._store.write(UpdateStudy(self.study_id, {"state": "halted", "halt_reason": reason,
-                                                      "active_seconds": round(self._active or 0.0, 3)}))
+                                                      "active_seconds": round(self._active or 0.0, 3)}, RUNNING))
         self.stop_self("halted")
 
 

@@ -11,6 +11,7 @@ stop the rest in reverse.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -40,6 +41,7 @@ from actors.submission import Admission
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
 from protocol import events as ev
+from protocol.errors import TroupeError
 from protocol.graph import Graph
 from protocol.queue_key import QueueKey
 from protocol.run_record import Adoption, RunRecord
@@ -321,7 +323,8 @@ class ControlPlane:
         study_id = spec.name.removeprefix("studies/")
         log.error("study %s failed: its actor kept crashing (%s)", study_id, exit_info.reason)
         self.store.write(UpdateStudy(study_id, {"state": "failed",
-                                                "halt_reason": f"crashed repeatedly: {exit_info.reason}"}))
+                                                "halt_reason": f"crashed repeatedly: {exit_info.reason}"},
+                                      ("running",)))
 
     def _quarantine(self, spec: ChildSpec[ActorRef], exit_info: ExitInfo) -> None:
         key = spec.name.removeprefix("queues/")
@@ -352,12 +355,16 @@ class ControlPlane:
 
     async def stop(self) -> None:
         grace = self.settings.stop_grace_s
-        for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers, self.ledgers):
-            supervisor.stop_restarting()
         shutdown = Shutdown(leave_worker_runs=self.leave_worker_runs)
         placer = self.registry.lookup("placer")
         if placer is not None:
-            placer.tell(shutdown)
+            # Closed first, ahead of the submissions in its mailbox: one it is handling
+            # starts its run while the runs supervisor still starts children, the later
+            # ones are refused (503 shutting_down), none is stored without its actor.
+            with contextlib.suppress(TroupeError):
+                await placer.ask(shutdown, first=True)
+        for supervisor in (self.root, self.queues, self.runs, self.studies, self.workers, self.ledgers):
+            supervisor.stop_restarting()
         # Before the runs stop: a worker connection must not acknowledge frames of runs
         # whose actors are gone, which the next start may adopt.
         for connection in self.workers.children():

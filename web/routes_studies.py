@@ -30,6 +30,8 @@ from web.requests import hex_id, read_model, wants_csv
 from web.routes_sweeps import sweep_limits
 
 routes = web.RouteTableDef()
+# A running study resumed takes the new budget; a failed one (its actor kept crashing) runs again.
+RESUMABLE = ("halted", "running", "failed")
 
 
 def study_reply(study: dict[str, Any]) -> dict[str, Any]:
@@ -152,8 +154,10 @@ async def get_study(request: web.Request) -> web.Response:
 async def cancel_study(request: web.Request) -> web.Response:
     svc = services(request)
     study = await load(svc, hex_id(request, "study"))
-    if study["state"] in ("running", "halted"):
-        await svc.store.write(UpdateStudy(study["id"], {"state": "cancelled"}))
+    # Only from running or halted, in the write itself: the study's own finish (or a
+    # resume) committed meanwhile is not overwritten, and a second cancel changes nothing.
+    if await svc.store.write(UpdateStudy(study["id"], {"state": "cancelled"}, ("running", "halted"))):
+        study = await load(svc, study["id"])
         for attempt in study["attempts"]:
             run = svc.registry.lookup(f"runs/{attempt['run_id']}")
             if attempt["status"] in ev.ACTIVE_STATES and run is not None:
@@ -168,11 +172,14 @@ async def cancel_study(request: web.Request) -> web.Response:
 async def resume_study(request: web.Request) -> web.Response:
     svc = services(request)
     study = await load(svc, hex_id(request, "study"))
+    study_id = study["id"]
     body = await read_model(request, ResumeStudy)
-    if study["state"] in ("finished", "cancelled"):
-        raise StateConflict(f"study {study['id']} is {study['state']}; only a halted study resumes",
-                            code="study_not_resumable")
     budget = {**study["budget"], **body.budget.model_dump(mode="json", exclude_unset=True)}
-    await svc.store.write(UpdateStudy(study["id"], {"state": "running", "halt_reason": None, "budget": budget}))
-    svc.start_study(study["id"])
-    return json_reply(study_reply(await load(svc, study["id"])))
+    # Never from finished or cancelled, in the write itself: a cancel committed since the
+    # read above wins.
+    resumed = UpdateStudy(study_id, {"state": "running", "halt_reason": None, "budget": budget}, RESUMABLE)
+    if study["state"] not in RESUMABLE or not await svc.store.write(resumed):
+        state = (await load(svc, study_id))["state"]
+        raise StateConflict(f"study {study_id} is {state}; only a halted study resumes", code="study_not_resumable")
+    svc.start_study(study_id)
+    return json_reply(study_reply(await load(svc, study_id)))

@@ -31,10 +31,14 @@ class CreatePluginJob:
 
 @dataclass(frozen=True)
 class UpdateStudy:
-    """Fields of the study row: state, halt_reason, budget, active_seconds."""
+    """Fields of the study row: state, halt_reason, budget, active_seconds; with
+    ``from_states``, only while the row is in one of them (a cancel and the study's own
+    halt can cross: the one committed first wins, the other changes nothing). Its result
+    is whether the row changed."""
 
     study_id: str
     fields: Mapping[str, Any]
+    from_states: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,16 @@ def create_study(conn: apsw.Connection, study: Mapping[str, Any]) -> None:
     )
 
 
-def update_study(conn: apsw.Connection, study_id: str, fields: Mapping[str, Any]) -> None:
+def update_study(conn: apsw.Connection, study_id: str, fields: Mapping[str, Any],
+                 from_states: tuple[str, ...] = ()) -> bool:
     allowed = {"state", "halt_reason", "budget", "active_seconds"}
     if set(fields) - allowed:
         raise ValueError(f"cannot update study columns {sorted(set(fields) - allowed)}")
     values = [json.dumps(v) if k in _JSON else v for k, v in fields.items()]
-    conn.execute(f"UPDATE studies SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*values, study_id))
+    when = f" AND state IN ({', '.join('?' * len(from_states))})" if from_states else ""
+    conn.execute(f"UPDATE studies SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?{when}",
+                 (*values, study_id, *from_states))
+    return conn.changes() > 0
 
 
 def insert_attempt(conn: apsw.Connection, attempt: Mapping[str, Any]) -> None:
@@ -202,7 +210,7 @@ def plugin_jobs(conn: apsw.Connection, plugin_id: str, job_id: str | None) -> li
 WRITES: Table = {
     CreateStudy: lambda s, op: create_study(s.conn, op.study),
     CreatePluginJob: lambda s, op: create_plugin_job(s.conn, op.job, op.study),
-    UpdateStudy: lambda s, op: update_study(s.conn, op.study_id, op.fields),
+    UpdateStudy: lambda s, op: update_study(s.conn, op.study_id, op.fields, op.from_states),
     SetAttemptStatus: lambda s, op: set_attempt_status(s.conn, op.study_id, op.attempt, op.status),
 }
 READS: Table = {

@@ -16,6 +16,7 @@ from actors.store.memory import LastPeak
 from actors.store.run_list import ListRuns
 from actors.store.runs import DeleteRun, GetRun, Prune, ReadStream, Recover, UpdateRun, insert_run
 from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
+from actors.store.studies import CreateStudy, GetStudy, UpdateStudy
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer
 from actors.threaded import start_thread_actor
@@ -313,3 +314,18 @@ async def test_a_stream_read_right_after_a_runs_end_answers_what_the_database_ho
         assert await client.read(ReadStream(run_id(6), cap_bytes=16 * 1024)) is None
     finally:
         database.close()
+
+
+async def test_a_study_state_written_from_given_states_changes_nothing_from_another(store):
+    """A cancel and the study's own halt (or a resume) can cross: the one committed first
+    wins, the other changes nothing and says so."""
+    study_id = "5" * 32
+    spec = {"objective": {"metric": "loss", "direction": "minimize"}}
+    await store.write(CreateStudy({"id": study_id, "name": "s", "state": "running", "spec": spec, "budget": {},
+                                   "created_at": "2026-12-07T00:00:00Z"}))
+    assert await store.write(UpdateStudy(study_id, {"state": "cancelled"}, ("running", "halted"))) is True
+    assert await store.write(UpdateStudy(study_id, {"state": "halted", "halt_reason": "x"}, ("running",))) is False
+    assert await store.write(UpdateStudy(study_id, {"state": "running"}, ("halted", "running", "failed"))) is False
+    assert await store.write(UpdateStudy(study_id, {"state": "cancelled"}, ("running", "halted"))) is False
+    study = await store.read(GetStudy(study_id))
+    assert (study["state"], study["halt_reason"]) == ("cancelled", None)
