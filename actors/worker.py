@@ -172,7 +172,10 @@ class WorkerConnection(Actor):
         self._last_beat = time.monotonic()
         # Not attached yet: a connection started for adoption waits out the grace.
         self._disconnected_at: float | None = time.monotonic()
-        self._draining = False
+        # Draining: asked for here (POST .../drain), for as long as this actor lives, or
+        # by the agent stopping, which each hello says again (a new agent process is not).
+        self._drain_asked = False
+        self._agent_draining = False
         self._timer: asyncio.TimerHandle | None = None
         self._cancels: set[str] = set()  # cancels asked for while the link was down
         self._acks: dict[str, int] = {}  # run -> highest persisted counter not yet acknowledged
@@ -248,7 +251,7 @@ class WorkerConnection(Actor):
             case Adopted(run_id, device):
                 self._runs[run_id] = device
             case Drain():
-                self._draining = True
+                self._drain_asked = True
                 if self._outbox is not None:
                     self._outbox.put_nowait(wire.Drain())
                     self._tell_placer()  # draining: no new runs start here
@@ -271,6 +274,7 @@ class WorkerConnection(Actor):
         if self._outbox is not None and self._outbox is not outbox:
             self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
         self._hello, self._outbox, self._upto, self._foreign = hello, outbox, 0, 0
+        self._agent_draining = hello.draining
         # An agent that accepts packs fetches the folder packs' nodes as its runs need them.
         self._types_here = frozenset(hello.node_types) | (self._offered_packs.types if hello.accept_packs
                                                           else frozenset())
@@ -297,6 +301,10 @@ class WorkerConnection(Actor):
         self._tell_placer()
 
     @property
+    def _draining(self) -> bool:
+        return self._drain_asked or self._agent_draining
+
+    @property
     def _degraded(self) -> bool:
         hello = self._hello
         if hello is None:
@@ -319,8 +327,8 @@ class WorkerConnection(Actor):
                 self._artifacts = frame.artifact_outbox
                 if full != was_full:
                     self._tell_placer()  # a full outbox takes no new runs; one with room again does
-            elif isinstance(frame, wire.Drain) and not self._draining:
-                self._draining = True  # its agent is stopping: no new runs, the running ones finish
+            elif isinstance(frame, wire.Drain) and not self._agent_draining:
+                self._agent_draining = True  # its agent is stopping: no new runs, the running ones finish
                 self._tell_placer()
             elif isinstance(frame, wire.InventoryUpdate) and self._hello is not None:
                 self._hello = self._hello.model_copy(update={"inventory": frame.inventory})

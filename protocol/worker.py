@@ -74,6 +74,9 @@ class Hello(_Frame):
     # of its other types, which must match the control plane's.
     accept_packs: bool = False
     installed_digest: str | None = None
+    # Draining (``troupe agent stop``): said again on each connection, so that a draining
+    # agent stays drained across a cut and a new agent process is not.
+    draining: bool = False
 
 
 class Welcome(_Frame):

@@ -89,7 +89,7 @@ class Agent:
         if self.config.one_shot:
             waits.append(asyncio.ensure_future(self._one_shot(tree.one_shot, link)))
         if drain is not None:
-            waits.append(asyncio.ensure_future(self._drain(drain, link, tree.registry, stop)))
+            waits.append(asyncio.ensure_future(self._drain(drain, tree, link, stop)))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for wait in waits:
             wait.cancel()
@@ -124,14 +124,15 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(await link.ask(Settled()), SETTLE_ON_STOP_S)
 
-    async def _drain(self, drain: asyncio.Event, link: ActorRef | ThreadActorRef, registry: Registry,
+    async def _drain(self, drain: asyncio.Event, tree: _Tree, link: ActorRef | ThreadActorRef,
                      stop: asyncio.Event) -> None:
         """``troupe agent stop``: the control plane sends no new runs; the running ones end
         by themselves and are reported (``stop`` cuts the wait short)."""
         await drain.wait()
         print("troupe agent: draining: no new runs; stopping once the running ones have ended", flush=True)
+        tree.draining = True  # and each hello from now on says so
         link.tell(Announce(wire.Drain()))
-        while registry.names("run/") and not stop.is_set():
+        while tree.registry.names("run/") and not stop.is_set():
             await asyncio.sleep(0.2)
         await (await link.ask(Settled()))
 
@@ -178,6 +179,7 @@ class _Tree:
         # too full to take more without dropping (actors/link.py).
         self.room = threading.Event()
         self.room.set()
+        self.draining = False
 
     async def start(self) -> ActorRef | ThreadActorRef:
         """The link starts last: its Hello, sent as soon as it connects, reads the others
@@ -210,7 +212,8 @@ class _Tree:
                           catalog_digest=self.catalog.digest, node_types=sorted(self.catalog.types), inventory=found,
                           runs=running, one_shot=config.one_shot, spent=bool(self.one_shot.taken),
                           instance=config.instance, deadline=config.deadline, mounts=config.mounts,
-                          accept_packs=config.accept_packs, installed_digest=self.catalog.installed_digest)
+                          accept_packs=config.accept_packs, installed_digest=self.catalog.installed_digest,
+                          draining=self.draining)
 
     async def heartbeat(self) -> wire.Heartbeat:
         found = await self.inventory.ask(Probe())

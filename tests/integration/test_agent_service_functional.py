@@ -1,6 +1,7 @@
 """The agent as a service (issue 15, point 4): detached by default with its pid and log
 in the state dir, ``troupe agent stop`` drains and waits for the running runs up to its
-timeout, ``--mount`` labels are reported; the systemd unit in docs/ verifies."""
+timeout (an agent started again is not draining), ``--mount`` labels are reported; the
+systemd unit in docs/ verifies."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def test_detached_by_default_then_stop_drains_and_waits_for_the_running_run(make
     assert server.get(f"/api/runs/{run_id}")["status"] == "succeeded"  # it finished; it was not cut
     log = Path(found.group(2)).read_text()
     assert "connected as gpu-a" in log and "draining" in log
+    # Started again within the grace (systemctl restart): a new agent, not a draining one.
+    again = troupe(server, tmp_path, "agent", "start", "--url", server.url, "--name", "gpu-a")
+    assert again.returncode == 0, again.stdout + again.stderr
+    server.poll_until(lambda: (worker(server) or {}).get("state") == "connected"
+                      and not worker(server)["draining"], timeout=30)
+    next_run = server.submit(sleeper(seconds=0), target={"worker": "gpu-a"})["run_id"]
+    assert server.events_until_finished(next_run)[-1]["payload"]["status"] == "succeeded"
+    assert troupe(server, tmp_path, "agent", "stop", "--name", "gpu-a", "--timeout", "30").returncode == 0
 
 
 def test_stop_past_its_timeout_stops_at_once_and_a_bad_mount_is_refused(make_server, tmp_path):
