@@ -407,12 +407,18 @@ class WorkerConnection(Actor):
 
     def _note_free_memory(self, free_mib: dict[str, int]) -> None:
         """Tells the placer a card's free memory when it moved by a step or more since it
-        was last told: a shared card admits by it, and a heartbeat is too often to tell."""
+        was last told: a shared card admits by it, and a heartbeat is too often to tell.
+        Only the cards this agent reported count: any other name would make a ledger up
+        here, or move the free memory of another worker's card."""
+        if self._hello is None:
+            return
+        own = {card.uuid for card in self._hello.inventory.cards}
+        free_mib = {uuid: free for uuid, free in free_mib.items() if uuid in own}
         moved = {uuid: free for uuid, free in free_mib.items()
                  if abs(free - self._free_told.get(uuid, -FREE_MEMORY_STEP_MIB)) >= FREE_MEMORY_STEP_MIB}
         self._free.update(free_mib)
         placer = self._registry.lookup("placer")
-        if moved and placer is not None and self._hello is not None:
+        if moved and placer is not None:
             self._free_told.update(moved)
             placer.tell(CardMemory(self.worker, moved))
 

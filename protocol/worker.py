@@ -19,6 +19,9 @@ CLOSE_PROTOCOL = 4002  # a malformed or unexpected frame
 COUNT_MAX = 2**62
 # A batch array's task id: it names the agent's files too (``agent-NAME#ID.pid``), so no "/".
 INSTANCE = r"[A-Za-z0-9_.\-]{1,64}"
+# The cards one machine may report (a large box has 8 or 16); each is a ledger up here.
+CARDS_MAX = 64
+CARD_UUID_MAX = 128
 
 
 class _Frame(BaseModel):
@@ -30,7 +33,7 @@ class _Frame(BaseModel):
 class Card(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    uuid: str
+    uuid: str = Field(min_length=1, max_length=CARD_UUID_MAX)
     name: str
     index: int = Field(ge=0, le=COUNT_MAX)
     memory_total_mib: int = Field(ge=0, le=COUNT_MAX)
@@ -42,7 +45,7 @@ class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cpus: int = Field(ge=1, le=COUNT_MAX)
-    cards: list[Card] = Field(default_factory=list)
+    cards: list[Card] = Field(default_factory=list, max_length=CARDS_MAX)
     mps: bool = False
 
 
@@ -121,7 +124,8 @@ class ArtifactOutboxUsage(BaseModel):
 class Heartbeat(_Frame):
     type: Literal["heartbeat"] = "heartbeat"
     # Free memory of each card now (NVML UUID -> MiB): a shared card admits by it.
-    free_mib: dict[str, int] = Field(default_factory=dict)
+    free_mib: dict[str, Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(default_factory=dict,
+                                                                          max_length=CARDS_MAX)
     warm: WarmPool | None = None
     artifact_outbox: ArtifactOutboxUsage | None = None
 

@@ -3,11 +3,14 @@ agent with a simulated 24 GiB card and real run children."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from protocol import worker as wire
 from tests.helpers import graph, hello, node, sleeper
+from tests.integration.test_hardening_functional import closed_for_breaking_the_protocol, forger
 from tests.integration.test_workers_functional import CARD, enroll, read_until, start_agent
 
 GIB = 1024
@@ -166,3 +169,22 @@ def test_running_out_of_memory_under_a_measured_budget_grows_the_next_one(shared
     # A declared budget that ran out neither grows the next one nor forgets the one that failed.
     assert server.get(f"/api/runs/{fourth}")["memory_budget_mib"] == \
         max(math.ceil(server.get(f"/api/runs/{declared}")["peak_memory_mib"] * 1.2), math.ceil(grown * 1.2))
+
+
+async def test_another_agents_heartbeat_cannot_move_the_free_memory_of_a_card_it_did_not_report(shared_card):
+    server = shared_card
+    share(server)
+    session, ws = await forger(server)
+    try:
+        # A same-machine socket says the real agent's card has nothing free, and names one
+        # no agent has: neither is its card, so neither counts.
+        await ws.send_str(wire.Heartbeat(frame_no=1, free_mib={CARD24["uuid"]: 0, "GPU-nobody": 0}).model_dump_json())
+        assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Ack)
+        admitted = server.submit(hello(), device="cuda:0", target={"worker": "gpu-a", "memory_gib": 6, "wait": False})
+        assert server.events_until_finished(admitted["run_id"])[-1]["payload"]["status"] == "succeeded"
+        # More cards than a machine has is a broken frame: the socket is closed.
+        many = json.dumps({"type": "heartbeat", "frame_no": 2, "free_mib": {f"GPU-{i}": 1 for i in range(65)}})
+        await ws.send_str(many)
+        await closed_for_breaking_the_protocol(ws)
+    finally:
+        await session.close()
