@@ -415,7 +415,7 @@ class RunActor(Actor):
     def _acknowledge(self) -> None:
         """Tells the worker connection, once the newest write committed, which counter
         it may acknowledge (a write commits after every write before it)."""
-        persisted = Persisted(self.run_id, self._applied, max(self._frames, 1))
+        persisted = Persisted(self.run_id, self._applied, max(self._frames, 1), self._status in ev.TERMINAL_STATES)
         self._frames = 0
         self._writes.after_committed(functools.partial(_tell, self._registry, f"workers/{self._worker}", persisted))
 

@@ -89,11 +89,14 @@ class CancelOnWorker:
 @dataclass(frozen=True)
 class Persisted:
     """From a RunActor: its frames up to ``counter`` are committed; ``frames`` of them
-    since the last report. The agent may now forget them."""
+    since the last report. The agent may now forget them. ``ended``: the run's end is
+    among them, and the run is no longer this worker's (only the RunActor knows: an
+    ``ended`` frame it drops, replayed or numbered below what it applied, ends nothing)."""
 
     run_id: str
     counter: int
     frames: int = 1
+    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,9 +223,11 @@ class WorkerConnection(Actor):
                         if self._hello.spent or self._took_a_run:
                             self._on_spent(self.worker)
                         self.stop_self("the one-shot agent exited")
-            case Persisted(run_id, counter, frames):
+            case Persisted(run_id, counter, frames, ended):
                 self._acks[run_id] = max(counter, self._acks.get(run_id, 0))
                 self._unacked += frames
+                if ended:
+                    self._runs.pop(run_id, None)
                 if run_id in self._runs:
                     self._want_ack()
                 else:  # the run ended here: its agent (a one-shot one may exit) hears it at once
@@ -349,8 +354,6 @@ class WorkerConnection(Actor):
         the agent keeps their frames for the next start."""
         run = self._registry.lookup(f"runs/{run_id}")
         if run_id in self._runs and run is not None:
-            if any(isinstance(frame, wire.RunEnded) for frame in frames):
-                self._runs.pop(run_id, None)
             run.tell(WorkerFrames(self.worker, frames))
         elif run is None and not self._stopping:
             self._acks[run_id] = max(max(f.counter for f in frames), self._acks.get(run_id, 0))

@@ -6,6 +6,7 @@ it. What the frames mean is the actor's business, not this handler's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 from typing import Any
@@ -33,8 +34,11 @@ LOOPBACK = ("127.0.0.1", "::1")  # peers the session token is accepted from
 
 async def _refuse(ws: web.WebSocketResponse, code: str, reason: str, final: bool = True) -> web.WebSocketResponse:
     log.warning("worker refused: %s", reason)
-    await ws.send_str(wire.dump_frame(wire.Refused(code=code, reason=reason, final=final)))
-    await ws.close(code=wire.CLOSE_REFUSED, message=code.encode())
+    if ws.closed:
+        return ws
+    with contextlib.suppress(ConnectionError):  # the peer left while it was refused
+        await ws.send_str(wire.dump_frame(wire.Refused(code=code, reason=reason, final=final)))
+        await ws.close(code=wire.CLOSE_REFUSED, message=code.encode())
     return ws
 
 
@@ -77,7 +81,12 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=8 * 1024 * 1024)
     await ws.prepare(request)
     try:
-        first = await ws.receive(timeout=HELLO_TIMEOUT_S)
+        # One deadline for the hello, not one per read: pings answered meanwhile do not
+        # hold an unauthenticated socket open.
+        async with asyncio.timeout(HELLO_TIMEOUT_S):
+            first = await ws.receive()
+        if first.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+            return ws  # it left before its hello: nobody to refuse
         hello = wire.parse_frame(first.data) if first.type == WSMsgType.TEXT else None
     except (TimeoutError, ValidationError, ValueError) as exc:
         return await _refuse(ws, "bad_handshake", f"the first frame must be a hello: {exc}")

@@ -1,0 +1,69 @@
+"""A worker socket that misbehaves in time rather than in shape: an ``ended`` frame numbered
+below what its run applied ends nothing and the run's real end still counts; pings do not
+hold an unauthenticated socket open past the hello's deadline; a peer that leaves before
+its hello leaves no traceback behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from protocol import worker as wire
+from tests.helpers import sleeper
+from tests.integration.test_hardening_functional import forger
+
+
+async def next_frame(ws, kind):
+    while True:
+        frame = wire.parse_frame((await ws.receive(timeout=10)).data)
+        if isinstance(frame, kind):
+            return frame
+
+
+@pytest.mark.timeout(60)
+async def test_an_ended_frame_numbered_below_what_was_applied_ends_nothing(make_server):
+    server = make_server()
+    session, ws = await forger(server, name="w1")
+    try:
+        run_id = server.submit(sleeper(30), target={"worker": "w1"})["run_id"]
+        assert (await next_frame(ws, wire.Assign)).run_id == run_id
+        started = [("node_started", "z", "{}")] * 5
+        await ws.send_str(wire.RunEvents(frame_no=1, run_id=run_id, counter=5, events=started).model_dump_json())
+        await ws.send_str(wire.RunEnded(frame_no=2, run_id=run_id, counter=3, status="failed").model_dump_json())
+        await ws.send_str(wire.RunEnded(frame_no=3, run_id=run_id, counter=6, status="succeeded").model_dump_json())
+        assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "succeeded"
+    finally:
+        await session.close()
+
+
+@pytest.mark.timeout(60)
+async def test_pings_do_not_hold_a_socket_that_never_says_hello(make_server):
+    server = make_server()
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            server.url.replace("http://", "ws://") + "/ws/worker", autoping=True) as ws:
+
+        async def keep_pinging():
+            while not ws.closed:
+                await ws.ping()
+                await asyncio.sleep(1)
+
+        pinging = asyncio.ensure_future(keep_pinging())
+        try:
+            refused = await ws.receive(timeout=30)  # the hello's deadline is 10 s, pings or not
+            assert refused.type == aiohttp.WSMsgType.TEXT
+            assert wire.parse_frame(refused.data).code == "bad_handshake"
+        finally:
+            pinging.cancel()
+
+
+async def test_a_peer_that_leaves_before_its_hello_leaves_no_traceback(make_server):
+    server = make_server()
+    for _ in range(3):
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(server.url.replace("http://", "ws://") + "/ws/worker")
+            await ws.close()
+    assert server.client.request("GET", "/api/workers")[0] == 200
+    server.stop()
+    assert "Traceback" not in "".join(server.output), "".join(server.output)[-3000:]
