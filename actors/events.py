@@ -142,13 +142,15 @@ class EventHub(Actor):
             case Subscribe(queue, follows, alive, after_change):
                 self._where.setdefault(queue, set()).update(follows)
                 self._liveness[queue] = alive
-                if after_change is not None and None in follows:
-                    self._catch_up(queue, after_change)
                 for run_id in follows:
                     if run_id is None:
                         self._global.add(queue)
                     else:
                         self._by_run.setdefault(run_id, set()).add(queue)
+                # After it is registered everywhere: a catch-up too large for the feed
+                # drops it from everywhere, as any lagging feed is.
+                if after_change is not None and None in follows:
+                    self._catch_up(queue, after_change)
             case Unsubscribe(queue):
                 self._drop(queue)
             case SubscriberCount():
