@@ -177,11 +177,15 @@ class _RunStream:
         return _event_frame(*row) if self._fresh(row[0], row[1]) else b""
 
     def _fresh(self, seq: int, kind: str) -> bool:
-        if seq <= self.last or self.finished:
+        if self.finished:
+            return False
+        if kind == ev.RUN_FINISHED:
+            # Its end ends the stream even when the reader said it was past it (an
+            # ``after`` beyond the last event): the stream is not held open for ever.
+            self.finished = True
+        if seq <= self.last:
             return False
         self.last = seq
-        if kind == ev.RUN_FINISHED:
-            self.finished = True
         return True
 
     def position_frame(self, stored: int | None) -> bytes:
@@ -223,6 +227,8 @@ class _RunStream:
                     await self.replay()
                 elif "seq" in item:
                     chunks.append(self.event_frame(item))
+                elif item.get("kind") == "deleted" and item.get("run_id") == self.run_id:
+                    self.finished = True  # nothing more will come
                 else:
                     moved = True
             if moved and self.position is not None and not self.finished:

@@ -128,3 +128,13 @@ def test_the_global_stream_numbers_its_changes_and_a_client_back_with_its_id_get
     told = _frames(response, lambda f: any(x.get("event") == "reset" for x in f))
     conn.close()
     assert told[-1]["data"]["reason"] == "missed"
+
+
+def test_a_running_runs_stream_opened_past_its_last_event_ends_with_the_run(shared_server):
+    """A reader that says it is past every event of a run still going (an id from
+    another server, a typo) gets nothing old, and the stream ends when the run does."""
+    run_id = shared_server.submit(sleeper(seconds=1.5))["run_id"]
+    shared_server.wait_status(run_id, "running")
+    status, body = _reopen(shared_server, run_id, 10**15)
+    assert status == 200 and b"event: run_event" not in body, body[:200]
+    assert shared_server.get(f"/api/runs/{run_id}")["status"] == "succeeded"
