@@ -153,7 +153,11 @@ def read_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]
         text = line.decode().rstrip("\r\n")
         if text == "":
             if data:
-                yield event, json.loads("\n".join(data))
+                try:
+                    parsed = json.loads("\n".join(data))
+                except ValueError as exc:
+                    raise CliError(f"the server's event stream sent a {event!r} event that is not JSON: {exc}") from exc
+                yield event, parsed
             event, data = "message", list[str]()
         elif text.startswith(":"):
             continue

@@ -28,8 +28,9 @@ def finite_json(payload: dict[str, Any], text: str | None = None) -> tuple[dict[
     """``finite(payload)`` and its JSON. The C encoder finds out first whether there is a
     non-finite number at all (far cheaper than a walk), and its text is kept. ``text``:
     the JSON ``payload`` was parsed from; without a ``NaN`` or ``Infinity`` token in it,
-    it is the answer as it is."""
-    if text is not None and "NaN" not in text and "Infinity" not in text:
+    and on one line (an event stream's ``data:`` line ends at a line break, which JSON
+    allows between its tokens), it is the answer as it is."""
+    if text is not None and "NaN" not in text and "Infinity" not in text and "\n" not in text and "\r" not in text:
         return payload, text
     try:
         return payload, _FINITE_OR_TEXT.encode(payload)

@@ -67,3 +67,20 @@ async def test_a_peer_that_leaves_before_its_hello_leaves_no_traceback(make_serv
     assert server.client.request("GET", "/api/workers")[0] == 200
     server.stop()
     assert "Traceback" not in "".join(server.output), "".join(server.output)[-3000:]
+
+
+@pytest.mark.timeout(60)
+async def test_a_payload_written_over_several_lines_streams_as_one_event(make_server):
+    server = make_server()
+    session, ws = await forger(server, name="w1")
+    try:
+        run_id = server.submit(sleeper(30), target={"worker": "w1"})["run_id"]
+        await next_frame(ws, wire.Assign)
+        text = '{"message":\n\r\n"on one line"}'  # line breaks between JSON tokens are JSON
+        await ws.send_str(wire.RunEvents(frame_no=1, run_id=run_id, counter=1, events=[("log", None, text)])
+                          .model_dump_json())
+        await ws.send_str(wire.RunEnded(frame_no=2, run_id=run_id, counter=2, status="succeeded").model_dump_json())
+        events = server.events_until_finished(run_id)  # a data: line cut in two would not parse
+        assert [e["payload"]["message"] for e in events if e["type"] == "log"] == ["on one line"]
+    finally:
+        await session.close()
