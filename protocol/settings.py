@@ -242,6 +242,9 @@ class Settings:
         )
 
 
+INTEGER_MAX = 2**62
+
+
 class _Reader:
     """Parses one kind of value each, noting what it had to ignore."""
 
@@ -249,7 +252,9 @@ class _Reader:
         self._env = environ
         self._warnings = warnings
 
-    def integer(self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    def integer(self, name: str, default: int, *, minimum: int = -INTEGER_MAX, maximum: int = INTEGER_MAX) -> int:
+        """Bounded even where a setting names no bound: it reaches SQLite (a LIMIT) and
+        the OS, which take 64-bit integers."""
         raw = self._env.get(name, "").strip()
         if not raw:
             return default
@@ -258,10 +263,10 @@ class _Reader:
         except ValueError:
             self._warnings.append(f"{name}={raw!r} is not an integer; using {default}")
             return default
-        if minimum is not None and value < minimum:
+        if value < minimum:
             self._warnings.append(f"{name}={value} is below {minimum}; using {default}")
             return default
-        if maximum is not None and value > maximum:
+        if value > maximum:
             self._warnings.append(f"{name}={raw[:40]} is above {maximum}; using {default}")
             return default
         return value

@@ -50,6 +50,13 @@ def test_retention_and_caps_keep_their_edge_values():
     assert s.run_retention_keep_last == -1 and s.run_event_payload_cap_bytes == 0
 
 
+def test_an_integer_past_what_sqlite_takes_is_ignored_with_a_warning():
+    # Once a start-up prune's LIMIT: an OverflowError, and no server.
+    s = settings(TROUPE_RUN_RETENTION_KEEP_LAST=str(2**63), TROUPE_RUN_CONSOLE_CAP_BYTES=str(-2**63))
+    assert s.run_retention_keep_last == 200 and s.run_console_cap_bytes == 8 * 1024 * 1024
+    assert len(s.warnings) == 2, s.warnings
+
+
 def test_payload_cap_replaces_the_biggest_outputs_with_markers_naming_the_port():
     payload = {"duration_s": 0.1, "outputs": {"small": 1, "big": "x" * 5000, "bigger": "y" * 9000}}
     capped = cap_payload(payload, 6000)
