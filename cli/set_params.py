@@ -59,8 +59,11 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
         if not isinstance(params, dict):
             raise BadSet(f"--set {given!r}: node {node_id}'s params are not an object in the graph")
         if key is not None:
+            current = params.get(param) or {}
+            if not isinstance(current, dict):
+                raise BadSet(f"--set {given!r}: node {node_id}'s {param} is not an object in the graph")
             value = _scalar(raw)
-            params[param] = {**(params.get(param) or {}), key: value}
+            params[param] = {**current, key: value}
             done[f"{node_id}.{param}.{key}"] = value
             continue
         value = _parsed(given, spec, raw)
@@ -70,10 +73,13 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
 
 
 def _scalar(raw: str) -> Any:
-    """A mapping's value: a number or a flag when it reads as one, else the text."""
+    """A mapping's value: a number or a flag when it reads as one, else the text (``nan``
+    and ``1e999`` too: no JSON number holds them, and a program reads its argv as text)."""
     try:
         value = json.loads(raw)
     except ValueError:
+        return raw
+    if isinstance(value, float) and not math.isfinite(value):
         return raw
     return value if isinstance(value, int | float | bool) else raw
 

@@ -34,6 +34,7 @@ CONSOLE = "console"  # the event: {"stream": "stdout" | "stderr", "text"} or {"s
 FLUSH_S = 0.1
 PARTIAL_S = 1.0
 PIECE = 32 * 1024
+PENDING_MAX = 1024 * 1024  # characters written and not yet sent that are sent at once
 Emit = Callable[[str, str | None, dict[str, Any]], None]
 
 _route = threading.local()
@@ -50,6 +51,7 @@ class Console:
         self._tail_cap = cap_bytes - cap_bytes // 2
         self._skipped = 0
         self._pending: list[tuple[str | None, str, str]] = []
+        self._pending_chars = 0
         # A line still open, by (node, stream): its text so far and when it began.
         self._open: dict[tuple[str | None, str], tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -67,8 +69,14 @@ class Console:
             whole, newline, rest = (held + text).rpartition("\n")
             if newline:
                 self._pending.append((node_id, stream, whole + newline))
-            if rest:
+                self._pending_chars += len(whole) + 1
+            if len(rest) >= PIECE:  # a line that goes on and on is sent as it comes, not held
+                self._pending.append((node_id, stream, rest))
+                self._pending_chars += len(rest)
+            elif rest:
                 self._open[key] = (rest, since if not newline else time.monotonic())
+            if self._pending_chars >= PENDING_MAX:
+                self._keep_pending()  # a flood does not wait in memory for the timer
             if self._timer is None:
                 self._timer = threading.Timer(FLUSH_S, self.flush)
                 self._timer.daemon = True
@@ -81,14 +89,17 @@ class Console:
                 if everything or now - since >= PARTIAL_S:
                     self._pending.append((key[0], key[1], held))
                     del self._open[key]
-            pending, self._pending = self._pending, []
             self._timer = None
             if self._open and not self._closed:  # a line still open is looked at again
                 self._timer = threading.Timer(FLUSH_S, self.flush)
                 self._timer.daemon = True
                 self._timer.start()
-            for node_id, stream, text in _merged(pending):
-                self._keep(node_id, stream, text)
+            self._keep_pending()
+
+    def _keep_pending(self) -> None:
+        pending, self._pending, self._pending_chars = self._pending, [], 0
+        for node_id, stream, text in _merged(pending):
+            self._keep(node_id, stream, text)
 
     def close(self) -> None:
         """Sends what waits, then the kept tail after the count of what was skipped."""

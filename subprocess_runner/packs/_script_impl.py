@@ -7,10 +7,12 @@ the group outlives the node."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,6 +28,9 @@ from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
 
 STDERR_TAIL = 20  # lines of stderr a failure quotes
+_TAIL_LINE_MAX = 4096  # what a failure quotes of one line
+JSON_LINE_MAX = 64 * 2**20  # the longest metric, progress or result line read
+_CHUNK = 65536
 _POLL_S = 0.1
 _CHECKPOINT_POLL_S = 0.5
 # What the numeric libraries a script may use read for their thread pools.
@@ -40,14 +45,17 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     # The program gets the environment it would get from a shell here (not a setting
     # troupe reads), then the run's own variables, then the node's.
     env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
+    if not cwd.is_dir():
+        raise RuntimeError(f"cannot start {argv[0]!r}: its folder {str(cwd)!r} (cwd) is not a folder here")
     try:
         process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         raise RuntimeError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     lines = _Lines(ctx)
-    readers = [threading.Thread(target=lines.read, args=(process.stdout, "stdout"), daemon=True),
-               threading.Thread(target=lines.read, args=(process.stderr, "stderr"), daemon=True)]
+    ended = threading.Event()  # the group is gone: readers take what is left, then stop
+    readers = [threading.Thread(target=lines.read, args=(process.stdout, "stdout", ended), daemon=True),
+               threading.Thread(target=lines.read, args=(process.stderr, "stderr", ended), daemon=True)]
     for reader in readers:
         reader.start()
     watched = _Checkpoints(ctx, checkpoints)
@@ -56,11 +64,13 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         code = _wait(process, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
     finally:
         _stop_group(process, grace)
+        _stop_escaped(ctx.run_id, grace)
+        ended.set()
         for reader in readers:
             reader.join(5)
         watched.look()  # what it renamed into place last
     if code != 0:
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         tail = "\n".join(lines.stderr_tail)
         raise RuntimeError(f"{argv[0]} {how}" + (f"; the last lines of its stderr:\n{tail}" if tail else ""))
     return {"exit_code": code, "result": lines.result}
@@ -172,6 +182,51 @@ def _stop_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
     process.wait()
 
 
+def _stop_escaped(run_id: str, grace_s: float) -> None:
+    """The processes that left the group (``setsid``, a daemon's double fork) still carry
+    the run's ``TROUPE_RUN_ID``: SIGTERM, then SIGKILL after the grace, as the group got.
+    (Linux's /proc; elsewhere only the group is stopped.)"""
+    marker = f"TROUPE_RUN_ID={run_id}".encode()
+    escaped = [pid for pid in _carrying(marker) if pid != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in escaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while escaped and time.monotonic() < deadline:
+            escaped = [pid for pid in escaped if _alive(pid)]
+            if escaped:
+                time.sleep(_POLL_S)
+        if not escaped:
+            return
+
+
+def _carrying(marker: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError, ValueError):
+            if marker in entry.read_bytes().split(b"\0"):
+                found.append(int(entry.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie left for its parent to reap."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL, or ``signal 40`` for one Python has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -180,6 +235,17 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _next_chunk(fd: int, ended: threading.Event) -> bytes:
+    """What the pipe holds, as it comes; nothing at its end, or once the group is gone
+    and nothing more came (a process that escaped it may hold the pipe open)."""
+    while True:
+        ready, _, _ = select.select([fd], [], [], _POLL_S)
+        if ready:
+            return os.read(fd, _CHUNK)
+        if ended.is_set():
+            return b""
 
 
 class _Lines:
@@ -192,18 +258,45 @@ class _Lines:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL)
         self.result: Any = None
 
-    def read(self, stream: IO[bytes], name: str) -> None:
+    def read(self, stream: IO[bytes], name: str, ended: threading.Event) -> None:
+        """Whatever has come, as it comes: a line that never ends (a progress bar redrawn
+        with ``\r``, a flood with no newline) reaches the console while it is printed and
+        costs at most one chunk here. Only a line that starts with ``{`` is held whole, up
+        to ``JSON_LINE_MAX``, to be read as JSON once it ends."""
         console = self._ctx.sinks.console
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            if name == "stderr":
-                self.stderr_tail.append(line.rstrip("\n"))
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        line = bytearray()  # the line being printed: whole if it may be JSON, else its start
+        held = True  # all of it is in ``line`` so far
+        while chunk := _next_chunk(stream.fileno(), ended):
             if console is not None:
-                console.write(name, line, self._ctx.node_id)
+                console.write(name, text.decode(chunk), self._ctx.node_id)
             else:  # a worker's child: its own descriptors are the run's console
-                os.write(1 if name == "stdout" else 2, raw)
-            if line.startswith("{"):
-                self._structured(line)
+                os.write(1 if name == "stdout" else 2, chunk)
+            *whole, rest = chunk.split(b"\n")
+            for part in whole:
+                self._line_ended(bytes(line) + part if held else bytes(line), name, held)
+                line.clear()
+                held = True
+            if not held:
+                line += rest[:max(0, _TAIL_LINE_MAX - len(line))]
+                continue
+            line += rest
+            if len(line) > (JSON_LINE_MAX if line.startswith(b"{") else _TAIL_LINE_MAX):
+                held = False  # from here on only its start is kept, for the stderr tail
+                if line.startswith(b"{"):
+                    self._ctx.warning(f"a line of {name} past {JSON_LINE_MAX // 2**20} MiB is not read as JSON",
+                                      code="line_not_read")
+                del line[_TAIL_LINE_MAX:]
+        if console is not None:
+            console.write(name, text.decode(b"", final=True), self._ctx.node_id)
+        if line:
+            self._line_ended(bytes(line), name, held)
+
+    def _line_ended(self, raw: bytes, name: str, whole: bool) -> None:
+        if name == "stderr":
+            self.stderr_tail.append(raw[:_TAIL_LINE_MAX].decode("utf-8", "replace").rstrip("\r"))
+        if whole and raw.startswith(b"{"):
+            self._structured(raw.decode("utf-8", "replace"))
 
     def _structured(self, line: str) -> None:
         """Runs on the thread that drains the command's output: nothing a line holds may
@@ -242,7 +335,11 @@ class _Checkpoints:
 
     def look(self) -> None:
         found = []
-        for path in self._folder.iterdir():
+        try:
+            paths = list(self._folder.iterdir())
+        except OSError:  # the script removed the folder: no checkpoint there now, and no failure
+            paths = []
+        for path in paths:
             if path.name in self._seen or path.name.startswith(".") or path.suffix in (".tmp", ".part"):
                 continue
             with contextlib.suppress(OSError):  # renamed or removed meanwhile: not a checkpoint now

@@ -32,6 +32,11 @@ def placeholders(text: str) -> list[str]:
     return names
 
 
+def _escaped(key: Any) -> str:
+    """A mapping's key as a JSON pointer's part."""
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
 def _check(params: Mapping[str, Any]) -> tuple[str, str] | None:
     """Every placeholder of argv names a var (or seed, run_id): said at submission, with
     its pointer, not as a failure when the run starts."""
@@ -39,6 +44,13 @@ def _check(params: Mapping[str, Any]) -> tuple[str, str] | None:
     argv = params.get("argv") or []
     if not argv:
         return "argv", "argv needs the program to run (a list of strings, never a shell line)"
+    # A NUL ends a C string: no argument, variable or value of one can hold it.
+    for where, text in [*((f"argv/{i}", t) for i, t in enumerate(argv)),
+                        *((f"vars/{_escaped(k)}", v) for k, v in (params.get("vars") or {}).items()),
+                        *((f"env/{_escaped(k)}", f"{k}={v}") for k, v in (params.get("env") or {}).items())]:
+        if isinstance(text, str) and "\0" in text:
+            return where, (f"{where.split('/')[0]} holds a NUL character, which no program's argument or "
+                           "environment variable can hold")
     for index, text in enumerate(argv):
         try:
             missing = [name for name in placeholders(text) if name not in known]

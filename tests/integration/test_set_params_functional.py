@@ -82,3 +82,18 @@ def test_set_on_rerun_changes_the_runs_graph_and_is_recorded(shared_server):
     assert bad.returncode == 2 and "it has value" in bad.stderr
     status, reply = shared_server.client.request("POST", f"/api/runs/{first}/rerun", {"params_set": {"z.value": 1}})
     assert status == 400 and reply["error"]["pointer"] == "/params_set/z.value", reply
+
+
+def test_set_into_a_mapping_the_graph_does_not_hold_as_an_object_is_a_usage_error(tmp_path):
+    command = {"id": "train", "type": "script.Command", "params": {"argv": ["/bin/echo", "{x}"], "vars": [1, 2]}}
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"name": "g", "nodes": [command], "edges": []}))
+    bad = cli(tmp_path / "nohome", "exec", str(path), "--set", "train.vars.x=1")
+    assert bad.returncode == 2 and "train's vars is not an object" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    # nan and 1e999 are no JSON number: the program gets them as the text they are.
+    path.write_text(json.dumps({"name": "g", "nodes": [{**command, "params": {"argv": ["/bin/echo", "{x}"]}}],
+                                "edges": []}))
+    for text in ("nan", "1e999"):
+        ran = cli(tmp_path / "nohome", "exec", str(path), "--set", f"train.vars.x={text}")
+        assert ran.returncode == 0 and text in ran.stdout, ran.stdout + ran.stderr
