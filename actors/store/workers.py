@@ -15,6 +15,7 @@ import apsw
 from actors.errors import EnrollmentRefused, NameTaken
 from actors.store.table import Table
 from protocol import events as ev
+from protocol.api import worker_name_problem
 
 # Messages ----------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ def redeem(conn: apsw.Connection, token: str, name: str | None, machine_id: str,
         raise EnrollmentRefused("this enrollment token has expired; ask for a new join command")
     if int(uses_left) <= 0:
         raise EnrollmentRefused("this enrollment token was already used")
-    worker = str(bound or name or f"worker-{machine_id[:8]}")
+    worker = str(bound or name or _name_of_machine(machine_id))
     existing = conn.execute("SELECT machine_id, revoked FROM workers WHERE name = ?", (worker,)).fetchall()
     # A name changes hands only through a token issued for that name.
     if existing and not existing[0][1] and bound is None and existing[0][0] != machine_id:
@@ -107,6 +108,16 @@ def redeem(conn: apsw.Connection, token: str, name: str | None, machine_id: str,
         (worker, digest(credential), machine_id, now),
     )
     return worker
+
+
+def _name_of_machine(machine_id: str) -> str:
+    """A worker enrolled without a name: ``worker-`` and its machine id's start, or of a
+    digest of it where that start is no worker name (a machine id is any text an agent
+    sends; a name ends up in queue keys and file names)."""
+    name = f"worker-{machine_id[:8]}"
+    if worker_name_problem(name) is None:
+        return name
+    return f"worker-{hashlib.sha256(machine_id.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
 def worker_for(conn: apsw.Connection, credential: str) -> dict[str, Any] | None:

@@ -399,3 +399,20 @@ def test_a_login_from_a_user_agent_that_is_not_text_is_named_in_text(shared_serv
     sessions = shared_server.get("/api/sessions")["sessions"]
     label = next(s["label"] for s in sessions if s["id"] == reply["id"])  # type: ignore[index]
     assert label.endswith("curl???x"), label
+
+
+@pytest.mark.parametrize(("machine_id", "expected"), [("abcdef0123", "worker-abcdef01"), ("x/cpu", None),
+                                                      ("ÄB#\u0001", None)])
+def test_a_worker_enrolled_without_a_name_gets_a_worker_name_whatever_its_machine_id(make_server, machine_id,
+                                                                                      expected):
+    server = make_server()
+    token = server.client.request("POST", "/api/workers/enrollments", {})[1]["token"]
+    status, reply = server.anonymous.request("POST", "/api/workers/credentials",
+                                             {"token": token, "machine_id": machine_id})
+    assert status == 201, reply
+    name = reply["name"]
+    if expected is not None:
+        assert name == expected
+    else:  # a digest of it: a name queue keys and file names can hold
+        assert len(name) == len("worker-") + 8 and name.startswith("worker-") and name[7:].isalnum(), name
+        assert name == name.lower() and "/" not in name
