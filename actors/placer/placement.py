@@ -284,6 +284,9 @@ class WorkerPlacement:
             for line in self._device_waiting.values():
                 if any(a.run_id == run_id for a in line):
                     line.remove(next(a for a in line if a.run_id == run_id))
+            for worker, parked in list(self._parked.items()):  # waiting for a worker that is offline
+                if any(a.run_id == run_id for a in parked):
+                    self._parked[worker] = [a for a in parked if a.run_id != run_id]
         await self._retry(self._free_all(run_id))
 
     async def _retry(self, physicals: list[str]) -> None:

@@ -13,6 +13,8 @@ import pytest
 from protocol import worker as wire
 from tests.helpers import sleeper
 from tests.integration.test_hardening_functional import forger
+from tests.integration.test_workers_functional import enroll
+from tests.integration.test_workers_functional import hello as agent_hello
 
 
 async def next_frame(ws, kind):
@@ -84,3 +86,26 @@ async def test_a_payload_written_over_several_lines_streams_as_one_event(make_se
         assert [e["payload"]["message"] for e in events if e["type"] == "log"] == ["on one line"]
     finally:
         await session.close()
+
+
+async def test_a_run_cancelled_while_its_worker_is_away_leaves_its_queue(make_server):
+    server = make_server()
+    token = enroll(server, name="w1")["token"]
+    credential = server.anonymous.request("POST", "/api/workers/credentials",
+                                          {"token": token, "machine_id": "m1"})[1]["credential"]
+    async with aiohttp.ClientSession() as session, session.ws_connect(
+            server.url.replace("http://", "ws://") + "/ws/worker",
+            headers={"Authorization": f"Bearer {credential}"}) as ws:
+        await ws.send_str(agent_hello(name="w1", machine_id="m1"))
+        assert isinstance(wire.parse_frame((await ws.receive(timeout=10)).data), wire.Welcome)
+    server.poll_until(lambda: next(w for w in server.get("/api/workers")["workers"] if w["name"] == "w1")["state"]
+                      != "connected")
+
+    def queued() -> int:
+        return sum(q["queued"] for q in server.get("/api/queues")["queues"] if q["queue_key"].startswith("w1/"))
+
+    run_id = server.submit(sleeper(1), target={"worker": "w1"})["run_id"]  # parked until w1 is back
+    server.poll_until(lambda: queued() == 1)
+    assert server.client.request("POST", f"/api/runs/{run_id}/cancel")[0] == 200
+    server.wait_status(run_id, "cancelled")
+    server.poll_until(lambda: queued() == 0, timeout=10)
