@@ -106,6 +106,9 @@ async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Res
     if row is None:
         raise RunNotFound(f"no run {run_id}")
     await _authorize(svc, request, row.get("worker"))
+    if row.get("worker") is None:
+        raise StateConflict(f"run {run_id} did not execute on a worker; only a worker gives up on its run's files",
+                            code="run_not_executing")
     # A header is any bytes; aiohttp keeps those that are not UTF-8 as lone surrogates.
     reason = request.headers[FAILED_HEADER][:500].encode("utf-8", "replace").decode() or "the worker gave up on it"
     node, kind = request.query.get("node") or None, request.query.get("kind") or "file"

@@ -9,7 +9,7 @@ import hashlib
 import socket
 import urllib.parse
 
-from tests.helpers import sleeper
+from tests.helpers import hello, sleeper
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
@@ -132,3 +132,11 @@ def _credential(server, enrollment: dict) -> str:
                                              {"token": token, "machine_id": "machine-b"})
     assert status == 201, reply
     return str(reply["credential"])
+
+
+def test_a_give_up_on_a_file_of_a_run_that_ran_here_is_refused(shared_server):
+    run_id = shared_server.submit(hello())["run_id"]
+    shared_server.wait_status(run_id, "succeeded")
+    status, reply = _put(shared_server, run_id, "evil/x.bin", b"", "0" * 64, header=b"X-Troupe-Artifact-Failed: no\r\n")
+    assert status == 409 and b"run_not_executing" in reply, reply
+    assert shared_server.get(f"/api/runs/{run_id}")["artifacts"] == []
