@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from protocol.numbers import INTEGRAL
 
-_RAM = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_RAM = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE | re.ASCII)
 RAM_MAX_MB = 2**40  # a bound a 64-bit column holds (a million TB)
 _UNIT_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 FLAVOR_NAME = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"

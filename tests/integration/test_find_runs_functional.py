@@ -94,3 +94,9 @@ def test_values_carry_each_runs_params_and_newest_metric_values_for_picked_colum
     assert "metrics" not in server.get("/api/runs")["runs"][0]
     status, reply = server.client.request("GET", "/api/runs?values=yes")
     assert (status, reply["error"]["pointer"]) == (400, "?values")
+
+
+def test_a_bad_sort_is_refused_on_a_grouped_list_too(shared_server):
+    for query in ("sort=%25%25bad%25%25", "grouped=true&sort=%25%25bad%25%25"):
+        status, reply = shared_server.client.request("GET", f"/api/runs?{query}")
+        assert (status, reply["error"]["pointer"]) == (400, "?sort"), reply

@@ -36,7 +36,8 @@ def test_create_replace_round_trip_and_refusals(shared_server):
     assert status == 200 and written == {**read, "ram": 1024}
     status, reply = client.request("PUT", "/api/flavors/tiny", {"name": "other", "cpus": 2})
     assert (status, reply["error"]["code"], reply["error"]["pointer"]) == (409, "name_mismatch", "/name")
-    for body, pointer in (({"name": "x", "ram": "lots"}, "/ram"), ({"name": "Bad Name"}, "/name"),
+    for body, pointer in (({"name": "x", "ram": "lots"}, "/ram"), ({"name": "x", "ram": "1\uff10G"}, "/ram"),
+                          ({"name": "Bad Name"}, "/name"),
                           ({"name": "x", "cpus": 0}, "/cpus"), ({"name": "x", "shape": 1}, "/shape")):
         status, reply = client.request("POST", "/api/flavors", body)
         assert (status, reply["error"]["pointer"]) == (400, pointer), reply
