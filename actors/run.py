@@ -286,6 +286,8 @@ class RunActor(Actor):
     def _request_stop(self, final_status: str, reason: str | None = None) -> dict[str, Any]:
         """Replies the run's status and ``repeat``: a stop was already asked for (a second
         cancel has no effect, and a sweep does not count it again)."""
+        if self._status in ev.TERMINAL_STATES:  # ended, its actor not gone yet: nothing to stop
+            return {"run_id": self.run_id, "status": self._status, "repeat": True}
         if self._status == ev.QUEUED:
             message = "cancelled before it started" if final_status == ev.CANCELLED else "the server stopped"
             self._finish(final_status, reason or message, None)

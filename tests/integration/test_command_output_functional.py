@@ -8,6 +8,7 @@ argv is refused at submission and a missing cwd is named."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +21,7 @@ def shell(line: str, **params) -> dict:
 
 
 def peak_mib(server) -> float:
-    status = open(f"/proc/{server.proc.pid}/status").read()
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
 
 

@@ -211,3 +211,17 @@ def test_int_ranges_round_half_up_and_negative_halves_away_from_zero(shared_serv
         base=base))
     assert reply["params"][0]["values"] == [1, 2, 3]  # Python's round() would give [0, 2]
     assert wait_finished(shared_server, reply["sweep_id"])["state"] == "finished"
+
+
+def test_cancels_at_once_count_each_child_once(make_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="2")
+    base = graph(node("z", "core.Sleep", seconds=30))
+    reply = post(server, sweep_body([{"node_id": "z", "param": "seconds", "values": list(range(30, 38))}],
+                                    base=base))
+    path = f"/api/sweeps/{reply['sweep_id']}/cancel"
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: server.client.request("POST", path), range(3)))
+    assert all(status == 200 for status, _ in answers)
+    assert sum(answer["cancelled"] for _, answer in answers) == 8, answers
