@@ -104,7 +104,7 @@ async def test_persisted_frames_are_acknowledged_in_batches_and_unheld_runs_at_o
     (ack,) = await frames(outbox, 1, timeout=0.5)
     assert ack.runs == {"r2": 300}
     connection.tell(FromWorker((wire.RunEnded(run_id="r1", counter=6, status="succeeded"),)))
-    connection.tell(Persisted("r1", 6, frames=1))  # a run's end: at once
+    connection.tell(Persisted("r1", 6, frames=1, ended=True))  # a run's end: at once
     (ack,) = await frames(outbox, 1, timeout=0.5)
     assert ack.runs == {"r1": 6}
     connection.tell(FromWorker((event("gone", 7),)))  # no RunActor holds it: the agent may forget it
