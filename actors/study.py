@@ -51,6 +51,12 @@ class Wake:
 
 
 @dataclass(frozen=True)
+class Stepped:
+    """Ask: answers once the study has looked, and started the attempts it owes, since it
+    was started or woken (a session's quota holds its turn until those runs are stored)."""
+
+
+@dataclass(frozen=True)
 class _Look:
     """Look at the store now: one look for a burst of changes told together."""
 
@@ -90,7 +96,9 @@ class StudyActor(Actor):
         match message:
             case Wake() | RunStatusChanged() | _Deadline():
                 self._look()
-            case _Look():
+            case Stepped() if not self._look_pending:
+                pass  # every look asked for is done
+            case _Look() | Stepped():  # a Stepped that came before its look takes the look now
                 self._look_pending = False
                 await self._step()
                 if self._alive_after_step and self._persist is None:

@@ -45,22 +45,31 @@ def declared_mib(options: RunOptions) -> int:
 
 
 @asynccontextmanager
-async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: int) -> AsyncIterator[None]:
+async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: int,
+                       at_once: bool = False) -> AsyncIterator[None]:
     """Holds the session's turn while ``runs`` more (with ``memory_mib`` of budgets in
-    all) are checked and stored; raises ``QuotaExceeded`` when they would pass a limit."""
+    all) are checked and stored; raises ``QuotaExceeded`` when they would pass a limit.
+    ``at_once``: they start as they are stored (the interactive lane), held back by no
+    queue, so ``max_running`` is checked here."""
     quotas = who.quotas if who is not None else None
     if not quotas or who is None or who.session_id is None:
         yield
         return
     async with svc.login.quota_lock(who.session_id):
         load = await svc.store.read(SessionLoad(who.session_id))
-        _check(quotas, load, runs, memory_mib)
+        _check(quotas, load, runs, memory_mib, at_once)
         yield
 
 
-def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory_mib: int) -> None:
+def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory_mib: int,
+           at_once: bool = False) -> None:
     counts: dict[str, Any] = {"running": load["running"], "waiting": load["waiting"], "asked": runs}
     max_running, max_waiting = quotas.get("max_running"), quotas.get("max_waiting")
+    if at_once and max_running is not None and load["running"] + runs > max_running:
+        raise QuotaExceeded(
+            f"this session may have {max_running} runs running at once; it has {load['running']} running, and an "
+            "interactive run starts at once. Wait for one to finish, or cancel one",
+            details={**counts, "limit": "max_running", **quotas})
     if max_waiting is not None:
         room = max(0, max_running - load["running"]) if max_running is not None else 0
         would_wait = max(0, load["waiting"] + runs - room)

@@ -127,7 +127,7 @@ async def queue_run(svc: Services, request: web.Request, graph_doc: Graph, name:
     who = svc.login.who(request)
     submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options),
                             submitted_by=submitter_of(who) if who is not None else None, **asked)
-    async with within_quota(svc, who, 1, declared_mib(options)):
+    async with within_quota(svc, who, 1, declared_mib(options), at_once=options.lane == ev.LANE_INTERACTIVE):
         admitted: Admitted = await svc.actor("placer").ask(Submit(submission))
         stored = await admitted.committed
     record = admitted.record

@@ -3,6 +3,7 @@ budget the server enforces."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import uuid
@@ -14,10 +15,11 @@ from actors.placer.actor import Check
 from actors.resources import read_flavors, with_type_resources
 from actors.run_messages import Cancel
 from actors.store.studies import CreateStudy, GetStudy, ListStudies, UpdateStudy
-from actors.study import Wake
+from actors.study import Stepped, Wake
 from actors.submission import Submission
 from protocol import events as ev
-from protocol.errors import NotFound, StateConflict
+from protocol.api import RunOptions
+from protocol.errors import NotFound, StateConflict, TroupeError
 from protocol.graph import Graph
 from protocol.studies import ResumeStudy, SubmitStudy
 from subprocess_runner.studies import compile_variants, rank
@@ -94,8 +96,18 @@ async def create_study(svc: Services, body: SubmitStudy, plugin_id: str | None =
 
 async def store_and_start(svc: Services, study: dict[str, Any]) -> dict[str, Any]:
     await svc.store.write(CreateStudy(study))
-    svc.start_study(study["id"])
+    await _started(svc, study["id"])
     return study_reply(await load(svc, study["id"]))
+
+
+async def _started(svc: Services, study_id: str) -> None:
+    """Starts (or wakes) the study's actor and waits for its first attempts' rows: the
+    quota's turn is held until then, so the next submission counts them."""
+    svc.start_study(study_id)
+    driver = svc.registry.lookup(f"studies/{study_id}")
+    if driver is not None:
+        with contextlib.suppress(TroupeError):  # it ended at once, or is slow: its runs count once stored
+            await driver.ask(Stepped())
 
 
 @routes.post("/api/studies")
@@ -109,6 +121,20 @@ async def submit_study(request: web.Request) -> web.Response:
     at_once = _runs_at_once(body, len(study["spec"]["variants"]))
     async with within_quota(svc, who, at_once, declared_mib(body.options) * at_once):
         return json_reply(await store_and_start(svc, study), status=201)
+
+
+def _owed_at_once(study: dict[str, Any], budget: dict[str, Any]) -> int:
+    """How many attempts a resumed study may start at once: those it still owes, within
+    what its budget leaves (its attempts in flight are counted already, as runs)."""
+    spec, attempts = study["spec"], study["attempts"]
+    done = {(a["variant"], a["repeat"]) for a in attempts if a["status"] not in (ev.INTERRUPTED,)}
+    owed = len(spec["variants"]) * spec["repeats"] - len(done)
+    if budget.get("max_runs") is not None:
+        owed = min(owed, budget["max_runs"] - len(attempts))
+    in_flight = sum(1 for a in attempts if a["status"] in ev.ACTIVE_STATES)
+    if budget.get("max_parallel_runs") is not None:
+        owed = min(owed, budget["max_parallel_runs"] - in_flight)
+    return max(owed, 0)
 
 
 def _runs_at_once(body: SubmitStudy, variants: int) -> int:
@@ -178,8 +204,18 @@ async def resume_study(request: web.Request) -> web.Response:
     # Never from finished or cancelled, in the write itself: a cancel committed since the
     # read above wins.
     resumed = UpdateStudy(study_id, {"state": "running", "halt_reason": None, "budget": budget}, RESUMABLE)
-    if study["state"] not in RESUMABLE or not await svc.store.write(resumed):
-        state = (await load(svc, study_id))["state"]
-        raise StateConflict(f"study {study_id} is {state}; only a halted study resumes", code="study_not_resumable")
-    svc.start_study(study_id)
+    if study["state"] not in RESUMABLE:
+        raise StateConflict(f"study {study_id} is {study['state']}; only a halted study resumes",
+                            code="study_not_resumable")
+    who = svc.login.who(request)
+    # What it starts once resumed is checked as a new study's would be: the new budget
+    # may let more run at once than the one it was admitted under.
+    at_once = _owed_at_once(study, budget)
+    async with within_quota(svc, who, at_once, declared_mib(RunOptions.model_validate(
+            study["spec"].get("options") or {})) * at_once):
+        if not await svc.store.write(resumed):
+            state = (await load(svc, study_id))["state"]
+            raise StateConflict(f"study {study_id} is {state}; only a halted study resumes",
+                                code="study_not_resumable")
+        await _started(svc, study_id)
     return json_reply(study_reply(await load(svc, study_id)))

@@ -119,9 +119,19 @@ def _lagged(resume_after: int | None) -> bytes:
                    + (f" with ?after={resume_after}" if resume_after is not None else "")})
 
 
+def _still_allowed(svc: Services, request: web.Request) -> Callable[[], bool]:
+    """Whether the session a stream was opened with still opens anything: one revoked,
+    logged out or past its time gets nothing more, whatever it had open."""
+    who = svc.login.who(request)
+    if who is None or who.session_id is None:  # the session token, or a server that asks for none
+        return lambda: True
+    return lambda: svc.login.who(request) is not None
+
+
 class _RunStream:
     def __init__(self, svc: Services, request: web.Request, run_id: str, after: int) -> None:
         self.svc, self.request, self.run_id = svc, request, run_id
+        self.allowed = _still_allowed(svc, request)
         self.response: web.StreamResponse | None = None  # opened once the run is known
         self.held: list[bytes] = []  # frames not sent yet: the stream may end with them, in one reply
         self.last = after
@@ -211,6 +221,8 @@ class _RunStream:
     async def live(self) -> None:
         while not self.finished:
             items = await self.queue.burst(KEEPALIVE_S)
+            if not self.allowed():
+                return
             if not items:
                 await self._write([b": keepalive\n\n"])
                 continue
@@ -274,12 +286,16 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
     queue = Feed()
     response = await _open_sse(request)
     hub = svc.actor("events")
+    allowed = _still_allowed(svc, request)
     try:
         # A client back with its Last-Event-ID gets the changes it missed, or one reset.
         await hub.ask(Subscribe(queue, (None,), _connected(request), _last_event_id(request)))
         await _send(request, response, _RETRY + _frame("hello", {"server_started_at": svc.started_at}))
         while True:
             items = await queue.burst(KEEPALIVE_S)
+            if not allowed():
+                await _send(request, response, b"", eof=True)
+                break
             if not items:
                 await _send(request, response, b": keepalive\n\n")
                 continue

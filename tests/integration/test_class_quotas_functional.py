@@ -1,0 +1,89 @@
+"""A class session's limits against what could go round them: an interactive run starts at
+once, so ``max_running`` is checked when it is submitted; a study resumed with a larger
+budget is checked as a new one; studies submitted at once are checked one at a time until
+their first runs are stored; a session revoked while it follows the list gets nothing
+more on the stream it had open."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cli.client import Client
+from tests.helpers import sleeper
+
+pytestmark = pytest.mark.timeout(90)
+LIMITS = {"max_running": 1, "max_waiting": 1}
+
+
+def study(runs: int, **budget) -> dict:
+    variants = [{"name": f"v{i}", "params": [{"node_id": "z", "param": "seconds", "value": 30 + i}]}
+                for i in range(runs)]
+    return {"base_graph": sleeper(30), "variants": variants, "budget": budget,
+            "objective": {"metric": "loss", "direction": "minimize"}}
+
+
+def session_runs(server, client: Client) -> list[dict]:
+    me = client.request("GET", "/api/runs?mine=true&limit=100")[1]["runs"]
+    return [r for r in me if r["status"] in ("queued", "running")]
+
+
+def test_an_interactive_run_past_max_running_is_refused(make_server):
+    server = make_server()
+    student = server.session(uses=1, **LIMITS)
+    assert student.request("POST", "/api/runs", {"graph": sleeper(30)})[0] == 201
+    server.poll_until(lambda: [r["status"] for r in session_runs(server, student)] == ["running"])
+    status, reply = student.request("POST", "/api/runs", {"graph": sleeper(30), "options": {
+        "lane": "interactive", "editor_session": "e0"}})
+    assert status == 429 and reply["error"]["details"]["limit"] == "max_running", reply
+    for run in session_runs(server, student):
+        server.client.request("POST", f"/api/runs/{run['id']}/cancel")
+
+
+def test_a_resumed_study_is_checked_as_a_new_one(make_server):
+    server = make_server()
+    student = server.session(uses=1, **LIMITS)
+    status, made = student.request("POST", "/api/studies", study(20, max_runs=0))  # admitted: it runs nothing
+    assert status == 201, made
+    server.poll_until(lambda: server.get(f"/api/studies/{made['id']}")["state"] == "halted")
+    status, reply = student.request("POST", f"/api/studies/{made['id']}/resume", {"budget": {"max_runs": None}})
+    assert status == 429 and reply["error"]["code"] == "quota_exceeded", reply
+    assert server.get(f"/api/studies/{made['id']}")["state"] == "halted" and session_runs(server, student) == []
+
+
+def test_studies_submitted_at_once_cannot_both_slip_under_the_limits(make_server):
+    server = make_server()
+    student = server.session(uses=1, **LIMITS)
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: student.request("POST", "/api/studies", study(2, max_parallel_runs=2)),
+                                range(6)))
+    made = [reply["id"] for status, reply in answers if status == 201]
+    assert len(made) == 1 and all(status in (201, 429) for status, _ in answers), answers
+    assert len(session_runs(server, student)) == 2
+    student.request("POST", f"/api/studies/{made[0]}/cancel")
+
+
+def test_a_revoked_session_gets_nothing_more_on_the_stream_it_had_open(make_server):
+    server = make_server(TROUPE_HOST="0.0.0.0")  # reads need a session
+    status, made = server.client.request("POST", "/api/login-links", {"uses": 1})
+    token = made["login_url"].split("token=", 1)[1]
+    status, opened = server.anonymous.request("POST", "/api/login", {"token": token})
+    assert status == 201, opened
+    student = Client(server.url, opened["session"])
+    seen, following = [], threading.Event()
+
+    def follow() -> None:
+        for kind, data in student.stream("/api/stream", read_timeout=30):
+            following.set()
+            seen.append((kind, data))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    assert following.wait(10)
+    assert server.client.request("DELETE", f"/api/sessions/{opened['id']}")[0] == 200
+    run_id = server.submit(sleeper(0))["run_id"]
+    reader.join(20)  # the change that follows ends it, unsent
+    assert not reader.is_alive()
+    assert not [data for kind, data in seen if kind == "run" and data.get("run_id") == run_id], seen
