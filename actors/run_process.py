@@ -37,6 +37,7 @@ from protocol import jsonsafe, pipe
 from protocol import worker as wire
 from subprocess_runner.errors import PackArchiveRefused
 from subprocess_runner.pack_sync import AgentPacks, PackUnavailable
+from subprocess_runner.run_dirs import remove_left, run_dir_prefix
 
 ARTIFACTS_BEFORE_END_S = 30.0  # how long a run's end waits for its files to go up
 # Batches of a child's frames read from its pipe and not yet handed to the link: one
@@ -110,7 +111,9 @@ class RunProcess(Actor):
             # A thread's work when it may fetch; naming none, it only lists the agent's own.
             pack_paths = [] if self._packs is None else self._packs.paths_for({}) if not self._assign.packs \
                 else await asyncio.to_thread(self._packs.paths_for, self._assign.packs)
-        except (PackUnavailable, PackArchiveRefused) as exc:  # said in the run's error; nothing of it is loaded
+        except (PackUnavailable, PackArchiveRefused, OSError) as exc:  # said in the run's error; nothing loaded
+            if isinstance(exc, OSError):  # its cache could not be written (a full disk, a file in its place)
+                exc = PackUnavailable(f"the run's packs could not be unpacked on this worker: {exc}")
             log.error("run %s: %s", self._assign.run_id, exc)
             self._ended = True
             self._send(wire.RunEnded(run_id=self._assign.run_id, counter=1, status="failed", error=str(exc)))
@@ -142,6 +145,15 @@ class RunProcess(Actor):
         sock = socket.socket(fileno=os.dup(self._conn.fileno()))
         reader = self._pipe = _ChildPipe(self._may_hand_on, self._from_pipe, self._pipe_ended)
         await asyncio.get_running_loop().connect_accepted_socket(lambda: reader, sock)
+
+    async def on_failure(self, error: BaseException) -> None:
+        """A fault of this actor (not of the run's code) still ends the run, and its
+        process: the control plane would otherwise wait on it for ever."""
+        if not self._ended:
+            self._ended = True
+            self._send(wire.RunEnded(run_id=self._assign.run_id, counter=self._counter + 1, status="failed",
+                                     error=f"the agent failed to run it: {type(error).__name__}: {error}"))
+        self._kill()
 
     async def on_stop(self, reason: str) -> None:
         # The agent is stopping: the child is asked to stop, then killed after the grace,
@@ -196,6 +208,8 @@ class RunProcess(Actor):
                     if self._pipe is not None:
                         self._pipe.pump()
             case _Exited(code):
+                if code != 0:  # a child that died left its folder (checkpoints and all) behind
+                    await asyncio.to_thread(remove_left, run_dir_prefix(run_id))
                 if not self._ended and self._cancelled:
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="cancelled", error=(
                         f"the run did not stop within {self._kill_grace_s:g} s of the cancel "

@@ -40,6 +40,7 @@ from typing import Any
 from actors.base import Actor
 from protocol import pipe
 from protocol import worker as wire
+from subprocess_runner.run_dirs import pool_dir_prefix, remove_left
 from subprocess_runner.zygote import FORKS, ForkedChild, Zygote
 
 log = logging.getLogger("troupe.agent")
@@ -172,6 +173,7 @@ class WarmPool(Actor):
             if child.process.is_alive():
                 return child
             _dismiss(child)
+            remove_left(pool_dir_prefix(child.process.pid))  # it died waiting: its folder stays otherwise
         return None
 
     def _serve(self, child: WarmChild | None) -> None:

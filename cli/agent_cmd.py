@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -127,6 +128,8 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
         raise BadOption(f"--deadline {options.deadline}: give the batch job's end in epoch seconds")
     if options.instance is not None and not re.fullmatch(INSTANCE, options.instance):
         raise BadOption(f"--instance {options.instance[:80]!r}: a task id is 1 to 64 letters, digits, '_', '.' or '-'")
+    for folder in (_state_dir() / "artifact-outbox", _state_dir() / "outputs", _state_dir() / "packs"):
+        _writable(folder)  # before a join token is spent on an agent that could not start
     name, credential, ca = _credential(url, token, name, machine, options)
     label = f"{name}{'#' + options.instance if options.instance else ''}"
     # A batch job's agent, and one an SSH session runs, belong to that job or session.
@@ -152,6 +155,17 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs"))), settings.event_loop)
     finally:
         pid_file.unlink(missing_ok=True)
+
+
+def _writable(folder: Path) -> None:
+    """A folder of the agent's state it writes runs' files into, made if need be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise CliError(f"the agent cannot write to {folder}: {exc.strerror or exc}; free some room there, or set "
+                       "XDG_STATE_HOME to a folder it can write") from None
 
 
 def _credential(url: str, token: str | None, name: str | None, machine: str,

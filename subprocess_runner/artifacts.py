@@ -78,9 +78,10 @@ def destination(storage: Storage | None, mounts: Mapping[str, str], control_plan
 class Shipper:
     """One run's artifact stores, in the order they were announced, on one thread."""
 
-    def __init__(self, run_id: str, run_dir: Path, where: Destination, emit: Emit) -> None:
+    def __init__(self, run_id: str, run_dir: Path, where: Destination, emit: Emit, folder_kept: bool = True) -> None:
         self._run_id = run_id
         self._run_dir = run_dir
+        self._folder_kept = folder_kept  # a worker run's folder is removed when its process ends
         self._where = where
         self._emit = emit
         self._queue: queue.SimpleQueue[tuple[str | None, str, Path] | None] = queue.SimpleQueue()
@@ -110,8 +111,10 @@ class Shipper:
             except Exception as exc:  # one artifact that fails never fails the run
                 log.warning("run %s: artifact %s was not stored: %s", self._run_id, path, exc)
                 code = "artifact_outbox_full" if isinstance(exc, OutboxFull) else "artifact_not_stored"
+                left = f"it stays at {path}" if self._folder_kept else "it is not kept (the run's folder on the " \
+                    "worker is removed when the run ends)"
                 self._emit("warning", node_id, {"message": f"artifact {path.name} was not stored "
-                                                           f"({self._where.backend}): {exc}; it stays at {path}",
+                                                           f"({self._where.backend}): {exc}; {left}",
                                                 "code": code, "path": _relative(path, self._run_dir) or str(path),
                                                 "kind": kind})
                 continue

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 import platformdirs
 
 from protocol import pipe
+from subprocess_runner.run_dirs import pool_dir_prefix, run_dir_prefix
 from subprocess_runner.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ _RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_ru
                 "subprocess_runner.transfer")
 # One writer of the pipe at a time: the run's events and its end.
 _PIPE = threading.Lock()
-_POOL_PREFIX = "troupe-run-pool-"  # a forked child's folder, made before its run came
 log = logging.getLogger("troupe.child")
 
 
@@ -92,7 +92,7 @@ def forked(conn: Connection, catalog: Any, prime: bool = True) -> None:
 
     # Made while it waits, each a thread start or a few system calls a run's start no
     # longer pays: its console's pipes and readers, its folder, its cancel listener.
-    ahead = _Ahead(upstream, DescriptorCapture(), Path(tempfile.mkdtemp(prefix=_POOL_PREFIX)))
+    ahead = _Ahead(upstream, DescriptorCapture(), Path(tempfile.mkdtemp(prefix=pool_dir_prefix(os.getpid()))))
     threading.Thread(target=_listen, args=(conn, ahead.cancel, ahead.armed), name="cancel-listener",
                      daemon=True).start()
     try:
@@ -261,12 +261,12 @@ class _Run:
         self.upstream = ahead.upstream if ahead is not None else Upstream(conn, _PIPE)
         # The run's files live in a directory of its own; its artifacts are stored from there
         # (their paths relative to it: the control plane refuses one that points elsewhere).
-        prefix = f"troupe-run-{assign['run_id'][:8]}-"
+        prefix = run_dir_prefix(assign["run_id"])
         if ahead is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix=prefix))
         else:  # the folder made ahead, named for the run as a fresh child's is
             self.run_dir = ahead.run_dir = ahead.run_dir.rename(
-                ahead.run_dir.with_name(prefix + ahead.run_dir.name.removeprefix(_POOL_PREFIX)))
+                ahead.run_dir.with_name(prefix + ahead.run_dir.name.removeprefix(pool_dir_prefix(os.getpid()))))
         self.cancel = ahead.cancel if ahead is not None else threading.Event()
 
     def emit(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
@@ -294,7 +294,8 @@ class _Run:
         control_plane = assign.get("control_plane") or {}
         storage = Storage.model_validate(assign["storage"]) if assign.get("storage") else None
         shipper = Shipper(assign["run_id"], self.run_dir, destination(storage, mounts, control_plane,
-                                                                      assign.get("artifact_outbox")), self.emit)
+                                                                      assign.get("artifact_outbox")), self.emit,
+                          folder_kept=False)
         try:
             outcome = self._run_graph(warm_catalog, mounts, control_plane, storage, shipper)
         except BaseException as exc:  # the run fails; the child still reports it

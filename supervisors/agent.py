@@ -83,7 +83,11 @@ class Agent:
         """Until ``stop`` (stop now: running runs are cancelled, killed after the grace),
         or ``drain`` (no new runs; stop once the running ones have ended)."""
         tree = _Tree(self.config, self._final)
-        link = await tree.start()
+        try:
+            link = await tree.start()
+        except BaseException:
+            await tree.root.stop(timeout=10)  # its thread actors would keep the process alive
+            raise
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),
                                             asyncio.ensure_future(self._finished.wait())]
         if self.config.one_shot:

@@ -79,3 +79,15 @@ def test_the_systemd_unit_in_the_docs_verifies(tmp_path):
     path.write_text(unit.replace("/usr/local/bin/troupe", shutil.which("true") or "/bin/true"))
     checked = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_an_agent_that_cannot_write_its_state_says_so_in_a_line_and_keeps_its_token(make_server, tmp_path):
+    server = make_server()
+    (tmp_path / "state").write_text("a file where the agent's state folder should be")
+    join = enroll(server, name="gpu-a")
+    started = troupe(server, tmp_path, *join["command"].split()[1:], "--foreground", timeout=60)
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert "the agent cannot write to" in started.stderr and "Traceback" not in started.stderr, started.stderr
+    token = join["command"].split("--token ")[1].split()[0]
+    status, reply = server.anonymous.request("POST", "/api/workers/credentials", {"token": token, "machine_id": "m"})
+    assert status == 201, reply  # the token was not spent on an agent that could not start

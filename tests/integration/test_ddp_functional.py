@@ -53,7 +53,7 @@ def test_two_ranks_train_one_model_in_one_run(make_server, tmp_path):
         assert row["final_loss"] is not None and row["execution_facts"]["started_warm"] is True
         # The ranks met in a folder of the run's own; the run's whole folder is gone once its
         # process has left, a moment after its end went up (nothing grows on a worker).
-        server.poll_until(lambda: not list(Path(tempfile.gettempdir()).glob(f"troupe-run-{run_id[:8]}-*")), 10)
+        server.poll_until(lambda: not list(Path(tempfile.gettempdir()).glob(f"troupe-run-{run_id}-*")), 10)
     finally:
         agent.terminate()
         agent.wait(30)
