@@ -6,7 +6,9 @@ and the ports fit is the catalog's business (``subprocess_runner.validation``).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -46,6 +48,21 @@ class NodeResources(BaseModel):
     duration_s: float | None = Field(default=None, ge=0, description="how long the node is expected to take")
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")],
               Annotated[str, Field(max_length=4096)]] | None = Field(default=None, max_length=64)
+
+
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def node_file_stem(node_id: str) -> str:
+    """A node's id as the start of the name of a file it writes in its run's folder: the
+    id itself when it is a plain name (``trainer``), else its plain characters and a
+    digest of it, so that an id such as ``../../x`` never names a place outside the
+    folder and two ids never share a name."""
+    stem = _NOT_IN_FILE_NAMES.sub("_", node_id).lstrip(".")[:64]
+    if stem == node_id:
+        return stem
+    digest = hashlib.sha256(node_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{stem or 'node'}-{digest}"
 
 
 class Node(BaseModel):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from protocol.graph import node_file_stem
 from protocol.unix_http import connect
 from protocol.worker import S3Bucket
 from subprocess_runner.digest import CHUNK, pour
@@ -91,7 +92,7 @@ def fetch_resume(resume: Mapping[str, Mapping[str, Any]], url: str, folder: Path
     for node_id, files in resume.items():
         paths = {}
         for part in ("weights", "state"):
-            target = folder / f"{node_id}-{part}.pt"
+            target = folder / f"{node_file_stem(node_id)}-{part}.pt"
             expected = str(files[f"{part}_sha256"])
             fetch_checked(str(files[part]), target, expected.__eq__, url, unix_socket,
                           f"the {part} of {node_id}'s checkpoint (epoch {files['epoch']})", credential, ca)

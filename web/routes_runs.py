@@ -21,7 +21,7 @@ from actors.worker import ReadRecordedOutputs
 from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
-from protocol.graph import Graph
+from protocol.graph import Graph, node_file_stem
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import refuse_privileged, submitter_of
@@ -78,10 +78,11 @@ def resume_points(row: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any], d
             numbers = re.findall(r"\d+", newest["path"].rsplit("/", 1)[-1])
             points[node["id"]] = (int(numbers[-1]) if numbers else 0, newest, newest)
     for node in (n for n in row["graph"].get("nodes", ()) if n.get("type") == TRAINING_LOOP):
-        pattern = re.compile(rf"checkpoints/{re.escape(node['id'])}-epoch-(\d+)\.pt")
+        stem = node_file_stem(node["id"])  # the name the loop gives its files
+        pattern = re.compile(rf"checkpoints/{re.escape(stem)}-epoch-(\d+)\.pt")
         for path, weights in stored.items():
             found = pattern.fullmatch(path)
-            state = stored.get(f"checkpoints/{node['id']}-epoch-{found[1]}.state.pt") if found else None
+            state = stored.get(f"checkpoints/{stem}-epoch-{found[1]}.state.pt") if found else None
             if found and state is not None and int(found[1]) > points.get(node["id"], (0,))[0]:
                 points[node["id"]] = (int(found[1]), weights, state)
     return points

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from protocol.graph import node_file_stem
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_runtime import model_device
 
@@ -60,11 +61,11 @@ def end_epoch(ctx: Any, model: torch.nn.Module, val: Loader | None, loss_fn: tor
     every = params["checkpoint_every"]
     if every and (epoch % every == 0 or epoch == epochs):
         folder = ctx.files("checkpoints")
-        weights = folder / f"{ctx.node_id}-epoch-{epoch}.pt"
+        weights = folder / f"{node_file_stem(ctx.node_id)}-epoch-{epoch}.pt"
         _save(model.state_dict(), weights)
         ctx.artifact("checkpoint", weights)
         if optimizer is not None:  # (a DDP loop's checkpoint holds the weights only)
-            state = folder / f"{ctx.node_id}-epoch-{epoch}.state.pt"
+            state = folder / f"{node_file_stem(ctx.node_id)}-epoch-{epoch}.state.pt"
             _save({"format": 1, "epoch": epoch, "train_loss": train_loss, "optimizer": optimizer.state_dict(),
                    "rng": capture_rng(train)}, state)
             ctx.artifact("training_state", state)

@@ -129,3 +129,23 @@ def test_a_checkpoint_swapped_after_the_rerun_was_asked_for_is_never_trained_on(
     assert "checkpoint_unavailable" in row["error"] and "Errno" not in row["error"], row["error"]
     metrics = server.get(f"/api/runs/{resumed['run_id']}/metrics")["series"]
     assert "train_loss" not in metrics  # not one epoch on the swapped weights
+
+
+def test_a_node_id_that_reads_as_a_path_writes_its_checkpoints_in_its_runs_folder(make_server, tmp_path):
+    server = make_server()
+    escape = "../../../../escaped"  # from <home>/runs/<id>/checkpoints: beside the server's home
+    graph = quick_digits(epochs=1, checkpoint_every=1)
+    for node in graph["nodes"]:
+        node["id"] = escape if node["id"] == "trainer" else node["id"]
+    for edge in graph["edges"]:
+        for end in ("source", "target"):
+            edge[end] = escape if edge[end] == "trainer" else edge[end]
+    student = server.session(uses=1)
+    status, made = student.request("POST", "/api/runs", {"graph": graph})
+    assert status == 201, made
+    assert server.events_until_finished(made["run_id"], timeout=180)[-1]["payload"]["status"] == "succeeded"
+    paths = [a["path"] for a in server.get(f"/api/runs/{made['run_id']}")["artifacts"]]
+    assert len(paths) == 2 and all(p.startswith("checkpoints/") and ".." not in p.split("/") for p in paths), paths
+    assert not list(tmp_path.glob("escaped*"))  # nothing outside the run's folder
+    status, again = student.request("POST", f"/api/runs/{made['run_id']}/rerun", {"resume": True})
+    assert status == 201, again  # its checkpoint is found under the name it was written with
