@@ -202,8 +202,13 @@ def local_file(svc: Services, run_id: str, found: dict[str, Any]) -> Path:
     run_dir = settings.home / "runs" / run_id
     path = Path(found["path"])
     where = path if path.is_absolute() else run_dir / path  # absolute: a row from before artifacts had a backend
-    # A link inside the run's folder is never followed out of it.
-    if not where.resolve().is_relative_to(run_dir.resolve()):
+    # A link inside the run's folder is never followed out of it, nor round in a loop.
+    try:
+        inside = where.resolve().is_relative_to(run_dir.resolve())
+    except (RuntimeError, OSError):  # a symbolic link loop (RuntimeError before Python 3.13)
+        raise ArtifactUnreachable(f"artifact {found['id']} names {found['path']}, a link that cannot be followed "
+                                  "(it loops)") from None
+    if not inside:
         raise ArtifactUnreachable(f"artifact {found['id']} names {found['path']}, which leads outside its run's folder")
     return where
 

@@ -149,3 +149,12 @@ def test_a_node_id_that_reads_as_a_path_writes_its_checkpoints_in_its_runs_folde
     assert not list(tmp_path.glob("escaped*"))  # nothing outside the run's folder
     status, again = student.request("POST", f"/api/runs/{made['run_id']}/rerun", {"resume": True})
     assert status == 201, again  # its checkpoint is found under the name it was written with
+    # A checkpoint file made a link to itself is refused in words, never a 500.
+    weights = next(a for a in server.get(f"/api/runs/{made['run_id']}")["artifacts"] if a["kind"] == "checkpoint")
+    looped = server.home / "runs" / made["run_id"] / weights["path"]
+    looped.unlink()
+    looped.symlink_to(looped.name)
+    status, reply = server.client.request("GET", f"/api/runs/{made['run_id']}/artifacts/{weights['id']}")
+    assert (status, reply["error"]["code"]) == (409, "artifact_unreachable"), reply
+    status, reply = server.client.request("POST", f"/api/runs/{made['run_id']}/rerun", {"resume": True})
+    assert status == 409, reply
