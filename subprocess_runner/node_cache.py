@@ -166,6 +166,9 @@ class NodeCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._sessions: dict[str, set[str]] = {}
+        # Each open session's mark, handed to its runs: a run that outlives its session's
+        # close (a tab closed while it ran) holds an old mark, and stores nothing more.
+        self._opened: dict[str, object] = {}
         self._bytes = 0
         self.evictions = 0
         self.hits = 0
@@ -176,7 +179,8 @@ class NodeCache:
         return self.budget_bytes > 0
 
     def session(self, session: str) -> SessionCache:
-        return SessionCache(self, session)
+        with self._lock:
+            return SessionCache(self, session, self._opened.setdefault(session, object()))
 
     def get(self, session: str, key: str) -> dict[str, Any] | None:
         """The cached outputs (the cache's own objects: copy before handing them to
@@ -190,9 +194,10 @@ class NodeCache:
             self.hits += 1
             return entry.outputs
 
-    def put(self, session: str, key: str, outputs: dict[str, Any]) -> bool:
+    def put(self, session: str, key: str, outputs: dict[str, Any], mark: object | None = None) -> bool:
         """Stores a private copy of ``outputs``; False when they are not kept (over the
-        whole budget, or not copyable). Older entries make room, any session's."""
+        whole budget, not copyable, or ``mark`` is of a session closed since). Older
+        entries make room, any session's."""
         if not self.enabled:
             return False
         size = estimate_bytes(outputs)
@@ -206,6 +211,8 @@ class NodeCache:
             self.discard(session, key)
             return False
         with self._lock:
+            if mark is not None and self._opened.get(session) is not mark:
+                return False  # its session was closed while the run went on
             self._drop((session, key))
             self._entries[(session, key)] = _Entry(owned, size)
             self._sessions.setdefault(session, set()).add(key)
@@ -223,6 +230,7 @@ class NodeCache:
     def close(self, session: str) -> int:
         """Drops every entry of ``session``; returns how many there were."""
         with self._lock:
+            self._opened.pop(session, None)
             keys = self._sessions.pop(session, set())
             for key in keys:
                 entry = self._entries.pop((session, key))
@@ -233,6 +241,7 @@ class NodeCache:
         with self._lock:
             self._entries.clear()
             self._sessions.clear()
+            self._opened.clear()
             self._bytes = 0
 
     def session_stats(self, session: str) -> dict[str, int]:
@@ -264,15 +273,16 @@ class SessionCache:
     """The cache of one editor session: what the engine of one run is handed, so that
     a run cannot read or fill another session's entries."""
 
-    def __init__(self, cache: NodeCache, session: str) -> None:
+    def __init__(self, cache: NodeCache, session: str, mark: object | None = None) -> None:
         self.cache = cache
         self.session = session
+        self._mark = mark
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.cache.get(self.session, key)
 
     def put(self, key: str, outputs: dict[str, Any]) -> bool:
-        return self.cache.put(self.session, key, outputs)
+        return self.cache.put(self.session, key, outputs, self._mark)
 
     def discard(self, key: str) -> None:
         self.cache.discard(self.session, key)

@@ -99,6 +99,17 @@ def test_close_drops_only_its_session_and_a_disabled_cache_keeps_nothing():
     assert not off.enabled and not off.put("s", "a", _entry(10)) and off.get("s", "a") is None
 
 
+def test_a_run_that_outlives_its_sessions_close_stores_nothing_more():
+    cache = NodeCache(1 << 20)
+    running = cache.session("tab")  # a run of the tab, started before the tab closed
+    assert running.put("a", _entry(10))
+    cache.close("tab")
+    assert not running.put("b", _entry(10)) and cache.session_stats("tab")["entries"] == 0
+    again = cache.session("tab")  # the same name opened again: its new runs store
+    assert again.put("c", _entry(10)) and not running.put("d", _entry(10))
+    assert cache.session_stats("tab")["entries"] == 1
+
+
 def test_the_cache_keeps_a_copy_that_later_changes_do_not_reach():
     cache = NodeCache(1 << 20)
     state = {"steps": []}
