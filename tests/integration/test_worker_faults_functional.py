@@ -162,32 +162,3 @@ def test_an_agent_whose_control_plane_is_away_logs_its_retries_with_backoff(link
     assert said == ["1", "2", "4", "8"], "".join(lines)
     proxy.restore()
     read_until(agent, "connected as gpu-a")  # and it comes back by itself
-
-
-@pytest.mark.timeout(120)
-def test_a_run_whose_process_is_killed_leaves_no_folder_on_the_worker(make_server, tmp_path):
-    import os
-    import signal
-    import tempfile
-    from pathlib import Path
-
-    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
-    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
-    try:
-        read_until(agent, "connected as gpu-a")
-        line = 'echo w > "$TROUPE_CHECKPOINT_DIR/c.pt"; sleep 60'
-        command = node("job", "script.Command", argv=["/bin/sh", "-c", line])
-        run_id = server.submit(graph(command, name="killed"), target={"worker": "gpu-a"})["run_id"]
-        server.poll_until(lambda: (server.get(f"/api/runs/{run_id}")["execution_facts"] or {}).get("pid"))
-        pid = server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"]
-
-        def folders() -> list[Path]:
-            return list(Path(tempfile.gettempdir()).glob(f"troupe-run-{run_id}-*"))
-
-        server.poll_until(lambda: folders() != [])
-        os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer would
-        assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "failed"
-        server.poll_until(lambda: folders() == [], timeout=15)
-    finally:
-        agent.terminate()
-        agent.wait(30)

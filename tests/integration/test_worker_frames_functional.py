@@ -24,13 +24,19 @@ async def next_frame(ws, kind):
             return frame
 
 
-@pytest.mark.timeout(60)
-async def test_an_ended_frame_numbered_below_what_was_applied_ends_nothing(make_server):
+async def assigned(make_server):
+    """A server, a same-machine agent socket ``w1`` and a run assigned to it."""
     server = make_server()
     session, ws = await forger(server, name="w1")
+    run_id = server.submit(sleeper(30), target={"worker": "w1"})["run_id"]
+    assert (await next_frame(ws, wire.Assign)).run_id == run_id
+    return server, session, ws, run_id
+
+
+@pytest.mark.timeout(60)
+async def test_an_ended_frame_numbered_below_what_was_applied_ends_nothing(make_server):
+    server, session, ws, run_id = await assigned(make_server)
     try:
-        run_id = server.submit(sleeper(30), target={"worker": "w1"})["run_id"]
-        assert (await next_frame(ws, wire.Assign)).run_id == run_id
         started = [("node_started", "z", "{}")] * 5
         await ws.send_str(wire.RunEvents(frame_no=1, run_id=run_id, counter=5, events=started).model_dump_json())
         await ws.send_str(wire.RunEnded(frame_no=2, run_id=run_id, counter=3, status="failed").model_dump_json())
@@ -73,11 +79,8 @@ async def test_a_peer_that_leaves_before_its_hello_leaves_no_traceback(make_serv
 
 @pytest.mark.timeout(60)
 async def test_a_payload_written_over_several_lines_streams_as_one_event(make_server):
-    server = make_server()
-    session, ws = await forger(server, name="w1")
+    server, session, ws, run_id = await assigned(make_server)
     try:
-        run_id = server.submit(sleeper(30), target={"worker": "w1"})["run_id"]
-        await next_frame(ws, wire.Assign)
         text = '{"message":\n\r\n"on one line"}'  # line breaks between JSON tokens are JSON
         await ws.send_str(wire.RunEvents(frame_no=1, run_id=run_id, counter=1, events=[("log", None, text)])
                           .model_dump_json())

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from protocol.events import utc_now
-from tests.helpers import hello, sleeper
+from tests.helpers import graph, hello, node, sleeper
 from tests.integration.test_single_node_parity import canonical
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
 
@@ -305,3 +306,21 @@ def test_a_target_meant_for_elsewhere_never_runs_here(shared_server, target, poi
     reply = shared_server.submit(hello(), expect=400, target=target)
     assert reply["error"]["code"] == code and reply["error"]["pointer"] == pointer
     assert shared_server.get("/api/runs?limit=500")["runs"] == before  # nothing was stored
+
+
+@BOTH_WAYS
+def test_a_run_whose_process_is_killed_leaves_no_folder_on_the_worker(worker):
+    server, _ = worker
+    line = 'echo w > "$TROUPE_CHECKPOINT_DIR/c.pt"; sleep 60'
+    command = node("job", "script.Command", argv=["/bin/sh", "-c", line])
+    run_id = server.submit(graph(command, name="killed"), target={"worker": "gpu-a"})["run_id"]
+    server.poll_until(lambda: (server.get(f"/api/runs/{run_id}")["execution_facts"] or {}).get("pid"))
+    pid = server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"]
+
+    def folders() -> list[Path]:
+        return list(Path(tempfile.gettempdir()).glob(f"troupe-run-{run_id}-*"))
+
+    server.poll_until(lambda: folders() != [])
+    os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer would
+    assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "failed"
+    server.poll_until(lambda: folders() == [], timeout=15)
