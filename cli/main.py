@@ -193,7 +193,7 @@ def export(
         raw, _, _ = load_valid_graph(graph, sets or ())
         target = Path(output or script_name(raw))
         try:
-            target.write_text(generate_script(raw, seed, deterministic))
+            target.write_text(generate_script(raw, seed, deterministic), encoding="utf-8")  # as Python reads source
         except OSError as exc:
             raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
     except CliError as exc:

@@ -137,7 +137,10 @@ def sweep_csv(client: Client, sweep_id: str, out: str | None) -> int:
         answer((status, body), f"sweep {sweep_id}")
         raise CliError(f"sweep {sweep_id}: the server answered {status} without a CSV")
     if out:
-        Path(out).write_text(body)
+        try:
+            Path(out).write_text(body, encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
         print(f"wrote {out}")
     else:
         sys.stdout.write(body)

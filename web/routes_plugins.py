@@ -84,18 +84,28 @@ async def submit_job(request: web.Request) -> web.Response:
     plugin_id = _plugin_id(request)
     body = await read_model(request, SubmitJob)
     digest = hashlib.sha256(json.dumps(body.spec, sort_keys=True).encode()).hexdigest()
+    # A key already used answers its job, whatever the server holds now (the flavor its
+    # study used may be gone): checked before the spec is, and again in the write (a race).
+    jobs = await svc.store.read(GetPluginJobs(plugin_id))
+    earlier = next((j for j in jobs if j["idempotency_key"] == body.idempotency_key), None)
+    if earlier is not None:
+        return _again(earlier, digest, plugin_id, body.idempotency_key)
     study = await JOB_KINDS[body.kind](svc, body.spec, plugin_id)
     job = {"id": uuid.uuid4().hex, "plugin_id": plugin_id, "kind": body.kind,
            "idempotency_key": body.idempotency_key, "spec_digest": digest, "created_at": ev.utc_now()}
     result = await svc.store.write(CreatePluginJob(job, study))
-    found = result["job"]
     if not result["created"]:
-        if found["spec_digest"] != digest:
-            raise StateConflict(f"plugin {plugin_id} already has a job under key {body.idempotency_key!r} with "
-                                "another spec", pointer="/idempotency_key", code="idempotency_conflict")
-        return json_reply(_public(found))
+        return _again(result["job"], digest, plugin_id, body.idempotency_key)
     svc.start_study(study["id"])
-    return json_reply(_public(found), status=201)
+    return json_reply(_public(result["job"]), status=201)
+
+
+def _again(found: dict[str, Any], digest: str, plugin_id: str, key: str) -> web.Response:
+    """A job asked for again under its key: the same job (200), or a 409 for another spec."""
+    if found["spec_digest"] != digest:
+        raise StateConflict(f"plugin {plugin_id} already has a job under key {key!r} with another spec",
+                            pointer="/idempotency_key", code="idempotency_conflict")
+    return json_reply(_public(found))
 
 
 @routes.get("/api/plugins/{plugin_id}/jobs")

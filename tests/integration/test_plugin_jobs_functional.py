@@ -43,3 +43,17 @@ def test_a_job_needs_a_key_a_known_kind_and_a_valid_spec(shared_server):
     assert status == 400 and reply["error"]["pointer"] == "/spec/variants/0/params/0/node_id"
     status, _ = shared_server.client.request("GET", "/api/plugins/BAD%20ID/jobs")
     assert status == 404
+
+
+def test_a_job_asked_for_again_is_the_same_job_whatever_the_server_holds_now(shared_server):
+    client = shared_server.client
+    assert client.request("POST", "/api/flavors", {"name": "plugin-small", "cpus": 1})[0] == 201
+    spec = study_body(variants(1), repeats=1)
+    spec["base_graph"]["nodes"][1]["resources"] = {"flavor": "plugin-small"}
+    body = {"kind": "study", "spec": spec, "idempotency_key": "flavored-1"}
+    status, first = client.request("POST", "/api/plugins/grader/jobs", body)
+    assert status == 201, first
+    wait_state(shared_server, first["study_id"], "finished")
+    assert client.request("DELETE", "/api/flavors/plugin-small")[0] == 200  # the spec would not pass now
+    status, again = client.request("POST", "/api/plugins/grader/jobs", body)
+    assert status == 200 and again["id"] == first["id"], again

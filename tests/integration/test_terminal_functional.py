@@ -139,6 +139,8 @@ def test_sweeps_and_studies_from_a_terminal(make_server, tmp_path):
     csv = tmp_path / "sweep.csv"
     assert troupe(server, "sweep", "csv", sweep_id, "-o", str(csv)).returncode == 0
     assert csv.read_text().splitlines()[0].startswith("index,rank,status")
+    unwritable = troupe(server, "sweep", "csv", sweep_id, "-o", str(tmp_path / "no-such-folder" / "x.csv"))
+    assert unwritable.returncode == 1 and "cannot write" in unwritable.stderr and "Traceback" not in unwritable.stderr
     assert troupe(server, "sweep", "cancel", sweep_id).returncode == 0
 
     study_spec = tmp_path / "study.json"
