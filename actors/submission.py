@@ -202,6 +202,7 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
     if not labels_of(document):
         _confined(document, settings, prefix)
         return graph_doc
+    _uploads_named(document, prefix)
     try:
         resolved = resolve_mounts(document, settings.mounts)
         for before, after in zip(document["nodes"], resolved["nodes"], strict=True):
@@ -219,6 +220,15 @@ def _with_own_mounts(graph_doc: Graph, settings: Settings, prefix: str) -> Graph
                              pointer=f"{prefix}/nodes", code="mount_unavailable") from None
 
 
+def _uploads_named(document: dict[str, Any], prefix: str) -> set[str]:
+    """The uploads the graph reads, each an upload's id, or a 400 in the words a missing
+    one gets (``upload:../../etc/passwd`` asks nothing of this machine's files)."""
+    try:
+        return upload_ids(document)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), pointer=f"{prefix}/nodes", code="file_not_found") from None
+
+
 def _confined(document: dict[str, Any], settings: Settings, prefix: str) -> None:
     try:
         confine(document, [*settings.mounts.values(), *settings.data_roots, settings.home / "runs"])
@@ -232,7 +242,7 @@ def _check_mounts(worker: WorkerOffer, graph_doc: Graph, prefix: str, settings: 
     do not. Uploads reach any worker by transfer, within TROUPE_TRANSFER_MAX_MB, or from
     the S3 bucket when one is configured."""
     document = graph_doc.model_dump(mode="json", exclude_none=True)
-    uploads = [settings.home / "files" / file_id for file_id in upload_ids(document)]
+    uploads = [settings.home / "files" / file_id for file_id in _uploads_named(document, prefix)]
     missing = [path.name for path in uploads if not path.is_file()]
     if missing:
         raise InvalidRequest(f"no uploaded file {missing[0]!r} (GET /api/files lists them)", pointer=f"{prefix}/nodes",

@@ -71,8 +71,12 @@ def confine(graph: Mapping[str, Any], roots: Iterable[str | Path]) -> None:
                 continue
             if allowed is None:
                 allowed = [Path(root).expanduser().resolve() for root in roots]
-            where = Path(value).expanduser()
-            if not where.is_absolute() or not any(where.resolve().is_relative_to(root) for root in allowed):
+            try:
+                where = Path(value).expanduser()
+                inside = where.is_absolute() and any(where.resolve().is_relative_to(root) for root in allowed)
+            except (ValueError, RuntimeError, OSError):  # a NUL, ~nosuchuser, a name too long: no file of ours
+                inside = False
+            if not inside:
                 raise PathNotAllowed(
                     f"node {node.get('id')}: {value} is outside the folders runs may read (storage labels such as "
                     "data:file.csv, uploads, run folders, and TROUPE_DATA_ROOTS on the machine that runs it)",

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import http.client
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,9 +26,19 @@ from subprocess_runner.digest import CHUNK, pour
 ATTEMPTS = 3
 
 
+UPLOAD_ID = re.compile(r"[0-9a-f]{32}")  # what POST /api/files names an upload
+
+
 def upload_ids(graph: Mapping[str, Any]) -> set[str]:
-    return {str(value).split(":", 1)[1] for node in graph.get("nodes", [])
-            if isinstance(value := (node.get("params") or {}).get("path"), str) and value.startswith("upload:")}
+    """The uploads a graph reads (``upload:ID``); an id that is not one is a ValueError
+    that says so in the words a missing upload gets, before any file is looked at (a
+    name such as ``../../etc/passwd`` must never be a question about this machine)."""
+    found = {str(value).split(":", 1)[1] for node in graph.get("nodes", [])
+             if isinstance(value := (node.get("params") or {}).get("path"), str) and value.startswith("upload:")}
+    for file_id in sorted(found):
+        if not UPLOAD_ID.fullmatch(file_id):
+            raise ValueError(f"no uploaded file {file_id[:80]!r} (GET /api/files lists them)")
+    return found
 
 
 def fetch_uploads(graph: Mapping[str, Any], url: str, cache: Path, unix_socket: str | None = None,

@@ -23,12 +23,21 @@ def test_files_outside_the_roots_are_refused_alike_whether_they_exist_or_not(mak
     student = server.session(uses=1)
     answers = []
     for path in (str(tmp_path / "private.csv"), str(tmp_path / "missing.csv"), "/etc/passwd",
-                 str(allowed / ".." / "private.csv"), "relative.csv"):
+                 str(allowed / ".." / "private.csv"), "relative.csv", "~nosuchuser/x.csv", f"{allowed}/a\u0000b"):
         status, reply = student.request("POST", "/api/runs", {"graph": reader(path)})
         assert status == 400 and reply["error"]["code"] == "path_not_allowed", reply
         assert reply["error"]["pointer"] == "/graph/nodes/0/params/path" and reply["error"]["node_id"] == "csv"
         answers.append(reply["error"]["message"].replace(path, "PATH"))
     assert len(set(answers)) == 1  # the same words, existing or not
+    # An upload reference names an upload's id, nothing else: never a question about a file here.
+    upload_answers = set()
+    for target in ({}, {"target": {"worker": "any"}}):
+        up = "upload:" + "../" * 12
+        for path in (up + "etc/passwd", up + "etc/no-such", "upload:" + "b" * 300):
+            status, reply = student.request("POST", "/api/runs", {"graph": reader(path), "options": target})
+            assert status == 400 and reply["error"]["code"] == "file_not_found", reply
+            upload_answers.add(reply["error"]["message"].replace(path.split(":", 1)[1][:80], "ID"))
+    assert len(upload_answers) == 1, upload_answers
     checkpoint = graph(node("m", "torch.MLP", hidden="4"), node("l", "torch.LoadCheckpoint", path="/etc/hostname"))
     status, reply = student.request("POST", "/api/runs", {"graph": checkpoint})
     assert status == 400 and reply["error"]["code"] == "path_not_allowed"
