@@ -38,7 +38,7 @@ def local_execute(record: RunRecord, graph: ExecutableGraph, settings: Settings,
         provenance=record.provenance,
         resume=_local_resume(record.resumed_from),
         console_cap_bytes=settings.run_console_cap_bytes,
-        limits=NodeLimits(kill_grace_s=settings.command_kill_grace_s),
+        limits=NodeLimits(kill_grace_s=settings.command_kill_grace_s, readable=settings.readable_roots),
     )
 
 

@@ -231,7 +231,7 @@ def _uploads_named(document: dict[str, Any], prefix: str) -> set[str]:
 
 def _confined(document: dict[str, Any], settings: Settings, prefix: str) -> None:
     try:
-        confine(document, [*settings.mounts.values(), *settings.data_roots, settings.home / "runs"])
+        confine(document, settings.readable_roots)
     except PathNotAllowed as exc:
         raise InvalidRequest(str(exc), pointer=f"{prefix}/nodes/{exc.index}/params/{exc.param}",
                              node_id=document["nodes"][exc.index].get("id"), code="path_not_allowed") from None

@@ -133,6 +133,13 @@ class Settings:
         own = {self.mount_label: str(self.mount_path)} if self.mount_path is not None else {}
         return {**own, UPLOAD_LABEL: str(self.home / "files")}
 
+    @property
+    def readable_roots(self) -> tuple[str, ...]:
+        """Where an in-process run may read files: the storage labels (uploads too), the
+        data roots the owner named, the runs' folders. Checked at submission and again
+        as a node opens a file."""
+        return (*self.mounts.values(), *(str(root) for root in self.data_roots), str(self.home / "runs"))
+
     def line_limit(self, queue_key: str) -> int:
         """How many runs the queue of ``queue_key`` hands on at once. A worker's device
         (``gpu-a/cuda:0``, ``any/cpu``) only keeps the order: its ledger counts the

@@ -324,7 +324,8 @@ class _Run:
         assign, run_dir = self.assign, self.run_dir
         resume = self._fetch_inputs(mounts, control_plane, storage)
         resolved = resolve_mounts(assign["graph"], mounts)
-        confine(resolved, [*mounts.values(), run_dir, *(assign.get("data_roots") or ())])
+        readable = (*mounts.values(), str(run_dir), *(assign.get("data_roots") or ()))
+        confine(resolved, readable)
         catalog = with_folder_packs(warm_catalog or load_catalog(), [Path(p) for p in assign.get("pack_paths") or ()])
         graph = prepare_executable_graph(resolved, catalog)
         ddp = plan_for(list(assign.get("devices") or []), resolved, assign["run_id"], run_dir, assign.get("seed"),
@@ -338,7 +339,7 @@ class _Run:
                                self.cancel, deterministic=bool(assign.get("deterministic")), run_dir=run_dir,
                                provenance=assign.get("provenance"), ddp=ddp, resume=resume,
                                limits=NodeLimits(float(assign.get("command_kill_grace_s", 5.0)),
-                                                 assign.get("memory_budget_mib")))
+                                                 assign.get("memory_budget_mib"), readable))
         with capture_descriptors(console, self.capture):  # the whole process is the run's: fds 1 and 2 are its console
             return execute_graph(graph, ctx, max_parallel=int(assign.get("max_parallel", 4)),
                                  deterministic=bool(assign.get("deterministic")))

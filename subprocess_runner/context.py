@@ -79,6 +79,9 @@ class NodeLimits:
 
     kill_grace_s: float = 5.0  # from SIGTERM to SIGKILL of a stopped node's process group
     memory_budget_mib: int | None = None  # the run's budget on each of its shared cards
+    # The folders a node may read a file from (``mounts.confine``'s roots), checked again
+    # as the file is opened; None: any (``troupe exec``, its owner's own command).
+    readable: tuple[str, ...] | None = None
 
 
 class ExecutionContext:
@@ -140,11 +143,21 @@ class ExecutionContext:
         """The checkpoint this node continues from (``weights``, ``state`` paths), if any."""
         return (self.resume or {}).get(self.node_id or "")
 
-    def reading(self, kind: str, path: Path) -> None:
-        """A node reads ``path`` (``dataset``, ``checkpoint``): with provenance on, what it
-        read is recorded now, by identity (size, mtime) or by content (sha256)."""
+    def reading(self, kind: str, path: Path) -> Path:
+        """A node reads ``path`` (``dataset``, ``checkpoint``); answers the path to open.
+        It was checked at submission, but a link in it may have been swapped since (a run
+        waits in its queue): where the run's folders are bounded, the path is resolved
+        now and the file it leads to must still lie inside them, and that file, not the
+        link, is what the node opens. With provenance on, what it read is recorded now,
+        by identity (size, mtime) or by content (sha256)."""
+        if self.limits.readable is not None:
+            real = path.resolve()
+            if not any(real.is_relative_to(Path(root).resolve()) for root in self.limits.readable):
+                raise PermissionError(f"{path} now leads outside the folders runs may read (a link in it changed "
+                                      "after the run was submitted)")
+            path = real
         if self.provenance is None:
-            return
+            return path
         stat = path.stat()
         record: dict[str, Any] = {"kind": kind, "ref": str(path), "size": stat.st_size, "mode": self.provenance}
         if self.provenance == "content":
@@ -152,6 +165,7 @@ class ExecutionContext:
         else:
             record["mtime"] = stat.st_mtime
         self.sinks.emit("provenance", self.node_id, record)
+        return path
 
     def files(self, kind: str) -> Path:
         """A folder of this run for files of ``kind`` (``checkpoints``), created."""

@@ -94,8 +94,7 @@ def _numeric(cells: Any) -> bool:
 def csv_dataset(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     prepare(ctx)
     path = Path(params["path"]).expanduser()
-    ctx.reading("dataset", path)
-    with path.open(newline="") as handle:
+    with ctx.reading("dataset", path).open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     if not rows:
         raise ValueError(f"{path} has no rows")

@@ -141,10 +141,10 @@ def load_checkpoint(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) ->
     path = Path(params["path"]).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    ctx.reading("checkpoint", path)
+    opened = ctx.reading("checkpoint", path)
     model: torch.nn.Module = inputs["model"]
     try:
-        weights = torch.load(path, weights_only=True)
+        weights = torch.load(opened, weights_only=True)
     except Exception as exc:  # its words may quote the file's bytes: named by kind only
         raise ValueError(f"{path} is not a checkpoint torch can load ({type(exc).__name__})") from None
     model.load_state_dict(weights)

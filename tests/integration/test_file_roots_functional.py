@@ -74,3 +74,24 @@ def test_a_worker_run_reads_only_inside_the_workers_own_roots(make_server, tmp_p
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def test_a_link_swapped_while_the_run_waits_is_checked_again_as_the_file_is_opened(make_server, tmp_path):
+    from tests.helpers import sleeper
+
+    allowed = tmp_path / "data"
+    allowed.mkdir()
+    (allowed / "ok.csv").write_text("a,y\n1,0\n2,1\n")
+    (tmp_path / "private.csv").write_text(f"a,y\n{SECRET},1\n")
+    link = allowed / "link.csv"
+    link.symlink_to(allowed / "ok.csv")
+    server = make_server(TROUPE_DATA_ROOTS=str(allowed), TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+    holder = server.submit(sleeper(30))["run_id"]
+    server.wait_status(holder, "running")
+    waiting = server.session(uses=1).request("POST", "/api/runs", {"graph": reader(str(link))})[1]["run_id"]
+    link.unlink()
+    link.symlink_to(tmp_path / "private.csv")  # after the check at submission
+    server.client.request("POST", f"/api/runs/{holder}/cancel")
+    row = server.wait_status(waiting, "failed")
+    assert "leads outside the folders runs may read" in row["error"], row["error"]
+    assert SECRET not in str(server.get(f"/api/runs/{waiting}"))
