@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from tests.integration.test_studies_functional import study_body, variants, wait_state
 
 
@@ -48,7 +50,7 @@ def test_a_job_needs_a_key_a_known_kind_and_a_valid_spec(shared_server):
 def test_a_job_asked_for_again_is_the_same_job_whatever_the_server_holds_now(shared_server):
     client = shared_server.client
     assert client.request("POST", "/api/flavors", {"name": "plugin-small", "cpus": 1})[0] == 201
-    spec = study_body(variants(1), repeats=1)
+    spec = copy.deepcopy(study_body(variants(1), repeats=1))  # the shared base graph stays as it is
     spec["base_graph"]["nodes"][1]["resources"] = {"flavor": "plugin-small"}
     body = {"kind": "study", "spec": spec, "idempotency_key": "flavored-1"}
     status, first = client.request("POST", "/api/plugins/grader/jobs", body)
