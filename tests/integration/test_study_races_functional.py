@@ -58,7 +58,14 @@ def test_an_attempt_refused_halts_the_study_with_the_reason_and_resume_tries_aga
 def test_a_stop_while_a_study_starts_its_attempts_stores_no_run_without_its_actor(make_server, tmp_path):
     home = tmp_path / "home"
     server = make_server(home=home)
-    study = post(server, study_body(variants(*range(12), seconds=0.2), repeats=1, budget={"max_runs": 20}))
+    # A plugin's job starts its study without waiting for its first attempts (a study's
+    # POST waits, for its session's quota): the stop comes while they are being started.
+    # Each attempt the stop interrupts is tried again and counts against max_runs.
+    spec = study_body(variants(*range(12), seconds=0.2), repeats=1, budget={"max_runs": 40})
+    status, job = server.client.request("POST", "/api/plugins/p/jobs",
+                                        {"kind": "study", "spec": spec, "idempotency_key": "k"})
+    assert status == 201, job
+    study = {"id": job["study_id"]}
     server.stop()
     output = "".join(server.output)
     assert "actor placer crashed" not in output and "Traceback" not in output, output[-3000:]
