@@ -62,15 +62,18 @@ def test_a_stop_while_a_study_starts_its_attempts_stores_no_run_without_its_acto
     # POST waits, for its session's quota): the stop comes while they are being started.
     # Each attempt the stop interrupts is tried again and counts against max_runs.
     spec = study_body(variants(*range(12), seconds=0.2), repeats=1, budget={"max_runs": 40})
-    status, job = server.client.request("POST", "/api/plugins/p/jobs",
-                                        {"kind": "study", "spec": spec, "idempotency_key": "k"})
-    assert status == 201, job
-    study = {"id": job["study_id"]}
+    studies = []
+    for key in range(6):  # several at once: a submission is in the placer's mailbox as the stop begins
+        status, job = server.client.request("POST", "/api/plugins/p/jobs",
+                                            {"kind": "study", "spec": spec, "idempotency_key": f"k{key}"})
+        assert status == 201, job
+        studies.append(job["study_id"])
     server.stop()
     output = "".join(server.output)
     assert "actor placer crashed" not in output and "Traceback" not in output, output[-3000:]
     again = make_server(home=home)
-    done = wait_state(again, study["id"], "finished", "halted")
-    assert done["state"] == "finished" and len(done["ranking"]) == 12, done
-    runs = again.get(f"/api/runs?study_id={study['id']}&limit=100")["runs"]
-    assert sorted(r["id"] for r in runs) == sorted(a["run_id"] for a in done["attempts"])
+    for study_id in studies:
+        done = wait_state(again, study_id, "finished", "halted")
+        assert done["state"] == "finished" and len(done["ranking"]) == 12, done
+        runs = again.get(f"/api/runs?study_id={study_id}&limit=100")["runs"]
+        assert sorted(r["id"] for r in runs) == sorted(a["run_id"] for a in done["attempts"])
