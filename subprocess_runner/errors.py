@@ -47,6 +47,14 @@ class PackArchiveRefused(TroupeError):
         return f"{self.code}: {self.message}"
 
 
+class PackUnsendable(StateConflict):
+    """Raised when the control plane cannot offer a folder pack to workers as it is: a
+    file name that is not UTF-8, or more files or bytes than an agent accepts (a pack is
+    code, not data: data goes by path or upload). Only runs on workers need the archive."""
+
+    code = "pack_unsendable"
+
+
 class PackNotFound(NotFound):
     """Raised for a pack this control plane does not offer (none of that name was loaded
     from a folder: an installed pack is each machine's own)."""

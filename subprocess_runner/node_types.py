@@ -10,6 +10,7 @@ packs themselves, this module imports no heavy library.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,12 @@ class Param:
             raise ValueError(f"param {self.name}: unknown type {self.type!r}")
         if self.type == "select" and not self.options:
             raise ValueError(f"param {self.name}: a select needs options")
+        if not self.required:
+            try:  # the editor's palette and GET /api/nodes send it: one that is not JSON would break them for all
+                json.dumps(self.default)
+            except (TypeError, ValueError):
+                raise ValueError(f"param {self.name}: its default {self.default!r} is not a JSON value (give a "
+                                 "str, number, bool, list or dict and convert it in the node)") from None
 
     @property
     def required(self) -> bool:

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import tarfile
 import tempfile
 from pathlib import Path
 
-from subprocess_runner.errors import PackArchiveRefused
+from subprocess_runner.errors import PackArchiveRefused, PackUnsendable
 
 MAX_ARCHIVE_BYTES = 64 * 2**20  # a pack is code, not data: larger is refused both ways
 # What the archive may unpack to, all its files together: a small gzip of zeros, or a
 # sparse member, would otherwise fill the worker's disk or memory before the digest check.
 MAX_UNPACKED_BYTES = 256 * 2**20
+# Files in one archive: empty members cost nothing against the byte limits, and each is
+# a header parsed and a file made on the worker.
+MAX_FILES = 10_000
+_CHUNK = 2**20
 
 
 def pack_name(path: Path) -> str:
@@ -43,10 +48,14 @@ def pack_files(path: Path) -> list[tuple[str, Path]]:
         return [(path.name, path)]
     found = []
     for file in sorted(path.rglob("*")):
-        relative = file.relative_to(path.parent)
+        relative = file.relative_to(path.parent).as_posix()
         # A link is not the pack's file: it may point anywhere on this machine.
-        if not _not_the_pack(relative.as_posix()) and file.is_file() and not file.is_symlink():
-            found.append((relative.as_posix(), file))
+        if not _not_the_pack(relative) and file.is_file() and not file.is_symlink():
+            try:
+                relative.encode()
+            except UnicodeEncodeError:  # its digest and its archive name its files in UTF-8
+                raise PackUnsendable(f"pack {path.name}: the file name {relative!r} is not UTF-8; rename it") from None
+            found.append((relative, file))
     return found
 
 
@@ -59,24 +68,54 @@ def _not_the_pack(name: str) -> bool:
 
 
 def digest_of(path: Path) -> str:
+    """Read a chunk at a time: a pack folder may hold a large file by mistake."""
     digest = hashlib.sha256()
     for name, file in pack_files(path):
-        data = file.read_bytes()
-        digest.update(f"{name}\0{len(data)}\0".encode())
-        digest.update(data)
+        with file.open("rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            digest.update(f"{name}\0{size}\0".encode())
+            read = 0
+            while chunk := stream.read(_CHUNK):
+                digest.update(chunk)
+                read += len(chunk)
+        if read != size:
+            raise PackUnsendable(f"pack {path.name}: {name} changed while it was read")
     return digest.hexdigest()
 
 
 def archive(path: Path) -> bytes:
-    """A gzip'd tar of the pack's files, the same bytes for the same files."""
+    """A gzip'd tar of the pack's files, the same bytes for the same files; a pack an
+    agent would refuse (too many files, too many bytes) is refused here first."""
+    files = sendable(path)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for name, file in pack_files(path):
-            data = file.read_bytes()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
+        for name, file in files:
+            with file.open("rb") as stream:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = os.fstat(stream.fileno()).st_size, 0o644, 0
+                tar.addfile(info, stream)
+            if buffer.tell() > MAX_ARCHIVE_BYTES:  # what gzip gave so far: it keeps its last block back
+                raise _over_archive(path)
+    if buffer.tell() > MAX_ARCHIVE_BYTES:
+        raise _over_archive(path)
     return buffer.getvalue()
+
+
+def _over_archive(path: Path) -> PackUnsendable:
+    return PackUnsendable(f"pack {path.name}: its archive is over {MAX_ARCHIVE_BYTES / 2**20:g} MiB, more than an "
+                          "agent accepts; a pack is code, not data")
+
+
+def sendable(path: Path) -> list[tuple[str, Path]]:
+    """``pack_files(path)``, or PackUnsendable when an agent would refuse them (checked
+    from their sizes alone, before a byte is read)."""
+    files = pack_files(path)
+    if len(files) > MAX_FILES:
+        raise PackUnsendable(f"pack {path.name}: {len(files)} files, more than the {MAX_FILES} an agent accepts")
+    if sum(file.stat().st_size for _, file in files) > MAX_UNPACKED_BYTES:
+        raise PackUnsendable(f"pack {path.name}: its files are over {MAX_UNPACKED_BYTES // 2**20} MiB, more than "
+                             "an agent accepts; a pack is code, not data (data goes by path or upload)")
+    return files
 
 
 def unpack(data: bytes, name: str, digest: str, cache: Path) -> Path:
@@ -94,8 +133,11 @@ def unpack(data: bytes, name: str, digest: str, cache: Path) -> Path:
     try:
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                members = tar.getmembers()
-                for member in members:
+                members = []
+                for member in tar:  # one header at a time: the count is refused before all are read
+                    members.append(member)
+                    if len(members) > MAX_FILES:
+                        raise PackArchiveRefused(f"pack {name}: the archive holds more than {MAX_FILES} files")
                     top = member.name.split("/", 1)[0]
                     if (not (member.isfile() or member.isdir()) or member.issparse() or _not_the_pack(member.name)
                             or top not in (name, f"{name}.py")):

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
+from protocol.errors import TroupeError
 from protocol.graph import NodeResources
 from subprocess_runner.node_types import NODE_MARK, NodeType, Pack
 from subprocess_runner.pack_files import digest_of, is_pack, pack_name
@@ -57,7 +60,10 @@ def load(path: Path) -> tuple[Pack, FolderPack]:
     if not _NAME.fullmatch(name):
         raise PackBroken(f"{path.name}: a pack's name is a letter, then letters, digits or _ (it names its node "
                          "types, as labpack.scale)")
-    digest = digest_of(path)
+    try:
+        digest = digest_of(path)
+    except (TroupeError, OSError) as exc:
+        raise PackBroken(str(exc)) from None
     module_name = f"_troupe_pack_{name}_{digest[:16]}"
     module = sys.modules.get(module_name)
     if module is None:
@@ -73,6 +79,15 @@ def load(path: Path) -> tuple[Pack, FolderPack]:
         except BaseException as exc:  # a user's code may raise anything (SystemExit included) on import
             del sys.modules[module_name]
             raise PackBroken(f"{type(exc).__name__}: {exc}") from None
+    try:  # what the module holds is a user's code too: a property or a __getattr__ may raise anything
+        return _declared(module, name, digest, path)
+    except PackBroken:
+        raise
+    except Exception as exc:
+        raise PackBroken(f"{type(exc).__name__}: {exc}") from None
+
+
+def _declared(module: Any, name: str, digest: str, path: Path) -> tuple[Pack, FolderPack]:
     version = str(getattr(module, "__version__", digest[:12]))
     declared = getattr(module, "PACK", None)
     if isinstance(declared, Pack):
@@ -92,4 +107,5 @@ def load(path: Path) -> tuple[Pack, FolderPack]:
             where = ".".join(map(str, first["loc"]))
             raise PackBroken(f"{node_type.type}: resources.{where}: {first['msg']}") from None
     types = tuple(dataclasses.replace(t, pack_digest=digest) for t in types)
+    json.dumps([t.to_json() for t in types])  # GET /api/nodes sends them all: one that cannot be sent breaks it
     return Pack(name, types, version), FolderPack(name, path, digest, version)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from subprocess_runner.catalog import Catalog, pack_of
 from subprocess_runner.errors import PackChanged, PackNotFound
-from subprocess_runner.pack_files import archive, digest_of
+from subprocess_runner.pack_files import archive, digest_of, sendable
 from web.context import services
 from web.errors import json_reply
 
@@ -49,11 +49,17 @@ async def pack_archive(request: web.Request) -> web.Response:
         raise PackNotFound(f"this control plane offers no pack named {name!r} (only packs it loaded from a folder "
                            "are sent to workers; GET /api/packs lists them)")
 
+    changed = PackChanged(f"pack {name}'s files changed after this server loaded them; restart it to offer the "
+                          "new version")
+
     def read() -> bytes:
-        if digest_of(folder.path) != folder.digest:
-            raise PackChanged(f"pack {name}'s files changed after this server loaded them; restart it to offer "
-                              "the new version")
-        return archive(folder.path)
+        try:
+            sendable(folder.path)  # from sizes alone, before reading what would be refused
+            if digest_of(folder.path) != folder.digest:
+                raise changed
+            return archive(folder.path)
+        except OSError:  # a file removed or cut short while it was read
+            raise changed from None
 
     data = await asyncio.to_thread(read)
     return web.Response(body=data, content_type="application/gzip", headers={DIGEST_HEADER: folder.digest})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -61,6 +62,13 @@ def test_a_pack_in_home_packs_runs_in_process_and_a_broken_one_is_listed(make_se
     (server.home / "packs" / "broken.py").write_text("import lab_secret_library\n")
     (server.home / "packs" / "sized.py").write_text(
         "from troupe import node\n\n@node(flavor='cpu-small')\ndef half(x: float) -> float:\n    return x / 2\n")
+    # What runs after the import is a user's code too: a module attribute that raises when read.
+    (server.home / "packs" / "proxy.py").write_text(
+        "from troupe import node\n\nclass P:\n    def __getattr__(self, name):\n        raise RuntimeError('outside "
+        "of context')\n\nrequest = P()\n\n@node\ndef f(x: float) -> float:\n    return x\n")
+    folder = server.home / "packs" / "folderpack"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("from troupe import node\n\n@node\ndef g(x: float) -> float:\n    return x\n")
     _restart(server)
     types = {n["type"]: n for n in server.get("/api/nodes")["nodes"]}
     assert types["labpack.summary"]["resources"] == {"cpus": 1}
@@ -72,6 +80,17 @@ def test_a_pack_in_home_packs_runs_in_process_and_a_broken_one_is_listed(make_se
     row = next(line for line in listed.stdout.splitlines() if line.startswith("labpack"))
     assert digest[:12] in row and "labpack.scale, labpack.summary" in row and "1.0" in row, listed.stdout
     assert "broken: broken: ModuleNotFoundError: No module named 'lab_secret_library'" in listed.stdout
+    assert "proxy: RuntimeError: outside of context" in listed.stdout
+
+    # A pack an agent would refuse is not built and sent: refused from the files' sizes, or their names.
+    with (folder / "weights.bin").open("wb") as out:
+        out.truncate(300 * 2**20)  # sparse: no disk taken, and never read
+    status, reply = server.client.request("GET", "/api/packs/folderpack/archive")
+    assert (status, reply["error"]["code"]) == (409, "pack_unsendable") and "over 256 MiB" in reply["error"]["message"]
+    (folder / "weights.bin").unlink()
+    (folder / os.fsdecode(b"caf\xe9.txt")).write_text("data")
+    status, reply = server.client.request("GET", "/api/packs/folderpack/archive")
+    assert (status, reply["error"]["code"]) == (409, "pack_unsendable") and "not UTF-8" in reply["error"]["message"]
 
     run_id = server.submit(GRAPH)["run_id"]
     assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"

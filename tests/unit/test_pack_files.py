@@ -5,7 +5,9 @@ it stays in the cache."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from subprocess_runner import pack_files
-from subprocess_runner.errors import PackArchiveRefused
+from subprocess_runner.errors import PackArchiveRefused, PackUnsendable
 
 
 @pytest.fixture
@@ -79,3 +81,45 @@ def test_a_sparse_member_is_refused(labpack, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     _refused(archive.read_bytes(), "0" * 64, cache, "hole.py")
+
+
+def test_an_archive_of_more_files_than_an_agent_takes_is_refused_before_all_are_read(labpack, tmp_path, monkeypatch):
+    for i in range(8):
+        (labpack / f"empty{i}.py").write_text("")
+    digest = pack_files.digest_of(labpack)
+    data = pack_files.archive(labpack)  # ten files: empty members cost nothing against the byte caps
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(pack_files, "MAX_FILES", 9)
+    _refused(data, digest, cache, "more than 9 files")
+
+
+def test_the_control_plane_refuses_to_send_what_an_agent_would_refuse(labpack, monkeypatch):
+    with (labpack / "weights.bin").open("wb") as out:
+        out.truncate(300 * 2**20)  # sparse: refused from its size alone, before a byte is read
+    with pytest.raises(PackUnsendable, match="over 256 MiB"):
+        pack_files.archive(labpack)
+    (labpack / "weights.bin").unlink()
+    monkeypatch.setattr(pack_files, "MAX_FILES", 1)
+    with pytest.raises(PackUnsendable, match="2 files, more than the 1"):
+        pack_files.archive(labpack)
+    monkeypatch.setattr(pack_files, "MAX_FILES", 10)
+    monkeypatch.setattr(pack_files, "MAX_ARCHIVE_BYTES", 16)
+    with pytest.raises(PackUnsendable, match="archive is over"):
+        pack_files.archive(labpack)
+
+
+def test_a_file_name_that_is_not_utf8_is_named_not_a_crash(labpack):
+    (labpack / os.fsdecode(b"caf\xe9.txt")).write_text("data")
+    with pytest.raises(PackUnsendable, match="is not UTF-8"):
+        pack_files.digest_of(labpack)
+
+
+def test_the_digest_read_in_chunks_is_the_digest_of_the_files_whole(labpack, monkeypatch):
+    (labpack / "big.py").write_bytes(bytes(range(256)) * 40)
+    monkeypatch.setattr(pack_files, "_CHUNK", 1000)  # several chunks, the last one short
+    whole = hashlib.sha256()
+    for name in ("labpack/__init__.py", "labpack/big.py", "labpack/nodes.py"):
+        data = (labpack.parent / name).read_bytes()
+        whole.update(f"{name}\0{len(data)}\0".encode() + data)
+    assert pack_files.digest_of(labpack) == whole.hexdigest()
