@@ -12,7 +12,7 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,8 +100,11 @@ def _points(spec: SweepRange) -> Iterator[float]:
             except OverflowError:  # the top end, rounded past the largest float
                 yield spec.max
         return
+    width = spec.max - spec.min
     for i in range(spec.count):
-        yield spec.min + i * (spec.max - spec.min) / (spec.count - 1)
+        part = i * width
+        # i * width may pass the largest float where the point itself does not (0 .. 1e308)
+        yield spec.min + (part / (spec.count - 1) if not math.isinf(part) else width * (i / (spec.count - 1)))
 
 
 def round_half_away(value: float) -> int:
@@ -131,27 +134,38 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         raise SweepInvalid("give either values or a range", pointer=where)
     if entry.values is not None:
         values, at = list(entry.values), f"{where}/values"
-        if len(values) > limits.max_domain:  # counted before anything compares them
-            raise SweepInvalid(f"{len(values)} values for {entry.node_id}.{entry.param}; the limit is "
-                               f"{limits.max_domain} (TROUPE_MAX_SWEEP_DOMAIN)", pointer=at)
-        seen: set[tuple[str, Any]] = set()
-        for i, value in enumerate(values):
-            key = _identity(value)
-            if key in seen:
-                raise SweepInvalid(f"value {value!r} is listed twice", pointer=f"{at}/{i}")
-            seen.add(key)
     else:
         assert entry.range is not None
         values, at = _expand_range(entry.range, param.type, f"{where}/range", limits.max_domain), f"{where}/range"
     if len(values) > limits.max_domain:
         raise SweepInvalid(f"{len(values)} values for {entry.node_id}.{entry.param}; the limit is "
                            f"{limits.max_domain} (TROUPE_MAX_SWEEP_DOMAIN)", pointer=at)
-    checked = []
+    checked, seen = [], set()
     for i, value in enumerate(values):
-        pointer = f"{at}/{i}" if entry.values is not None else at
-        checked.append(check_param(param, value, pointer, entry.node_id))
-    return {"key": f"{entry.node_id}.{entry.param}", "node_id": entry.node_id, "param": entry.param,
-            "values": checked}
+        pointer = f"{at}/{i}" if entry.values is not None else f"{at}/count"
+        value = check_param(param, value, pointer, entry.node_id)
+        if (identity := _identity(value)) in seen:  # compared as the param takes them: 1 and 1.0 for a float
+            raise SweepInvalid(f"value {value!r} is listed twice" if entry.values is not None else
+                               f"the range gives {value!r} twice; fewer points, or a wider range", pointer=pointer)
+        seen.add(identity)
+        checked.append(value)
+    key = f"{entry.node_id}.{entry.param}"
+    if len(key_targets(key, {n.id for n in base.nodes})) > 1:
+        raise SweepInvalid(f"{key} could name a param of node {entry.node_id} or of another node whose id has a "
+                           "dot; rename one of the nodes", pointer=f"{where}/node_id", node_id=entry.node_id)
+    return {"key": key, "node_id": entry.node_id, "param": entry.param, "values": checked}
+
+
+def key_targets(key: str, ids: Container[str]) -> list[tuple[str, str]]:
+    """The (node id, param) pairs a text key ``NODE.PARAM`` can name among the node
+    ``ids``: a node's own param, or one name of a mapping param (``NODE.vars.NAME``), as
+    ``with_params`` reads it. Two pairs: node ids with dots make the key ambiguous."""
+    node_id, _, param = key.rpartition(".")
+    found = [(node_id, param)] if node_id in ids else []
+    outer, dot, mapping = node_id.rpartition(".")
+    if dot and outer in ids:
+        found.append((outer, f"{mapping}.{param}"))
+    return found
 
 
 def _mapped(node_type: Any, entry: SweepParam) -> Param | None:
@@ -244,10 +258,10 @@ def compile_sweep(body: SubmitSweep, catalog: Catalog, limits: SweepLimits) -> C
     if len(spec.params) > limits.max_params:
         raise SweepInvalid(f"{len(spec.params)} params; the limit is {limits.max_params} (TROUPE_MAX_SWEEP_PARAMS)",
                            pointer="/sweep_spec/params")
-    keys = [(p.node_id, p.param) for p in spec.params]
+    keys = [f"{p.node_id}.{p.param}" for p in spec.params]
     for i, key in enumerate(keys):
         if key in keys[:i]:
-            raise SweepInvalid(f"{key[0]}.{key[1]} is swept twice", pointer=f"/sweep_spec/params/{i}")
+            raise SweepInvalid(f"{key} is swept twice", pointer=f"/sweep_spec/params/{i}")
     domains = [_domain(p, f"/sweep_spec/params/{i}", body.base_graph, catalog, limits)
                for i, p in enumerate(spec.params)]
     combos = _combinations(body, domains, limits)

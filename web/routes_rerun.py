@@ -18,10 +18,10 @@ from pydantic import ValidationError
 from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.api import PARAMS_SET_MAX, RerunRequest, RunOptions
-from protocol.errors import InvalidRequest, NotFound, StateConflict, pointer_from_path
+from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError, pointer_from_path
 from protocol.graph import Graph
 from subprocess_runner.digest import file_sha256
-from subprocess_runner.sweeps import with_params
+from subprocess_runner.sweeps import key_targets, with_params
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import refuse_privileged
@@ -56,8 +56,28 @@ async def rerun(request: web.Request) -> web.Response:
         options = options.model_copy(update={"params_set": done})
     graph = Graph.model_validate(document)
     refuse_privileged(svc, request, graph, "")  # another's run is no way around the rule
-    reply = await queue_run(svc, request, graph, row["name"], options, rerun_of=old_id, resumed_from=resumed_from)
+    try:
+        reply = await queue_run(svc, request, graph, row["name"], options, rerun_of=old_id, resumed_from=resumed_from)
+    except TroupeError as exc:
+        exc.pointer = _into_body(exc.pointer, document, body.params_set or {})
+        raise
     return json_reply(reply, status=201)
+
+
+def _into_body(pointer: str | None, document: dict[str, Any], params_set: dict[str, Any]) -> str | None:
+    """A refusal's pointer into the rerun's own body: the run's graph was not sent, so a
+    fault in one of its params points at the ``params_set`` entry that set it, and any
+    other fault of the graph has no pointer (its ``node_id`` says where)."""
+    parts = (pointer or "").split("/")
+    if parts[:3] != ["", "graph", "nodes"]:
+        return pointer
+    if len(parts) > 5 and parts[4] == "params" and parts[3].isdigit() and int(parts[3]) < len(document["nodes"]):
+        node_id, param = str(document["nodes"][int(parts[3])].get("id")), parts[5]
+        ids = {str(n.get("id")) for n in document["nodes"]}
+        for key in params_set:
+            if any(node == node_id and name.split(".", 1)[0] == param for node, name in key_targets(key, ids)):
+                return pointer_from_path(["params_set", key])
+    return None
 
 
 def _checked_sets(graph: dict[str, Any], params_set: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +85,9 @@ def _checked_sets(graph: dict[str, Any], params_set: dict[str, Any]) -> dict[str
     a key that names none is refused, never set nowhere."""
     params = {str(n.get("id")): n.get("params") or {} for n in graph.get("nodes", [])}
     for key in params_set:
+        if len(key_targets(key, params)) > 1:
+            raise InvalidRequest(f"params_set: {key!r} could name a param of two nodes (node ids with a dot); it "
+                                 "is not guessed", pointer=pointer_from_path(["params_set", key]), code="graph_invalid")
         node_id = key.rpartition(".")[0]
         if node_id not in params:
             node_id, _, mapping = node_id.rpartition(".")  # NODE.vars.NAME

@@ -82,6 +82,17 @@ def test_set_on_rerun_changes_the_runs_graph_and_is_recorded(shared_server):
     assert bad.returncode == 2 and "it has value" in bad.stderr
     status, reply = shared_server.client.request("POST", f"/api/runs/{first}/rerun", {"params_set": {"z.value": 1}})
     assert status == 400 and reply["error"]["pointer"] == "/params_set/z.value", reply
+    # A fault points into the rerun's own body, not into a graph it never sent.
+    status, reply = shared_server.client.request("POST", f"/api/runs/{first}/rerun", {"params_set": {"a.value": "x"}})
+    assert status == 400 and reply["error"]["pointer"] == "/params_set/a.value", reply
+    dotted = shared_server.submit({"version": 1, "nodes": [{"id": "a", "type": "core.Constant", "params": {"value": 1}},
+                                                          {"id": "a.value", "type": "core.Constant",
+                                                           "params": {"value": 2}}], "edges": []})["run_id"]
+    shared_server.wait_status(dotted, "succeeded")
+    status, reply = shared_server.client.request("POST", f"/api/runs/{dotted}/rerun",
+                                                 {"params_set": {"a.value.value": 3}})
+    assert status == 400 and reply["error"]["pointer"] == "/params_set/a.value.value", reply
+    assert "not guessed" in reply["error"]["message"]
 
 
 def test_set_into_a_mapping_the_graph_does_not_hold_as_an_object_is_a_usage_error(tmp_path):

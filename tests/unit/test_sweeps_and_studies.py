@@ -84,3 +84,40 @@ def test_a_variant_with_some_repeats_done_is_incomplete_and_spread_is_reported()
         ("b", "incomplete", 1, [2.0])]
     _, unranked = rank(VARIANTS, attempts[:2], 2, {"direction": "minimize"})
     assert [(u["variant"], u["reason"], u["repeats_done"]) for u in unranked] == [("b", "not_run", 0)]
+
+
+def _float_sweep(base, axis):
+    return SubmitSweep.model_validate({"base_graph": base, "sweep_spec": {"method": "grid", "params": [axis]},
+                                       "objective": {"metric": "m", "direction": "minimize"}})
+
+
+def test_values_are_distinct_as_the_param_takes_them_and_a_range_that_repeats_is_refused():
+    base = graph(node("a", "core.Constant", value=1))
+    with pytest.raises(SweepInvalid, match="listed twice") as caught:
+        compile_sweep(_float_sweep(base, {"node_id": "a", "param": "value", "values": [1, 1.0]}), CATALOG,
+                      SweepLimits())
+    assert caught.value.pointer == "/sweep_spec/params/0/values/1"
+    with pytest.raises(SweepInvalid, match=r"gives 2\.0 twice") as caught:
+        compile_sweep(_float_sweep(base, {"node_id": "a", "param": "value", "range": {"min": 2, "max": 2, "count": 3}}),
+                      CATALOG, SweepLimits())
+    assert caught.value.pointer == "/sweep_spec/params/0/range/count"
+    # Every point fits a float, though i * width does not.
+    wide = compile_sweep(_float_sweep(base, {"node_id": "a", "param": "value",
+                                             "range": {"min": 0, "max": 1e308, "count": 3}}), CATALOG, SweepLimits())
+    assert [v.params["a.value"] for v in wide.variants] == [0.0, 5e307, 1e308]
+    linear = compile_sweep(_float_sweep(base, {"node_id": "a", "param": "value",
+                                               "range": {"min": 0.1, "max": 0.7, "count": 7}}), CATALOG, SweepLimits())
+    assert [v.params["a.value"] for v in linear.variants] == [0.1 + i * 0.6 / 6 for i in range(7)]
+
+
+def test_a_key_that_could_name_a_param_of_two_nodes_is_refused_not_guessed():
+    # "a.value.value": node a.value's value, or a name in a mapping "value" of node a.
+    base = graph(node("a", "core.Constant", value=1), node("a.value", "core.Constant", value=2))
+    with pytest.raises(SweepInvalid, match="rename one of the nodes") as caught:
+        compile_sweep(_float_sweep(base, {"node_id": "a.value", "param": "value", "values": [3, 4]}), CATALOG,
+                      SweepLimits())
+    assert caught.value.pointer == "/sweep_spec/params/0/node_id"
+    compiled = compile_sweep(_float_sweep(base, {"node_id": "a", "param": "value", "values": [3, 4]}), CATALOG,
+                             SweepLimits())
+    assert [next(n for n in v.graph["nodes"] if n["id"] == "a")["params"] for v in compiled.variants] == [
+        {"value": 3.0}, {"value": 4.0}]
