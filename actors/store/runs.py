@@ -343,7 +343,9 @@ def keep_queued_for_next_start(conn: apsw.Connection) -> None:
 
 
 def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
-    """The finished runs outside the newest ``keep_last`` (negative: none)."""
+    """The finished runs outside the newest ``keep_last`` (negative: none), but for a
+    run whose checkpoint a resumed run that has not ended will load: retention never
+    takes what an accepted run needs (it goes at a later pass, once that run ended)."""
     if keep_last < 0:
         return []
     doomed = conn.execute(
@@ -351,7 +353,12 @@ def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
         "(SELECT enqueue_seq FROM runs ORDER BY enqueue_seq DESC LIMIT ?)",
         (keep_last,),
     ).fetchall()
-    return [(str(run_id), str(status)) for run_id, status in doomed]
+    if not doomed:
+        return []
+    needed = {row[0] for row in conn.execute(
+        "SELECT rerun_of FROM runs WHERE status IN ('queued', 'running', 'disconnected') "
+        "AND resumed_from IS NOT NULL")}
+    return [(str(run_id), str(status)) for run_id, status in doomed if run_id not in needed]
 
 
 # Handlers ----------------------------------------------------------------------

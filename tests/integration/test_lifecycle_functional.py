@@ -230,3 +230,35 @@ def test_the_server_runs_on_the_event_loop_its_setting_names(make_server, choice
     run_id = server.submit(hello())["run_id"]
     assert server.events_until_finished(run_id)[-1]["type"] == "run_finished"
     assert server.get(f"/api/runs/{run_id}")["status"] == "succeeded"
+
+
+# A script that resumes from TROUPE_RESUME_FROM when there is one and writes one checkpoint.
+_CHECKPOINTED = ("import os, pathlib; d = pathlib.Path(os.environ['TROUPE_CHECKPOINT_DIR']); "
+                 "r = os.environ.get('TROUPE_RESUME_FROM'); r and print('resumed', pathlib.Path(r).read_bytes()); "
+                 "d.mkdir(parents=True, exist_ok=True); (d / '.t').write_bytes(b'w1'); "
+                 "os.rename(d / '.t', d / 'ck-epoch-1.pt')")
+
+
+@pytest.mark.timeout(120)
+def test_retention_keeps_the_run_a_queued_resume_will_load(make_server):
+    server = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="2", TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1",
+                         TROUPE_SIMULATED_ACCELERATORS="cuda:0")
+    older = server.submit(hello())["run_id"]
+    server.wait_status(older, "succeeded")
+    trained = server.submit(graph(node("train", "script.Command", argv=["{python}", "-c", _CHECKPOINTED]),
+                                  device="cpu"))["run_id"]
+    server.wait_status(trained, "succeeded")
+    blocker = server.submit(sleeper(60))["run_id"]
+    server.wait_status(blocker, "running")
+    status, resumed = server.client.request("POST", f"/api/runs/{trained}/rerun", {"resume": True})
+    assert status == 201, resumed
+    # A run on another queue ends while the resume waits: the two newest are kept, older ones pruned...
+    quick = server.submit(sleeper(0, device="cuda:0"))["run_id"]
+    server.wait_status(quick, "succeeded")
+    server.wait_until(lambda: server.client.request("GET", f"/api/runs/{older}")[0] == 404)
+    # ...but the one whose checkpoint the accepted resume will load.
+    assert server.client.request("GET", f"/api/runs/{trained}")[0] == 200
+    server.client.request("POST", f"/api/runs/{blocker}/cancel")
+    row = server.wait_status(resumed["run_id"], "succeeded")
+    assert row["resumed_from"]["run_id"] == trained
+    server.wait_until(lambda: server.client.request("GET", f"/api/runs/{trained}")[0] == 404)  # then it goes
