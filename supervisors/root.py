@@ -51,6 +51,7 @@ from subprocess_runner.devices import host_machine_id, parse_device, probe_accel
 from subprocess_runner.engine import prepare_executable_graph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
+from subprocess_runner.run_marker import stop_carrying
 from supervisors import tree
 from supervisors.failed import FailedWorkers
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Supervisor
@@ -121,6 +122,10 @@ class ControlPlane:
         self.recovered = found["interrupted"]
         if self.recovered:
             log.warning("%d runs left queued or running by the last server are now interrupted", len(self.recovered))
+        if found["ran_here"]:  # a killed server could not stop its runs' commands: they are stopped now
+            stopped = await asyncio.to_thread(stop_carrying, found["ran_here"], self.settings.command_kill_grace_s)
+            if stopped:
+                log.warning("stopped %d processes of runs the last server left running", len(stopped))
         if self.settings.run_retention_keep_last >= 0:
             await self.store.write(Prune(self.settings.run_retention_keep_last))
         assert store_ref.is_alive

@@ -310,11 +310,12 @@ def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> 
     """What the last server left unfinished. Worker runs still executing are adopted
     (returned with the next seq of their log); queued runs are kept when asked (the
     setting, or a stop that left them for this start); everything else becomes
-    interrupted, with a terminal event so a watcher of its stream ends."""
+    interrupted, with a terminal event so a watcher of its stream ends. ``ran_here``:
+    the interrupted runs that were running in the last server's process."""
     marker = conn.execute("SELECT value FROM server_state WHERE key = 'queued_kept'").fetchall()
     keep_queued = keep_queued or bool(marker)
     conn.execute("DELETE FROM server_state WHERE key = 'queued_kept'")
-    found: dict[str, list[Any]] = {"interrupted": [], "adopted": [], "queued": []}
+    found: dict[str, list[Any]] = {"interrupted": [], "adopted": [], "queued": [], "ran_here": []}
     stale = conn.execute("SELECT id, status, worker FROM runs WHERE status IN ('queued', 'running', 'disconnected') "
                          "ORDER BY enqueue_seq").fetchall()
     for stale_id, status, worker in stale:
@@ -335,6 +336,8 @@ def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> 
         payload = {"status": ev.INTERRUPTED, "error": message, "reason": reason}
         append_events(conn, run_id, [{"seq": next_seq, "type": ev.RUN_FINISHED, "ts": now, "payload": payload}])
         found["interrupted"].append(run_id)
+        if status != ev.QUEUED and worker is None:  # its processes may outlive the server that was killed
+            found["ran_here"].append(run_id)
     return found
 
 

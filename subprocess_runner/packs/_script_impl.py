@@ -26,6 +26,7 @@ from typing import IO, Any
 from protocol.events import STEP_MAX
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
+from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
 
 STDERR_TAIL = 20  # lines of stderr a failure quotes
 _TAIL_LINE_MAX = 4096  # what a failure quotes of one line
@@ -64,7 +65,7 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         code = _wait(process, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
     finally:
         _stop_group(process, grace)
-        _stop_escaped(ctx.run_id, grace)
+        stop_carrying([ctx.run_id], grace)  # what left the group (setsid) still carries the run's mark
         ended.set()
         for reader in readers:
             reader.join(5)
@@ -83,7 +84,7 @@ def _filled(text: str, params: Mapping[str, Any], ctx: Any) -> str:
 
 
 def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
-    env = {"TROUPE_RUN_ID": ctx.run_id, "TROUPE_CHECKPOINT_DIR": str(checkpoints), "TROUPE_OUTPUT_DIR": str(outputs),
+    env = {RUN_ID_VAR: ctx.run_id, "TROUPE_CHECKPOINT_DIR": str(checkpoints), "TROUPE_OUTPUT_DIR": str(outputs),
            "PYTHONUNBUFFERED": "1"}
     if ctx.seed is not None:
         env["TROUPE_SEED"] = str(ctx.seed)
@@ -180,43 +181,6 @@ def _stop_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-def _stop_escaped(run_id: str, grace_s: float) -> None:
-    """The processes that left the group (``setsid``, a daemon's double fork) still carry
-    the run's ``TROUPE_RUN_ID``: SIGTERM, then SIGKILL after the grace, as the group got.
-    (Linux's /proc; elsewhere only the group is stopped.)"""
-    marker = f"TROUPE_RUN_ID={run_id}".encode()
-    escaped = [pid for pid in _carrying(marker) if pid != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in escaped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while escaped and time.monotonic() < deadline:
-            escaped = [pid for pid in escaped if _alive(pid)]
-            if escaped:
-                time.sleep(_POLL_S)
-        if not escaped:
-            return
-
-
-def _carrying(marker: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*/environ"):
-        with contextlib.suppress(OSError, ValueError):
-            if marker in entry.read_bytes().split(b"\0"):
-                found.append(int(entry.parent.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie left for its parent to reap."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _signal_name(number: int) -> str:

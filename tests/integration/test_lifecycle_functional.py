@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 
@@ -262,3 +264,39 @@ def test_retention_keeps_the_run_a_queued_resume_will_load(make_server):
     row = server.wait_status(resumed["run_id"], "succeeded")
     assert row["resumed_from"]["run_id"] == trained
     server.wait_until(lambda: server.client.request("GET", f"/api/runs/{trained}")[0] == 404)  # then it goes
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped by whoever adopted it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+# A quiet command (it never prints, so no broken pipe ends it) and a process it sets off in a session of its own.
+_QUIET = ("import os, pathlib, subprocess, sys, time; "
+          "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); "
+          "pathlib.Path(sys.argv[1] + '.tmp').write_text('%d %d' % (os.getpid(), p.pid)); "
+          "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(120)")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_servers_commands_are_stopped_when_it_starts_again(make_server, tmp_path):
+    home, said = tmp_path / "orphans", tmp_path / "pids"
+    server = make_server(home=home)
+    run_id = server.submit(graph(node("quiet", "script.Command", argv=["{python}", "-c", _QUIET, str(said)]),
+                                 device="cpu"))["run_id"]
+    server.poll_until(said.exists, timeout=60)
+    pids = [int(pid) for pid in said.read_text().split()]
+    try:
+        server.kill()  # nothing stops the command: its group and the process that left it run on
+        assert all(_running(pid) for pid in pids), pids
+        fresh = make_server(home=home)
+        assert fresh.get(f"/api/runs/{run_id}")["status"] == "interrupted"
+        assert not any(_running(pid) for pid in pids), pids  # stopped before the new server answers
+    finally:
+        for pid in pids:  # a failed check leaves nothing behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
