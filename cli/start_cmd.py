@@ -20,6 +20,7 @@ from cli.session import acquire_lock, lock_is_held, read_session, remove_session
 from protocol.settings import Settings
 from protocol.version import __version__
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
+from supervisors.errors import StartRefused
 
 log = logging.getLogger("troupe.cli")
 
@@ -57,6 +58,9 @@ def start(settings: Settings) -> int:
         else:  # the user's to mend, in one line: another port, another address
             log.error("cannot listen on %s port %s: %s (TROUPE_HOST / --host, TROUPE_PORT / --port)",
                       settings.host, settings.port, exc.strerror or exc)
+        code = 1
+    except StartRefused as exc:  # its owner's to mend: one line
+        log.error("%s", exc)
         code = 1
     except Exception:
         log.critical("the control plane stopped on an error", exc_info=True)

@@ -33,6 +33,7 @@ from actors.ssh_session import SshSession, SshTarget
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents
 from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
+from actors.store.schema import check_writable
 from actors.store.studies import ListStudies, UpdateStudy
 from actors.store.workers import WorkerExited
 from actors.store.writer import Writer
@@ -53,6 +54,7 @@ from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
 from subprocess_runner.run_marker import stop_carrying
 from supervisors import tree
+from supervisors.errors import StartRefused
 from supervisors.failed import FailedWorkers
 from supervisors.supervisor import Child, ChildSpec, ExitInfo, Supervisor
 from web.app import WebService
@@ -104,9 +106,16 @@ class ControlPlane:
         self.runs: Supervisor[ActorRef] = Supervisor(tree.RUNS.name)
         self.studies: Supervisor[ActorRef] = Supervisor(tree.STUDIES.name, on_give_up=self._study_failed)
         self.workers: Supervisor[ActorRef] = Supervisor(tree.WORKERS.name, on_give_up=self._worker_failed)
+        try:
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartRefused(f"cannot make the runs folder {self.runs_dir}: {exc.strerror or exc}") from None
+        try:
+            await asyncio.to_thread(check_writable, self.db_path)
+        except Exception as exc:  # apsw's, the schema's or the file system's: each says what is wrong
+            raise StartRefused(f"cannot open the database {self.db_path}: {exc}") from None
         self.store = StoreClient(on_committed=self._publish,
                                  open_inline=functools.partial(Writer.open, self.db_path, self.runs_dir))
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
         # One pool for the nodes of every in-process run: a run does not start threads
         # of its own. More nodes than threads wait their turn (they never wait on each
         # other: the engine submits a node only once its inputs exist).

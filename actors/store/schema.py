@@ -394,3 +394,18 @@ def open_database(path: Path) -> apsw.Connection:
             raise
         log.info("migrated %s to schema version %d", path, number + 1)
     return conn
+
+
+def check_writable(path: Path) -> None:
+    """Opens and migrates the database, then writes a row and takes it back: what a
+    server needs of it, found out before anything starts (a read-only file, another
+    program's lock, a file that is not a database, one from a newer troupe)."""
+    conn = open_database(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:  # a read-only file is found at the first statement that writes, not at BEGIN
+            conn.execute("INSERT OR REPLACE INTO server_state(key, value) VALUES ('write_check', '1')")
+        finally:
+            conn.execute("ROLLBACK")
+    finally:
+        conn.close()

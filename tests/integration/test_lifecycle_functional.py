@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+import apsw
 import pytest
 
 from tests.helpers import REPO, base_env, edge, graph, hello, node, sleeper, troupe_cmd
@@ -192,6 +193,34 @@ def test_a_second_server_on_the_same_home_is_refused(make_server, tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert str(first.proc.pid) in result.stderr and first.url in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_database_the_server_cannot_use_is_said_in_one_line(make_server, tmp_path):
+    home = tmp_path / "bad"
+    make_server(home=home).stop()
+    db = home / "troupe.db"
+    conn = apsw.Connection(str(db))
+    conn.execute("PRAGMA user_version = 99")  # left by a newer troupe
+    conn.close()
+    for words, damage in [("has schema version 99; this troupe knows up to", None),
+                          ("file is not a database", b"not a database " * 300)]:
+        if damage is not None:
+            for left in home.glob("troupe.db*"):
+                left.unlink()
+            db.write_bytes(damage)
+        result = subprocess.run(troupe_cmd("start", "--port", "0"), cwd=REPO, env=base_env(home),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, result.stderr
+        assert f"cannot open the database {db}" in result.stderr and words in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+    (home / "troupe.db").unlink()
+    (home / "runs").rename(home / "runs.old")
+    (home / "runs").write_text("a file where the runs folder goes")
+    result = subprocess.run(troupe_cmd("start", "--port", "0"), cwd=REPO, env=base_env(home),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "cannot make the runs folder" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(
