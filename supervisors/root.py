@@ -179,14 +179,13 @@ class ControlPlane:
                 try:
                     graph = prepare_executable_graph(Graph.model_validate(row["graph"]), self.catalog)
                 except Exception as exc:  # the catalog changed under a kept run
-                    log.error("run %s cannot be restored: %s", row["id"], exc)
-                    error = f"cannot be restored: {exc}"
-                    await self.store.write(UpdateRun(row["id"], {"status": ev.INTERRUPTED, "finished_at": ev.utc_now(),
-                                                                 "error": error}))
-                    # A terminal event, so a watcher of the run's stream ends too.
-                    finished = ev.make_event(int(row["next_seq"]), ev.RUN_FINISHED, None,
-                                             {"status": ev.INTERRUPTED, "error": error, "reason": "server_restart"})
-                    await self.store.write(AppendEvents(row["id"], (finished,)))
+                    await self._not_restored(row, str(exc))
+                    continue
+                gone = [d for d in row.get("devices") or () if d != "cpu" and d not in self.accelerators]
+                if kind == "queued" and QueueKey.parse(row["queue_key"]).provider is None and gone:
+                    # Admitted for a card this start does not have: it would start on nothing.
+                    await self._not_restored(row, f"this server has no {', '.join(gone)} now (it has "
+                                                  f"{', '.join(('cpu', *self.accelerators))}); submit it again")
                     continue
                 adoption = Adoption(int(row["next_seq"]), int(row.get("worker_counter") or 0),
                                     tuple((str(p), str(d)) for p, d in row.get("holds") or ())) \
@@ -199,6 +198,16 @@ class ControlPlane:
                         len(specs["queued"]))
             assert self.placer is not None  # started just before
             self.placer.tell(Restore(tuple(specs["adopted"]), tuple(specs["queued"])))
+
+    async def _not_restored(self, row: dict[str, Any], why: str) -> None:
+        log.error("run %s cannot be restored: %s", row["id"], why)
+        error = f"cannot be restored: {why}"
+        await self.store.write(UpdateRun(row["id"], {"status": ev.INTERRUPTED, "finished_at": ev.utc_now(),
+                                                     "error": error}))
+        # A terminal event, so a watcher of the run's stream ends too.
+        finished = ev.make_event(int(row["next_seq"]), ev.RUN_FINISHED, None,
+                                 {"status": ev.INTERRUPTED, "error": error, "reason": "server_restart"})
+        await self.store.write(AppendEvents(row["id"], (finished,)))
 
     # Children ------------------------------------------------------------------
     def _make_store(self) -> ThreadActorRef:
