@@ -7,15 +7,36 @@ import http.client
 import json
 import re
 import socket
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cli.errors import BadAddress, CliError, NoServer
+from cli.errors import BadAddress, BadOption, CliError, NoServer
 from protocol.tls import untrusted
 from protocol.unix_http import connect
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
+_WHOLE = re.compile(r"^[0-9a-f]{32}$")
+
+
+class ReplyShape(CliError, KeyError):
+    """A success whose JSON lacks a field every troupe server sends: something else
+    answers at that address (or a server of another version). A KeyError too, so code
+    that looks a field up and copes with its absence still does."""
+
+    code = "reply_shape"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _Reply(dict[str, Any]):
+    """A JSON object of a reply: a missing field is a one-line CliError, not a traceback."""
+
+    def __missing__(self, key: str) -> Any:
+        raise ReplyShape(f"the server's answer has no {key!r}; is this a troupe server's address (of this "
+                         "version)?")
 
 
 class Client:
@@ -70,7 +91,7 @@ class Client:
         if content_type.startswith(("text/csv", "text/plain")):
             return data.decode(errors="replace")
         try:
-            found = json.loads(data) if data else None
+            found = json.loads(data, object_hook=_Reply) if data else None
         except (ValueError, RecursionError):
             found = data.decode(errors="replace")
         if 200 <= status < 300 and not (found is None or isinstance(found, dict)):
@@ -81,16 +102,21 @@ class Client:
     def full_id(self, kind: str, given: str) -> str:
         """The id of the run, sweep or study (``kind``: runs, sweeps, studies) that
         ``given`` starts: any unique prefix of at least 4 hex characters names one, as
-        in git and docker. A whole id, or text that is no prefix, goes as it is (the
-        server says whether it knows it); none or several matches are a CliError."""
+        in git and docker. A whole id goes as it is, text that is no prefix as one
+        quoted path segment (the server says whether it knows it); none or several
+        matches are a CliError."""
+        what = {"runs": "run", "sweeps": "sweep", "studies": "study"}[kind]
         text = given.strip().lower()
-        if len(text) == 32 or not _PREFIX.fullmatch(text):
-            return given
+        if not text:
+            raise BadOption(f"an empty {what} id")
+        if _WHOLE.fullmatch(text):
+            return text
+        if not _PREFIX.fullmatch(text):  # sent as one path segment, whatever it holds: the server says it knows none
+            return urllib.parse.quote(given.strip(), safe="")
         status, found = self.request("GET", f"/api/ids?prefix={text}")
         if status != 200:
             return given
         matches = found.get(kind, [])
-        what = {"runs": "run", "sweeps": "sweep", "studies": "study"}[kind]
         if not matches:
             raise CliError(f"no {what} has an id starting with {given}")
         if len(matches) > 1:
@@ -143,20 +169,53 @@ class Client:
             conn.close()
 
 
+class Reopens:
+    """A followed run stream that ends before the run did (a restart, a proxy that cuts)
+    is opened again after its last event; one that keeps ending with nothing new is
+    given up with a one-line error, so that a follower never spins on a server that
+    answers and cuts."""
+
+    LIMIT = 3
+    PAUSE_S = 0.5
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+        self._fruitless = 0
+
+    def ended(self, progressed: bool) -> None:
+        """The stream ended, having brought something new or not: pause, or give up."""
+        self._fruitless = 0 if progressed else self._fruitless + 1
+        if self._fruitless >= self.LIMIT:
+            raise CliError(f"run {self._run_id}'s stream ended {self._fruitless} times with nothing new before the "
+                           f"run did; it may still be going: troupe attach {self._run_id}")
+        time.sleep(self.PAUSE_S)
+
+
 def read_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
-    """``(event, data)`` of a server-sent event stream, until the body ends."""
+    """``(event, data)`` of a server-sent event stream, until the body ends, or is cut
+    (a proxy, a server gone mid-chunk): that is an end too, and the caller opens the
+    stream again from where it was or says it cannot. Silence past the read timeout
+    still raises TimeoutError."""
     event, data = "message", list[str]()
     while True:
-        line = response.readline()
+        try:
+            line = response.readline()
+        except TimeoutError:
+            raise
+        except (http.client.HTTPException, ConnectionError):
+            return
         if not line:
             return
-        text = line.decode().rstrip("\r\n")
+        text = line.decode(errors="replace").rstrip("\r\n")
         if text == "":
             if data:
                 try:
-                    parsed = json.loads("\n".join(data))
-                except ValueError as exc:
+                    parsed = json.loads("\n".join(data), object_hook=_Reply)
+                except (ValueError, RecursionError) as exc:
                     raise CliError(f"the server's event stream sent a {event!r} event that is not JSON: {exc}") from exc
+                if not isinstance(parsed, dict):
+                    raise CliError(f"the server's event stream sent a {event!r} event that is not a JSON object: "
+                                   f"{str(parsed)[:80]!r}; is this a troupe server?")
                 yield event, parsed
             event, data = "message", list[str]()
         elif text.startswith(":"):

@@ -61,8 +61,8 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
         resolved, warning = resolve_device(device or graph.settings.device, available)
     except ValueError as exc:
         raise CliError(f"{path}: {exc}") from None
-    if warning:
-        print(f"  ⚠ {warning}")
+    if warning:  # on stderr with --events-json: its stdout is JSON lines only
+        print(f"  ⚠ {warning}", file=sys.stderr if events_json else sys.stdout)
     run_id = uuid.uuid4().hex
     lock = threading.Lock()
 

@@ -25,11 +25,20 @@ def _path() -> Path:
 
 
 def read_logins() -> dict[str, Any]:
+    """The logins kept, without what no login writes (a file changed by another hand):
+    a server's entry without a text secret is not one, and is dropped at the next write."""
     try:
         found = json.loads(_path().read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
-    return found if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    servers = found.get("servers")
+    kept = {} if not isinstance(servers, dict) else {url: entry for url, entry in servers.items()
+            if isinstance(entry, dict) and isinstance(entry.get("secret"), str)
+            and isinstance(entry.get("ca"), str | None)}
+    current = found.get("current")
+    return {**found, "servers": kept, "current": current if isinstance(current, str) and current in kept else None}
 
 
 def _write(logins: dict[str, Any]) -> None:

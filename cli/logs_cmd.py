@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Set
 from typing import Any
 
-from cli.client import Client
+from cli.client import Client, Reopens
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from cli.runs_cmd import answer, get_run
 from protocol import events as ev
@@ -30,13 +31,7 @@ def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, conso
     kinds = {ev.CONSOLE} if console_only else _LOGGED
     try:
         if follow_live:
-            rate = _Rate(None if every_metric else 1.0)
-            for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=None):
-                if kind == "run_event" and data["type"] in kinds and rate.shows(data):
-                    _write_log(data, console_only, as_json)
-                if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
-                    return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
-            return EXIT_OK
+            return _follow(client, run_id, kinds, _Rate(None if every_metric else 1.0), console_only, as_json)
         found = [e for e in _all_events(client, run_id) if e["type"] in kinds]
         if not every_metric:
             found = _thinned(found)
@@ -45,6 +40,25 @@ def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, conso
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _follow(client: Client, run_id: str, kinds: Set[str], rate: _Rate, console_only: bool,
+            as_json: bool) -> int:
+    """Until the run's end, whose status gives the exit code. A stream cut before it (a
+    proxy, a restart) is opened again after the last event shown; a server gone is a
+    one-line error (exit 1), never an exit 0 that a script would read as the run's end."""
+    after, reopens = 0, Reopens(run_id)
+    while True:
+        before = after
+        for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout=None):
+            if kind != "run_event":
+                continue
+            after = data["seq"]
+            if data["type"] in kinds and rate.shows(data):
+                _write_log(data, console_only, as_json)
+            if data["type"] == ev.RUN_FINISHED:
+                return EXIT_OK if data["payload"].get("status") == ev.SUCCEEDED else EXIT_FAILED
+        reopens.ended(progressed=after != before)
 
 
 def _thinned(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

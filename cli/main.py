@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import connect, terminal
-from cli.errors import EXIT_FAILED, CliError, NoServer
+from cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, NoServer
 
 
 def _no_type_beside_flags() -> None:
@@ -417,6 +417,12 @@ def main() -> None:
         sys.exit(130)
     except CliError as exc:  # pragma: no cover - every command catches its own
         print(f"troupe: {exc.message}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except UnicodeError as exc:  # an argument with bytes that are not UTF-8 (a file name, a pasted id)
+        print(f"troupe: text that is not valid UTF-8 cannot be sent to the server ({exc})", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except OSError as exc:  # the output cannot be written (a full disk); a closed pipe is click's, quietly
+        print(f"troupe: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
         sys.exit(EXIT_FAILED)
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cli.client import Client
+from cli.client import Client, Reopens
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, SubmitRejected
 from cli.files import read_json_object
 from cli.render import Renderer
@@ -107,7 +107,9 @@ def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -
     after = 0
     renderer = Renderer()  # one line per epoch, whichever connection its metrics came on
     live = LiveLine() if sys.stdout.isatty() else None  # on a terminal: epoch k/n and an ETA, in place
+    reopens = Reopens(run_id)
     while True:
+        before = after
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return _timed_out(run_id, timeout)
@@ -138,7 +140,9 @@ def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -
         except TimeoutError:
             if deadline is not None and time.monotonic() >= deadline:
                 return _timed_out(run_id, timeout)
+            continue  # silence within the deadline: ask again
         # The stream ended without a result (server restart): reconnect from `after`.
+        reopens.ended(progressed=after != before)
 
 
 class LiveLine:

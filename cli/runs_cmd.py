@@ -301,8 +301,9 @@ def cancel(client: Client, run_ids: Sequence[str], as_json: bool = False) -> int
         status, body = client.request("POST", f"/api/runs/{run_id}/cancel")
         answers.append({"id": run_id, **(body if isinstance(body, dict) else {"error": body})})
         if status == 200:
+            state = body["status"]  # what a troupe server answers, never any 200
             if not as_json:
-                print(f"{run_id}  {body.get('status')}" + ("  (asked before)" if body.get("repeat") else ""))
+                print(f"{run_id}  {state}" + ("  (asked before)" if body.get("repeat") else ""))
         else:
             error = body.get("error", {}) if isinstance(body, dict) else {}
             print(f"troupe: {run_id}: {error.get('message', body)}", file=sys.stderr)
@@ -316,7 +317,7 @@ def remove(client: Client, run_ids: Sequence[str]) -> int:
     code = EXIT_OK
     for run_id in client.full_ids("runs", run_ids):
         status, body = client.request("DELETE", f"/api/runs/{run_id}")
-        if status == 200:
+        if status == 200 and body["deleted"]:  # what a troupe server answers, never any 200
             print(f"{run_id}  deleted")
         else:
             error = body.get("error", {}) if isinstance(body, dict) else {}

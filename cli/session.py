@@ -20,11 +20,19 @@ LOCK_FILE = "troupe.lock"
 
 
 def read_session(home: Path) -> dict[str, Any] | None:
+    """The running server's session as its start wrote it, or None: a file another hand
+    changed (a field missing or of another type) is no session, never half of one."""
     try:
         data = json.loads((home / SESSION_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+        return None
+    pid = data.get("pid")
+    if not all(isinstance(data.get(key), str | None) for key in ("token", "login_url", "ca")) or not (
+            pid is None or (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0)):
+        return None
+    return data
 
 
 def write_session(home: Path, url: str, token: str, login_url: str | None = None, ca: str | None = None) -> None:

@@ -153,7 +153,9 @@ def stop(settings: Settings, timeout: float, leave_worker_runs: bool = False) ->
     session = read_session(settings.home)
     if session is None or not lock_is_held(settings.home):
         raise NoServer(f"no troupe server runs on {settings.home}")
-    pid = int(session.get("pid", 0))
+    pid = session.get("pid")
+    if pid is None:  # never signal 0: that is this terminal's own process group
+        raise CliError(f"{settings.home}'s session.json names no server pid; stop the server where it runs")
     try:
         os.kill(pid, LEAVE_WORKER_RUNS if leave_worker_runs else signal.SIGTERM)
     except ProcessLookupError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import http.server
 import json
 import signal
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import EXAMPLES, REPO, base_env, graph, node, sleeper, troupe_cmd
 
@@ -199,6 +202,84 @@ def test_something_else_at_the_address_is_never_read_as_a_servers_answer(tmp_pat
         _one_line(cli(tmp_path, "workers", "--port", port), 1, "not a troupe server")
     finally:
         other.shutdown()
+
+
+class _OtherJson(http.server.BaseHTTPRequestHandler):
+    """Another JSON service: objects without a troupe server's fields, and a run stream
+    that a proxy cuts in the middle of a chunk."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        if self.path.split("?")[0].endswith("/stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"40\r\nevent: run_event\n")  # a chunk of 64 bytes, cut after 17
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self._reply({"id": "b" * 32, "status": "running", "device": "cpu", "queue_key": "cpu", "name": "n"})
+
+    def do_POST(self):
+        self._reply({"ok": True})
+
+    def do_DELETE(self):
+        self._reply({"ok": True})
+
+    def _reply(self, found) -> None:
+        body = json.dumps(found).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_an_answer_without_a_troupe_servers_fields_or_a_cut_stream_is_one_line_never_a_success(tmp_path):
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OtherJson)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        port, run_id = str(other.server_address[1]), "b" * 32
+        _one_line(cli(tmp_path, "ls", "--port", port), 1, "has no 'runs'; is this a troupe server's address")
+        _one_line(cli(tmp_path, "cancel", run_id, "--port", port), 1, "has no 'status'")  # not "cancelled", exit 0
+        _one_line(cli(tmp_path, "rm", run_id, "--port", port), 1, "has no 'deleted'")
+        # A stream cut again and again is opened again, then given up: never an exit 0 a script reads as the end.
+        _one_line(cli(tmp_path, "logs", run_id, "-f", "--port", port), 1, "stream ended 3 times with nothing new")
+        _one_line(cli(tmp_path, "attach", run_id, "--port", port), 1, "stream ended 3 times with nothing new")
+    finally:
+        other.shutdown()
+
+
+def test_ids_and_filters_are_sent_as_they_were_typed(shared_server, tmp_path):
+    _one_line(cli(shared_server, "show", "café"), 1, "'café' is not a run id")
+    _one_line(cli(shared_server, "cancel", "x?y=1"), 1, "'x?y=1' is not a run id")  # not the run x
+    _one_line(cli(shared_server, "rm", ""), 2, "an empty run id")
+    whole = shared_server.submit(graph(node("a", "core.Constant", value=1)))["run_id"]
+    shown = cli(shared_server, "show", f" {whole.upper()}\r")  # pasted with a space, a return, in capitals
+    assert shown.returncode == 0 and whole in shown.stdout, shown.stderr
+    _one_line(cli(shared_server, "ls", "--search", "x\udcffy"), 2, "not valid UTF-8")
+    # A session file another hand changed is no session; one without a pid is never signalled as pid 0
+    # (this terminal's whole process group).
+    home = tmp_path / "pidless"
+    home.mkdir()
+    (home / "session.json").write_text(json.dumps({"url": "http://127.0.0.1:1", "token": "t"}))
+    with open(home / "troupe.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stopped = subprocess.run(troupe_cmd("stop", "--timeout", "2"), cwd=REPO, env=base_env(home),
+                                 capture_output=True, text=True, timeout=60, start_new_session=True)
+    _one_line(stopped, 1, "names no server pid")
+    (home / "session.json").write_text(json.dumps({"url": 5, "token": "t", "pid": 1}))
+    _one_line(cli(home, "ls"), 1, "no troupe server answers")
+    # --events-json writes JSON lines only; the warning goes to stderr.
+    local = cli(tmp_path, "exec", str(EXAMPLES / "hello.json"), "--events-json", "--device", "mps")  # never on Linux
+    assert local.returncode == 0 and "is not available" in local.stderr, local.stderr
+    assert [json.loads(line)["type"] for line in local.stdout.splitlines()][-1] == "run_finished"
 
 
 def test_a_server_that_cannot_start_says_why_in_a_line(tmp_path):
