@@ -228,6 +228,8 @@ class Link(Actor):
         answer = wire.parse_frame(first.data)
         numbers.is_new(answer)
         if isinstance(answer, wire.Refused):
+            if not answer.final:  # not now (a busy name): tried again with the backoff of any failure
+                raise ConnectionRefusedError(f"refused for now: {answer.reason}")
             self._config.on_final(1, f"refused by the control plane: {answer.reason}")
             return True
         if not isinstance(answer, wire.Welcome):

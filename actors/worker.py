@@ -279,6 +279,7 @@ class WorkerConnection(Actor):
         if self._outbox is not None and self._outbox is not outbox:
             self._outbox.put_nowait(CLOSE)  # a newer socket of the same worker wins
         self._hello, self._outbox, self._upto, self._foreign = hello, outbox, 0, 0
+        self._took_a_run = hello.spent  # a new one-shot agent of the name has taken nothing yet
         self._agent_draining = hello.draining
         # An agent that accepts packs fetches the folder packs' nodes as its runs need them.
         self._types_here = frozenset(hello.node_types) | (self._offered_packs.types if hello.accept_packs
@@ -401,7 +402,8 @@ class WorkerConnection(Actor):
             return
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, self._types_here,
-                            one_shot=self._hello.one_shot, spent=self._hello.spent, deadline=self._hello.deadline,
+                            one_shot=self._hello.one_shot, spent=self._hello.spent or self._took_a_run,
+                            deadline=self._hello.deadline,
                             mounts=frozenset(self._hello.mounts))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}

@@ -71,6 +71,7 @@ class AgentConfig:
 ONE_SHOT_EXIT = {"succeeded": 0, "failed": 1, "cancelled": 2, "interrupted": 3}
 NO_RUN_CAME = 4
 SETTLE_ON_STOP_S = 5.0  # how long a stopping agent waits for its last frames to be acknowledged
+IDLE_SETTLE_S = 2.0  # an idle one-shot agent, draining, waits this long for a run already placed on it
 
 
 class Agent:
@@ -90,11 +91,13 @@ class Agent:
             raise
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()),
                                             asyncio.ensure_future(self._finished.wait())]
-        if self.config.one_shot:
-            waits.append(asyncio.ensure_future(self._one_shot(tree.one_shot, link)))
+        one_shot = asyncio.ensure_future(self._one_shot(tree.one_shot, link)) if self.config.one_shot else None
+        if one_shot is not None:
+            waits.append(one_shot)
         if drain is not None:
             waits.append(asyncio.ensure_future(self._drain(drain, tree, link, stop)))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        told = one_shot is not None and one_shot.done() and not one_shot.cancelled()
         for wait in waits:
             wait.cancel()
         if self._finished.is_set() and self.config.one_shot and self.exit_code == 0:
@@ -103,6 +106,9 @@ class Agent:
             self.exit_code = ONE_SHOT_EXIT["interrupted"] if tree.one_shot.taken else NO_RUN_CAME
         if not self._finished.is_set():
             await self._end_runs(tree.registry, link)
+            if one_shot is not None and not told:  # stopped (scancel, a drain) before its run was over
+                self.exit_code = ONE_SHOT_EXIT.get(tree.one_shot.status or "interrupted", 3) \
+                    if tree.one_shot.taken else NO_RUN_CAME
         await tree.runs.stop(timeout=self.config.kill_grace_s + 5)
         await tree.root.stop(timeout=10)
         return self.exit_code
@@ -145,9 +151,16 @@ class Agent:
         try:
             await asyncio.wait_for(one_shot.assigned.wait(), self.config.idle_timeout_s)
         except TimeoutError:
-            print(f"troupe agent: one-shot: no run came within {self.config.idle_timeout_s:g} s", flush=True)
-            self.exit_code = NO_RUN_CAME
-            return
+            # The control plane may have placed a run here just now: it is told to send no
+            # more, and a run already on its way is taken rather than lost with the agent.
+            print(f"troupe agent: one-shot: idle for {self.config.idle_timeout_s:g} s; draining", flush=True)
+            link.tell(Announce(wire.Drain()))
+            try:
+                await asyncio.wait_for(one_shot.assigned.wait(), IDLE_SETTLE_S)
+            except TimeoutError:
+                print(f"troupe agent: one-shot: no run came within {self.config.idle_timeout_s:g} s", flush=True)
+                self.exit_code = NO_RUN_CAME
+                return
         await one_shot.ended.wait()
         await (await link.ask(Settled()))
         self.exit_code = ONE_SHOT_EXIT.get(one_shot.status or "interrupted", 3)

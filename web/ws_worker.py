@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from actors.base import Snapshot
 from actors.errors import ActorDeadError
 from actors.placer.book import INSTANCE_MARK
-from actors.store.workers import WorkerForCredential
+from actors.store.workers import WorkerConnected, WorkerForCredential
 from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire
@@ -106,11 +106,22 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
             return await _refuse(ws, "bad_handshake", "an instance of a worker is a one-shot agent: start it with "
                                                       "--one-shot")
         name = f"{name}{INSTANCE_MARK}{hello.instance}"
-        if await _connected(svc.registry.lookup(f"workers/{name}")):
+        if (await _connected(svc.registry.lookup(f"workers/{name}"))) is not None:
             return await _refuse(ws, "instance_in_use", f"instance {hello.instance} of worker "
                                  f"{name.split(INSTANCE_MARK)[0]} is connected already; give each task its own "
                                  "--instance (the array's task id)")
+    elif hello.one_shot:
+        # A second batch job of the same name would take the connection of the first and end
+        # its run; the same agent coming back reports its runs. Not now: it tries again.
+        view = await _connected(svc.registry.lookup(f"workers/{name}"))
+        busy = sorted(set(view["running_runs"]) - set(hello.runs)) if view is not None else []
+        if busy:
+            return await _refuse(ws, "worker_busy", f"worker {name} is connected and runs {busy[0]}; a second "
+                                 "one-shot agent of that name waits until it is gone (give each job its own "
+                                 "--instance to run them side by side)", final=False)
     outbox: asyncio.Queue[Any] = asyncio.Queue()
+    if hello.instance is None:  # listed again, though it once exited as a one-shot agent
+        svc.store.write(WorkerConnected(name))
     svc.start_worker(name).tell(Attached(hello, outbox))
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
@@ -158,14 +169,15 @@ def _check_kinds(frame: Any) -> None:
             raise ValueError(f"event kind {kind!r} is not the worker's to send")
 
 
-async def _connected(live: Any) -> bool:
+async def _connected(live: Any) -> dict[str, Any] | None:
+    """The worker's view while its connection is up, else None."""
     if live is None:
-        return False
+        return None
     try:
         snapshot = await live.ask(Snapshot())
     except ActorDeadError:
-        return False
-    return bool(snapshot["state"] == "connected")
+        return None
+    return snapshot if snapshot["state"] == "connected" else None
 
 
 async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: wire.Numbering) -> None:

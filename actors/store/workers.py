@@ -54,6 +54,14 @@ class WorkerExited:
 
 
 @dataclass(frozen=True)
+class WorkerConnected:
+    """An agent of the worker connected: it is listed again (it may have exited as a
+    one-shot agent before, and run as a lasting one now)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class WorkerForCredential:
     credential: str
 
@@ -145,6 +153,8 @@ WRITES: Table = {
     CreateEnrollment: lambda s, op: create_enrollment(s.conn, op.token, op.name, op.ttl_s, op.uses, ev.utc_now()),
     RedeemEnrollment: lambda s, op: redeem(s.conn, op.token, op.name, op.machine_id, op.credential, ev.utc_now()),
     RevokeWorker: lambda s, op: revoke(s.conn, op.name),
+    WorkerConnected: lambda s, op: s.conn.execute(
+        "UPDATE workers SET exited_at = NULL WHERE name = ? AND exited_at IS NOT NULL", (op.name,)),
     WorkerExited: lambda s, op: s.conn.execute("UPDATE workers SET exited_at = ? WHERE name = ?",
                                                (ev.utc_now(), op.name)),
 }

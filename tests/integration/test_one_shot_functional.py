@@ -4,10 +4,13 @@ named one-shot worker do, and a run waits for one only so long."""
 
 from __future__ import annotations
 
+import signal
 import time
 
+import pytest
+
 from tests.helpers import graph, hello, node, sleeper
-from tests.integration.test_workers_functional import enroll, read_until, start_agent
+from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
 
 POOL = {"pool": "one-shot"}
 
@@ -148,3 +151,45 @@ def test_a_run_longer_than_the_batch_jobs_time_left_is_not_sent_to_it(make_serve
         if agent.poll() is None:
             agent.terminate()
             agent.wait(30)
+
+
+@pytest.mark.timeout(180)
+def test_a_second_job_of_the_name_waits_and_an_outside_stop_exits_with_the_runs_end(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_WORKER_RESUME_GRACE_S="1")
+    first = one_shot_agent(server, tmp_path)
+    long = server.submit(sleeper(seconds=60), target=POOL)["run_id"]
+    server.wait_status(long, "running")
+    # The next batch job of the same worker, while the first still runs: it waits, it does not take over.
+    second = start_agent(server, tmp_path, f"troupe agent start --url {server.url} --name batch-a --one-shot "
+                                           "--idle-timeout 2")
+    assert second.wait(60) == 4
+    assert "refused for now" in second.stdout.read()
+    assert server.get(f"/api/runs/{long}")["status"] == "running"
+    # scancel (SIGTERM) mid-run: the run is cancelled and reported, and the exit code says so.
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 2
+    assert server.get(f"/api/runs/{long}")["status"] == "cancelled"
+    # An idle one-shot agent stopped from outside: no run came (4), never succeeded (0).
+    idle = one_shot_agent(server, tmp_path, first=False)
+    idle.send_signal(signal.SIGTERM)
+    assert idle.wait(60) == 4
+    # The same worker as a lasting agent later: listed while away, though it exited as a one-shot one before.
+    lasting = start_agent(server, tmp_path, f"troupe agent start --url {server.url} --name batch-a")
+    read_until(lasting, "connected as batch-a")
+    lasting.kill()
+    lasting.wait(30)
+    server.poll_until(lambda: (worker_state(server, "batch-a") or {}).get("state") == "disconnected", timeout=30)
+    run = server.submit(hello(), target={"worker": "batch-a"})["run_id"]  # after the grace, not gone from the list
+    assert server.get(f"/api/runs/{run}")["queue_reason"]["code"] == "worker_offline"
+    assert worker_state(server, "batch-a") is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_run_placed_as_an_idle_agent_gives_up_is_taken_or_waits_never_lost(make_server, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = one_shot_agent(server, tmp_path, "batch-a", "--idle-timeout", "1")
+    read_until(agent, "idle for 1 s; draining")
+    run_id = server.submit(hello(), target=POOL)["run_id"]  # just as it gives up
+    code = agent.wait(60)
+    status = server.get(f"/api/runs/{run_id}")["status"]
+    assert (code, status) in ((0, "succeeded"), (4, "queued")), (code, status)
