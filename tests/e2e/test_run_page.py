@@ -265,3 +265,38 @@ def test_a_sweeps_charts_take_words_too_and_draw_every_variant_across_its_params
     tab.locator("#sweep-charts figure.parallel polyline.best").dispatch_event("click")  # lines cross: its own
     expect(tab).to_have_url(re.compile(f"#/runs/{best}$"))
     assert errors == []
+
+
+# Reads of one run's id held back 1.5 s inside the page, as a run with a long log is slow to read.
+_SLOW_READS = """(() => { const plain = window.fetch; window.slowId = "";
+  window.fetch = async (url, options) => { const answer = await plain(url, options);
+    if (window.slowId && String(url).includes(window.slowId)) await new Promise((done) => setTimeout(done, 1500));
+    return answer; }; })();"""
+
+
+def test_a_page_opened_last_wins_a_gone_run_says_so_and_an_end_is_shown_at_once(open_page):
+    server, tab, errors = open_page()
+    first = server.submit(graph(node("c", "core.Constant", value=1.0), name="first run"))["run_id"]
+    server.wait_status(first, "succeeded")
+    live = server.submit(ticker(600, 0.1))["run_id"]
+    tab.add_init_script(_SLOW_READS)
+    tab.reload()
+    tab.locator("#results").wait_for(state="visible")
+    # The first page's reads land after the second page opened: the second stays shown.
+    tab.evaluate("(id) => { window.slowId = id; location.hash = '#/runs/' + id; }", first)
+    tab.evaluate("(id) => { location.hash = '#/runs/' + id; }", live)
+    expect(tab.locator("#run-head h1")).to_contain_text("ticker")
+    tab.wait_for_timeout(2000)  # past the held reads: nothing replaces it
+    expect(tab.locator("#run-head h1")).to_contain_text("ticker")
+    # Its end is shown from the stream at once, even when the header's read then fails (a server stopping).
+    tab.route(f"**/api/runs/{live}", lambda route: route.abort())
+    assert server.client.request("POST", f"/api/runs/{live}/cancel")[0] == 200
+    expect(tab.locator("#run-head h1")).to_contain_text("cancelled")
+    # A deleted run's address says so where the page would be, with the way back.
+    assert server.client.request("DELETE", f"/api/runs/{first}")[0] == 200
+    tab.evaluate("() => { window.slowId = ''; }")
+    tab.goto(f"{server.url}/#/runs/{first}")
+    expect(tab.locator("#view [role=alert]")).to_contain_text("run_not_found")
+    expect(tab.locator("#view")).not_to_contain_text("Loading")
+    expect(tab.locator("#view").get_by_role("link", name="← Runs")).to_be_visible()
+    assert [e for e in errors if "404" not in e and "ERR_FAILED" not in e] == [], errors

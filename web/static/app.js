@@ -14,14 +14,24 @@ import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 const PANELS = { sweeps: refreshSweeps, studies: refreshStudies, workers: refreshWorkers };
 let current = "runs";
 
+let refreshFailed = false;  // the message line says a refresh failed: the next one that works clears it
+
 function report(error) {
   showMessage(error.message);
 }
 
 function refreshVisible() {
   if (document.getElementById("view").hidden === false) return; // a run page follows its own stream
-  refreshRuns().catch(report);
-  if (PANELS[current]) PANELS[current]().catch(report);
+  const failed = (error) => {
+    refreshFailed = true;
+    report(error);
+  };
+  const done = () => {
+    if (refreshFailed) showMessage("");
+    refreshFailed = false;
+  };
+  refreshRuns().then(done, failed);
+  if (PANELS[current]) PANELS[current]().catch(failed);
 }
 
 // Where the address points: #/runs/ID a run's page, #/compare/ID,ID,... runs compared,
@@ -54,7 +64,12 @@ async function route() {
   showMessage("");
   if (page) {
     view.replaceChildren(el("p", { class: "muted" }, "Loading…"));
-    await page(view);
+    try {
+      await page(view);
+    } catch (error) {  // a deleted run's address, an id that is none: said where the page would be
+      view.replaceChildren(el("p", {}, el("a", { href: "#/runs" }, "← Runs")), el("p", { role: "alert" }, error.message));
+      throw error;
+    }
     view.focus();
     return;
   }

@@ -182,21 +182,31 @@ function metricsSoon() {
   }, 500);
 }
 
+let opening = 0;  // the newest page asked for: one whose reads land after another was opened is dropped
+
 export async function openRunPage(runId, view) {
   closeRunPage();
+  const mine = ++opening;
   const [run, tail, printed] = await Promise.all([api("GET", `/api/runs/${runId}`),
     api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console?nodes=true`)]);
+  if (mine !== opening) return;
   const chartBox = el("div", { class: "charts" });
   page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded."),
     lineage: Boolean(run.resumed_from) };
   page.controls = chartControls(page.charts.settings, (what) => (what === "reset" ? page.charts.resetZoom() : page.charts.redraw()));
   const head = el("div", { id: "run-head" });
+  let shownRun = run;
   const refresh = async () => {
     if (!page || page.runId !== runId) return;
     const fresh = await api("GET", `/api/runs/${runId}`);
+    shownRun = fresh;
     head.replaceChildren(...header(fresh, refresh));
   };
   head.replaceChildren(...header(run, refresh));
+  const showEnd = (ended) => {
+    shownRun = { ...shownRun, status: ended.status, error: ended.error ?? shownRun.error };
+    head.replaceChildren(...header(shownRun, refresh));
+  };
   const log = new EventLog(tail.events.filter((e) => e.type !== "console"));
   const events = log.box;
   const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
@@ -210,7 +220,7 @@ export async function openRunPage(runId, view) {
     section("run-artifacts", "Artifacts", artifacts(run)), section("run-environment", "Environment", environment(run)),
     section("run-params", "Params and graph", graphSection(run)));
   await loadMetrics();
-  if (ACTIVE.has(run.status)) follow(runId, tail.events.length ? tail.events[tail.events.length - 1].seq : 0, log, console_, refresh);
+  if (ACTIVE.has(run.status)) follow(runId, tail.events.length ? tail.events[tail.events.length - 1].seq : 0, log, console_, refresh, showEnd);
 }
 
 function header(run, refresh) {
@@ -242,7 +252,7 @@ const FACTS_EVERY_MS = 1000;  // the run's facts (its header) are read again at 
 // event carries (a point, the epoch) is shown from the event; the page draws at most
 // once a frame and reads the run's record at most once a second, so a training of many
 // epochs a second is followed without the tab falling behind its stream.
-function follow(runId, after, log, console_, refresh) {
+function follow(runId, after, log, console_, refresh, showEnd) {
   const source = new EventSource(`/api/runs/${runId}/stream?after=${after}`);
   page.source = source;
   let printed = "";
@@ -279,7 +289,10 @@ function follow(runId, after, log, console_, refresh) {
     }, Math.max(0, wait));
   };
   source.addEventListener("run_event", (message) => {
-    if (!page || page.runId !== runId) return;
+    if (!page || page.runId !== runId) {
+      source.close();  // this page is no longer shown: its stream must not live on
+      return;
+    }
     const event = JSON.parse(message.data);
     if (event.type === "console") {
       printed += consoleLines(event);
@@ -302,6 +315,7 @@ function follow(runId, after, log, console_, refresh) {
     soon();
     if (["run_started", "run_finished"].includes(event.type)) facts();
     if (event.type === "run_finished") {
+      showEnd(event.payload);  // at once: the header's read may fail (a server stopping right after)
       source.close();
       metricsSoon();  // once, whole: what the stream gave is checked against what was stored
     }

@@ -215,12 +215,16 @@ function byPerson(rendered, rows) {
   return out;
 }
 
+let refreshes = 0;  // the newest refresh draws: an older answer that lands later (a search typed meanwhile) does not
+
 export async function refreshRuns() {
+  const mine = ++refreshes;
   const [unsorted, running, queues] = await Promise.all([
     listRows(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
   const list = { ...unsorted, rows: sorted(unsorted.rows) };
   const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
   const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
+  if (mine !== refreshes) return;
   loaded = [...list.rows.filter((r) => !r.kind), ...[...members.values()].flat()];
   document.getElementById("rows").replaceChildren(...byPerson(list.rows.flatMap((row) => {
     if (!row.kind) return [renderRow(row)];
