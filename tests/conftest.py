@@ -9,6 +9,15 @@ import pytest
 from tests.helpers import Server
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs two pytest-xdist workers (``--dist loadgroup``): a module's tests
+    stay on one worker, so its shared server starts once, and every test that builds the
+    LAN (one fixed subnet, tests.lan) runs on the same worker, never two at once."""
+    for item in items:
+        group = "lan" if "lan" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def make_server(tmp_path: Path) -> Iterator[object]:
     """Starts real servers with the given TROUPE_* settings; stops them at teardown."""

@@ -27,7 +27,9 @@ def troupe_cmd(*args: str) -> list[str]:
 
 def base_env(home: Path, **settings: str) -> dict[str, str]:
     # The tests say which cards a process sees; the machine's own setting must not leak in.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_") and k != "CUDA_VISIBLE_DEVICES"}
+    # Nor the width of the terminal the tests run in (pytest-xdist's workers are given one).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TROUPE_") and k not in ("CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES")}
     env["TROUPE_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(settings)
