@@ -20,6 +20,8 @@ from protocol.worker import S3Bucket
 from subprocess_runner.digest import CHUNK
 
 MULTIPART_BYTES = 8 * 1024 * 1024
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0  # a read that waits this long for a byte fails (and is tried again, 3 tries in all)
 
 
 def upload_key(bucket: S3Bucket, file_id: str) -> str:
@@ -32,10 +34,15 @@ def artifact_key(bucket: S3Bucket, run_id: str, path: str) -> str:
 
 def _client(bucket: S3Bucket) -> Any:
     import aioboto3  # only where S3 is used: the package is heavy to import
+    from botocore.config import Config
 
+    # A bucket that accepts the connection and never answers is a refusal after a minute,
+    # not a request held for ever.
     return aioboto3.Session().client(
         "s3", endpoint_url=bucket.endpoint_url, region_name=bucket.region,
-        aws_access_key_id=bucket.access_key_id, aws_secret_access_key=bucket.secret_access_key)
+        aws_access_key_id=bucket.access_key_id, aws_secret_access_key=bucket.secret_access_key,
+        config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                      retries={"max_attempts": 3, "mode": "standard"}))
 
 
 def _transfer_config() -> Any:

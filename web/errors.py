@@ -152,9 +152,16 @@ def _error_reply(exc: Exception, svc: Any) -> web.Response:
     if isinstance(exc, TroupeError):
         return error_response(exc)
     assert isinstance(exc, OSError)
+    if exc.errno == errno.EFBIG:  # past the largest file this server may write (its file system, a ulimit)
+        return error_response(too_large_a_file(exc))
     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
         raise exc
     return error_response(disk_full(exc))
+
+
+def too_large_a_file(exc: OSError) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the file is larger than this server may write ({exc.strerror}: its file system or its "
+                           "file size limit); nothing of it was kept")
 
 
 def disk_full(exc: OSError) -> DiskFull:

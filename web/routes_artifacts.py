@@ -35,7 +35,7 @@ from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unau
 from subprocess_runner.artifacts import FAILED_HEADER, MOUNT_FOLDER, SHA256_HEADER
 from subprocess_runner.digest import CHUNK, pour_async
 from web.context import Services, services
-from web.errors import disk_full, json_reply
+from web.errors import disk_full, json_reply, too_large_a_file
 from web.limits import paced
 from web.requests import run_id_from
 from web.ws_worker import LOOPBACK, credential_owner
@@ -74,11 +74,17 @@ async def receive_artifact(request: web.Request) -> web.Response:
             except (OSError, ValueError, web.HTTPException) as exc:  # the sender went away mid-file
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise disk_full(exc) from exc
+                if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+                    raise too_large_a_file(exc) from exc
                 raise ArtifactRefused(f"the transfer of {path} was cut short: {exc}") from exc
         if received != size or got != sha256:
             raise ArtifactRefused(f"{path}: {received} of {size} bytes arrived, sha256 {got[:16]}... "
                                   f"(announced {sha256[:16]}...); nothing was kept", pointer=f"/{SHA256_HEADER}")
-        os.replace(temporary, final)
+        try:
+            os.replace(temporary, final)
+        except (IsADirectoryError, NotADirectoryError):  # another file of the run made a folder of it meanwhile
+            raise ArtifactRefused(f"{path}: a folder of that name is in the run's folder", pointer="?path",
+                                  code="artifact_path_conflict") from None
     finally:
         Path(temporary).unlink(missing_ok=True)
     node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
@@ -230,6 +236,9 @@ async def _stream_from_bucket(svc: Services, request: web.Request, run_id: str, 
     try:
         first = await anext(chunks, b"")  # a missing object fails here, before the status is sent
     except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404", "NotFound"):  # refused, no bucket
+            raise ArtifactUnreachable(f"the bucket {bucket.bucket} refused to give artifact {found['id']}: {exc}") \
+                from exc
         raise ArtifactNotFound(f"artifact {found['id']} of run {run_id} is listed, but the bucket answered: {exc}",
                                code="artifact_gone") from exc
     except BotoCoreError as exc:

@@ -5,6 +5,7 @@ also put in the bucket (before its row is written), where workers take it from."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -31,6 +32,8 @@ async def _chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
             yield chunk
     except ValueError as exc:  # aiohttp's reader: a part that ends with no closing boundary
         raise _malformed(exc) from None
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:  # the sender went away: its request, not a fault
+        raise InvalidRequest(f"the upload was cut short ({exc}); nothing was kept", pointer="") from None
 
 
 def _malformed(exc: ValueError) -> InvalidRequest:
@@ -69,14 +72,14 @@ async def upload(request: web.Request) -> web.Response:
             _only_the_file(extra)  # another field: refused at its name
             raise InvalidRequest("the form holds a second file; one upload is one file", pointer="/file")
         file_id = sha256[:32]
+        if svc.settings.s3 is not None:  # workers take it from the bucket; the copy here serves runs here
+            await _to_bucket(svc.settings.s3, Path(temporary), file_id, sha256)  # refused: nothing is in place
         os.replace(temporary, folder / file_id)
     finally:
         Path(temporary).unlink(missing_ok=True)
     # A name sent in bytes that are not UTF-8 is kept readable (U+FFFD for each), never
     # refused: the file is the point, its name only a label.
     name = Path(part.filename or "upload").name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:255]
-    if svc.settings.s3 is not None:  # workers take it from the bucket; this copy serves runs here
-        await _to_bucket(svc.settings.s3, folder / file_id, file_id, sha256)
     row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256}))
     return json_reply({"file_id": row["id"], "name": row["name"], "size": row["size"], "sha256": row["sha256"],
                        "ref": f"upload:{row['id']}"}, status=201)

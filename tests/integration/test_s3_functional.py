@@ -45,6 +45,12 @@ def test_uploads_and_worker_artifacts_live_in_the_bucket(make_server, tmp_path):
                 body = bucket.get_object(Bucket="troupe-lab", Key=key)["Body"].read()
                 assert hashlib.sha256(body).hexdigest() == artifact["sha256"]
             assert not (server.home / "runs" / run_id / "checkpoints").exists()  # never through here
+            # The bucket gone: the artifact cannot be reached, which is not the same as removed.
+            for listed in bucket.list_objects_v2(Bucket="troupe-lab").get("Contents", []):
+                bucket.delete_object(Bucket="troupe-lab", Key=listed["Key"])
+            bucket.delete_bucket(Bucket="troupe-lab")
+            status, reply = server.client.request("GET", f"/api/runs/{run_id}/artifacts/{artifacts[0]['id']}")
+            assert (status, reply["error"]["code"]) == (409, "artifact_unreachable"), reply
         finally:
             agent.terminate()
             agent.wait(30)
@@ -69,3 +75,15 @@ def test_a_large_file_goes_in_parts_and_a_mismatch_is_never_kept(tmp_path):
         with pytest.raises(OSError, match="wrong content"):
             asyncio.run(get_file(where, "lab/lying.bin", tmp_path / "lying.bin"))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["back.bin", "big.bin"]
+
+
+def test_an_upload_the_bucket_refuses_leaves_nothing_a_run_could_read(make_server):
+    with s3_server() as s3:
+        server = make_server(**{**s3, "TROUPE_S3_BUCKET": "no-such-bucket"})
+        status, refused = upload(server, b"a,b,y\n1,2,1\n")
+        assert status == 503 and refused["error"]["code"] == "storage_unavailable", refused
+        assert [p.name for p in (server.home / "files").iterdir()] == []  # not even a copy here
+        file_id = hashlib.sha256(b"a,b,y\n1,2,1\n").hexdigest()[:32]
+        assert server.client.request("GET", f"/api/files/{file_id}/content")[0] == 404
+        reader = graph(node("csv", "torch.CSVDataset", path=f"upload:{file_id}", target="y"))
+        assert server.submit(reader, expect=400)["error"]["code"] == "file_not_found"

@@ -8,6 +8,8 @@ import concurrent.futures
 import hashlib
 import http.client
 import json
+import resource
+import socket
 import urllib.parse
 
 from tests.helpers import graph, node
@@ -130,3 +132,33 @@ def test_an_upload_and_a_delete_of_the_same_file_at_once_never_leave_a_row_witho
             content_status = conn.getresponse().status
             conn.close()
             assert (file_id in listed) == (content_status == 200), (listed, content_status)
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 1024 * 1024, 4 * 1024 * 1024))
+
+
+def test_a_file_past_what_the_server_may_write_is_refused_and_the_server_goes_on(make_server):
+    server = make_server(preexec=_limit_file_size)  # a file system's largest file, as ulimit -f gives it
+    status, reply = upload(server, b"x" * (5 * 1024 * 1024))
+    assert (status, reply["error"]["code"]) == (413, "payload_too_large"), reply
+    kept = upload(server, ROWS)
+    assert kept[0] == 201, kept
+    assert [f["id"] for f in server.get("/api/files")["files"]] == [kept[1]["file_id"]]
+
+
+def test_an_upload_cut_short_is_the_senders_request_not_a_fault_of_the_server(make_server):
+    server = make_server()
+    start = (b"--cut\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.csv\"\r\n\r\n" + b"A" * 50000)
+    parsed = urllib.parse.urlsplit(server.url)
+    for _ in range(3):  # a sender gone in the middle of its file, again and again
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
+            sock.sendall((f"POST /api/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {server.token}\r\n"
+                          "Content-Type: multipart/form-data; boundary=cut\r\nContent-Length: 200000\r\n"
+                          "Connection: close\r\n\r\n").encode() + start)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):  # its answer, then the close
+                pass
+    assert server.get("/api/files")["files"] == [] and list((server.home / "files").iterdir()) == []
+    server.stop()
+    assert "Traceback" not in "".join(server.output), "".join(server.output)[-3000:]
