@@ -348,11 +348,23 @@ class WorkerPlacement:
     def waiting(self) -> tuple[tuple[Parked, ...], tuple[Line, ...], Anywhere]:
         """The runs admitted here that have not started, grouped by what they wait for,
         with what their words need (copied: part of the placer's view)."""
-        parked = tuple(Parked(worker, tuple(admits), self._book.spent(worker), self._is_online(worker),
-                              self._book.deadline(worker)) for worker, admits in self._parked.items() if admits)
+        parked = tuple(Parked(worker, tuple(admits), *self._parked_facts(worker))
+                       for worker, admits in self._parked.items() if admits)
         lines = tuple(Line(tuple(line), self._named(physical), self._shared(physical), physical not in self._mixed)
                       for physical, line in self._device_waiting.items() if line)
         return parked, lines, Anywhere(tuple(self._any_waiting))
+
+    def _parked_facts(self, worker: str) -> tuple[bool, bool, float | None]:
+        """(spent, online, deadline) of a named worker, as its waiting runs' words read them;
+        a batch array's worker by its instances: spent when every one online has taken
+        its run, its deadline the latest of those still free."""
+        online = [name for name in self._book.instances(worker) if self._is_online(name)]
+        if not online:
+            return self._book.spent(worker), self._is_online(worker), self._book.deadline(worker)
+        free = [name for name in online if not self._book.spent(name)]
+        deadlines = [self._book.deadline(name) for name in free]
+        latest = max(d for d in deadlines if d is not None) if free and None not in deadlines else None
+        return not free, True, latest
 
     def _named(self, physical: str) -> str:
         """A physical device as people name it: a worker's device (``gpu-a cuda:0``), never

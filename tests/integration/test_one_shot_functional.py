@@ -114,7 +114,12 @@ def test_instances_of_one_worker_are_listed_and_a_second_with_the_same_id_is_ref
         row = next(w for w in server.get("/api/workers")["workers"] if w["name"] == "batch")
         assert row["one_shot"] is True and row["state"] == "connected"
         assert [(i["instance"], i["state"], i["run_id"]) for i in row["instances"]] == [("7", "connected", None)]
-        run_id = server.submit(hello(), target={"worker": "batch"})["run_id"]  # the worker's free instance
+        run_id = server.submit(sleeper(seconds=3), target={"worker": "batch"})["run_id"]  # its free instance
+        server.wait_status(run_id, "running")
+        # Another run for the worker is told why it waits, by its instances: the one connected took its run.
+        second = server.submit(hello(), target={"worker": "batch"})["run_id"]
+        assert server.get(f"/api/runs/{second}")["queue_reason"]["code"] == "one_shot_spent"
+        server.client.request("POST", f"/api/runs/{second}/cancel")
         events = server.events_until_finished(run_id)
         assert next(e for e in events if e["type"] == "run_started")["payload"]["worker"] == "batch#7"
         assert first.wait(30) == 0
