@@ -8,7 +8,7 @@ import asyncio
 import json
 
 from actors.base import Registry, Shutdown, Snapshot
-from actors.placer.messages import WorkerOffline, WorkerOnline
+from actors.placer.messages import Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
 from actors.worker import (
     CLOSE,
@@ -208,3 +208,16 @@ async def test_a_heartbeat_that_changes_nothing_keeps_the_view_and_one_that_does
     moved = await view_after(wire.Heartbeat(frame_no=3, free_mib={"GPU-1": 9000}))
     assert moved is not first and moved.cards[0]["memory_free_mib"] == 9000
     assert first.cards[0]["memory_free_mib"] == 15000  # a view never changes
+
+
+async def test_a_one_shot_agent_that_took_its_run_is_told_spent_to_a_placer_that_starts_again():
+    connection, placer, _ = await setup()
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello().model_copy(update={"one_shot": True}), outbox))
+    await frames(outbox, 1)
+    connection.tell(AssignRun("r1", wire.Assign(run_id="r1", graph={}, devices=["cpu"])))
+    connection.tell(Reannounce())  # a new placer asks each worker again: the hello said not spent yet
+    await settle(connection, placer)
+    online = [m for m in placer.got if isinstance(m, WorkerOnline)]
+    assert online[0].offer.one_shot and not online[0].offer.spent
+    assert online[-1].offer.spent  # it took r1 since: no second run for it
