@@ -15,6 +15,7 @@ _RAM = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGN
 RAM_MAX_MB = 2**40  # a bound a 64-bit column holds (a million TB)
 _UNIT_MB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 FLAVOR_NAME = r"^[a-z0-9][a-z0-9_.\-]{0,63}$"
+DURATION_MAX_S = 1e9  # a run's expected time: about 31 years, so any sum of a graph's stays a finite number
 
 
 def ram_mb(value: int | str) -> int:
@@ -55,7 +56,8 @@ class FlavorSizes(BaseModel):
     gpus: Annotated[int, Field(ge=0, le=64), INTEGRAL] | None = None
     memory_gib: float | None = Field(default=None, gt=0, le=1_000_000, description="the budget on a shared card")
     ram: Ram = None
-    duration_s: float | None = Field(default=None, ge=0, description="expected; recorded and shown, not a limit")
+    duration_s: float | None = Field(default=None, ge=0, le=DURATION_MAX_S, allow_inf_nan=False,
+                                     description="expected; recorded and shown, not a limit")
     description: str = Field(default="", max_length=500)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from protocol.flavors import FLAVOR_NAME, Ram
+from protocol.flavors import DURATION_MAX_S, FLAVOR_NAME, Ram
 from protocol.numbers import INTEGRAL
 
 GRAPH_VERSION: Literal[1] = 1
@@ -45,7 +45,8 @@ class NodeResources(BaseModel):
     gpus: Annotated[int, Field(ge=0, le=64), INTEGRAL] | None = None
     ram: Ram = None
     flavor: str | None = Field(default=None, pattern=FLAVOR_NAME)
-    duration_s: float | None = Field(default=None, ge=0, description="how long the node is expected to take")
+    duration_s: float | None = Field(default=None, ge=0, le=DURATION_MAX_S, allow_inf_nan=False,
+                                     description="how long the node is expected to take")
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")],
               Annotated[str, Field(max_length=4096)]] | None = Field(default=None, max_length=64)
 

@@ -26,6 +26,7 @@ from actors.placer.actor import Placer, Quarantine, Restore, RunSpec
 from actors.placer.book import INSTANCE_MARK
 from actors.placer.ledger import LedgerActor
 from actors.placer.queue import QueueActor
+from actors.resources import read_flavors
 from actors.run import RunActor
 from actors.run_messages import Abandon, ReportOccupancy, WorkerFailed
 from actors.run_tally import RunTally
@@ -38,10 +39,11 @@ from actors.store.studies import ListStudies, UpdateStudy
 from actors.store.workers import WorkerExited
 from actors.store.writer import Writer
 from actors.study import StudyActor, Wake
-from actors.submission import Admission
+from actors.submission import Admission, Submission
 from actors.threaded import ThreadActorRef, start_thread_actor
 from actors.worker import Adopted, WorkerConnection
 from protocol import events as ev
+from protocol.api import RunOptions
 from protocol.errors import TroupeError
 from protocol.graph import Graph
 from protocol.queue_key import QueueKey
@@ -50,6 +52,7 @@ from protocol.settings import Settings
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import host_machine_id, parse_device, probe_accelerators, visible_cards
 from subprocess_runner.engine import prepare_executable_graph
+from subprocess_runner.executable import ExecutableGraph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from subprocess_runner.node_cache import NodeCache
 from subprocess_runner.run_marker import stop_carrying
@@ -177,15 +180,9 @@ class ControlPlane:
         for kind, rows in (("adopted", adopted), ("queued", queued)):
             for row in rows:
                 try:
-                    graph = prepare_executable_graph(Graph.model_validate(row["graph"]), self.catalog)
-                except Exception as exc:  # the catalog changed under a kept run
+                    graph = await self._restored_graph(kind, row)
+                except Exception as exc:  # the catalog, a flavor or this machine changed under a kept run
                     await self._not_restored(row, str(exc))
-                    continue
-                gone = [d for d in row.get("devices") or () if d != "cpu" and d not in self.accelerators]
-                if kind == "queued" and QueueKey.parse(row["queue_key"]).provider is None and gone:
-                    # Admitted for a card this start does not have: it would start on nothing.
-                    await self._not_restored(row, f"this server has no {', '.join(gone)} now (it has "
-                                                  f"{', '.join(('cpu', *self.accelerators))}); submit it again")
                     continue
                 adoption = Adoption(int(row["next_seq"]), int(row.get("worker_counter") or 0),
                                     tuple((str(p), str(d)) for p, d in row.get("holds") or ())) \
@@ -198,6 +195,21 @@ class ControlPlane:
                         len(specs["queued"]))
             assert self.placer is not None  # started just before
             self.placer.tell(Restore(tuple(specs["adopted"]), tuple(specs["queued"])))
+
+    async def _restored_graph(self, kind: str, row: dict[str, Any]) -> ExecutableGraph:
+        """What a kept run executes. One queued here is admitted again as a submission is:
+        its row holds its graph as submitted, so its flavors, its cut-down asks and its
+        labels are read against this start (a card gone, a flavor deleted: not restored)."""
+        document = Graph.model_validate(row["graph"])
+        if kind != "queued" or QueueKey.parse(row["queue_key"]).provider is not None:
+            return prepare_executable_graph(document, self.catalog)
+        gone = [d for d in row.get("devices") or () if d != "cpu" and d not in self.accelerators]
+        if gone:  # admitted for a card this start does not have: it would start on nothing
+            raise ValueError(f"this server has no {', '.join(gone)} now (it has "
+                             f"{', '.join(('cpu', *self.accelerators))}); submit it again")
+        options = RunOptions.model_validate(row.get("options") or {})
+        submission = Submission(document, row.get("name"), options, await read_flavors(self.store, document, options))
+        return Admission(self.settings, self.catalog, self.accelerators).record(submission, None)[1]
 
     async def _not_restored(self, row: dict[str, Any], why: str) -> None:
         log.error("run %s cannot be restored: %s", row["id"], why)

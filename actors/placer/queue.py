@@ -144,10 +144,11 @@ class QueueActor(Actor):
         if self._fair:  # read meanwhile: only a choice between people waits for it
             self._loading_use = True
             me = self.ref
-            read = asyncio.ensure_future(self._store.read(KeyUsage(self.queue_key,
-                                                                   time.time() - 10 * self._half_life_s)))
-            read.add_done_callback(lambda done: me.tell(UseKnown(
-                () if done.cancelled() or done.exception() is not None else tuple(done.result()))))
+            # Ten half-lives back, but never before 1970: a half-life of years would ask for
+            # a date the store cannot write, and every submitter's past use would be lost.
+            since = max(0.0, time.time() - 10 * self._half_life_s)
+            read = asyncio.ensure_future(self._store.read(KeyUsage(self.queue_key, since)))
+            read.add_done_callback(lambda done: me.tell(UseKnown(_use_read(self.queue_key, done))))
         if not self._rebuild:
             return
         for run_id, seq, seeded, devices, budget, duration, submitter in await self._store.read(
@@ -267,3 +268,15 @@ class QueueActor(Actor):
     def _admit(self, entry: Enqueue) -> Admit:
         return Admit(entry.run_id, self.queue_key, entry.seeded, entry.devices, entry.budget_mib, entry.duration_s,
                      entry.submitter)
+
+
+def _use_read(queue_key: str, done: asyncio.Future[Any]) -> tuple[Any, ...]:
+    """What each submitter used, as the store read it; a read that failed is said in the
+    log (the fair order then starts from nothing), never dropped unseen."""
+    if done.cancelled():
+        return ()
+    if done.exception() is not None:
+        log.warning("queue %s: what its submitters used lately could not be read (%s); its fair order starts "
+                    "from nothing", queue_key, done.exception())
+        return ()
+    return tuple(done.result())

@@ -94,9 +94,10 @@ def test_with_three_people_the_slot_rotates_and_positions_say_so(make_server):
     assert _start_order(server, rotation) == rotation
 
 
-def test_the_fair_order_survives_a_restart(make_server, tmp_path):
+@pytest.mark.parametrize("half_life", ["3600", "1e10"])  # ten half-lives of 1e10 s reach before 1970
+def test_the_fair_order_survives_a_restart(make_server, tmp_path, half_life):
     home = tmp_path / "home"
-    settings = {**ONE_SLOT, "TROUPE_FAIR_SHARE_HALF_LIFE_S": "3600", "TROUPE_RUN_QUEUE_RESTORE": "1"}
+    settings = {**ONE_SLOT, "TROUPE_FAIR_SHARE_HALF_LIFE_S": half_life, "TROUPE_RUN_QUEUE_RESTORE": "1"}
     server = make_server(home, **settings)
     class_ = _students(server, ["ann", "bob"])
     used = _submit(class_["ann"], _nap(0.5, "ann's first"))["run_id"]

@@ -38,7 +38,8 @@ def test_create_replace_round_trip_and_refusals(shared_server):
     assert (status, reply["error"]["code"], reply["error"]["pointer"]) == (409, "name_mismatch", "/name")
     for body, pointer in (({"name": "x", "ram": "lots"}, "/ram"), ({"name": "x", "ram": "1\uff10G"}, "/ram"),
                           ({"name": "Bad Name"}, "/name"),
-                          ({"name": "x", "cpus": 0}, "/cpus"), ({"name": "x", "shape": 1}, "/shape")):
+                          ({"name": "x", "cpus": 0}, "/cpus"), ({"name": "x", "shape": 1}, "/shape"),
+                          ({"name": "x", "duration_s": 2e9}, "/duration_s")):  # past any run's (1e999 read back null)
         status, reply = client.request("POST", "/api/flavors", body)
         assert (status, reply["error"]["pointer"]) == (400, pointer), reply
     assert client.request("PUT", "/api/flavors/nope", {"cpus": 1})[1]["error"]["code"] == "flavor_not_found"

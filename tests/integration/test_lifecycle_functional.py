@@ -335,14 +335,19 @@ def test_a_killed_servers_commands_are_stopped_when_it_starts_again(make_server,
 def test_a_kept_queued_run_for_a_card_the_next_start_lacks_is_interrupted_saying_so(make_server, tmp_path):
     home = tmp_path / "cards"
     server = make_server(home=home, TROUPE_SIMULATED_ACCELERATORS="cuda:0,cuda:1", TROUPE_RUN_QUEUE_RESTORE="1",
-                         TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1")
+                         TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="1", TROUPE_CPUS="1")
     busy = [server.submit(sleeper(60, device=device))["run_id"] for device in ("cuda:1", "cpu")]
     for run_id in busy:
         server.wait_status(run_id, "running")
     waiting_card = server.submit(sleeper(0, device="cuda:1"))["run_id"]
     waiting_cpu = server.submit(sleeper(0, device="cpu"))["run_id"]
+    # Admitted cut down to this server's one cpu: kept, it is admitted again so, not failed for asking four.
+    asks_four = server.submit(graph({**node("z", "core.Sleep", seconds=0), "resources": {"cpus": 4}}))
+    assert "cut down to 1" in asks_four["warnings"][0]
     server.kill()
-    fresh = make_server(home=home, TROUPE_SIMULATED_ACCELERATORS="cuda:0", TROUPE_RUN_QUEUE_RESTORE="1")
+    fresh = make_server(home=home, TROUPE_SIMULATED_ACCELERATORS="cuda:0", TROUPE_RUN_QUEUE_RESTORE="1",
+                        TROUPE_CPUS="1")
     row = fresh.get(f"/api/runs/{waiting_card}")
     assert row["status"] == "interrupted" and "this server has no cuda:1 now" in row["error"], row
     assert fresh.wait_status(waiting_cpu, "succeeded")["device"] == "cpu"  # kept, and run
+    assert fresh.wait_status(asks_four["run_id"], "succeeded")["status"] == "succeeded"
