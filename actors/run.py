@@ -32,6 +32,7 @@ from actors.run_messages import (
     ArtifactArrived,
     Cancel,
     Discard,
+    NeverFits,
     Placement,
     ReportOccupancy,
     Start,
@@ -168,7 +169,9 @@ class RunActor(Actor):
                 self._finish(ev.INTERRUPTED, f"no one-shot agent took the run within "
                              f"{self._settings.worker_one_shot_queue_timeout_s:g} s "
                              "(TROUPE_WORKER_ONE_SHOT_QUEUE_TIMEOUT_S)", None, reason="one_shot_queue_timeout")
-            case _OneShotTimeout():
+            case NeverFits(reason) if self._status == ev.QUEUED:
+                self._finish(ev.FAILED, reason, None, reason="memory_budget_too_large")
+            case _OneShotTimeout() | NeverFits():
                 pass  # it started meanwhile
             case Unwritten() | RetryWrites() | Written():
                 self._writes.handle(message)

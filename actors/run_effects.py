@@ -77,8 +77,8 @@ def peak_row(record: RunRecord, status: str, memory: tuple[int | None, bool, boo
     as many cards: from a run that succeeded, or one that ran out of memory (then a
     budget that was derived from an earlier peak is known to be too small). ``memory``:
     the run's peak in MiB, whether it is exact, and whether it ran out of memory."""
-    if memory is None or memory[0] is None or not memory[1] or record.graph_digest is None:
-        return None
+    if memory is None or not memory[0] or not memory[1] or record.graph_digest is None:
+        return None  # a peak of 0 is none measured (a context started, nothing allocated)
     cards = sum(1 for device in record.devices if device.startswith("cuda"))
     if not cards or not (status == ev.SUCCEEDED or memory[2]):
         return None

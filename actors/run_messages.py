@@ -30,6 +30,14 @@ class Abandon:
 
 
 @dataclass(frozen=True)
+class NeverFits:
+    """From the placer: the card the queued run waits for was changed (more reserved) so
+    that its budget can never fit there; it fails with the reason, not waits for ever."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Start:
     """From the placer: the run holds a slot and passed the seed gate. For target
     ``any`` the placer names the worker and device it chose. ``holds`` are the

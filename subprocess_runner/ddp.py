@@ -89,13 +89,17 @@ class Group:
                 self._ranks[rank] = process
             threading.Thread(target=self._watch, name="ddp-ranks", daemon=True).start()
         assert store is not None
-        if plan.cuda:
-            import torch
+        try:
+            if plan.cuda:
+                import torch
 
-            torch.cuda.set_device(plan.rank)  # NCCL's own traffic goes from this rank's card
-        dist.init_process_group("nccl" if plan.cuda else "gloo", store=dist.FileStore(store, plan.world),
-                                rank=plan.rank, world_size=plan.world,
-                                timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+                torch.cuda.set_device(plan.rank)  # NCCL's own traffic goes from this rank's card
+            dist.init_process_group("nccl" if plan.cuda else "gloo", store=dist.FileStore(store, plan.world),
+                                    rank=plan.rank, world_size=plan.world,
+                                    timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        except BaseException:  # the ranks started above would wait out the rendezvous, and hold their cards
+            self.close(False)
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -128,6 +132,8 @@ class Group:
         for process in self._ranks.values():
             process.join(60 if ok else 0)
         self._kill()
+        for process in self._ranks.values():
+            process.join(5)  # reaped: a killed rank is gone, not a zombie of this child
         if dist.is_initialized():
             dist.destroy_process_group()
         if self._folder is not None:

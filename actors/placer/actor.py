@@ -454,5 +454,6 @@ class Placer(Actor):
 
 def derived_budget(peak_mib: int, failed_budget_mib: int | None) -> int:
     """The budget a measured peak gives: 20% above it, and 20% above a budget that was
-    derived the same way and ran out of memory (beyond the seeds)."""
-    return max(math.ceil(peak_mib * PEAK_MARGIN), math.ceil((failed_budget_mib or 0) * PEAK_MARGIN))
+    derived the same way and ran out of memory (beyond the seeds). At least 1 MiB: a
+    budget of 0 would be no budget at all (and no run frame may carry it)."""
+    return max(1, math.ceil(peak_mib * PEAK_MARGIN), math.ceil((failed_budget_mib or 0) * PEAK_MARGIN))

@@ -20,8 +20,8 @@ from actors.placer.book import INSTANCE_MARK, WorkerBook
 from actors.placer.fair_share import DeviceUse
 from actors.placer.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer.messages import Admit, Released
-from actors.placer.waiting import Anywhere, Line, Parked, in_time
-from actors.run_messages import Start
+from actors.placer.waiting import Anywhere, Line, Parked, in_time, parked_facts
+from actors.run_messages import NeverFits, Start
 from protocol.queue_key import QueueKey
 
 LOCAL = "local"  # the provider name of the server's own devices
@@ -113,6 +113,15 @@ class WorkerPlacement:
     async def set_policy(self, physical: str, policy: Policy) -> None:
         self._policies[physical] = policy
         self._ledger(physical).tell(policy)
+        for admit in list(self._device_waiting.get(physical, ())):  # more reserved: some may never fit now
+            fits = await self._ledger(physical).ask(Fits(admit.budget_mib))
+            run = self._registry.lookup(f"runs/{admit.run_id}")
+            if fits["sharing"] == MEMORY and admit.budget_mib is not None and not fits["ever"] and run is not None:
+                self._device_waiting[physical].remove(admit)
+                numbers = fits["numbers"]
+                run.tell(NeverFits(f"memory_budget_too_large: its budget of {admit.budget_mib} MiB plus "
+                                   f"{numbers['context_mib']} MiB of CUDA context can never fit the card it waited "
+                                   f"for now: {numbers['total_mib']} MiB, {numbers['reserved_mib']} MiB reserved"))
         await self._retry([physical])
 
     def _shared(self, physical: str) -> bool:
@@ -348,23 +357,11 @@ class WorkerPlacement:
     def waiting(self) -> tuple[tuple[Parked, ...], tuple[Line, ...], Anywhere]:
         """The runs admitted here that have not started, grouped by what they wait for,
         with what their words need (copied: part of the placer's view)."""
-        parked = tuple(Parked(worker, tuple(admits), *self._parked_facts(worker))
+        parked = tuple(Parked(worker, tuple(admits), *parked_facts(self._book, self._is_online, worker))
                        for worker, admits in self._parked.items() if admits)
         lines = tuple(Line(tuple(line), self._named(physical), self._shared(physical), physical not in self._mixed)
                       for physical, line in self._device_waiting.items() if line)
         return parked, lines, Anywhere(tuple(self._any_waiting))
-
-    def _parked_facts(self, worker: str) -> tuple[bool, bool, float | None]:
-        """(spent, online, deadline) of a named worker, as its waiting runs' words read them;
-        a batch array's worker by its instances: spent when every one online has taken
-        its run, its deadline the latest of those still free."""
-        online = [name for name in self._book.instances(worker) if self._is_online(name)]
-        if not online:
-            return self._book.spent(worker), self._is_online(worker), self._book.deadline(worker)
-        free = [name for name in online if not self._book.spent(name)]
-        deadlines = [self._book.deadline(name) for name in free]
-        latest = max(d for d in deadlines if d is not None) if free and None not in deadlines else None
-        return not free, True, latest
 
     def _named(self, physical: str) -> str:
         """A physical device as people name it: a worker's device (``gpu-a cuda:0``), never

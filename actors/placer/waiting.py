@@ -12,10 +12,11 @@ which answers an ask only after the handler in hand (often waiting on a ledger).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from actors.placer.book import WorkerBook
 from actors.placer.messages import Admit
 from protocol.queue_key import QueueKey
 
@@ -141,3 +142,16 @@ class Board:
         for admit, needs in self.anywhere.waiting:
             if run_ids is None or admit.run_id in run_ids:
                 yield admit, Anywhere.words(admit, needs)
+
+
+def parked_facts(book: WorkerBook, is_online: Callable[[str], bool], worker: str) -> tuple[bool, bool, float | None]:
+    """(spent, online, deadline) of a named worker, as its waiting runs' words read them;
+    a batch array's worker by its instances: spent when every one online has taken its
+    run, its deadline the latest of those still free."""
+    online = [name for name in book.instances(worker) if is_online(name)]
+    if not online:
+        return book.spent(worker), is_online(worker), book.deadline(worker)
+    free = [name for name in online if not book.spent(name)]
+    deadlines = [book.deadline(name) for name in free]
+    latest = max(d for d in deadlines if d is not None) if free and None not in deadlines else None
+    return not free, True, latest

@@ -23,7 +23,7 @@ from subprocess_runner.packs._torch_models import OptimizerSpec
 def train_ddp(ctx: Any, model: torch.nn.Module, train: Loader, val: Loader | None, spec: OptimizerSpec,
               loss_fn: torch.nn.Module, params: dict[str, Any]) -> dict[str, Any]:
     plan: ddp.DdpPlan = ctx.ddp
-    group = ddp.Group(plan, ctx.node_id)
+    group = ddp.Group(plan, ctx.node_id)  # a group that fails to form stops the ranks it started
     ok = False
     try:
         if group.rank == 0:

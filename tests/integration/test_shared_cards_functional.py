@@ -188,3 +188,20 @@ async def test_another_agents_heartbeat_cannot_move_the_free_memory_of_a_card_it
         await closed_for_breaking_the_protocol(ws)
     finally:
         await session.close()
+
+
+def test_a_waiting_run_that_more_reserved_memory_makes_never_fit_fails_and_blocks_no_one(shared_card):
+    server = shared_card
+    share(server)
+    on_card = {"worker": "gpu-a", "memory_gib": 6}
+    packed = [server.submit(sleeper(seconds=60), device="cuda:0", target=on_card)["run_id"] for _ in range(3)]
+    for run_id in packed:
+        server.wait_status(run_id, "running")
+    waiting = server.submit(hello(), device="cuda:0", target={**on_card, "wait": True})["run_id"]
+    share(server, reserved_mib=20000)  # 6 GiB and its context can never fit the 4576 MiB left
+    row = server.wait_status(waiting, "failed")
+    assert "memory_budget_too_large" in row["error"] and "20000 MiB reserved" in row["error"], row["error"]
+    for run_id in packed:
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+    small = server.submit(hello(), device="cuda:0", target={"worker": "gpu-a", "memory_gib": 1, "wait": True})["run_id"]
+    assert server.events_until_finished(small)[-1]["payload"]["status"] == "succeeded"  # nothing stuck ahead
