@@ -101,24 +101,9 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     name, reason = await _who(svc, request, hello)
     if name is None:
         return await _refuse(ws, "unauthorized", reason)
-    if hello.instance is not None:
-        if not hello.one_shot:
-            return await _refuse(ws, "bad_handshake", "an instance of a worker is a one-shot agent: start it with "
-                                                      "--one-shot")
-        name = f"{name}{INSTANCE_MARK}{hello.instance}"
-        if (await _connected(svc.registry.lookup(f"workers/{name}"))) is not None:
-            return await _refuse(ws, "instance_in_use", f"instance {hello.instance} of worker "
-                                 f"{name.split(INSTANCE_MARK)[0]} is connected already; give each task its own "
-                                 "--instance (the array's task id)")
-    elif hello.one_shot:
-        # A second batch job of the same name would take the connection of the first and end
-        # its run; the same agent coming back reports its runs. Not now: it tries again.
-        view = await _connected(svc.registry.lookup(f"workers/{name}"))
-        busy = sorted(set(view["running_runs"]) - set(hello.runs)) if view is not None else []
-        if busy:
-            return await _refuse(ws, "worker_busy", f"worker {name} is connected and runs {busy[0]}; a second "
-                                 "one-shot agent of that name waits until it is gone (give each job its own "
-                                 "--instance to run them side by side)", final=False)
+    name, refused = await _connection_name(svc, name, hello)
+    if refused is not None:
+        return await _refuse(ws, refused.code, refused.reason, refused.final)
     outbox: asyncio.Queue[Any] = asyncio.Queue()
     if hello.instance is None:  # listed again, though it once exited as a one-shot agent
         svc.store.write(WorkerConnected(name))
@@ -167,6 +152,30 @@ def _check_kinds(frame: Any) -> None:
     for kind in {kind for kind, _, _ in frame.events}:
         if kind not in ev.WORKER_KINDS:
             raise ValueError(f"event kind {kind!r} is not the worker's to send")
+
+
+async def _connection_name(svc: Services, name: str, hello: wire.Hello) -> tuple[str, wire.Refused | None]:
+    """The connection an authenticated hello takes (an array's task: ``name#instance``),
+    or why it may not take it now."""
+    if hello.instance is not None:
+        if not hello.one_shot:
+            return name, wire.Refused(code="bad_handshake", reason="an instance of a worker is a one-shot agent: "
+                                                                   "start it with --one-shot")
+        name = f"{name}{INSTANCE_MARK}{hello.instance}"
+        if (await _connected(svc.registry.lookup(f"workers/{name}"))) is not None:
+            return name, wire.Refused(code="instance_in_use", reason=(
+                f"instance {hello.instance} of worker {name.split(INSTANCE_MARK)[0]} is connected already; give "
+                "each task its own --instance (the array's task id)"))
+    elif hello.one_shot:
+        # A second batch job of the same name would take the connection of the first and end
+        # its run; the same agent coming back reports its runs. Not now: it tries again.
+        view = await _connected(svc.registry.lookup(f"workers/{name}"))
+        busy = sorted(set(view["running_runs"]) - set(hello.runs)) if view is not None else []
+        if busy:
+            return name, wire.Refused(code="worker_busy", final=False, reason=(
+                f"worker {name} is connected and runs {busy[0]}; a second one-shot agent of that name waits until "
+                "it is gone (give each job its own --instance to run them side by side)"))
+    return name, None
 
 
 async def _connected(live: Any) -> dict[str, Any] | None:
