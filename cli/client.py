@@ -12,23 +12,12 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cli.errors import BadAddress, BadOption, CliError, NoServer
+from cli.errors import BadAddress, BadOption, CliError, NoServer, ReplyShape
 from protocol.tls import untrusted
 from protocol.unix_http import connect
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 _WHOLE = re.compile(r"^[0-9a-f]{32}$")
-
-
-class ReplyShape(CliError, KeyError):
-    """A success whose JSON lacks a field every troupe server sends: something else
-    answers at that address (or a server of another version). A KeyError too, so code
-    that looks a field up and copes with its absence still does."""
-
-    code = "reply_shape"
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class _Reply(dict[str, Any]):

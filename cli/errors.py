@@ -21,6 +21,17 @@ class NoServer(CliError):
     code = "no_server"
 
 
+class ReplyShape(CliError, KeyError):
+    """A success whose JSON lacks a field every troupe server sends: something else
+    answers at that address (or a server of another version). A KeyError too, so code
+    that looks a field up and copes with its absence still does."""
+
+    code = "reply_shape"
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class BadOption(CliError):
     """An option's value that no command could use (``--instance ../x``)."""
 
