@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from cli import connect, terminal
-from cli.errors import EXIT_FAILED, EXIT_USAGE, CliError, NoServer
+from cli.errors import EXIT_FAILED, EXIT_USAGE, BadOption, CliError, NoServer
 
 
 def _no_type_beside_flags() -> None:
@@ -258,7 +259,10 @@ def links(revoke: Annotated[str | None, typer.Option(
     client = connect.client(None, None)
     try:
         if revoke is not None:
-            ended = answer(client.request("DELETE", f"/api/login-links/{revoke}"), f"revoking link {revoke}")
+            if not revoke.strip():
+                raise BadOption("--revoke needs a link's id (troupe links lists them)")
+            ended = answer(client.request("DELETE", f"/api/login-links/{urllib.parse.quote(revoke.strip(), safe='')}"),
+                           f"revoking link {revoke}")
             print(f"revoked link {revoke}; {len(ended['sessions_ended'])} session(s) it opened ended")
             return
         found = answer(client.request("GET", "/api/login-links"), "listing the login links")["links"]

@@ -109,9 +109,11 @@ async def _serve(settings: Settings) -> int:
 
 
 def _cannot_listen(exc: OSError) -> bool:
-    """A port taken or not ours to bind, an address this machine does not have, or a
-    name that resolves to none."""
-    return isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+    """A port taken or not ours to bind, an address this machine does not have or cannot
+    bind as given (an IPv6 link-local address without its scope, IPv6 on a machine
+    without it), or a name that resolves to none."""
+    return isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES,
+                                                             errno.EINVAL, errno.EAFNOSUPPORT)
 
 
 def _check_tls(settings: Settings) -> None:

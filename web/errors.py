@@ -135,11 +135,15 @@ async def _authorize(request: web.Request, svc: Any) -> None:
     if scheme.lower() == "bearer" and secret.strip():
         from web.ws_worker import credential_owner
 
-        owner, _ = await credential_owner(svc, secret.strip())
+        owner, _ = await credential_owner(svc, secret.strip()) if _WORKER_READS.match(request.path) else (None, "")
         if owner is not None:
-            return  # a worker fetching an upload or a checkpoint for its run
+            return  # a worker fetching an upload, a checkpoint or a pack for its run: nothing else
     raise Unauthorized("this server is reached over the network: reading it needs a session. Open the login link "
                        "you were given, or run `troupe login URL` in a terminal", code="login_required")
+
+
+# What an agent reads with its worker credential: an upload, a checkpoint to resume from, a pack.
+_WORKER_READS = re.compile(r"^/api/(files/[^/]+/content|runs/[^/]+/artifacts/[^/]+|packs/[^/]+/archive)$")
 
 
 def _public(path: str) -> bool:

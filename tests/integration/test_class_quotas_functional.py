@@ -7,6 +7,7 @@ more on the stream it had open."""
 from __future__ import annotations
 
 import threading
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -87,3 +88,23 @@ def test_a_revoked_session_gets_nothing_more_on_the_stream_it_had_open(make_serv
     reader.join(20)  # the change that follows ends it, unsent
     assert not reader.is_alive()
     assert not [data for kind, data in seen if kind == "run" and data.get("run_id") == run_id], seen
+
+
+def test_a_worker_credential_reads_only_what_its_runs_fetch(make_server):
+    server = make_server(TROUPE_HOST="0.0.0.0")  # reads need a session, or a worker's credential for its files
+    status, enrolled = server.client.request("POST", "/api/workers/enrollments", {"name": "w1"})
+    assert status == 201, enrolled
+    status, redeemed = server.anonymous.request("POST", "/api/workers/credentials",
+                                                {"token": enrolled["token"], "machine_id": "m-other"})
+    assert status == 201, redeemed
+    worker = Client(server.url, redeemed["credential"])
+    from tests.integration.test_uploads_functional import ROWS, upload
+
+    made = upload(server, ROWS)[1]
+    fetch = urllib.request.Request(f"{server.url}/api/files/{made['file_id']}/content",
+                                   headers={"Authorization": f"Bearer {redeemed['credential']}"})
+    with urllib.request.urlopen(fetch, timeout=30) as answer:  # what a run on that worker fetches
+        assert answer.read() == ROWS
+    for path in ("/api/runs", "/api/stream", "/api/workers", "/api/login-links"):
+        status, reply = worker.request("GET", path)
+        assert (status, reply["error"]["code"]) == (401, "login_required"), (path, reply)

@@ -260,6 +260,7 @@ def test_ids_and_filters_are_sent_as_they_were_typed(shared_server, tmp_path):
     _one_line(cli(shared_server, "show", "café"), 1, "'café' is not a run id")
     _one_line(cli(shared_server, "cancel", "x?y=1"), 1, "'x?y=1' is not a run id")  # not the run x
     _one_line(cli(shared_server, "rm", ""), 2, "an empty run id")
+    _one_line(cli(shared_server, "links", "--revoke", "x?y"), 1, "no login link 'x?y'")  # not the link x
     whole = shared_server.submit(graph(node("a", "core.Constant", value=1)))["run_id"]
     shown = cli(shared_server, "show", f" {whole.upper()}\r")  # pasted with a space, a return, in capitals
     assert shown.returncode == 0 and whole in shown.stdout, shown.stderr
@@ -285,6 +286,9 @@ def test_ids_and_filters_are_sent_as_they_were_typed(shared_server, tmp_path):
 def test_a_server_that_cannot_start_says_why_in_a_line(tmp_path):
     (tmp_path / "taken").write_text("a file where the home would be")
     _one_line(cli(tmp_path / "taken", "start", "--port", "0"), 1, "cannot hold the server's files")
+    unscoped = cli(tmp_path / "v6", "start", "--host", "fe80::1", "--port", "0")  # link-local needs its scope
+    assert unscoped.returncode == 1 and "Traceback" not in unscoped.stderr, unscoped.stderr
+    assert "cannot listen on fe80::1" in unscoped.stderr, unscoped.stderr
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
