@@ -124,6 +124,12 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
                 return payload, f"metric {name}: value is too large for a float"
     elif kind in (ARTIFACT, ARTIFACT_PENDING):
         return payload, _artifact_problem(payload)
+    elif kind == CONSOLE:
+        text, stream = payload.get("text", ""), payload.get("stream", "stdout")
+        if not isinstance(text, str) or not jsonsafe.encodable(text):  # the console is read back as UTF-8 text
+            return payload, "a console event's text must be text (a string without lone surrogates)"
+        if stream not in ("stdout", "stderr"):
+            return payload, f"a console event's stream is stdout or stderr, got {str(stream)[:40]!r}"
     return payload, None
 
 

@@ -49,20 +49,22 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 
 def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: type[BaseModel] | None = None,
         params: tuple[tuple[str, str, str | dict[str, Any]], ...] = (), mutation: bool = False,
-        required: tuple[str, ...] = (), media: str | None = None) -> dict[str, Any]:
+        required: tuple[str, ...] = (), media: str | None = None, unavailable: bool = False) -> dict[str, Any]:
     """One operation; a param's schema is a JSON type name or a whole schema (bounds,
     enums). Path params are required, and the query params named in ``required``.
-    ``media``: an answer that is not JSON (a stream, a file), said by its media type."""
+    ``media``: an answer that is not JSON (a stream, a file), said by its media type;
+    ``unavailable``: a read that answers 503 while what it reads is away (a worker)."""
     answer = _json(ok) if ok else {"content": {media: {} if media == _SSE else {"schema": {"type": "string"}}}} \
         if media else {}
     if any(name == "format" for name, _, _ in params):  # ?format=csv answers the same as CSV
         answer = {"content": {**answer.get("content", {}), "text/csv": {"schema": {"type": "string"}}}}
     responses: dict[str, Any] = {status: {"description": "ok", **answer}}
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
-    if mutation:  # a busy lane, an offline worker, a full card, a stopping server: not now, maybe later
+    if mutation or unavailable:  # a busy lane, an offline worker, a full card, a stopping server: not now
         responses["503"] = {"description": "no capacity now; the error's code says which", **_json(api.ErrorReply)}
+    if mutation:
         responses["429"] = {"description": "quota_exceeded: past a limit of the session's class link",
-                             **_json(api.ErrorReply)}
+                            **_json(api.ErrorReply)}
     op: dict[str, Any] = {"summary": summary, "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": True, **_json(body)}
@@ -228,7 +230,8 @@ def _run_paths() -> dict[str, Any]:
                                     body=api.ExportGraph, mutation=True)},
         "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,
                                        body=api.EstimateGraph, mutation=True)},
-        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", r.RunOutputs, params=(_RUN_ID,))},
+        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", r.RunOutputs, params=(_RUN_ID,),
+                                                  unavailable=True)},
         "/api/runs/{run_id}/artifacts/{artifact_id}": {"get": _op(
             "An artifact's bytes, wherever it lives", None, media=_BYTES,
             params=(_RUN_ID, ("artifact_id", "path", "string")))},
@@ -240,7 +243,7 @@ def _run_paths() -> dict[str, Any]:
             "requestBody": {"required": True, "content": {_BYTES: {"schema": {"type": "string",
                                                                               "format": "binary"}}}}}},
         "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", r.NodeOutputs, params=(
-            _RUN_ID, ("node_id", "path", "string")))},
+            _RUN_ID, ("node_id", "path", "string")), unavailable=True)},
     }
 
 

@@ -158,10 +158,16 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
 def wants_csv(request: web.Request) -> bool:
     """``?format=csv`` (True) or ``json``, the default; anything else is refused, as the
     document's enum says, never read as json."""
-    fmt = request.query.get("format", "json")
-    if fmt not in ("json", "csv"):
-        raise InvalidRequest(f"format must be json or csv, got {fmt[:40]!r}", pointer="?format")
-    return fmt == "csv"
+    return choice_query(request, "format", ("json", "csv")) == "csv"
+
+
+def choice_query(request: web.Request, name: str, choices: tuple[str, ...]) -> str:
+    """A query parameter that takes one of ``choices`` (the first is the default), given
+    at most once: ``?format=csv&format=json`` is refused, never read first-wins."""
+    value = _once(request, name) or choices[0]
+    if value not in choices:
+        raise InvalidRequest(f"{name} must be {' or '.join(choices)}, got {value[:40]!r}", pointer=f"?{name}")
+    return value
 
 
 def hex_id(request: web.Request, kind: str) -> str:
@@ -178,10 +184,7 @@ def run_id_from(request: web.Request) -> str:
 
 def int_query(request: web.Request, name: str, *, default: int | None = None, minimum: int = 0,
               maximum: int = MAX_INT_QUERY) -> int | None:
-    given = request.query.getall(name, [])
-    if len(given) > 1:
-        raise InvalidRequest(f"query parameter {name} is given {len(given)} times; give it once", pointer=f"?{name}")
-    raw = given[0] if given else None
+    raw = _once(request, name)
     if raw is None or raw == "":
         return default
     # ASCII digits, an optional minus, nothing else: Python's int() also reads "1_0",
@@ -193,3 +196,11 @@ def int_query(request: web.Request, name: str, *, default: int | None = None, mi
         bound = f"between {minimum} and {maximum}"
         raise InvalidRequest(f"query parameter {name} must be {bound}, got {value}", pointer=f"?{name}")
     return value
+
+
+def _once(request: web.Request, name: str) -> str | None:
+    """A query parameter's one value (None: not given); given twice, it is refused."""
+    given = request.query.getall(name, [])
+    if len(given) > 1:
+        raise InvalidRequest(f"query parameter {name} is given {len(given)} times; give it once", pointer=f"?{name}")
+    return given[0] if given else None

@@ -27,7 +27,7 @@ from web.errors import json_reply
 from web.login import refuse_privileged, submitter_of
 from web.queue_state import submitted_position, with_queue_reasons
 from web.quotas import declared_mib, within_quota
-from web.requests import RUN_ID, int_query, read_model, run_id_from, wants_csv
+from web.requests import RUN_ID, choice_query, int_query, read_model, run_id_from, wants_csv
 
 routes = web.RouteTableDef()
 TRAINING_LOOP = "torch.TrainingLoop"
@@ -184,12 +184,15 @@ async def get_console(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     offset = int_query(request, "offset", default=0) or 0
-    marked = request.query.get("nodes", "false")
-    if marked not in ("true", "false"):
-        raise InvalidRequest("nodes is true or false", pointer="?nodes")
+    marked = choice_query(request, "nodes", ("false", "true"))
     await _get_row(svc, run_id)  # 404 for no such run
     events = await svc.store.read(EventsOfType(run_id, ev.CONSOLE))
-    text = "".join(console_lines(e) if marked == "true" else e["payload"].get("text", "") for e in events).encode()
+    # Encoded with "replace": an event an older server stored before its text was checked still reads.
+    text = "".join(console_lines(e) if marked == "true" else str(e["payload"].get("text", ""))
+                   for e in events).encode("utf-8", "replace")
+    if offset < len(text) and (text[offset] & 0xC0) == 0x80:  # a page starts where a character does
+        raise InvalidRequest(f"offset {offset} is inside a character; give a next_offset this route answered",
+                             pointer="?offset")
     end = min(len(text), offset + CONSOLE_PAGE_BYTES)
     while offset < end < len(text) and (text[end] & 0xC0) == 0x80:  # never cut inside a character
         end -= 1
@@ -202,9 +205,9 @@ def console_lines(event: dict[str, Any]) -> str:
     """A console event's text, each line marked with the node that printed it and its
     stream: ``train › epoch 3`` on stdout, ``train ! warning`` on stderr."""
     payload = event["payload"]
-    text = payload.get("text", "")
+    text = str(payload.get("text", ""))
     if "stream" not in payload:  # the note of skipped output
-        return str(text)
+        return text
     mark = f"{event.get('node_id') or ''} {'!' if payload['stream'] == 'stderr' else '›'} ".lstrip()
     return "".join(mark + line for line in text.splitlines(keepends=True))
 
@@ -348,9 +351,7 @@ async def run_metrics(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     row = await _get_row(svc, run_id)
-    lineage = request.query.get("lineage", "false")
-    if lineage not in ("true", "false"):
-        raise InvalidRequest("lineage is true or false", pointer="?lineage")
+    lineage = choice_query(request, "lineage", ("false", "true"))
     if lineage == "true":
         series, resumed = await _lineage(svc, row)
     else:

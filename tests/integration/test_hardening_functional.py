@@ -96,7 +96,10 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/\ud800.pt", "backend": "mount",
                              "label": "data", "size": 3, "sha256": "a" * 64}),
                ("artifact", {"kind": "checkpoint", "path": "checkpoints/last.pt", "backend": "mount",
-                             "label": "data", "size": 3, "sha256": "a" * 64})]
+                             "label": "data", "size": 3, "sha256": "a" * 64}),
+               # Console text the run's console could not be read back with (it was a 500 for good).
+               ("console", {"stream": "stdout", "text": "ab\ud800c"}), ("console", {"stream": "stdout", "text": 5}),
+               ("console", {"stream": "stdin", "text": "x"}), ("console", {"stream": "stdout", "text": "kept\n"})]
         for counter, (kind, payload) in enumerate(bad, start=1):
             await ws.send_str(run_event(run_id, counter, kind, payload))
         await ws.send_str(wire.RunEnded(run_id=run_id, counter=len(bad) + 1, status="succeeded").model_dump_json())
@@ -106,9 +109,10 @@ async def test_events_refused_at_the_boundary_become_warnings_on_their_run(share
     events = shared_server.get(f"/api/runs/{run_id}/events")["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     rejected = [e["payload"] for e in events if e["payload"].get("code") == "event_rejected"]
-    assert len(rejected) == 7
+    assert len(rejected) == 10
     artifacts = shared_server.get(f"/api/runs/{run_id}")["artifacts"]
     assert [a["path"] for a in artifacts] == ["checkpoints/last.pt"]
+    assert shared_server.get(f"/api/runs/{run_id}/console")["text"] == "kept\n"
 
 
 async def assigned(ws) -> wire.Assign:
@@ -416,3 +420,23 @@ def test_a_worker_enrolled_without_a_name_gets_a_worker_name_whatever_its_machin
     else:  # a digest of it: a name queue keys and file names can hold
         assert len(name) == len("worker-") + 8 and name.startswith("worker-") and name[7:].isalnum(), name
         assert name == name.lower() and "/" not in name
+
+
+def test_a_console_page_starts_where_a_character_does_and_a_choice_is_given_once(shared_server):
+    printed = graph(node("k", "core.Constant", value=1),
+                    node("p", "core.Print", prefix="h\u00e9llo\u20ac ", stream="stdout"),
+                    edges=(edge("k", "value", "p", "value"),))
+    run_id = shared_server.submit(printed)["run_id"]
+    shared_server.wait_status(run_id, "succeeded")
+    assert shared_server.get(f"/api/runs/{run_id}/console?offset=6")["text"].startswith("\u20ac")  # € is bytes 6-8
+    status, reply = shared_server.client.request("GET", f"/api/runs/{run_id}/console?offset=7")
+    assert (status, reply["error"]["pointer"]) == (400, "?offset"), reply  # it answered 200 with U+FFFD
+    for query, pointer in (("console?nodes=true&nodes=false", "?nodes"), ("metrics?format=csv&format=json", "?format"),
+                           ("metrics?lineage=true&lineage=false", "?lineage")):
+        status, reply = shared_server.client.request("GET", f"/api/runs/{run_id}/{query}")
+        assert (status, reply["error"]["pointer"]) == (400, pointer), (query, reply)
+    assert shared_server.get(f"/api/runs/{run_id}/metrics?lineage=true")["series"] == {}
+    # The document says what these reads answer while a run's worker is away.
+    paths = shared_server.get("/api/openapi.json")["paths"]
+    for path in ("/api/runs/{run_id}/outputs", "/api/runs/{run_id}/outputs/{node_id}"):
+        assert "503" in paths[path]["get"]["responses"], path
