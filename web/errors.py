@@ -142,8 +142,9 @@ async def _authorize(request: web.Request, svc: Any) -> None:
                        "you were given, or run `troupe login URL` in a terminal", code="login_required")
 
 
-# What an agent reads with its worker credential: an upload, a checkpoint to resume from, a pack.
-_WORKER_READS = re.compile(r"^/api/(files/[^/]+/content|runs/[^/]+/artifacts/[^/]+|packs/[^/]+/archive)$")
+# What an agent reads with its worker credential: its socket (which checks the credential
+# itself, in the hello), an upload, a checkpoint to resume from, a pack.
+_WORKER_READS = re.compile(r"^/(ws/worker|api/(files/[^/]+/content|runs/[^/]+/artifacts/[^/]+|packs/[^/]+/archive))$")
 
 
 def _public(path: str) -> bool:

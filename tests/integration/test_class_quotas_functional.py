@@ -7,6 +7,7 @@ more on the stream it had open."""
 from __future__ import annotations
 
 import threading
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,6 +106,11 @@ def test_a_worker_credential_reads_only_what_its_runs_fetch(make_server):
                                    headers={"Authorization": f"Bearer {redeemed['credential']}"})
     with urllib.request.urlopen(fetch, timeout=30) as answer:  # what a run on that worker fetches
         assert answer.read() == ROWS
+    socket = urllib.request.Request(f"{server.url}/ws/worker",
+                                    headers={"Authorization": f"Bearer {redeemed['credential']}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # not an upgrade: the route itself refuses it
+        urllib.request.urlopen(socket, timeout=30)
+    assert refused.value.code == 400  # past the read check: the agent's socket is what the credential is for
     for path in ("/api/runs", "/api/stream", "/api/workers", "/api/login-links"):
         status, reply = worker.request("GET", path)
         assert (status, reply["error"]["code"]) == (401, "login_required"), (path, reply)

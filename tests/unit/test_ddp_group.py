@@ -13,11 +13,13 @@ from subprocess_runner import ddp
 from subprocess_runner.ddp_plan import DdpPlan
 from tests.helpers import graph, node
 
-torch_distributed = pytest.importorskip("torch.distributed", reason="torch is needed for a DDP group")
-
 
 @pytest.mark.timeout(60)
 def test_a_group_that_fails_to_form_leaves_no_rank_and_no_store(tmp_path: Path, monkeypatch) -> None:
+    # Imported here, not at collection: tests that start a control plane in this process
+    # check that it never imports torch.
+    torch_distributed = pytest.importorskip("torch.distributed", reason="torch is needed for a DDP group")
+
     def refuse(*args, **kwargs):
         raise RuntimeError("CUDA out of memory while creating the context")
 
