@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from subprocess_runner.errors import PackArchiveRefused, PackUnsendable
+from subprocess_runner.errors import PackArchiveRefused, PackChanged, PackUnsendable
 
 MAX_ARCHIVE_BYTES = 64 * 2**20  # a pack is code, not data: larger is refused both ways
 # What the archive may unpack to, all its files together: a small gzip of zeros, or a
@@ -79,7 +79,7 @@ def digest_of(path: Path) -> str:
                 digest.update(chunk)
                 read += len(chunk)
         if read != size:
-            raise PackUnsendable(f"pack {path.name}: {name} changed while it was read")
+            raise PackChanged(f"pack {path.name}: {name} changed while it was read")
     return digest.hexdigest()
 
 
