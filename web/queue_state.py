@@ -73,10 +73,22 @@ class QueueState:
             return {"code": held["code"], "message": held["message"]}
         if key in self.quarantined:
             return {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {self.quarantined[key]}"}
-        queue = self.row(key, limit)
         place = f"#{run['queue_position']} in line" if run.get("queue_position") else "in line"
+        found = self._snapshots.get(key)
+        cap = found.limit_of(run.get("submitted_by") or "") if found is not None else None
+        if cap is not None:
+            return at_limit_reason(key, cap, place)
+        queue = self.row(key, limit)
         return {"code": "slots_busy",
                 "message": f"{place} for {key}: {queue['running']} of {queue['limit']} slots busy"}
+
+
+def at_limit_reason(queue_key: str, cap: int, place: str) -> dict[str, str]:
+    """A run held back because its session runs as many runs on the key as its link lets it."""
+    runs = "run" if cap == 1 else "runs"
+    return {"code": "session_at_limit",
+            "message": f"{place} for {queue_key}: its session already runs {cap} {runs} there, the most its login "
+                       "link lets it run at once (max_running); it starts when one of them ends"}
 
 
 def in_line(svc: Services, run_id: str, stored: int | None, queue_key: str | None = None) -> int | None:
@@ -121,6 +133,14 @@ async def predicted_place(svc: Services, queue_key: str, request: Any, fifo: int
         return fifo, False
     found = await ref.ask(PredictFor(me))
     return (fifo, False) if found is None else (_placer_held(svc, queue_key) + found, True)
+
+
+def asker_limit(svc: Services, queue_key: str, request: Any) -> int | None:
+    """The limit of runs at once the request's session has reached on the key, else None."""
+    ref = svc.registry.lookup(f"queues/{queue_key}")
+    view = ref.view if ref is not None else None
+    who = svc.login.who(request)
+    return view.limit_of(submitter_of(who) if who is not None else "") if isinstance(view, QueueView) else None
 
 
 def _placer_held(svc: Services, queue_key: str) -> int:

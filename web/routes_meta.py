@@ -19,7 +19,7 @@ from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
-from web.queue_state import QueueState, predicted_place
+from web.queue_state import QueueState, asker_limit, at_limit_reason, predicted_place
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
@@ -53,6 +53,8 @@ async def queue_prediction(request: web.Request) -> web.Response:
     reason: dict[str, str] | None
     if row["state"] == "quarantined":
         reason = {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {row['reason']}"}
+    elif (cap := asker_limit(svc, key, request)) is not None:
+        reason = at_limit_reason(key, cap, "in line")
     elif row["queued"] or row["running"] >= row["limit"]:
         place, fair = await predicted_place(svc, key, request, row["queued"] + 1)
         reason = {"code": "slots_busy", "message": f"#{place} in line for {key}: {row['running']} of "

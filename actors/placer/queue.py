@@ -105,6 +105,11 @@ class QueueView(NamedTuple):
     order: Order | None
     fair: bool = False
     submitters: frozenset[str] = frozenset()  # those with runs waiting
+    at_limit: tuple[tuple[str, int], ...] = ()  # (submitter, max_running) of those holding as many runs as they may
+
+    def limit_of(self, submitter: str) -> int | None:
+        """The limit of runs at once a session has reached on this key, else None."""
+        return next((cap for who, cap in self.at_limit if who == submitter), None)
 
     def counts(self) -> dict[str, Any]:
         return {"queue_key": self.queue_key, "limit": self.limit, "running": self.running, "queued": self.queued}
@@ -228,8 +233,10 @@ class QueueActor(Actor):
         asyncio.ensure_future(self._store.read(SessionCap(submitter))).add_done_callback(_known)
 
     def make_view(self) -> QueueView:
+        at_limit = tuple((who, cap) for who, cap in self._caps.items() if cap is not None and self._capped(who)) \
+            if self._any_cap else ()
         return QueueView(self.queue_key, self._limit, len(self._holding), len(self._line), self._line.order(),
-                         self._fair, self._line.submitters())
+                         self._fair, self._line.submitters(), at_limit)
 
     def _capped(self, submitter: str) -> bool:
         cap = self._caps.get(submitter)

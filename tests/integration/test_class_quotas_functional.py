@@ -44,6 +44,22 @@ def test_an_interactive_run_past_max_running_is_refused(make_server):
         server.client.request("POST", f"/api/runs/{run['id']}/cancel")
 
 
+def test_a_run_held_back_by_max_running_says_so_and_so_does_the_prediction(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="4")
+    student = server.session(uses=1, max_running=1, max_waiting=2)
+    assert student.request("GET", "/api/queue-prediction?queue_key=cpu")[1]["starts"] is True
+    first = student.request("POST", "/api/runs", {"graph": sleeper(30)})[1]["run_id"]
+    second = student.request("POST", "/api/runs", {"graph": sleeper(30)})[1]["run_id"]
+    server.poll_until(lambda: server.get(f"/api/runs/{first}")["status"] == "running")
+    server.poll_until(lambda: server.get(f"/api/runs/{second}")["queue_reason"] is not None)
+    reason = server.get(f"/api/runs/{second}")["queue_reason"]
+    assert reason["code"] == "session_at_limit" and "max_running" in reason["message"], reason
+    predicted = student.request("GET", "/api/queue-prediction?queue_key=cpu")[1]
+    assert predicted["starts"] is False and predicted["reason"]["code"] == "session_at_limit", predicted
+    for run_id in (first, second):
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+
+
 def test_a_resumed_study_is_checked_as_a_new_one(make_server):
     server = make_server()
     student = server.session(uses=1, **LIMITS)
