@@ -141,7 +141,8 @@ class RunCreated(BaseModel):
 class QueueReason(BaseModel):
     """Why a queued run has not started: which limit it waits on."""
 
-    code: Literal["slots_busy", "seed_gate", "device_busy", "worker_offline", "no_free_worker", "queue_quarantined"]
+    code: Literal["slots_busy", "session_at_limit", "seed_gate", "device_busy", "memory_busy", "memory_budget_required",
+                  "worker_offline", "no_free_worker", "one_shot_spent", "job_ends_too_soon", "queue_quarantined"]
     message: str
 
 
