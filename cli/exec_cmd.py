@@ -22,18 +22,21 @@ from subprocess_runner.context import ExecutionContext, Sinks
 from subprocess_runner.devices import probe_accelerators, resolve_device, torch_device
 from subprocess_runner.engine import ExecutableGraph, execute_graph, prepare_executable_graph
 from subprocess_runner.errors import GraphInvalid
+from subprocess_runner.mounts import resolve as resolve_mounts
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
 
-def load_valid_graph(path: str, sets: Sequence[str] = (),
-                     packs: Sequence[Path] = ()) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
+def load_valid_graph(path: str, sets: Sequence[str] = (), packs: Sequence[Path] = (),
+                     here: bool = False) -> tuple[dict[str, Any], Graph, ExecutableGraph]:
     """The file's document (with the params ``--set`` changed), its model and its
     executable form, its nodes from the installed packs and those of TROUPE_HOME/packs,
-    TROUPE_PACKS and ``packs``; CliError when invalid."""
+    TROUPE_PACKS and ``packs``; CliError when invalid. ``here``: the executable form has
+    its storage labels turned into this machine's paths (the document keeps them)."""
     from pydantic import ValidationError
 
     raw = read_json_object(path, "a graph object")
-    catalog = load_catalog(load_settings(packs=list(packs)).pack_dirs)
+    settings = load_settings(packs=list(packs))
+    catalog = load_catalog(settings.pack_dirs)
     for name, error in catalog.broken_packs.items():
         print(f"  ⚠ pack {name} was not loaded: {error}", file=sys.stderr)
     apply_sets(raw, sets, catalog_params(catalog.to_json()["nodes"]))
@@ -43,9 +46,12 @@ def load_valid_graph(path: str, sets: Sequence[str] = (),
         first = exc.errors()[0]
         raise CliError(f"{path}: {'/'.join(map(str, first['loc']))}: {first['msg']}") from None
     try:
-        executable = prepare_executable_graph(graph, catalog, prefix="")
+        executable = prepare_executable_graph(resolve_mounts(raw, settings.mounts) if here else graph, catalog,
+                                              prefix="")
     except GraphInvalid as exc:
         raise CliError(f"{path}: {exc.message} (at {exc.pointer})") from None
+    except ValueError as exc:  # a storage label this machine lacks, a path that climbs out of its folder
+        raise CliError(f"{path}: {exc}") from None
     return raw, graph, executable
 
 
@@ -53,7 +59,7 @@ def exec_graph(path: str, seed: int | None, device: str | None, max_parallel: in
                sets: Sequence[str] = (), packs: Sequence[Path] = ()) -> int:
     cap_threads()  # before the first node imports torch
     number_cards_by_bus()
-    _, graph, executable = load_valid_graph(path, sets, packs)
+    _, graph, executable = load_valid_graph(path, sets, packs, here=True)
     try:
         # This process runs the graph itself: cards by torch's names, the visible ones only.
         visible = load_settings().cuda_visible_devices

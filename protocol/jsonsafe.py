@@ -16,6 +16,10 @@ from typing import Any
 
 import pydantic_core
 
+# How deep a body (a graph, a sweep) may nest: deeper than any graph needs; deeper still
+# would only reach recursion limits further in (a script's literal stops Python at 200).
+MAX_DEPTH = 64
+
 
 def kind_of(number: float) -> str:
     """``nan``, ``inf`` or ``-inf``: the word the API and the CSV use."""

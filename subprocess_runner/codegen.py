@@ -26,6 +26,10 @@ FROZEN_SURFACE: tuple[tuple[str, str], ...] = (
     ("subprocess_runner.devices", "resolve_device"),
     ("subprocess_runner.seeding", "seed_everything"),  # invoke_node seeds each node with it
     ("subprocess_runner.seeding", "cap_threads"),
+    # This machine's storage labels and pack folders, read as `troupe exec` reads them.
+    ("cli.config", "load_settings"),
+    ("subprocess_runner.mounts", "resolve"),
+    ("subprocess_runner.catalog", "load_catalog"),
 )
 
 _TEMPLATE = '''#!/usr/bin/env python3
@@ -47,9 +51,12 @@ except ModuleNotFoundError:  # run by a Python without troupe
 
 cap_threads()  # before torch or numpy are imported, as troupe exec does
 
+from cli.config import load_settings  # noqa: E402
+from subprocess_runner.catalog import load_catalog  # noqa: E402
 from subprocess_runner.context import ExecutionContext  # noqa: E402
 from subprocess_runner.devices import resolve_device  # noqa: E402
 from subprocess_runner.engine import invoke_node, prepare_executable_graph, topological_sort  # noqa: E402
+from subprocess_runner.mounts import resolve  # noqa: E402
 
 GRAPH = {graph}
 SEED = {seed!r}
@@ -57,7 +64,13 @@ DETERMINISTIC = {deterministic!r}
 
 
 def main() -> int:
-    graph = prepare_executable_graph(GRAPH)
+    # This machine's storage labels (data:..., upload:...) and its pack folders
+    # (TROUPE_HOME/packs, TROUPE_PACKS), as troupe exec reads them.
+    settings = load_settings()
+    try:
+        graph = prepare_executable_graph(resolve(GRAPH, settings.mounts), load_catalog(settings.pack_dirs))
+    except Exception as exc:  # a label this machine lacks, a node type none of its packs has
+        sys.exit(f"{{sys.argv[0]}}: the graph cannot run here: {{exc}}")
     device, warning = resolve_device(GRAPH.get("settings", {{}}).get("device"))
     if warning:
         print(json.dumps({{"type": "warning", "node_id": None, "payload": {{"message": warning}}}}), flush=True)

@@ -10,14 +10,12 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from protocol.errors import InvalidRequest, NotFound, pointer_from_path
-from protocol.jsonsafe import encodable
+from protocol.jsonsafe import MAX_DEPTH, encodable
 from web.context import services
 from web.limits import read_body
 
 Model = TypeVar("Model", bound=BaseModel)
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # used with fullmatch: "$" would let a trailing newline in
-# Deeper than any graph needs; deeper still would only reach recursion limits further in.
-MAX_DEPTH = 64
 # The largest seq, step or cursor a query may name (SQLite's INTEGER is 64-bit).
 MAX_INT_QUERY = 2**62
 _INTEGER = re.compile(r"-?[0-9]{1,40}")  # no integer of thousands of digits
