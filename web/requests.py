@@ -40,7 +40,7 @@ async def read_model(request: web.Request, model: type[Model]) -> Model:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _invalid(exc, body) from None
+        raise invalid_body(exc, body) from None
 
 
 def _not_json(token: str) -> Any:
@@ -134,7 +134,9 @@ def _too_deep_at(body: Any) -> str:
     return ""
 
 
-def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
+def invalid_body(exc: ValidationError, body: Any, within: str = "") -> InvalidRequest:
+    """The 400 for a body the model refused, pointing at its first mistake; ``within``:
+    the pointer of the part of a larger body that was validated (``/spec``)."""
     first = exc.errors()[0]
     loc = [p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
     pointer = pointer_from_path(loc)
@@ -150,7 +152,8 @@ def _invalid(exc: ValidationError, body: Any) -> InvalidRequest:
     code = "invalid_request"
     if first["type"] == "extra_forbidden" and len(loc) == 3 and tuple(loc[:2]) == ("options", "target"):
         code = "unknown_target_option"  # a run meant for elsewhere must never run here
-    return InvalidRequest(f"{what}: {first['msg']}", pointer=pointer, node_id=node_id, code=code)
+    prefix = within.strip("/") + "/" if within else ""
+    return InvalidRequest(f"{prefix}{what}: {first['msg']}", pointer=within + pointer, node_id=node_id, code=code)
 
 
 def wants_csv(request: web.Request) -> bool:

@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from actors.store.studies import CreatePluginJob, GetPluginJobs
 from protocol import events as ev
-from protocol.errors import InvalidRequest, NotFound, StateConflict, TroupeError, pointer_from_path
+from protocol.errors import NotFound, StateConflict, TroupeError
 from protocol.studies import SubmitStudy
 from web.context import Services, services
 from web.errors import json_reply
-from web.requests import read_model
+from web.requests import invalid_body, read_model
 from web.routes_studies import create_study
 
 routes = web.RouteTableDef()
@@ -45,8 +45,7 @@ async def _study_kind(svc: Services, spec: dict[str, Any], plugin_id: str) -> di
     try:
         body = SubmitStudy.model_validate(spec)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidRequest(f"spec: {first['msg']}", pointer="/spec" + pointer_from_path(first["loc"])) from None
+        raise invalid_body(exc, spec, within="/spec") from None
     try:
         return await create_study(svc, body, plugin_id)
     except TroupeError as exc:  # point into the job's body, where the spec sits

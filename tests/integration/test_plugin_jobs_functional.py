@@ -43,6 +43,13 @@ def test_a_job_needs_a_key_a_known_kind_and_a_valid_spec(shared_server):
     status, reply = shared_server.client.request("POST", "/api/plugins/grader/jobs",
                                                  {"kind": "study", "spec": bad, "idempotency_key": "k3"})
     assert status == 400 and reply["error"]["pointer"] == "/spec/variants/0/params/0/node_id"
+    # The same code and words as POST /api/studies gives for the same mistake.
+    bad = {**spec, "options": {"target": {"worker": "w", "bogus": 1}}}
+    status, reply = shared_server.client.request("POST", "/api/plugins/grader/jobs",
+                                                 {"kind": "study", "spec": bad, "idempotency_key": "k4"})
+    assert status == 400 and reply["error"]["code"] == "unknown_target_option", reply
+    assert reply["error"]["pointer"] == "/spec/options/target/bogus"
+    assert reply["error"]["message"].startswith("spec/options/target/bogus: "), reply
     status, _ = shared_server.client.request("GET", "/api/plugins/BAD%20ID/jobs")
     assert status == 404
 
