@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import re
 import secrets
 import shlex
 import signal
@@ -31,27 +32,34 @@ from typing import Any
 from actors.base import Actor, Shutdown, Snapshot
 from actors.store import StoreClient
 from actors.store.workers import CreateEnrollment
+from protocol.errors import TroupeError
 
 log = logging.getLogger("troupe.ssh")
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 TOKEN_TTL_S = 600.0
 STOP_GRACE_S = 5.0
-# What ssh or the remote agent prints when no retry can help, and how the worker says it.
-# (A host name that does not resolve is retried, as any network failure: DNS comes and
-# goes with the network a laptop is on.)
+SSH_ERROR = 255  # ssh's own exit code for its errors (else it exits with the remote command's)
+NOT_FOUND = 127  # the remote shell's exit code for a command it cannot find
+# What ssh or the remote side prints, with the exit code it ends with, when no retry can
+# help, and how the worker says it. Only the attempt that just ended is read, and only
+# with its code: a line a healthy session printed (a .bashrc's "No such file or
+# directory") never makes a dropped connection final. (A host name that does not
+# resolve is retried, as any network failure: DNS comes and goes with a laptop's network.)
 FINAL = (
-    ("Permission denied", "the remote host refused the authentication"),
-    ("Host key verification failed", "the remote host's key does not match the known one"),
-    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the remote host's key changed"),
-    ("command not found", "troupe is not found on the remote host (set remote_command)"),
-    ("No such file or directory", "troupe is not found on the remote host (set remote_command)"),
-    ("refused by the control plane", "the control plane refused the remote agent"),
-    ("enrollment refused", "the control plane refused the remote agent's enrollment"),
+    ("Permission denied (", SSH_ERROR, "the remote host refused the authentication"),
+    ("Host key verification failed", SSH_ERROR, "the remote host's key does not match the known one"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", SSH_ERROR, "the remote host's key changed"),
+    ("", NOT_FOUND, "troupe is not found on the remote host (set remote_command)"),
+    ("syntax error", 2, "the remote shell cannot read remote_command (a syntax error)"),
+    ("refused by the control plane", 1, "the control plane refused the remote agent"),
+    ("enrollment refused", 1, "the control plane refused the remote agent's enrollment"),
 )
 LINE_MAX = 4096  # what one line of ssh's output keeps
 CHUNK = 65536
-NOT_FOUND = 127  # the remote shell's exit code for a command it cannot find
+# The join token is on the remote command line, which a remote shell may echo (a syntax
+# error quotes it): what is kept and shown never holds it.
+_TOKEN = re.compile(r"(--token\s+)\S+")
 PR_SET_PDEATHSIG = 1
 
 
@@ -83,6 +91,8 @@ class SshSession(Actor):
         self._attempts = 0
         self._state = "starting"
         self._last: deque[str] = deque(maxlen=40)  # the tail of what ssh and the remote agent printed
+        self._attempt: list[str] = []  # what the attempt under way printed (its last 40 lines)
+        self._token: str | None = None  # the join token of the last attempt
 
     async def on_start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._keep_up(), name=self.name)
@@ -106,9 +116,20 @@ class SshSession(Actor):
                 "attempts": self._attempts, "output": list(self._last)[-5:]}
 
     async def _keep_up(self) -> None:
+        try:
+            await self._attempts_until_final()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a defect here must show on the worker, never leave it `retrying` unseen
+            log.exception("ssh session of %s stopped on an error", self._target.name)
+            self._fail(f"the ssh session stopped on an error ({type(exc).__name__}: {exc})")
+
+    async def _attempts_until_final(self) -> None:
         while True:
             self._attempts += 1
+            self._attempt = []
             self.changed()
+            code: int | None = None
             try:
                 code = await self._run_once()
             except OSError as exc:
@@ -117,7 +138,9 @@ class SshSession(Actor):
                 self._last.append(f"{exc.strerror or exc}: {exc.filename or 'ssh'}")
                 self._fail("the control plane cannot run ssh")
                 return
-            reason = self._final_reason(code)
+            except TroupeError as exc:  # the attempt's token could not be stored (a full disk): a retry may
+                self._last.append(f"the join token could not be stored: {exc}")
+            reason = self._final_reason(code) if code is not None else None
             if reason is not None:
                 self._fail(reason)
                 return
@@ -137,7 +160,9 @@ class SshSession(Actor):
 
     async def _run_once(self) -> int:
         token = secrets.token_urlsafe(24)
-        await self._store.write(CreateEnrollment(token, self._target.name, TOKEN_TTL_S, 1))
+        # The last attempt's token was redeemed or never will be: it goes as this one is made.
+        await self._store.write(CreateEnrollment(token, self._target.name, TOKEN_TTL_S, 1, replaces=self._token))
+        self._token = token
         self._process = await asyncio.create_subprocess_exec(
             *self._argv(token), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent)
@@ -145,7 +170,9 @@ class SshSession(Actor):
         self.changed()
         assert self._process.stdout is not None
         async for line in _lines(self._process.stdout):
+            line = _TOKEN.sub(r"\1(the join token)", line)
             self._last.append(line)
+            self._attempt = [*self._attempt[-39:], line]
             self.changed()
         return await self._process.wait()
 
@@ -169,13 +196,8 @@ class SshSession(Actor):
         return argv
 
     def _final_reason(self, code: int) -> str | None:
-        text = "\n".join(self._last)
-        for marker, reason in FINAL:
-            if marker in text:
-                return reason
-        if code == NOT_FOUND:
-            return "troupe is not found on the remote host (set remote_command)"
-        return None
+        text = "\n".join(self._attempt)
+        return next((reason for marker, final_code, reason in FINAL if code == final_code and marker in text), None)
 
     async def _end_process(self) -> None:
         process = self._process

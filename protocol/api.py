@@ -6,6 +6,7 @@ the document cannot drift from what the server accepts.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
@@ -326,6 +327,27 @@ def _not_reserved(name: str | None) -> str | None:
     return name
 
 
+def _ssh_host(host: str) -> str:
+    """A name or an address as ssh takes it: an IPv6 address bare, never ``host:port``."""
+    if "[" in host or "]" in host or ("%" in host and ":" not in host):
+        raise ValueError(f"{host[:60]!r} is not a host name or an address: give the port in 'port', and an "
+                         "IPv6 address without brackets (::1)")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise ValueError(f"{host[:60]!r} is not a host name or an address: give the port in 'port', and an "
+                             "IPv6 address without brackets (::1)") from None
+    return host
+
+
+def _one_line(value: str | None) -> str | None:
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("holds a control character (a NUL, a newline, a tab), which ssh would cut or misread")
+    return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Target words, and the names of the routes beside /api/workers/{name}.
 _RESERVED = ("any", "local", "one-shot", "credentials", "enrollments", "ssh")
 
@@ -358,15 +380,17 @@ class SshWorker(BaseModel):
 
     name: Annotated[str, Field(pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
     # Never an option to ssh: no leading dash, no spaces.
-    host: str = Field(pattern=r"^[A-Za-z0-9_\[][A-Za-z0-9_.:\-\[\]]{0,252}$")
+    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9_:\[][A-Za-z0-9_.:%\-\[\]]{0,252}$"),
+                    AfterValidator(_ssh_host)]
     user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,31}$")
     port: Annotated[int, Field(ge=1, le=65535), INTEGRAL] | None = None
-    identity_file: str | None = Field(default=None, min_length=1, max_length=4096,
-                                      description="a private key on the control plane's machine")
-    known_hosts_file: str | None = Field(default=None, min_length=1, max_length=4096,
-                                         description="the host keys to trust (default: ssh's own known_hosts)")
-    remote_command: str = Field(default="troupe", min_length=1, max_length=1024,
-                                description="how the remote shell starts troupe")
+    identity_file: Annotated[str | None, AfterValidator(_one_line)] = Field(
+        default=None, min_length=1, max_length=4096, description="a private key on the control plane's machine")
+    known_hosts_file: Annotated[str | None, AfterValidator(_one_line)] = Field(
+        default=None, min_length=1, max_length=4096,
+        description="the host keys to trust (default: ssh's own known_hosts)")
+    remote_command: Annotated[str, AfterValidator(_one_line)] = Field(
+        default="troupe", min_length=1, max_length=1024, description="how the remote shell starts troupe")
 
 
 class CardSharing(BaseModel):

@@ -22,12 +22,14 @@ from protocol.api import worker_name_problem
 
 @dataclass(frozen=True)
 class CreateEnrollment:
-    """Answers the token's expiry (epoch seconds)."""
+    """Answers the token's expiry (epoch seconds). ``replaces``: a token of the same
+    issuer that is of no use any more (an SSH session's previous attempt), deleted."""
 
     token: str
     name: str | None
     ttl_s: float
     uses: int
+    replaces: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,18 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+# An expired token is kept this long, so that an agent given it is told "expired", not "unknown".
+EXPIRED_KEPT_S = 86400.0
+
+
 def create_enrollment(conn: apsw.Connection, token: str, name: str | None, ttl_s: float, uses: int,
-                      now: str) -> float:
+                      now: str, replaces: str | None = None) -> float:
+    """Stores a token; drops ``replaces`` and the tokens that expired over a day ago (an
+    SSH session makes one each attempt, every few seconds while its host is away)."""
     expires_at = time.time() + ttl_s
+    conn.execute("DELETE FROM enrollments WHERE expires_at < ?", (time.time() - EXPIRED_KEPT_S,))
+    if replaces is not None:
+        conn.execute("DELETE FROM enrollments WHERE token_hash = ?", (digest(replaces),))
     conn.execute(
         "INSERT INTO enrollments(token_hash, name, expires_at, uses_left, created_at) VALUES (?, ?, ?, ?, ?)",
         (digest(token), name, expires_at, uses, now),
@@ -150,7 +161,8 @@ def revoke(conn: apsw.Connection, name: str) -> bool:
 
 
 WRITES: Table = {
-    CreateEnrollment: lambda s, op: create_enrollment(s.conn, op.token, op.name, op.ttl_s, op.uses, ev.utc_now()),
+    CreateEnrollment: lambda s, op: create_enrollment(s.conn, op.token, op.name, op.ttl_s, op.uses, ev.utc_now(),
+                                                      op.replaces),
     RedeemEnrollment: lambda s, op: redeem(s.conn, op.token, op.name, op.machine_id, op.credential, ev.utc_now()),
     RevokeWorker: lambda s, op: revoke(s.conn, op.name),
     WorkerConnected: lambda s, op: s.conn.execute(
