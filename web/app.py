@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Exit
+from protocol.errors import NotFound
 from protocol.tls import server_context
 from web import (
     routes_artifacts,
@@ -39,6 +40,7 @@ from web.errors import guard
 from web.limits import HEADER_TIMEOUT_S, AcceptGuard, MalformedRequests
 
 STATIC = Path(__file__).parent / "static"
+_STATIC_ROOT = STATIC.resolve()
 # Every route table, in the order they are added (the OpenAPI test reads them too).
 # aiohttp tries the routes under a path's fixed prefix in the order they were added: a
 # run's stream, which every script follows, comes before the ten other routes under
@@ -57,8 +59,22 @@ def build_app(svc: Services) -> web.Application:
         app.add_routes(table)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", routes_login.index)
-        app.router.add_static("/static/", STATIC)
+        app.router.add_get("/static/{name:.+}", _static)
     return app
+
+
+async def _static(request: web.Request) -> web.StreamResponse:
+    """A file of the page. Anything else (a name no file system takes, a path out of the
+    folder) is the same JSON 404 as any unknown route, never a 500 or an empty body."""
+    name = request.match_info["name"]
+    try:
+        found = (STATIC / name).resolve()
+        served = found.is_relative_to(_STATIC_ROOT) and found.is_file()
+    except (OSError, ValueError):  # too long a name, a NUL, a loop of links
+        served = False
+    if not served:
+        raise NotFound(f"the page has no file {name[:80]!r}")
+    return web.FileResponse(found)
 
 
 class WebService:

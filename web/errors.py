@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from protocol import jsonsafe
 from protocol.errors import (
@@ -92,6 +93,9 @@ async def _guarded(request: web.Request, handler: Handler, svc: Any) -> web.Stre
         return await handler(request)
     except HttpProcessingError as exc:  # a body aiohttp could not parse (a broken multipart form)
         raise InvalidRequest(f"the request body is malformed: {' '.join(str(exc.message).split())[:200]}",
+                             pointer="") from None
+    except RequestPayloadError as exc:  # a body that does not decode under its Content-Encoding
+        raise InvalidRequest(f"the request body could not be read: {' '.join(str(exc).split())[:200]}",
                              pointer="") from None
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(

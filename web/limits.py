@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from protocol.errors import PayloadTooLarge, RequestTimeout
+from protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 from protocol.settings import Settings
 
 log = logging.getLogger("troupe.web")
@@ -119,6 +119,8 @@ async def read_body(request: web.Request, settings: Settings) -> bytes:
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {settings.request_read_timeout_s:g} s "
                              "(TROUPE_REQUEST_READ_TIMEOUT_S)") from None
+    except ConnectionError as exc:  # the sender went away: its request, not a fault of ours to log
+        raise InvalidRequest(f"the request body was cut short ({exc}); nothing was kept", pointer="") from None
     return b"".join(chunks)
 
 

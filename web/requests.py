@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -197,6 +197,17 @@ def int_query(request: web.Request, name: str, *, default: int | None = None, mi
         bound = f"between {minimum} and {maximum}"
         raise InvalidRequest(f"query parameter {name} must be {bound}, got {value}", pointer=f"?{name}")
     return value
+
+
+@overload
+def one_query(request: web.Request, name: str) -> str | None: ...
+@overload
+def one_query(request: web.Request, name: str, default: str) -> str: ...
+def one_query(request: web.Request, name: str, default: str | None = None) -> str | None:
+    """A query parameter given at most once (twice: a 400, never read first-wins), or
+    ``default`` when it is not given."""
+    found = _once(request, name)
+    return default if found is None else found
 
 
 def _once(request: web.Request, name: str) -> str | None:

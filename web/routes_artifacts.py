@@ -37,7 +37,7 @@ from subprocess_runner.digest import CHUNK, pour_async
 from web.context import Services, services
 from web.errors import disk_full, json_reply, too_large_a_file
 from web.limits import paced
-from web.requests import run_id_from
+from web.requests import one_query, run_id_from
 from web.ws_worker import LOOPBACK, credential_owner
 
 routes = web.RouteTableDef()
@@ -87,7 +87,7 @@ async def receive_artifact(request: web.Request) -> web.Response:
                                   code="artifact_path_conflict") from None
     finally:
         Path(temporary).unlink(missing_ok=True)
-    node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
+    node, kind = one_query(request, "node") or None, one_query(request, "kind") or "file"
     try:
         written = await run.ask(ArtifactArrived(worker, node, kind, path, size, sha256)) if run is not None else None
         if written is None:  # no actor holds the run (any more): the store writes row and event
@@ -104,7 +104,7 @@ async def receive_artifact(request: web.Request) -> web.Response:
 async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Response:
     """The worker gave up on a file of the run (refused for good, or refused each time
     it was sent): its row says ``failed`` with the reason, not ``pending`` for ever."""
-    path = request.query.get("path", "")
+    path = one_query(request, "path", "")
     problem = ev.outside_run_dir(path)
     if problem is not None:
         raise InvalidRequest(problem, pointer="?path")
@@ -117,7 +117,7 @@ async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Res
                             code="run_not_executing")
     # A header is any bytes; aiohttp keeps those that are not UTF-8 as lone surrogates.
     reason = request.headers[FAILED_HEADER][:500].encode("utf-8", "replace").decode() or "the worker gave up on it"
-    node, kind = request.query.get("node") or None, request.query.get("kind") or "file"
+    node, kind = one_query(request, "node") or None, one_query(request, "kind") or "file"
     await svc.store.write(RecordArtifact(run_id, node, kind, path, "transfer", None, None, None, FAILED, reason))
     return json_reply({"run_id": run_id, "path": path, "state": FAILED, "reason": reason})
 
@@ -142,7 +142,7 @@ def _placed(folder: Path, path: str) -> Path:
 
 
 def _announced(request: web.Request, max_mb: int) -> tuple[str, str, int]:
-    path = request.query.get("path", "")
+    path = one_query(request, "path", "")
     problem = ev.outside_run_dir(path)
     if problem is not None:
         raise InvalidRequest(problem, pointer="?path")

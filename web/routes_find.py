@@ -17,7 +17,7 @@ from web.context import services
 from web.errors import json_reply
 from web.login import submitter_of
 from web.queue_state import with_queue_reasons
-from web.requests import int_query, read_model, run_id_from
+from web.requests import int_query, one_query, read_model, run_id_from
 from web.routes_runs import public_row, run_detail
 
 routes = web.RouteTableDef()
@@ -43,14 +43,14 @@ _SORT = re.compile(SORT_PATTERN)
 
 
 def _sort_query(request: web.Request) -> str | None:
-    sort = request.query.get("sort") or None
+    sort = one_query(request, "sort") or None
     if sort is not None and not _SORT.fullmatch(sort):
         raise InvalidRequest("sort is a metric series' name, with - before it for the highest first", pointer="?sort")
     return sort
 
 
 def _tag_query(request: web.Request) -> str | None:
-    tag = request.query.get("tag") or None
+    tag = one_query(request, "tag") or None
     if tag is not None and not _TAG.fullmatch(tag):
         raise InvalidRequest("tag is letters, digits and _.:+/- (at most 40), starting with a letter or digit",
                              pointer="?tag")
@@ -59,7 +59,7 @@ def _tag_query(request: web.Request) -> str | None:
 
 def _mine(request: web.Request) -> str | None:
     """``?mine=true``: the runs the asking session submitted (the server's token: "server")."""
-    mine = request.query.get("mine", "false")
+    mine = one_query(request, "mine", "false")
     if mine not in ("true", "false"):
         raise InvalidRequest("mine is true or false", pointer="?mine")
     if mine == "false":
@@ -74,26 +74,26 @@ def _mine(request: web.Request) -> str | None:
 @routes.get("/api/runs")
 async def list_runs(request: web.Request) -> web.Response:
     svc = services(request)
-    status = request.query.get("status") or None
+    status = one_query(request, "status") or None
     if status is not None and not set(status.split(",")) <= ev.ALL_STATES:
         raise InvalidRequest(f"status is one of {sorted(ev.ALL_STATES)}, or several joined by commas; got {status!r}",
                              pointer="?status")
-    grouped = request.query.get("grouped", "false")
+    grouped = one_query(request, "grouped", "false")
     if grouped not in ("true", "false"):
         raise InvalidRequest("grouped is true or false", pointer="?grouped")
-    values = request.query.get("values", "false")
+    values = one_query(request, "values", "false")
     if values not in ("true", "false"):
         raise InvalidRequest("values is true or false", pointer="?values")
     limit = int_query(request, "limit", default=50, minimum=1, maximum=500) or 50
-    before = _decode_cursor(request.query.get("cursor"))
-    raw_search = request.query.get("q") or ""
+    before = _decode_cursor(one_query(request, "cursor"))
+    raw_search = one_query(request, "q") or ""
     if len(raw_search) > MAX_SEARCH:  # the document's bound, refused, never cut short
         raise InvalidRequest(f"q is at most {MAX_SEARCH} characters, got {len(raw_search)}", pointer="?q")
     if _CONTROL.search(raw_search):  # a NUL or another control character matches nothing a person wrote
         raise InvalidRequest("q holds a control character; search for text", pointer="?q")
     search = raw_search.strip() or None
     tag = _tag_query(request)
-    sweep_id, study_id = request.query.get("sweep_id") or None, request.query.get("study_id") or None
+    sweep_id, study_id = one_query(request, "sweep_id") or None, one_query(request, "study_id") or None
     mine = _mine(request)
     sort = _sort_query(request)  # checked whichever list it orders
     if grouped == "true" and not (sweep_id or study_id):
@@ -144,7 +144,7 @@ _PREFIX = re.compile(r"^[0-9a-f]{4,32}$")
 async def match_ids(request: web.Request) -> web.Response:
     """The runs, sweeps and studies whose id starts with ``?prefix`` (4 to 32 lower-case
     hex characters): a terminal's short id, as git and docker read theirs."""
-    prefix = request.query.get("prefix", "")
+    prefix = one_query(request, "prefix", "")
     if not _PREFIX.fullmatch(prefix):
         raise InvalidRequest("prefix is 4 to 32 lower-case hex characters (the start of an id)", pointer="?prefix")
     return json_reply(await services(request).store.read(MatchIds(prefix)))

@@ -20,6 +20,7 @@ from web.context import Services, services
 from web.errors import json_reply
 from web.openapi import openapi_document
 from web.queue_state import QueueState, asker_limit, at_limit_reason, predicted_place
+from web.requests import one_query
 
 log = logging.getLogger("troupe.web")
 routes = web.RouteTableDef()
@@ -43,10 +44,10 @@ async def queue_prediction(request: web.Request) -> web.Response:
     server admits by: the queue's slots, then the placer (the seed gate, the runs waiting
     there, a device shared with a same-machine worker, a worker's device)."""
     svc = services(request)
-    key = request.query.get("queue_key", "")
+    key = one_query(request, "queue_key", "")
     if not _QUEUE_KEY.fullmatch(key):
         raise InvalidRequest("queue_key is a queue's key: cpu, cuda:0, or WORKER/DEVICE", pointer="?queue_key")
-    seeded = request.query.get("seeded", "false")
+    seeded = one_query(request, "seeded", "false")
     if seeded not in ("true", "false"):
         raise InvalidRequest("seeded is true or false", pointer="?seeded")
     row = (await QueueState.read(svc, {key})).row(key, svc.settings.concurrency_for(key))

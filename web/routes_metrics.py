@@ -81,5 +81,8 @@ async def metrics(request: web.Request) -> web.Response:
     svc = services(request)
     registry = CollectorRegistry()
     registry.register(_Scrape(await _families(svc), svc.tally.registry))
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (TypeError, ValueError):  # prometheus_client compares an Accept's version=abc with numbers
+        encoder, content_type = choose_encoder("")  # the plain text format every scraper reads
     return web.Response(body=encoder(registry), headers={"Content-Type": content_type})

@@ -27,7 +27,7 @@ from web.errors import json_reply
 from web.login import refuse_privileged, submitter_of
 from web.queue_state import submitted_position, with_queue_reasons
 from web.quotas import declared_mib, within_quota
-from web.requests import RUN_ID, choice_query, int_query, read_model, run_id_from, wants_csv
+from web.requests import RUN_ID, choice_query, int_query, one_query, read_model, run_id_from, wants_csv
 
 routes = web.RouteTableDef()
 TRAINING_LOOP = "torch.TrainingLoop"
@@ -233,7 +233,7 @@ async def fingerprint(request: web.Request) -> web.Response:
     if facts is None:
         raise StateConflict(f"run {row['id']} has no fingerprint: it has not started", code="no_fingerprint")
     reply: dict[str, Any] = {"run_id": row["id"], **facts}
-    other_id = request.query.get("against")
+    other_id = one_query(request, "against")
     if other_id is not None:
         if not RUN_ID.fullmatch(other_id):
             raise InvalidRequest(f"{other_id[:80]!r} is not a run id (32 lowercase hex characters)",
