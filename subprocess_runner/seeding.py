@@ -16,7 +16,13 @@ _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
 
 def cap_threads(threads: int | None = None) -> int:
     """Caps the numeric libraries' thread pools (default: every core but one), before
-    they are imported; a value the operator set already wins. Returns the cap."""
+    they are imported; a value the operator set already wins. Returns the cap.
+
+    Settled once a process: a run child forked from the zygote calls it again, and by
+    then the zygote's own call has set OMP_NUM_THREADS, which must not read as the
+    operator's (every undeclared node would get the whole cap, not its share)."""
+    if _cap and threads is None:
+        return _cap[0]
     cap = threads if threads is not None else max(1, _cores() - 1)
     operator = os.environ.get("OMP_NUM_THREADS")
     for name in _THREAD_VARIABLES:
