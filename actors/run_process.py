@@ -215,7 +215,8 @@ class RunProcess(Actor):
                         f"the run did not stop within {self._kill_grace_s:g} s of the cancel "
                         "(TROUPE_WORKER_KILL_GRACE_S); its process was killed")))
                 elif not self._ended:
-                    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
+                    how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
+                           if code is not None else "its exit status was lost with the zygote that forked it")
                     self._send(wire.RunEnded(run_id=run_id, counter=self._counter + 1, status="failed",
                                              error=f"the run's process died ({how}) before it finished"))
                 self.stop_self("exited")

@@ -115,6 +115,8 @@ class WarmPool(Actor):
         self._closed.set()
         for child in self._ready:
             _dismiss(child)
+            if not child.process.is_alive():  # it died waiting (an OOM kill): its folder stays otherwise
+                remove_left(pool_dir_prefix(child.process.pid))
         self._ready.clear()
         for waiter in self._waiting:
             if not waiter.done():
@@ -162,19 +164,28 @@ class WarmPool(Actor):
                     while self._waiting and len(self._waiting) > self._forking:
                         self._serve(None)  # nothing will be forked for them: they start cold
             case Stats():
+                self._drop_dead()
                 return wire.WarmPool(size=self._size, ready=len(self._ready), rss_mib=_rss_mib(self._ready))
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
 
     def _take(self) -> WarmChild | None:
-        while self._ready:
-            child = self._ready.pop(0)
-            if child.process.is_alive():
-                return child
+        self._drop_dead()
+        return self._ready.pop(0) if self._ready else None
+
+    def _drop_dead(self) -> None:
+        """Children that died waiting (an OOM kill) leave the pool, their folders with
+        them, and others are forked in their place: at a run's take, and at each
+        heartbeat, which would otherwise count them ready."""
+        dead = [child for child in self._ready if not child.process.is_alive()]
+        if not dead:
+            return
+        self._ready = [child for child in self._ready if child.process.is_alive()]
+        for child in dead:
             _dismiss(child)
-            remove_left(pool_dir_prefix(child.process.pid))  # it died waiting: its folder stays otherwise
-        return None
+            remove_left(pool_dir_prefix(child.process.pid))
+        self._fill()
 
     def _serve(self, child: WarmChild | None) -> None:
         """The oldest run still waiting gets ``child`` (None: it starts cold); with none
@@ -207,7 +218,13 @@ class WarmPool(Actor):
         if self._starting or self._closed.is_set():
             return
         self._starting = True
-        zygote = Zygote(on_lost=lambda lost: self.ref.tell(_ZygoteLost(lost)))
+        loop = asyncio.get_running_loop()
+
+        def lost(zygote: Zygote) -> None:  # called from the zygote's reader thread: the loop is told on its own
+            with contextlib.suppress(RuntimeError):  # the loop closed: the agent has stopped
+                loop.call_soon_threadsafe(self.ref.tell, _ZygoteLost(zygote))
+
+        zygote = Zygote(on_lost=lost)
         started = asyncio.get_running_loop().run_in_executor(None, zygote.start, self._closed)
         started.add_done_callback(lambda future: self.ref.tell(_ZygoteReady(
             zygote if not future.cancelled() and not future.exception() and future.result() else None)))

@@ -209,6 +209,11 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ahe
     """Executes one run. ``warm_catalog``: the node catalog the zygote loaded before this
     child was forked (None: a fresh interpreter started for this run); ``ahead``: what a
     forked child made while it waited."""
+    if os.getpgrp() != os.getpid():
+        # Its own process group: a Ctrl+C in the agent's terminal is the agent's to act on
+        # (it cancels the run, which then ends `cancelled`), never a KeyboardInterrupt
+        # in a node that fails the run.
+        os.setpgrp()
     devices = _set_cards(assign)
     for name in _RUN_MODULES:
         importlib.import_module(name)

@@ -124,6 +124,8 @@ class Zygote:
             if isinstance(said, pipe.Unfit):
                 log.warning("the zygote cannot fork run children: %s", said.problem)
             ours.close()
+            if closed.is_set() and self._process.is_alive():  # the agent stops: no wait for its imports
+                self._process.kill()
             self._stop_process()
             return False
         self._conn = ours
@@ -213,11 +215,17 @@ def serve(conn: Connection) -> None:
     """The zygote: imports what runs need, says ``Ready``, and forks a child per ``Fork``
     until the agent dismisses it or goes away. It stays single-threaded: a fork copies
     only the thread that calls it, and a lock another thread held would stay held."""
+    # A Ctrl+C in the agent's terminal reaches its whole group: the agent stops the pool
+    # itself (a zygote that died of it would be restarted while the agent stops).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from subprocess_runner import child
 
     catalog = child.preload()
     problem = child.cuda_touched() or _threads_running()
-    conn.send(pipe.Unfit(problem) if problem else pipe.Ready(os.getpid()))
+    try:
+        conn.send(pipe.Unfit(problem) if problem else pipe.Ready(os.getpid()))
+    except OSError:  # the agent stopped while this imported: nothing to serve
+        return
     if problem:
         return
     gc.freeze()  # what the zygote made stays out of every child's collections: no copy of its pages for them
@@ -260,6 +268,8 @@ def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int], pri
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setpgrp()  # out of the agent's terminal group, as a cold child (child.main): the agent ends its runs
         for own in wake:
             os.close(own)
         zygote.close()

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
 from subprocess_runner.child import cuda_touched
-from tests.helpers import hello
+from subprocess_runner.run_dirs import pool_dir_prefix
+from tests.helpers import REPO, hello, sleeper, troupe_cmd
 from tests.integration.test_packs_functional import _restart
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_worker_runs_functional import wait_warm
-from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
+from tests.integration.test_workers_functional import agent_env, enroll, read_until, start_agent, worker_state
 
 # A pack node that counts its calls in a global of torch (a module the zygote imported):
 # a child that kept one run's state would answer 2 on the next.
@@ -180,3 +183,75 @@ def test_no_run_sees_what_the_last_changed_and_a_lost_zygote_is_started_again(ma
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def _own_group_agent(server, tmp_path, command: str, machine: str):
+    """An agent in a process group of its own, as a terminal's foreground job is: a
+    Ctrl+C there is a SIGINT to the whole group."""
+    args = [*command.split()[1:], "--foreground"]
+    return subprocess.Popen(troupe_cmd(*args), cwd=REPO, env=agent_env(server, tmp_path, machine),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+
+
+def test_a_ctrl_c_in_the_agents_terminal_cancels_its_runs_warm_and_cold_and_prints_no_traceback(make_server,
+                                                                                                  tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = _own_group_agent(server, tmp_path, enroll(server, name="term")["command"] + " --warm 2", "term")
+    try:
+        read_until(agent, "connected as term")
+        wait_warm(server, "term", 2)
+        cold = sleeper(60)
+        cold["nodes"][0]["resources"] = {"env": {"TROUPE_TEST_COLD": "1"}}  # a run that starts cold
+        runs = [server.submit(graph, target={"worker": "term"})["run_id"] for graph in (sleeper(60), cold)]
+        for run_id in runs:
+            server.wait_status(run_id, "running")
+        os.killpg(agent.pid, signal.SIGINT)
+        said, _ = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(30)
+    assert agent.returncode == 0, said
+    assert "Traceback" not in said and "the zygote is gone" not in said, said
+    for run_id in runs:
+        server.poll_until(lambda r=run_id: server.get(f"/api/runs/{r}")["status"] == "cancelled", timeout=30)
+    assert [server.get(f"/api/runs/{r}")["execution_facts"]["started_warm"] for r in runs] == [True, False]
+
+
+def test_a_child_that_dies_waiting_is_replaced_and_its_folder_removed(make_server, tmp_path):
+    def folders(pid: int) -> list[Path]:
+        return list(Path(tempfile.gettempdir()).glob(pool_dir_prefix(pid) + "*"))
+
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="oom")["command"] + " --warm 1", machine="oom")
+    try:
+        read_until(agent, "connected as oom")
+        wait_warm(server, "oom", 1)
+        zygote = _zygote(agent.pid)
+        server.poll_until(lambda: _waiting_child(zygote, set()), timeout=60)
+        waiting = _children(zygote)[0]
+        server.poll_until(lambda: folders(waiting) != [], timeout=30)
+        os.kill(waiting, signal.SIGKILL)  # as the kernel's OOM killer would
+        server.poll_until(lambda: _waiting_child(zygote, {waiting}), timeout=30)  # another forked in its place
+        server.poll_until(lambda: folders(waiting) == [], timeout=30)
+        run_id = server.submit(hello(), target={"worker": "oom"})["run_id"]
+        assert server.events_until_finished(run_id, timeout=60)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{run_id}")["execution_facts"]["started_warm"] is True
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
+def test_an_agent_stopped_while_its_zygote_imports_stops_quietly(make_server, tmp_path):
+    server = make_server()
+    agent = start_agent(server, tmp_path, enroll(server, name="early")["command"] + " --warm 1", machine="early")
+    try:
+        read_until(agent, "connected as early")
+        assert (worker_state(server, "early")["warm_pool"] or {}).get("ready", 0) == 0  # still importing
+        agent.terminate()
+        said, _ = agent.communicate(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(30)
+    assert agent.returncode == 0 and "Traceback" not in said and "Broken pipe" not in said, said
