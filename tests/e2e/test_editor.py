@@ -3,6 +3,7 @@ interactive lane, see node states, and queue with the "Queue on..." dialog."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -182,4 +183,45 @@ def test_a_commands_argv_and_vars_are_edited_as_json(open_page, tmp_path):
     run = server.get("/api/runs")["runs"][0]
     node = server.get(f"/api/runs/{run['id']}")["graph"]["nodes"][0]
     assert node["params"]["argv"] == ["{python}", "hi.py", "{lr}"] and node["params"]["vars"] == {"lr": 0.5}
+    assert errors == []
+
+
+def open_file(tab, doc: dict, name: str = "g.json") -> None:
+    tab.locator("#open-file").set_input_files(files=[{"name": name, "mimeType": "application/json",
+                                                      "buffer": json.dumps(doc).encode()}])
+
+
+def test_a_node_id_with_a_colon_connects_and_a_file_that_cannot_be_drawn_keeps_the_graph(open_page):
+    _, tab, errors = open_page(view="#/editor")
+    open_file(tab, {"name": "colon", "edges": [], "nodes": [
+        {"id": "load:1", "type": "core.Constant", "params": {"value": 2}},
+        {"id": "m", "type": "core.LogMetric", "params": {"name": "loss"}}]})
+    expect(tab.locator("#editor-status")).to_contain_text("2 nodes")
+    connect(tab, "load:1:value", "m:value")
+    expect(tab.locator("#editor-status")).to_contain_text("connected load:1.value → m.value")
+    expect(tab.locator("#edges path.edge")).to_have_count(1)  # drawn: its source is the node that is there
+    open_file(tab, {"name": "broken", "nodes": [{"id": "q"}]}, "broken.json")
+    expect(tab.locator("#editor-status")).to_contain_text('needs an "id" and a "type"')
+    expect(tab.locator('g[data-node="load:1"]')).to_have_count(1)  # the graph on the canvas is still there
+    expect(tab.locator("#edges path.edge")).to_have_count(1)
+    assert errors == []
+
+
+def test_an_edge_made_in_place_of_another_clears_an_edge_selection(open_page):
+    _, tab, errors = open_page(view="#/editor")
+    open_file(tab, {"name": "edges", "nodes": [
+        {"id": "c1", "type": "core.Constant", "params": {"value": 1}},
+        {"id": "c2", "type": "core.Constant", "params": {"value": 2}},
+        {"id": "a", "type": "core.Add", "params": {}},
+        {"id": "m", "type": "core.LogMetric", "params": {"name": "loss"}}], "edges": [
+        {"source": "c1", "source_port": "value", "target": "a", "target_port": "a"},
+        {"source": "c2", "source_port": "value", "target": "a", "target_port": "b"},
+        {"source": "a", "source_port": "sum", "target": "m", "target_port": "value"}]})
+    expect(tab.locator("#edges path.edge")).to_have_count(3)
+    tab.locator('#edges path.edge[data-index="2"]').click(force=True)  # a.sum -> m.value
+    expect(tab.locator("#edges path.edge.selected")).to_have_count(1)
+    connect(tab, "c2:value", "a:a")  # replaces c1 -> a.a: the list shifts under the selection
+    expect(tab.locator("#edges path.edge.selected")).to_have_count(0)
+    tab.keyboard.press("Delete")  # deletes nothing now, least of all the edge just made
+    expect(tab.locator("#edges path.edge")).to_have_count(3)
     assert errors == []

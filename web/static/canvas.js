@@ -26,6 +26,12 @@ function keyParams(node, spec) {
   return text.length > 20 ? `${text.slice(0, 19)}…` : text;
 }
 
+// A port's handle is "in:NODE:PORT" or "out:NODE:PORT". A node id may hold a colon
+// (load:1); a port's name never does: the node is everything between the first and the last.
+function portParts(handle) {
+  return [handle.slice(handle.indexOf(":") + 1, handle.lastIndexOf(":")), handle.slice(handle.lastIndexOf(":") + 1)];
+}
+
 function portY(index) {
   return HEAD + 12 + index * ROW;
 }
@@ -144,7 +150,7 @@ export class Canvas {
     const target = event.target;
     const port = target.dataset ? target.dataset.port : undefined;
     if (port && port.startsWith("out:")) {
-      const [, node, name] = port.split(":");
+      const [node, name] = portParts(port);
       this._drag = { kind: "connect", node, port: name, type: target.dataset.type };
       event.preventDefault();
       return;
@@ -196,7 +202,7 @@ export class Canvas {
     const hit = document.elementFromPoint(event.clientX, event.clientY);
     const port = hit && hit.dataset ? hit.dataset.port : undefined;
     if (!port || !port.startsWith("in:")) return;
-    const [, node, name] = port.split(":");
+    const [node, name] = portParts(port);
     if (node === drag.node) {
       this.hooks.refuse("a node cannot feed itself");
       return;

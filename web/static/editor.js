@@ -55,6 +55,15 @@ function layout(doc) {
 export function loadGraph(doc, source) {
   if (!doc || !Array.isArray(doc.nodes)) throw new Error(`${source} is not a graph: it has no "nodes" list`);
   const copy = JSON.parse(JSON.stringify(doc));
+  // Checked before the graph on the canvas is replaced: a file that cannot be drawn
+  // leaves the user's graph as it was.
+  copy.nodes.forEach((node, i) => {
+    if (!node || typeof node !== "object" || typeof node.id !== "string" || !node.id
+        || typeof node.type !== "string" || !node.type) {
+      throw new Error(`${source}: node ${i} needs an "id" and a "type", each a non-empty string`);
+    }
+  });
+  if (copy.edges !== undefined && !Array.isArray(copy.edges)) throw new Error(`${source}: "edges" is not a list`);
   copy.version = copy.version || 1;
   copy.settings = copy.settings || { device: "cpu" };
   copy.edges = copy.edges || [];
@@ -122,6 +131,11 @@ function connect(edge) {
   const before = graph.edges.length;
   graph.edges = graph.edges.filter((e) => !(e.target === edge.target && e.target_port === edge.target_port));
   graph.edges.push(edge);
+  // An edge is selected by its place in the list, which this just changed.
+  if (canvas.selection && canvas.selection.edge !== undefined) {
+    canvas.selection = null;
+    inspect();
+  }
   status(`connected ${edge.source}.${edge.source_port} → ${edge.target}.${edge.target_port}`
     + (graph.edges.length === before ? " (it replaces the input's old edge)" : ""));
   canvas.render();
@@ -223,7 +237,7 @@ async function inspect() {
   flavor.replaceWith(picker);
   if (outputsRun) {
     try {
-      const reply = await api("GET", `/api/runs/${outputsRun}/outputs/${node.id}`);
+      const reply = await api("GET", `/api/runs/${outputsRun}/outputs/${encodeURIComponent(node.id)}`);
       if (mine !== inspection) return;
       outputs.replaceChildren(el("h3", {}, `Outputs (run ${outputsRun.slice(0, 8)})`),
         el("pre", {}, JSON.stringify(reply.outputs, null, 2)));
@@ -321,7 +335,17 @@ function queueKey(device, target) {
   return `${target}/${device}`;
 }
 
+// What the dialog says of the queue it would submit to; a failed read says so there,
+// never an uncaught rejection.
 async function explain(form) {
+  try {
+    await explainQueue(form);
+  } catch (error) {
+    form.querySelector("#queue-explain").textContent = `Could not read the queue: ${error.message}`;
+  }
+}
+
+async function explainQueue(form) {
   const device = form.elements.device.value;
   const target = form.elements.target ? form.elements.target.value : "";
   const key = queueKey(device, target);
@@ -395,7 +419,13 @@ async function queueDialog() {
       // A budget matters on a worker's card shared by memory; the estimate is only a start.
       const estimateButton = el("button", { type: "button", "data-estimate": "", onclick: async () => {
         const device = form.elements.device.value;
-        const reply = await api("POST", "/api/estimates", { graph: currentGraph(), devices: [device] });
+        let reply;
+        try {
+          reply = await api("POST", "/api/estimates", { graph: currentGraph(), devices: [device] });
+        } catch (error) {
+          form.querySelector("#budget-note").textContent = `No estimate: ${error.message}`;
+          return;
+        }
         form.elements.memory_gib.value = String(Math.ceil((reply.budget_mib / 1024) * 1000) / 1000);
         form.querySelector("#budget-note").textContent = `Filled with an estimate, not a measurement: the graph's `
           + `params need about ${reply.budget_mib} MiB, and the server adds ${reply.parts.cuda_context_mib} MiB `
