@@ -116,15 +116,20 @@ async def _with_values(svc: Any, found: list[dict[str, Any]], rows: list[dict[st
     them) and the newest value of each series, for the columns a person picks."""
     graphs = {row["id"]: row.get("graph") or {} for row in rows}
     newest = await svc.store.read(NewestValues(tuple(item["id"] for item in found if "kind" not in item)))
-    return [item if "kind" in item else {**item, "params": graph_params(graphs.get(item["id"], {})),
+    return [item if "kind" in item else {**item, "params": graph_params(graphs.get(item["id"], {}), svc.catalog),
                                          "metrics": newest.get(item["id"], {})} for item in found]
 
 
-def graph_params(graph: dict[str, Any]) -> dict[str, Any]:
-    """A graph's scalar params by ``node.param`` (a script's ``node.vars.NAME``)."""
+def graph_params(graph: dict[str, Any], catalog: Any) -> dict[str, Any]:
+    """A graph's scalar params by ``node.param`` (a script's ``node.vars.NAME``); never a
+    secret's value (an API key is no column anyone reading the list should see)."""
     flat: dict[str, Any] = {}
     for node in graph.get("nodes") or []:
+        spec = catalog.get(node.get("type")) if isinstance(node.get("type"), str) else None
+        secret = {param.name for param in spec.params if param.type == "secret"} if spec is not None else set()
         for name, value in (node.get("params") or {}).items():
+            if name in secret:
+                continue
             if isinstance(value, dict):
                 flat.update({f"{node['id']}.{name}.{k}": v for k, v in value.items() if _scalar(v)})
             elif _scalar(value):

@@ -300,3 +300,25 @@ def test_a_page_opened_last_wins_a_gone_run_says_so_and_an_end_is_shown_at_once(
     expect(tab.locator("#view")).not_to_contain_text("Loading")
     expect(tab.locator("#view").get_by_role("link", name="← Runs")).to_be_visible()
     assert [e for e in errors if "404" not in e and "ERR_FAILED" not in e] == [], errors
+
+
+def test_a_secret_params_value_is_shown_on_no_page(open_page, tmp_path):
+    from tests.integration.test_find_runs_functional import SECRET_PACK
+
+    home = tmp_path / "home"
+    (home / "packs").mkdir(parents=True)
+    (home / "packs" / "labkeys.py").write_text(SECRET_PACK)
+    server, tab, errors = open_page(home=home)
+    runs = [server.submit(graph(node("f", "labkeys.Fetch", api_key=key, url="https://lab")))["run_id"]
+            for key in ("sk-FIRST-PRIVATE", "sk-SECOND-PRIVATE")]
+    for run_id in runs:
+        server.wait_status(run_id, "succeeded")
+    tab.evaluate("(id) => { location.hash = `#/runs/${id}`; }", runs[0])
+    expect(tab.locator("#view")).to_contain_text("https://lab")
+    expect(tab.locator("#view")).to_contain_text("(a secret)")
+    assert "PRIVATE" not in tab.locator("#view").inner_text()
+    tab.evaluate("(ids) => { location.hash = `#/compare/${ids}`; }", ",".join(runs))
+    expect(tab.locator('tr[data-key="f.url"]')).to_be_visible()
+    expect(tab.locator('tr[data-key="f.api_key"]')).to_contain_text("(a secret)")
+    assert "PRIVATE" not in tab.locator("#view").inner_text()
+    assert errors == []

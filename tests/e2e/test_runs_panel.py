@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -148,6 +149,18 @@ def test_a_browser_without_the_login_cookie_is_read_only_and_told_how_to_log_in(
         banner.wait_for()
         assert "Read-only" in banner.inner_text() and "troupe open" in banner.inner_text()
         assert server.token not in stranger.content()
+        # No control that would only fail: the teacher's Connected panel (by its address
+        # too) and its New class link..., an upload for a file param.
+        stranger.evaluate("() => { location.hash = '#/people'; }")
+        expect(stranger).to_have_url(re.compile(r"#/runs$"))
+        expect(stranger.locator("#class-link-button")).to_be_hidden()
+        stranger.evaluate("() => { location.hash = '#/editor'; }")
+        stranger.locator("#open-file").set_input_files(files=[{
+            "name": "csv.json", "mimeType": "application/json", "buffer": json.dumps({"name": "csv", "edges": [],
+            "nodes": [{"id": "data", "type": "torch.CSVDataset", "params": {"target": "y"}}]}).encode()}])
+        stranger.locator('g[data-node="data"] text.title').click()
+        expect(stranger.locator('#inspector [data-param="path"]')).to_be_visible()
+        expect(stranger.locator("#inspector .file-param button")).to_be_hidden()
     finally:
         stranger.close()
     assert errors == []

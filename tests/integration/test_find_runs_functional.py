@@ -100,3 +100,29 @@ def test_a_bad_sort_is_refused_on_a_grouped_list_too(shared_server):
     for query in ("sort=%25%25bad%25%25", "grouped=true&sort=%25%25bad%25%25"):
         status, reply = shared_server.client.request("GET", f"/api/runs?{query}")
         assert (status, reply["error"]["pointer"]) == (400, "?sort"), reply
+
+
+SECRET_PACK = '''"""A lab node with a secret param (an API key)."""
+from subprocess_runner.catalog import NodeType, Pack, Param
+
+__version__ = "1"
+
+
+def _fetch(ctx, inputs, params):
+    return {}
+
+
+PACK = Pack("labkeys", (NodeType(type="labkeys.Fetch", execute=_fetch, description="Fetches with a key.",
+                                 params=(Param("api_key", "secret", default=""), Param("url", "string", default="u"))),))
+'''
+
+
+def test_a_secret_param_is_never_a_column(make_server, tmp_path):
+    home = tmp_path / "home"
+    (home / "packs").mkdir(parents=True)
+    (home / "packs" / "labkeys.py").write_text(SECRET_PACK)
+    server = make_server(home=home)
+    run_id = server.submit(graph(node("f", "labkeys.Fetch", api_key="sk-PRIVATE", url="https://lab")))["run_id"]
+    server.events_until_finished(run_id)
+    row = next(r for r in server.get("/api/runs?values=true")["runs"] if r["id"] == run_id)
+    assert row["params"] == {"f.url": "https://lab"}, row["params"]

@@ -51,6 +51,10 @@ function resultsOnly(on) {
 async function route() {
   // A session that may not run anything (a projector, a guest) starts on the Runs list.
   if (!location.hash && (login !== "in" || session === "read")) history.replaceState(null, "", "#/runs");
+  // The Connected panel is the teacher's (its tab is hidden to others): its address too.
+  if (location.hash.startsWith("#/people") && !(session === "teacher" && login === "in")) {
+    history.replaceState(null, "", "#/runs");
+  }
   const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
   resultsOnly(RESULTS.has(kind) || kind === "compare");
   if (RESULTS.has(kind) && !arg && kind !== current && !["sweeps", "studies"].includes(kind)) showTab(kind);

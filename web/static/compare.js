@@ -3,6 +3,7 @@
 // and final metrics where a row whose values differ stands out.
 
 import { COLOURS, ChartSet, chartControls } from "./charts.js";
+import { secretParams } from "./editor.js";
 import { api, el } from "./util.js";
 
 let charts = null;
@@ -20,7 +21,10 @@ function label(run) {
 function params(run) {
   const found = new Map();
   for (const node of run.graph.nodes || []) {
-    for (const [key, value] of Object.entries(node.params || {})) found.set(`${node.id}.${key}`, JSON.stringify(value));
+    const secret = secretParams(node);
+    for (const [key, value] of Object.entries(node.params || {})) {
+      found.set(`${node.id}.${key}`, secret.has(key) ? "•••• (a secret)" : JSON.stringify(value));
+    }
   }
   return found;
 }

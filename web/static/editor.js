@@ -26,6 +26,12 @@ export function catalogType(type) {
   return catalog.get(type);
 }
 
+// The names of a node's secret params (an API key): no page shows their values.
+export function secretParams(node) {
+  const spec = catalog.get(node.type);
+  return new Set((spec ? spec.params : []).filter((p) => p.type === "secret").map((p) => p.name));
+}
+
 function status(text, failed = false) {
   const line = document.getElementById("editor-status");
   line.textContent = text;
@@ -201,7 +207,7 @@ function paramInput(node, param) {
     }
   } });
   return el("div", { class: "file-param" }, input,
-    el("button", { type: "button", onclick: () => picker.click() }, "Upload…"), picker, note);
+    el("button", { type: "button", class: "acts", onclick: () => picker.click() }, "Upload…"), picker, note);
 }
 
 // Each click starts a new inspection; an older one that is still waiting on the server

@@ -3,7 +3,7 @@
 // runs), its artifacts, what executed it, its params and graph, and its actions.
 
 import { ChartSet, chartControls } from "./charts.js";
-import { loadGraph } from "./editor.js";
+import { loadGraph, secretParams } from "./editor.js";
 import { ACTIVE, act, deleteRun } from "./runs.js";
 import { api, copyButton, duration, el, eventText, progressText, showMessage, sizeText, when } from "./util.js";
 
@@ -132,9 +132,10 @@ function environment(run) {
 function graphSection(run) {
   const rows = run.graph.nodes.flatMap((node) => {
     const params = Object.entries(node.params || {});
+    const secret = secretParams(node);
     return (params.length ? params : [["", ""]]).map(([key, value], i) => el("tr", {},
       el("td", {}, i ? "" : node.id), el("td", {}, i ? "" : node.type), el("td", {}, key),
-      el("td", {}, key ? JSON.stringify(value) : "")));
+      el("td", {}, !key ? "" : secret.has(key) ? "•••• (a secret)" : JSON.stringify(value))));
   });
   const open = el("button", { onclick: () => {
     try {
