@@ -16,7 +16,7 @@ import time
 
 from cli.errors import CliError, NoServer
 from cli.event_loop import run as run_loop
-from cli.session import acquire_lock, lock_is_held, read_session, remove_session, write_session
+from cli.session import acquire_lock, holder_pid, lock_is_held, read_session, remove_session, write_session
 from protocol.settings import Settings
 from protocol.version import __version__
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
@@ -152,10 +152,11 @@ def _exit_if_threads_linger(code: int) -> None:
 
 
 def stop(settings: Settings, timeout: float, leave_worker_runs: bool = False) -> int:
-    session = read_session(settings.home)
-    if session is None or not lock_is_held(settings.home):
+    if not lock_is_held(settings.home):
         raise NoServer(f"no troupe server runs on {settings.home}")
-    pid = session.get("pid")
+    # The lock's holder, as it wrote itself when it took the lock: a session.json can be a
+    # dead server's until the new one serves, and its pid may be another process's now.
+    pid = holder_pid(settings.home) or (read_session(settings.home) or {}).get("pid")
     if pid is None:  # never signal 0: that is this terminal's own process group
         raise CliError(f"{settings.home}'s session.json names no server pid; stop the server where it runs")
     try:

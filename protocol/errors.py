@@ -112,6 +112,14 @@ class DiskFull(TroupeError):
     http_status = 507
 
 
+class DatabaseDamaged(TroupeError):
+    """Raised when what a request reads or writes sits on a damaged page of the database:
+    that request fails, the rest of the database still serves. 503."""
+
+    code = "database_damaged"
+    http_status = 503
+
+
 class CapacityRefused(TroupeError):
     """Raised when the server refuses work it has no room for right now, instead of
     letting it wait silently (interactive lane limits, the seed gate)."""

@@ -364,12 +364,16 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class _QuietConstraints(logging.Filter):
-    """apsw hands SQLite's own log to the root logger, where a failed constraint (which
-    the store answers and logs in its own words) was two more lines per write."""
+    """apsw hands SQLite's own log to the root logger, where a failed constraint, a
+    damaged page or a file that is no database (each of which the store answers and logs
+    in its own words, and a refused start says in one line) were more lines per error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         code = getattr(record, "sqlite_code", None)
-        return not (isinstance(code, int) and code & 0xFF == apsw.SQLITE_CONSTRAINT)
+        return not (isinstance(code, int) and code & 0xFF in _SAID_IN_OUR_WORDS)
+
+
+_SAID_IN_OUR_WORDS = frozenset({apsw.SQLITE_CONSTRAINT, apsw.SQLITE_CORRUPT, apsw.SQLITE_NOTADB})
 
 
 def open_database(path: Path) -> apsw.Connection:

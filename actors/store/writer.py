@@ -35,7 +35,7 @@ import actors.store.sweeps as sweeps
 import actors.store.workers as workers
 from actors.store.schema import open_database
 from actors.store.table import Session, Table
-from protocol.errors import DiskFull, TroupeError
+from protocol.errors import DatabaseDamaged, DiskFull, TroupeError
 
 log = logging.getLogger("troupe.store")
 FULL_LOG_S = 30.0
@@ -51,8 +51,16 @@ _HARVESTS = ((sweeps.harvest, "sweep_id"), (studies.harvest, "study_id"))
 
 
 def is_broken(error: BaseException) -> bool:
-    """Whether ``error`` means the database itself is gone (the store restarts)."""
-    return isinstance(error, apsw.CantOpenError | apsw.IOError | apsw.CorruptError | apsw.NotADBError)
+    """Whether ``error`` means the database itself is gone (the store restarts). A damaged
+    page is not: it fails what touches it (``DatabaseDamaged``), and a restart would meet
+    it again on the next read of it, until the supervisor gave the whole server up."""
+    return isinstance(error, apsw.CantOpenError | apsw.IOError | apsw.NotADBError)
+
+
+def damaged(db_path: Path, error: apsw.CorruptError) -> DatabaseDamaged:
+    log.error("the database %s is damaged where a request read or wrote: %s", db_path, error)
+    return DatabaseDamaged(f"this part of the database ({db_path}) is damaged: {error}. The rest still serves; stop "
+                           "the server and recover the file (sqlite3 troupe.db .recover) from a copy")
 
 
 class Writer:
@@ -105,6 +113,9 @@ class Writer:
                 results.append(self._apply_in_own_transaction(handler, op, full))
                 full = full or isinstance(results[-1], DiskFull)
             return results
+        except apsw.CorruptError as exc:
+            self._rollback()
+            raise damaged(self._db_path, exc) from exc
         except BaseException:
             self._rollback()
             raise
@@ -116,7 +127,10 @@ class Writer:
         return type(message) in _READS
 
     def read(self, message: Any) -> Any:
-        return _READS[type(message)](self.session, message)
+        try:
+            return _READS[type(message)](self.session, message)
+        except apsw.CorruptError as exc:
+            raise damaged(self._db_path, exc) from exc
 
     def _runs_ended(self, run_ids: Sequence[str]) -> None:
         # One look at the rows picks the runs each harvest has to read (most runs belong
@@ -157,6 +171,8 @@ class Writer:
         except Exception as exc:  # whatever one op raises, the others commit
             if is_broken(exc) or isinstance(exc, apsw.FullError):
                 raise
+            if isinstance(exc, apsw.CorruptError):
+                return damaged(self._db_path, exc)
             if not isinstance(exc, TroupeError):
                 log.error("store op %s failed alone: %s: %s", type(op).__name__, type(exc).__name__, exc)
             return exc

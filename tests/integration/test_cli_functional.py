@@ -295,3 +295,36 @@ def test_a_server_that_cannot_start_says_why_in_a_line(tmp_path):
         result = cli(tmp_path / "home", "start", "--port", str(holder.getsockname()[1]))
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "cannot listen on 127.0.0.1 port" in result.stderr and "address already in use" in result.stderr
+
+
+def test_stop_signals_the_locks_holder_not_a_pid_a_dead_servers_session_names(tmp_path):
+    home = tmp_path / "restarting"
+    home.mkdir()
+    bystander = subprocess.Popen(["sleep", "60"])  # the dead server's pid, now another process's
+    holder = subprocess.Popen(["sleep", "60"])  # the server that holds the lock and is still starting
+    try:
+        (home / "session.json").write_text(json.dumps({"url": "http://127.0.0.1:1", "token": "t",
+                                                       "pid": bystander.pid}))
+        with open(home / "troupe.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            lock.write(f"{holder.pid}\n")
+            lock.flush()
+            stopped = subprocess.run(troupe_cmd("stop", "--timeout", "1"), cwd=REPO, env=base_env(home),
+                                     capture_output=True, text=True, timeout=60)
+        assert holder.wait(10) == -signal.SIGTERM, stopped.stderr
+        assert bystander.poll() is None
+    finally:
+        for process in (bystander, holder):
+            process.kill()
+            process.wait()
+
+
+def test_a_second_server_is_refused_even_after_the_lock_file_was_deleted(make_server):
+    server = make_server()
+    running = server.submit(sleeper(30))["run_id"]
+    server.wait_status(running, "running")
+    (server.home / "troupe.lock").unlink()
+    second = cli(server.home, "start", "--port", "0")
+    _one_line(second, 1, "already runs")
+    assert server.get(f"/api/runs/{running}")["status"] == "running"
+    server.client.request("POST", f"/api/runs/{running}/cancel")
