@@ -29,6 +29,7 @@ from protocol import events as ev
 
 RESET = object()
 LAGGED = object()
+CLOSING = object()  # the server stops: the stream ends
 # A global subscriber that asked for the changes after an id the hub no longer holds
 # (past the window, or numbered by an earlier life of the hub): it re-reads the list.
 MISSED = object()
@@ -115,6 +116,12 @@ class SubscriberCount:
     pass
 
 
+@dataclass(frozen=True)
+class CloseStreams:
+    """The web server stops: every stream ends now (``CLOSING``), rather than when the
+    server's shutdown timeout gives up on its handler."""
+
+
 def _weight(event: Any) -> int:
     encoded = getattr(event, "payload_json", None)
     return _EVENT_BYTES + (len(encoded) if encoded is not None else _CHANGE_BYTES)
@@ -153,6 +160,8 @@ class EventHub(Actor):
                     self._catch_up(queue, after_change)
             case Unsubscribe(queue):
                 self._drop(queue)
+            case CloseStreams():
+                self._reset_all(CLOSING)
             case SubscriberCount():
                 return sum(1 for queue in self._where if self._liveness.get(queue, lambda: True)())
         return None
@@ -222,9 +231,9 @@ class EventHub(Actor):
             if not subscribers:
                 self._by_run.pop(run_id, None)
 
-    def _reset_all(self) -> None:
+    def _reset_all(self, item: object = RESET) -> None:
         for queue in list(self._where):
-            queue.put(RESET)
+            queue.put(item)
         self._where.clear()
         self._liveness.clear()
         self._by_run.clear()

@@ -77,6 +77,18 @@ async def _serve(settings: Settings) -> int:
     from supervisors.root import ControlPlane
 
     plane = ControlPlane(settings, load_catalog(settings.pack_dirs), __version__)
+    # From the first moment (`troupe stop` may signal the lock's holder while it starts):
+    # a stop asked during the start is carried out, gracefully, once the start is done.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    def leave_worker_runs() -> None:
+        plane.leave_worker_runs = True
+        stop.set()
+
+    loop.add_signal_handler(LEAVE_WORKER_RUNS, leave_worker_runs)
     port = await plane.start()
     _freeze_what_start_made()
     scheme = settings.scheme
@@ -93,16 +105,6 @@ async def _serve(settings: Settings) -> int:
               flush=True)
     print(f"Open {login_url} to log this browser in (one use; `troupe open` makes another).", flush=True)
     print("Ctrl+C or `troupe stop` stops it gracefully.", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-
-    def leave_worker_runs() -> None:
-        plane.leave_worker_runs = True
-        stop.set()
-
-    loop.add_signal_handler(LEAVE_WORKER_RUNS, leave_worker_runs)
     code = await plane.serve(stop)
     print("troupe stopped.", flush=True)
     return code

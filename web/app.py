@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -13,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from actors.base import Exit
+from actors.events import CloseStreams
 from protocol.errors import NotFound
 from protocol.tls import server_context
 from web import (
@@ -55,12 +57,23 @@ ROUTE_TABLES = (streams.routes, routes_find.routes, routes_runs.routes, routes_r
 def build_app(svc: Services) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=svc.settings.max_request_bytes)
     app[SERVICES] = svc
+    app.on_shutdown.append(_close_streams)
     for table in ROUTE_TABLES:
         app.add_routes(table)
     if (STATIC / "index.html").exists():
         app.router.add_get("/", routes_login.index)
         app.router.add_get("/static/{name:.+}", _static)
     return app
+
+
+async def _close_streams(app: web.Application) -> None:
+    """Before the server waits on its handlers: every stream ends now, which otherwise
+    held the stop for the shutdown timeout twice over (aiohttp waits for a handler, then
+    for its cancel)."""
+    hub = app[SERVICES].registry.lookup("events")
+    if hub is not None:
+        with contextlib.suppress(Exception):  # a hub already gone has no streams to end
+            await asyncio.wait_for(hub.ask(CloseStreams()), 1.0)
 
 
 async def _static(request: web.Request) -> web.StreamResponse:
@@ -103,7 +116,7 @@ class WebService:
         server_log = logging.getLogger("aiohttp.server")
         if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
             server_log.addFilter(MalformedRequests())
-        # Short shutdown timeout: SSE handlers end when the hub resets them.
+        # Short shutdown timeout: SSE handlers end at its start (_close_streams).
         # keepalive_timeout runs from the connection's start: one that sends no complete
         # request header within it is closed (web/limits.py).
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0, access_log=None,

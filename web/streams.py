@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.events import BURST_BYTES, LAGGED, MISSED, RESET, Feed, Subscribe, Unsubscribe
+from actors.events import BURST_BYTES, CLOSING, LAGGED, MISSED, RESET, Feed, Subscribe, Unsubscribe
 from actors.store.client import LOOP_PAGE_BYTES
 from actors.store.events import EventRow
 from actors.store.runs import QueuePosition, ReadStream
@@ -232,6 +232,9 @@ class _RunStream:
                 if item is LAGGED:
                     await self._write([*chunks, _lagged(self.last)])
                     return
+                if item is CLOSING:  # the server stops: the client reconnects to the next one
+                    await self._write(chunks)
+                    return
                 if item is RESET:
                     await self._write(chunks)
                     chunks, moved = [], False
@@ -304,6 +307,8 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
                 if item is LAGGED:  # the client refetches the list, then follows again
                     chunks.append(_lagged(None))
                     break
+                if item is CLOSING:  # the server stops: the client reconnects to the next one
+                    break
                 if item is RESET:
                     # The hub restarted: the client refetches the list, then follows again.
                     chunks.append(_frame("reset", {}))
@@ -315,6 +320,9 @@ async def all_runs_stream(request: web.Request) -> web.StreamResponse:
                     continue
                 chunks.append(f"id: {item['change_id']}\n".encode() + _frame("run", item))
             await _send(request, response, b"".join(chunks))
+            if CLOSING in items:
+                await _send(request, response, b"", eof=True)
+                break
             if chunks and chunks[-1].startswith(b"event: stream_lagged"):
                 break
     except (ConnectionError, asyncio.CancelledError):
