@@ -113,7 +113,8 @@ def _fetch(ctx, inputs, params):
 
 
 PACK = Pack("labkeys", (NodeType(type="labkeys.Fetch", execute=_fetch, description="Fetches with a key.",
-                                 params=(Param("api_key", "secret", default=""), Param("url", "string", default="u"))),))
+                                 params=(Param("api_key", "secret", default=""),
+                                         Param("url", "string", default="u"))),))
 '''
 
 
