@@ -6,11 +6,10 @@ the document cannot drift from what the server accepts.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 
 from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
@@ -327,27 +326,29 @@ def _not_reserved(name: str | None) -> str | None:
     return name
 
 
-def _ssh_host(host: str) -> str:
-    """A name or an address as ssh takes it: an IPv6 address bare, never ``host:port``."""
-    if "[" in host or "]" in host or ("%" in host and ":" not in host):
-        raise ValueError(f"{host[:60]!r} is not a host name or an address: give the port in 'port', and an "
-                         "IPv6 address without brackets (::1)")
-    if ":" in host:
-        try:
-            ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise ValueError(f"{host[:60]!r} is not a host name or an address: give the port in 'port', and an "
-                             "IPv6 address without brackets (::1)") from None
+# A host as ssh takes it: a name or an IPv4 address, or an IPv6 address bare (two colons at
+# least, a zone after %), never ``host:port`` or ``[::1]``. The pattern is the rule (the
+# OpenAPI document shows it); the validator before it says what is wrong in words.
+SSH_HOST = (r"^(?:[A-Za-z0-9_][A-Za-z0-9_.\-]{0,252}"
+            r"|[0-9A-Fa-f.]{0,39}:[0-9A-Fa-f.]{0,39}:[0-9A-Fa-f:.]{0,39}(?:%[A-Za-z0-9_.\-]{1,32})?)$")
+_SSH_HOST = re.compile(SSH_HOST)
+
+
+def _ssh_host(host: Any) -> Any:
+    if isinstance(host, str) and not _SSH_HOST.fullmatch(host):
+        raise ValueError(f"{host[:60]!r} is not a host name or an address ssh takes: no leading '-', the port in "
+                         "'port', an IPv6 address without brackets (::1)")
     return host
 
 
-def _one_line(value: str | None) -> str | None:
-    if value is not None and _CONTROL.search(value):
+def _one_line(value: Any) -> Any:
+    if isinstance(value, str) and _CONTROL.search(value):
         raise ValueError("holds a control character (a NUL, a newline, a tab), which ssh would cut or misread")
     return value
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ONE_LINE = r"^[^\x00-\x1f\x7f]*$"  # the document's rule; _one_line says it in words first
 # Target words, and the names of the routes beside /api/workers/{name}.
 _RESERVED = ("any", "local", "one-shot", "credentials", "enrollments", "ssh")
 
@@ -380,17 +381,18 @@ class SshWorker(BaseModel):
 
     name: Annotated[str, Field(pattern=f"^{_NAME}$"), AfterValidator(_not_reserved)]
     # Never an option to ssh: no leading dash, no spaces.
-    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9_:\[][A-Za-z0-9_.:%\-\[\]]{0,252}$"),
-                    AfterValidator(_ssh_host)]
+    host: Annotated[str, Field(pattern=SSH_HOST), BeforeValidator(_ssh_host)]
     user: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,31}$")
     port: Annotated[int, Field(ge=1, le=65535), INTEGRAL] | None = None
-    identity_file: Annotated[str | None, AfterValidator(_one_line)] = Field(
-        default=None, min_length=1, max_length=4096, description="a private key on the control plane's machine")
-    known_hosts_file: Annotated[str | None, AfterValidator(_one_line)] = Field(
-        default=None, min_length=1, max_length=4096,
-        description="the host keys to trust (default: ssh's own known_hosts)")
-    remote_command: Annotated[str, AfterValidator(_one_line)] = Field(
-        default="troupe", min_length=1, max_length=1024, description="how the remote shell starts troupe")
+    identity_file: Annotated[str | None, Field(min_length=1, max_length=4096, pattern=ONE_LINE),
+                             BeforeValidator(_one_line)] = Field(
+        default=None, description="a private key on the control plane's machine")
+    known_hosts_file: Annotated[str | None, Field(min_length=1, max_length=4096, pattern=ONE_LINE),
+                                BeforeValidator(_one_line)] = Field(
+        default=None, description="the host keys to trust (default: ssh's own known_hosts)")
+    remote_command: Annotated[str, Field(min_length=1, max_length=1024, pattern=ONE_LINE),
+                              BeforeValidator(_one_line)] = Field(
+        default="troupe", description="how the remote shell starts troupe")
 
 
 class CardSharing(BaseModel):

@@ -203,8 +203,9 @@ def test_a_ctrl_c_in_the_agents_terminal_cancels_its_runs_warm_and_cold_and_prin
         cold = sleeper(60)
         cold["nodes"][0]["resources"] = {"env": {"TROUPE_TEST_COLD": "1"}}  # a run that starts cold
         runs = [server.submit(graph, target={"worker": "term"})["run_id"] for graph in (sleeper(60), cold)]
-        for run_id in runs:
-            server.wait_status(run_id, "running")
+        for run_id in runs:  # running, its facts in (they go up with its first node's start)
+            server.poll_until(lambda r=run_id: server.get(f"/api/runs/{r}")["execution_facts"] is not None,
+                              timeout=60)
         os.killpg(agent.pid, signal.SIGINT)
         said, _ = agent.communicate(timeout=60)
     finally:
