@@ -135,12 +135,16 @@ async def predicted_place(svc: Services, queue_key: str, request: Any, fifo: int
     return (fifo, False) if found is None else (_placer_held(svc, queue_key) + found, True)
 
 
-def asker_limit(svc: Services, queue_key: str, request: Any) -> int | None:
-    """The limit of runs at once the request's session has reached on the key, else None."""
+def asker_limit(svc: Services, queue_key: str, request: Any) -> tuple[int | None, int]:
+    """The limit of runs at once the request's session has reached on the key (None: not
+    reached), and how many waiting runs of other sessions at theirs its run would pass."""
     ref = svc.registry.lookup(f"queues/{queue_key}")
     view = ref.view if ref is not None else None
+    if not isinstance(view, QueueView):
+        return None, 0
     who = svc.login.who(request)
-    return view.limit_of(submitter_of(who) if who is not None else "") if isinstance(view, QueueView) else None
+    asker = submitter_of(who) if who is not None else ""
+    return view.limit_of(asker), view.held_back(asker)
 
 
 def _placer_held(svc: Services, queue_key: str) -> int:

@@ -54,10 +54,10 @@ async def queue_prediction(request: web.Request) -> web.Response:
     reason: dict[str, str] | None
     if row["state"] == "quarantined":
         reason = {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {row['reason']}"}
-    elif (cap := asker_limit(svc, key, request)) is not None:
-        reason = at_limit_reason(key, cap, "in line")
-    elif row["queued"] or row["running"] >= row["limit"]:
-        place, fair = await predicted_place(svc, key, request, row["queued"] + 1)
+    elif (limit := asker_limit(svc, key, request))[0] is not None:
+        reason = at_limit_reason(key, limit[0], "in line")
+    elif (ahead := row["queued"] - limit[1]) or row["running"] >= row["limit"]:
+        place, fair = await predicted_place(svc, key, request, ahead + 1)
         reason = {"code": "slots_busy", "message": f"#{place} in line for {key}: {row['running']} of "
                                                    f"{row['limit']} slots busy" + (
                                                        "; the line is in fair order (who used this queue least "

@@ -213,6 +213,10 @@ class FairLine(Generic[E]):
             self._changed.add(submitter)
         return entry
 
+    def waiting_of(self, submitter: str) -> int:
+        person = self._people.get(submitter)
+        return len(person.line) if person is not None else 0
+
     def submitters(self) -> frozenset[str]:
         if self._submitters is None:
             self._submitters = frozenset(self._people)

@@ -105,11 +105,17 @@ class QueueView(NamedTuple):
     order: Order | None
     fair: bool = False
     submitters: frozenset[str] = frozenset()  # those with runs waiting
-    at_limit: tuple[tuple[str, int], ...] = ()  # (submitter, max_running) of those holding as many runs as they may
+    # (submitter, max_running, runs waiting) of those holding as many runs as they may
+    at_limit: tuple[tuple[str, int, int], ...] = ()
 
     def limit_of(self, submitter: str) -> int | None:
         """The limit of runs at once a session has reached on this key, else None."""
-        return next((cap for who, cap in self.at_limit if who == submitter), None)
+        return next((cap for who, cap, _ in self.at_limit if who == submitter), None)
+
+    def held_back(self, asker: str) -> int:
+        """Runs waiting that the line passes over for now (their sessions are at their
+        limit), those of ``asker`` aside: a run of another session goes before them."""
+        return sum(waiting for who, _, waiting in self.at_limit if who != asker)
 
     def counts(self) -> dict[str, Any]:
         return {"queue_key": self.queue_key, "limit": self.limit, "running": self.running, "queued": self.queued}
@@ -233,8 +239,8 @@ class QueueActor(Actor):
         asyncio.ensure_future(self._store.read(SessionCap(submitter))).add_done_callback(_known)
 
     def make_view(self) -> QueueView:
-        at_limit = tuple((who, cap) for who, cap in self._caps.items() if cap is not None and self._capped(who)) \
-            if self._any_cap else ()
+        at_limit = tuple((who, cap, self._line.waiting_of(who)) for who, cap in self._caps.items()
+                         if cap is not None and self._capped(who)) if self._any_cap else ()
         return QueueView(self.queue_key, self._limit, len(self._holding), len(self._line), self._line.order(),
                          self._fair, self._line.submitters(), at_limit)
 

@@ -56,6 +56,9 @@ def test_a_run_held_back_by_max_running_says_so_and_so_does_the_prediction(make_
     assert reason["code"] == "session_at_limit" and "max_running" in reason["message"], reason
     predicted = student.request("GET", "/api/queue-prediction?queue_key=cpu")[1]
     assert predicted["starts"] is False and predicted["reason"]["code"] == "session_at_limit", predicted
+    # Another session's run goes past the one held back: it would start at once.
+    teacher = server.client.request("GET", "/api/queue-prediction?queue_key=cpu")[1]
+    assert teacher["starts"] is True, teacher
     for run_id in (first, second):
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
 
