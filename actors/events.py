@@ -5,9 +5,11 @@ those writes into a run's events and the global stream's changes. A subscriber i
 ``Feed`` owned by an SSE handler. The handler subscribes first, then replays from the
 store, then takes live items, dropping seqs it already sent: no gap and no duplicate at
 the hand-over. When the hub stops, the subscriber gets ``RESET`` and replays from the
-store again. A subscriber whose feed holds more than ``MAX_BACKLOG_BYTES`` (its reader
-stopped reading) is dropped and gets ``LAGGED``: its handler tells the client where to
-resume from and ends the stream, so a stalled reader holds a bounded amount of memory.
+store again; when the web server stops (``CloseStreams``), it gets ``CLOSING`` and its
+stream ends at once, so that no open page holds the stop. A subscriber whose feed holds
+more than ``MAX_BACKLOG_BYTES`` (its reader stopped reading) is dropped and gets
+``LAGGED``: its handler tells the client where to resume from and ends the stream, so a
+stalled reader holds a bounded amount of memory.
 """
 
 from __future__ import annotations
