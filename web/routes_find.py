@@ -97,13 +97,14 @@ async def list_runs(request: web.Request) -> web.Response:
     mine = _mine(request)
     sort = _sort_query(request)  # checked whichever list it orders
     if grouped == "true" and not (sweep_id or study_id):
-        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine))
+        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine,
+                                                          graphs=values == "true"))
         rows = await with_queue_reasons(svc, [item["run"] for item in items if item["kind"] == "run"])
         public = iter(public_row(r) for r in rows)
         found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
     else:
         rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort,
-                                                         mine))
+                                                         mine, graphs=values == "true"))
         found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
                  for r in await with_queue_reasons(svc, rows)]
     if values == "true":

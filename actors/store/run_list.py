@@ -14,7 +14,7 @@ from typing import Any
 import apsw
 
 from actors.errors import RunNotFound
-from actors.store.runs import SELECT_RUNS, run_row, tags_of, whole_graph
+from actors.store.runs import SELECT_LISTED, SELECT_RUNS, listed_row, run_row, tags_of, whole_graph
 from actors.store.table import Table
 
 # Messages ----------------------------------------------------------------------
@@ -34,6 +34,7 @@ class ListRuns:
     # one last; one page only, each row with its ``sort_value``.
     sort: str | None = None
     submitted_by: str | None = None  # one submitter's runs (``?mine=true``)
+    graphs: bool = False  # each row with its whole graph (``?values=true``); a listed row has none
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ListGroups:
     search: str | None = None
     tag: str | None = None
     submitted_by: str | None = None
+    graphs: bool = False  # as ListRuns'
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,14 @@ def _with_tags(conn: apsw.Connection, rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
+def _rows(conn: apsw.Connection, graphs: bool, tail: str, args: Any) -> list[dict[str, Any]]:
+    """The runs ``tail`` (a WHERE, an ORDER) picks, as rows of the list or, with ``graphs``,
+    whole."""
+    if graphs:
+        return [whole_graph(conn, run_row(v)) for v in conn.execute(SELECT_RUNS + tail, args)]
+    return [listed_row(v) for v in conn.execute(SELECT_LISTED + tail, args)]
+
+
 def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
     """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
     where, args = _filters(query)
@@ -119,8 +129,7 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
         where.append("r.enqueue_seq < ?")
         args.append(query.before_seq)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    rows = [whole_graph(conn, run_row(v)) for v in conn.execute(
-        f"{SELECT_RUNS}{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))]
+    rows = _rows(conn, query.graphs, f"{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
     more = len(rows) > query.limit
     rows = _with_tags(conn, rows[: query.limit])
     return rows, (rows[-1]["enqueue_seq"] if more else None)
@@ -141,8 +150,8 @@ def _sorted_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
     found = found[: query.limit]
     values = {str(run_id): value for run_id, value in found}
     ids = list(values)
-    rows = {row["id"]: row for row in _with_tags(conn, [whole_graph(conn, run_row(v)) for v in conn.execute(
-        f"{SELECT_RUNS} WHERE r.id IN ({', '.join('?' for _ in ids)})", ids)])} if ids else {}
+    rows = {row["id"]: row for row in _with_tags(conn, _rows(
+        conn, query.graphs, f" WHERE r.id IN ({', '.join('?' for _ in ids)})", ids))} if ids else {}
     page = [{**rows[run_id], "sort_value": values[run_id]} for run_id in ids if run_id in rows]
     return page, (skip + query.limit if more else None)
 
@@ -161,8 +170,8 @@ def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str
     more = len(found) > query.limit
     found = found[: query.limit]
     singles = [str(g)[4:] for g, _ in found if str(g).startswith("run:")]
-    rows = {row["id"]: row for row in _with_tags(conn, [whole_graph(conn, run_row(v)) for v in conn.execute(
-        f"{SELECT_RUNS} WHERE r.id IN ({', '.join('?' for _ in singles)})", singles)])} if singles else {}
+    rows = {row["id"]: row for row in _with_tags(conn, _rows(
+        conn, query.graphs, f" WHERE r.id IN ({', '.join('?' for _ in singles)})", singles))} if singles else {}
     items = []
     for group, top in found:
         kind, _, key = str(group).partition(":")

@@ -69,6 +69,13 @@ def test_the_list_folds_each_sweep_and_study_into_one_row_paged_on_the_server(ma
     # The filters apply to the runs inside; a group's own runs come from the plain list.
     assert [i.get("kind", "run") for i in server.get("/api/runs?grouped=true&q=lr%20sweep")["runs"]] == ["sweep"]
     assert len(server.get(f"/api/runs?sweep_id={sweep['sweep_id']}&grouped=true")["runs"]) == 3
+    # ?values=true: each of a sweep's runs with its own variant's params over the base they
+    # share, whichever way the list is read (newest first, by a metric, grouped).
+    for query in ("", "&sort=-val_loss", "&grouped=true"):
+        rows = server.get(f"/api/runs?sweep_id={sweep['sweep_id']}&values=true{query}")["runs"]
+        assert sorted(r["params"]["a.value"] for r in rows) == [1, 2, 3], query
+        assert all(r["params"]["b.value"] == 3 for r in rows), query
+    assert "graph" not in server.get("/api/runs")["runs"][0]
     status, reply = server.client.request("GET", "/api/runs?grouped=yes")
     assert (status, reply["error"]["pointer"]) == (400, "?grouped")
 
@@ -90,7 +97,7 @@ def test_values_carry_each_runs_params_and_newest_metric_values_for_picked_colum
         assert rows[run_id]["metrics"] == {"accuracy": value, "val_loss": value}
     # Grouped, the run rows carry them too; without the flag the rows stay lean.
     grouped = server.get("/api/runs?grouped=true&values=true")["runs"]
-    assert all("metrics" in r for r in grouped if "kind" not in r)
+    assert all("metrics" in r and r["params"]["c.value"] in (2, 5) for r in grouped if "kind" not in r)
     assert "metrics" not in server.get("/api/runs")["runs"][0]
     status, reply = server.client.request("GET", "/api/runs?values=yes")
     assert (status, reply["error"]["pointer"]) == (400, "?values")
