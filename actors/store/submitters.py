@@ -48,19 +48,24 @@ def key_usage(conn: apsw.Connection, query: KeyUsage) -> list[tuple[str, float, 
     rows = conn.execute(
         f"SELECT submitted_by, {_EPOCH.format('started_at')}, {_EPOCH.format('finished_at')}, id, status FROM runs "
         "WHERE queue_key = ? AND lane = 'queued' AND started_at IS NOT NULL "
-        "AND (status = 'running' OR finished_at >= ?)",
+        "AND (status IN ('running', 'disconnected') OR finished_at >= ?)",
         (query.queue_key, datetime.fromtimestamp(query.since, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")))
-    return [(str(who or ""), float(started), None if status == "running" or ended is None else float(ended),
+    return [(str(who or ""), float(started), None if status in _HOLDING or ended is None else float(ended),
              str(run_id)) for who, started, ended, run_id, status in rows
-            if started is not None and (status == "running" or ended is not None)]
+            if started is not None and (status in _HOLDING or ended is not None)]
+
+
+_HOLDING = (ev.RUNNING, ev.DISCONNECTED)  # the states whose run still holds its slot
 
 
 def session_load(conn: apsw.Connection, query: SessionLoad) -> dict[str, int]:
     load = {"running": 0, "waiting": 0, "memory_mib": 0}
     for status, count, memory in conn.execute(
             "SELECT status, COUNT(*), COALESCE(SUM(memory_budget_mib), 0) FROM runs WHERE submitted_by = ? "
-            "AND status IN ('queued', 'running') GROUP BY status", (query.submitted_by,)):
-        load["running" if status == ev.RUNNING else "waiting"] += int(str(count))
+            "AND status IN ('queued', 'running', 'disconnected') GROUP BY status", (query.submitted_by,)):
+        # A disconnected run is still running as far as its session is concerned: its
+        # worker may come back with it, and its slot stays held meanwhile.
+        load["waiting" if status == ev.QUEUED else "running"] += int(str(count))
         load["memory_mib"] += int(str(memory))
     return load
 

@@ -162,3 +162,21 @@ def test_an_agent_whose_control_plane_is_away_logs_its_retries_with_backoff(link
     assert said == ["1", "2", "4", "8"], "".join(lines)
     proxy.restore()
     read_until(agent, "connected as gpu-a")  # and it comes back by itself
+
+
+def test_a_disconnected_run_still_counts_against_its_sessions_limits(link):
+    server, proxy, _ = link
+    student = server.session(uses=1, max_running=1, max_waiting=0)
+    status, reply = student.request("POST", "/api/runs", {"graph": ticker(300), "options": {"target": {
+        "worker": "gpu-a"}}})
+    assert status == 201, reply
+    server.wait_status(reply["run_id"], "running")
+    proxy.cut()
+    server.wait_status(reply["run_id"], "disconnected")
+    # Its worker may come back with it: the session still runs one, the most it may.
+    status, refused = student.request("POST", "/api/runs", {"graph": ticker(300), "options": {"target": {
+        "worker": "gpu-a"}}})
+    assert status == 429 and refused["error"]["details"]["limit"] == "max_waiting", refused
+    proxy.restore()
+    server.client.request("POST", f"/api/runs/{reply['run_id']}/cancel")
+    server.wait_status(reply["run_id"], "cancelled", timeout=60)
