@@ -24,7 +24,7 @@ from actors.base import Actor, Registry, Shutdown
 from actors.cpus import LedgerGate
 from actors.executor import GraphEnded, NodeEvents
 from actors.placer.messages import Released
-from actors.placer.queue import Occupying, Release
+from actors.placer.queue import Beside, Occupying, Release
 from actors.run_assign import assign_frame, local_execute
 from actors.run_effects import EventRows, opening_events, peak_row
 from actors.run_messages import (
@@ -194,11 +194,10 @@ class RunActor(Actor):
             case Abandon():
                 self._finish(ev.INTERRUPTED, "the server stopped; the run did not stop within the grace period", None)
             case ReportOccupancy():
-                holding = self._status in (ev.RUNNING, ev.DISCONNECTED) and not self._released
-                if holding and self._record.lane == ev.LANE_QUEUED:
-                    queue = self._registry.lookup(f"queues/{self._record.queue_key}")
-                    if queue is not None:
-                        queue.tell(Occupying(self.run_id))
+                queue = self._registry.lookup(f"queues/{self._record.queue_key}")
+                if queue is not None and self._status in (ev.RUNNING, ev.DISCONNECTED) and not self._released:
+                    queue.tell(Occupying(self.run_id) if self._record.lane == ev.LANE_QUEUED
+                               else Beside(self.run_id, self._record.submitted_by or ""))
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
@@ -317,8 +316,8 @@ class RunActor(Actor):
             return
         self._released = True
         queue = self._registry.lookup(f"queues/{self._record.queue_key}")
-        if queue is not None and self._record.lane == ev.LANE_QUEUED:
-            queue.tell(Release(self.run_id))
+        if queue is not None and (self._record.lane == ev.LANE_QUEUED or self._record.submitted_by):
+            queue.tell(Release(self.run_id))  # an interactive run counted there beside the line
         placer = self._registry.lookup("placer")
         if placer is not None:
             placer.tell(Released(self.run_id))

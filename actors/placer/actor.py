@@ -43,7 +43,7 @@ from actors.placer.messages import (
     WorkerOnline,
 )
 from actors.placer.placement import WorkerPlacement
-from actors.placer.queue import Enqueue, Occupying, Readmit
+from actors.placer.queue import Beside, Enqueue, Occupying, Readmit
 from actors.placer.waiting import Board, Local
 from actors.run_messages import Discard, Placement, Start
 from actors.store import StoreClient
@@ -374,6 +374,8 @@ class Placer(Actor):
         self._spawn_run(RunSpec(record, graph))
         if record.lane == ev.LANE_INTERACTIVE:
             self._interactive[run_id] = record.editor_session
+            if record.submitted_by:
+                self._ensure_queue(str(record.queue_key)).tell(Beside(run_id, record.submitted_by))
             self._grant(run_id, record.seeded)
         else:
             if record.queue_key.pooled:  # what a worker must have: node types, storage labels

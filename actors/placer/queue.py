@@ -5,9 +5,10 @@ counting the run as holding the slot from then on; the slot comes back with ``Re
 which the run sends as soon as its graph ends (or it is withdrawn). Whose turn it is:
 FIFO among one submitter's runs, and among submitters the one that used the key least
 lately (``fair_share.py``), unless the order is ``fifo``. A submitter whose session
-allows N runs at once waits while N of its runs hold slots here. Interactive runs never
-pass here. On a restart the line is rebuilt from the queued rows in the store, and what
-each submitter used from the runs' start and end times.
+allows N runs at once waits while N of its runs hold slots here or execute on this key in
+the interactive lane (those never wait here, and hold no slot). On a restart the line is
+rebuilt from the queued rows in the store, and what each submitter used from the runs'
+start and end times.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ class Release:
     """The run no longer needs this queue: its graph ended, or it was withdrawn."""
 
     run_id: str
+
+
+@dataclass(frozen=True)
+class Beside:
+    """An interactive run of ``submitter`` executes on this key. It took no slot here, but
+    it counts against its session's runs at once (``max_running``) until its Release:
+    else a session's queued run started beside its interactive one, past its limit."""
+
+    run_id: str
+    submitter: str
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,7 @@ class QueueActor(Actor):
         self._holding: set[str] = set()
         self._admitted: dict[str, Enqueue] = {}  # handed on
         self._known: set[str] = set()
+        self._beside: dict[str, str] = {}  # interactive runs executing on this key -> their submitter
         self._caps: dict[str, int | None] = {"": None, "server": None}  # submitter -> runs at once it may hold
         self._asking: set[str] = set()  # submitters whose limit is being read
         self._pump_due = False
@@ -173,12 +185,17 @@ class QueueActor(Actor):
                 await self._enqueue(message)
                 self._pump_soon()
             case Release(run_id):
+                self._beside.pop(run_id, None)
                 self._known.discard(run_id)
                 self._holding.discard(run_id)
                 self._admitted.pop(run_id, None)
                 self._line.remove(run_id)
                 self._usage.release(run_id)
                 self._pump()
+            case Beside(run_id, submitter):
+                self._beside[run_id] = submitter
+                if submitter not in self._caps and submitter not in self._asking:
+                    self._ask_cap(submitter)
             case Occupying(run_id):
                 self._known.add(run_id)
                 self._line.remove(run_id)
@@ -246,7 +263,10 @@ class QueueActor(Actor):
 
     def _capped(self, submitter: str) -> bool:
         cap = self._caps.get(submitter)
-        return cap is not None and self._usage.held_by(submitter) >= cap
+        if cap is None:
+            return False
+        beside = sum(1 for who in self._beside.values() if who == submitter) if self._beside else 0
+        return self._usage.held_by(submitter) + beside >= cap
 
     def _pump_soon(self) -> None:
         """Hands runs on once this burst of messages is handled: a restarted server's

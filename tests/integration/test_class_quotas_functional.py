@@ -133,3 +133,20 @@ def test_a_worker_credential_reads_only_what_its_runs_fetch(make_server):
     for path in ("/api/runs", "/api/stream", "/api/workers", "/api/login-links"):
         status, reply = worker.request("GET", path)
         assert (status, reply["error"]["code"]) == (401, "login_required"), (path, reply)
+
+
+def test_a_sessions_interactive_run_counts_against_max_running_on_its_queue(make_server):
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT_CPU="4")
+    student = server.session(uses=1, max_running=1, max_waiting=3)
+    status, interactive = student.request("POST", "/api/runs", {"graph": sleeper(30), "options": {
+        "lane": "interactive", "editor_session": "e0"}})
+    assert status == 201, interactive
+    server.wait_status(interactive["run_id"], "running")
+    queued = student.request("POST", "/api/runs", {"graph": sleeper(30)})[1]["run_id"]
+    # Slots are free, but the session already runs one run, its most: the queued one waits.
+    server.poll_until(lambda: server.get(f"/api/runs/{queued}")["queue_reason"] is not None)
+    reason = server.get(f"/api/runs/{queued}")["queue_reason"]
+    assert reason["code"] == "session_at_limit", reason
+    server.client.request("POST", f"/api/runs/{interactive['run_id']}/cancel")
+    server.wait_status(queued, "running")
+    server.client.request("POST", f"/api/runs/{queued}/cancel")
