@@ -231,7 +231,10 @@ DRAIN_SIGNAL = signal.SIGUSR1
 async def _serve(agent: Any) -> int:
     stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # A hang-up (the terminal of a --foreground agent closed, an ssh -tt session dropped)
+    # stops it as Ctrl+C does: its runs are cancelled and their process groups ended,
+    # which a plain death by SIGHUP would leave running.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(DRAIN_SIGNAL, drain.set)
     code: int = await agent.run(stop, drain)

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
     from subprocess_runner.console import DescriptorCapture
     from subprocess_runner.engine import Outcome
+
+# How long a run whose agent vanished may take to end on its cancel flag before its
+# process group is killed.
+ORPHAN_GRACE_S = 5.0
 
 # What the zygote imports before it forks children: the run child's own modules, torch
 # and the torch pack's code, torch._dynamo (which an optimizer imports when it is made)
@@ -136,7 +141,13 @@ def _listen(conn: Connection, cancel: threading.Event, armed: threading.Event | 
                 case _:
                     log.warning("the run child dropped an unknown frame %r", frame)
     except (EOFError, OSError):
-        pass
+        # The agent is gone without a word (killed, or hung up on): nobody will read this
+        # run's events, and nobody will end its process group. Past a grace the group ends
+        # itself, a node that never looks at the cancel flag included.
+        if os.getpgrp() == os.getpid():
+            timer = threading.Timer(ORPHAN_GRACE_S, os.killpg, (0, signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
     cancel.set()
 
 

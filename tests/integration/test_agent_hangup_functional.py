@@ -1,0 +1,115 @@
+"""No run outlives its agent: a run child is in a process group of its own (a Ctrl+C is
+the agent's to act on), so the agent ends it on a hang-up as on Ctrl+C, and a child
+whose agent vanished without a word (SIGKILL) ends its own group past a grace, a node
+that never looks at its cancel flag included."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from subprocess_runner.child import ORPHAN_GRACE_S
+from tests.helpers import REPO, graph, node, troupe_cmd
+from tests.integration.test_worker_runs_functional import wait_warm
+from tests.integration.test_workers_functional import agent_env, enroll, read_until
+
+pytestmark = pytest.mark.timeout(180)
+
+# A node that sleeps without looking at its cancel flag (a long compute, a blocking call).
+STUBBORN = """from troupe import node
+
+__version__ = "1"
+
+
+@node
+def spin(seconds: float = 120.0) -> float:
+    import time
+    time.sleep(seconds)
+    return seconds
+"""
+
+
+def _terminal_agent(server, tmp_path, name: str, warm: bool) -> subprocess.Popen[str]:
+    """A --foreground agent in a process group of its own, as a terminal's job is: a
+    hang-up of the terminal is a SIGHUP to that whole group."""
+    command = enroll(server, name=name)["command"] + (" --warm 1" if warm else "")
+    agent = subprocess.Popen(troupe_cmd(*command.split()[1:], "--foreground"), cwd=REPO,
+                             env=agent_env(server, tmp_path, name), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, process_group=0)
+    read_until(agent, f"connected as {name}")
+    if warm:
+        wait_warm(server, name, 1)
+    return agent
+
+
+def _running_child(server, run_id: str) -> int:
+    server.poll_until(lambda: (server.get(f"/api/runs/{run_id}")["execution_facts"] or {}).get("pid"), timeout=90)
+    return int(server.get(f"/api/runs/{run_id}")["execution_facts"]["pid"])
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True  # dead, its parent not yet told
+        except FileNotFoundError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def stubborn_server(make_server, tmp_path):
+    home = tmp_path / "home"
+    (home / "packs").mkdir(parents=True)
+    (home / "packs" / "stubborn.py").write_text(STUBBORN)
+    return make_server(home=home, TROUPE_WORKER_HEARTBEAT_S="1")
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_hang_up_stops_the_agent_and_ends_its_runs_processes(stubborn_server, tmp_path, warm):
+    server = stubborn_server
+    agent = _terminal_agent(server, tmp_path, "term", warm)
+    child = None
+    try:
+        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": "term"})["run_id"]
+        child = _running_child(server, run_id)
+        os.killpg(agent.pid, signal.SIGHUP)  # the terminal closed
+        said, _ = agent.communicate(timeout=60)
+        assert agent.returncode == 0 and "Traceback" not in said, said
+        assert _gone(child, 15), f"the run's process {child} outlived its agent"
+        assert server.wait_status(run_id, "cancelled", timeout=30)["status"] == "cancelled"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(30)
+        if child is not None and not _gone(child, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
+def test_a_run_whose_agent_was_killed_ends_its_own_process_group(stubborn_server, tmp_path):
+    server = stubborn_server
+    agent = _terminal_agent(server, tmp_path, "doomed", warm=False)
+    child = None
+    try:
+        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": "doomed"})["run_id"]
+        child = _running_child(server, run_id)
+        agent.kill()  # SIGKILL to the agent alone: it can cancel nothing
+        agent.wait(30)
+        assert _gone(child, ORPHAN_GRACE_S + 15), f"the run's process {child} outlived its agent"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(30)
+        if child is not None and not _gone(child, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
