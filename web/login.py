@@ -142,6 +142,14 @@ class LoginBook:
             if row["id"] == session_id:
                 row["label"] = label
 
+    def session_who(self, session_id: str) -> Who | None:
+        """The live session ``session_id`` as a request of its own would be; None when it
+        ended (or is the server's token)."""
+        for row in self._sessions.values():
+            if row["id"] == session_id:
+                return _who(row, False)
+        return None
+
     def quota_lock(self, session_id: str) -> asyncio.Lock:
         """One session's submissions are checked against its quotas one at a time."""
         return self._quota_turns.setdefault(session_id, asyncio.Lock())

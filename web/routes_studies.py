@@ -207,9 +207,11 @@ async def resume_study(request: web.Request) -> web.Response:
     if study["state"] not in RESUMABLE:
         raise StateConflict(f"study {study_id} is {study['state']}; only a halted study resumes",
                             code="study_not_resumable")
-    who = svc.login.who(request)
-    # What it starts once resumed is checked as a new study's would be: the new budget
-    # may let more run at once than the one it was admitted under.
+    # What it starts once resumed is checked as a new study's would be (the new budget
+    # may let more run at once than the one it was admitted under), against the limits
+    # of the session its runs count for: its submitter's, whoever resumes it.
+    owner = study["spec"].get("submitted_by")
+    who = svc.login.session_who(owner) if owner else None
     at_once = _owed_at_once(study, budget)
     async with within_quota(svc, who, at_once, declared_mib(RunOptions.model_validate(
             study["spec"].get("options") or {})) * at_once):
