@@ -58,7 +58,10 @@ class Client:
         return NoServer(f"no troupe server answers at {self.url} ({exc}){hint}")
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
-        raw = json.dumps(body).encode() if body is not None else None
+        try:  # JSON has no NaN or Infinity: the server would answer "not valid JSON"
+            raw = json.dumps(body, allow_nan=False).encode() if body is not None else None
+        except ValueError as exc:
+            raise BadOption(f"a value given is not a finite number ({exc})") from None
         conn = self._connection(timeout)
         try:
             conn.request(method, path, body=raw, headers=self._headers(raw))
@@ -151,11 +154,21 @@ class Client:
         if response.status != 200:
             body = response.read()
             conn.close()
-            raise CliError(f"{self.url}{path} answered {response.status}: {body[:200]!r}")
+            raise CliError(f"{self.url}{path} answered {response.status}: {_said(body)}")
         try:
             yield from read_events(response)
         finally:
             conn.close()
+
+
+def _said(body: bytes) -> str:
+    """A refusal in words: the error's code and message when the body is the API's
+    error object, else its first 200 characters."""
+    try:
+        error = json.loads(body)["error"]
+        return f"{error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
 
 
 class Reopens:

@@ -7,6 +7,7 @@ command could not do its job), 2 usage error (typer's), 130 Ctrl+C.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import urllib.parse
@@ -17,6 +18,7 @@ import typer
 
 from cli import connect, terminal
 from cli.errors import EXIT_FAILED, EXIT_USAGE, BadOption, CliError, NoServer
+from cli.render import printable
 
 
 def _no_type_beside_flags() -> None:
@@ -48,7 +50,7 @@ DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.d
 
 
 def _fail(exc: CliError) -> None:
-    print(f"troupe: {exc.message}", file=sys.stderr)
+    print(f"troupe: {printable(exc.message)}", file=sys.stderr)
     raise typer.Exit(exc.exit_code)
 
 
@@ -232,11 +234,15 @@ def open_(
         body: dict[str, Any] = {"expires_s": seconds(expires), "read_only": read_only}
         if uses is not None:
             body["uses"] = uses
+        if max_memory_gib is not None and not math.isfinite(max_memory_gib):
+            raise BadOption(f"--max-memory-gib is a number of GiB, not {max_memory_gib}")
         limits = {"max_running": max_running, "max_waiting": max_waiting, "max_memory_gib": max_memory_gib}
         body.update({name: value for name, value in limits.items() if value is not None})
         status, reply = connect.client(None, None).request("POST", "/api/login-links", body)
         if status != 201:
-            raise CliError(f"the server refused a login link ({status}): {reply}")
+            error = reply.get("error", {}) if isinstance(reply, dict) else {}
+            raise CliError(f"the server refused a login link ({status} {error.get('code', '')}): "
+                           f"{error.get('message', reply)}")
     except CliError as exc:
         _fail(exc)
     print(reply["login_url"])
@@ -420,7 +426,7 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except CliError as exc:  # pragma: no cover - every command catches its own
-        print(f"troupe: {exc.message}", file=sys.stderr)
+        print(f"troupe: {printable(exc.message)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except UnicodeError as exc:  # an argument with bytes that are not UTF-8 (a file name, a pasted id)
         print(f"troupe: text that is not valid UTF-8 cannot be sent to the server ({exc})", file=sys.stderr)

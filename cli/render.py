@@ -1,10 +1,22 @@
-"""How run events read on a terminal; shared by ``troupe run`` and ``troupe exec``."""
+"""How run events read on a terminal, shared by ``troupe run`` and ``troupe exec``; and
+how any text the server holds is printed."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from protocol import events as ev
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: Any) -> str:
+    """``text`` with each control character written out (``\\x1b``): a name or a note
+    that someone else typed never moves the cursor, clears the screen or sets the
+    clipboard of the terminal that lists it (rows stored before names were checked, a
+    note, an error that quotes what it refused)."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def _number(value: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.render import printable
 from cli.run_cmd import follow
 from protocol import events as ev
 
@@ -38,11 +39,12 @@ def answer(reply: tuple[int, Any], what: str) -> Any:
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     """An aligned table, its last column left to run on."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+    shown = [[printable(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in shown) for i in range(len(header) - 1)]
     lines = []
-    for row in [header, *rows]:
-        cells = [str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)]
-        lines.append("  ".join([*cells, str(row[-1])]).rstrip())
+    for row in shown:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines)
 
 
@@ -235,7 +237,7 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
     if run.get("resume_point"):
         facts.append(("Can be resumed", f"from epoch {run['resume_point']['epoch']}, {run['resume_point']['until']}"))
     width = max(len(k) for k, _ in facts)
-    print("\n".join(f"  {k.ljust(width)}  {v}" for k, v in facts))
+    print("\n".join(f"  {k.ljust(width)}  {printable(v)}" for k, v in facts))
     params = [(n["id"], n["type"], json.dumps(n.get("params") or {})) for n in run.get("graph", {}).get("nodes", [])]
     if params:
         print("\n  Nodes\n" + _indent(table([list(p) for p in params], ["ID", "TYPE", "PARAMS"])))

@@ -84,13 +84,38 @@ class RunOptions(BaseModel):
                     "already holds the values")
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# One line of printable text: a name that other people's pages and terminals show (an
+# escape in it could clear a terminal or set its clipboard). The document's rule;
+# _printable says it in words first.
+PRINTABLE = r"^[^\x00-\x1f\x7f-\x9f]*$"
+PRINTABLE_NAMED = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"  # and not blank
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str) and _UNPRINTABLE.search(value):
+        raise ValueError("holds a control character (a newline, a tab, an escape); a name is one line of "
+                         "printable text")
+    return value
+
+
+def _not_blank(value: Any) -> Any:
+    if isinstance(value, str) and value and not value.strip():
+        raise ValueError("is blank; a name needs a printable character")
+    return _printable(value)
+
+
+Printable = Annotated[str, Field(pattern=PRINTABLE), BeforeValidator(_printable)]
+PrintableName = Annotated[str, Field(pattern=PRINTABLE_NAMED), BeforeValidator(_not_blank)]
+
+
 class SubmitRun(BaseModel):
     """Body of ``POST /api/runs``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     graph: Graph
-    name: str | None = Field(default=None, max_length=200)
+    name: Printable | None = Field(default=None, max_length=200)
     options: RunOptions = Field(default_factory=RunOptions)
 
 
@@ -246,7 +271,7 @@ class RunEdit(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={"minProperties": 1})
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
+    name: Printable | None = Field(default=None, min_length=1, max_length=200)
     tags: list[Annotated[str, Field(pattern=TAG_PATTERN)]] | None = Field(default=None, max_length=20)
     note: str | None = Field(default=None, max_length=4096)
 

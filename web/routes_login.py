@@ -12,6 +12,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from actors.store.logins import ListLoginLinks, ListSessions
+from protocol.api import PrintableName
 from protocol.errors import InvalidRequest, NotFound, StateConflict, Unauthorized
 from protocol.numbers import INTEGRAL
 from web.context import Services, services
@@ -187,7 +188,7 @@ class SessionName(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = Field(min_length=1, max_length=60, pattern=r"^[^\u0000-\u001f\u007f]*\S[^\u0000-\u001f\u007f]*$")
+    name: PrintableName = Field(min_length=1, max_length=60)
 
 
 @routes.put(OWN_NAME_PATH)

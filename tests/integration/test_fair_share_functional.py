@@ -157,6 +157,11 @@ def test_the_terminal_lists_its_own_runs_and_who_ran_what(make_server, tmp_path)
     made = subprocess.run(troupe_cmd("open", "--uses", "2", "--max-waiting", "5", "--no-browser"), cwd=REPO,
                           env=base_env(server.home), capture_output=True, text=True, timeout=60)
     assert made.returncode == 0 and "max waiting 5" in made.stderr, made.stderr
+    for value in ("inf", "Infinity"):  # JSON has no such number: said here, not "the body is not valid JSON"
+        refused = subprocess.run(troupe_cmd("open", "--uses", "2", "--max-memory-gib", value, "--no-browser"),
+                                 cwd=REPO, env=base_env(server.home), capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and refused.stderr == "troupe: --max-memory-gib is a number of GiB, not " \
+            "inf\n", refused.stderr
     student = tmp_path / "student"
     env = {**base_env(student), "XDG_CONFIG_HOME": str(student / "config"), "HOME": str(student),
            "COLUMNS": "200"}

@@ -9,6 +9,9 @@ import json
 import subprocess
 import threading
 
+import pytest
+
+from cli.errors import CliError
 from tests.helpers import REPO, base_env, edge, graph, hello, node, sleeper, troupe_cmd
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
@@ -184,3 +187,36 @@ def test_a_follow_on_a_terminal_shows_a_live_progress_line_and_plain_lines_when_
     assert b"ETA" in seen
     piped = troupe(server, "attach", run_id)
     assert "\r" not in piped.stdout and "trainer  epoch 3/3" in piped.stdout
+
+
+def test_text_someone_else_typed_is_printed_with_its_control_characters_written_out(make_server):
+    server = make_server()
+    # A name with an escape is refused where a person names things...
+    student = server.session(uses=1)
+    for path, method, body in (("/api/sessions/me", "PUT", {"name": "\x1b[2Jbob"}),
+                               ("/api/runs", "POST", {"graph": hello(), "name": "hi\x1b]52;c;cm0=\x07"})):
+        status, reply = student.request(method, path, body)
+        assert (status, reply["error"]["pointer"]) == (400, "/name"), reply
+        assert "control character" in reply["error"]["message"], reply
+    assert student.request("PUT", "/api/sessions/me", {"name": " "})[1]["error"]["message"].endswith(
+        "is blank; a name needs a printable character")
+    # ...but a graph's own name may hold one: the terminal that lists it shows it written out.
+    tricky = hello()
+    tricky["name"] = "hi\x1b]52;c;cm0=\x07\x1b[2J"
+    run_id = server.submit(tricky)["run_id"]
+    server.events_until_finished(run_id)
+    for args in (("ls",), ("show", run_id[:8])):
+        result = troupe(server, *args)
+        assert result.returncode == 0, result.stderr
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout, repr(result.stdout)
+        assert "hi\\x1b]52;c;cm0=\\x07\\x1b[2J" in result.stdout, result.stdout
+
+
+def test_a_stream_refused_is_said_in_the_servers_words(shared_server):
+    path = f"/api/runs/{'0' * 32}/stream"
+    status, said = shared_server.client.request("GET", path)
+    assert status == 404, said
+    with pytest.raises(CliError) as refused:
+        next(iter(shared_server.client.stream(path)))
+    assert refused.value.message.endswith(f"answered 404: {said['error']['code']}: {said['error']['message']}"), \
+        refused.value.message
