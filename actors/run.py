@@ -196,8 +196,9 @@ class RunActor(Actor):
             case ReportOccupancy():
                 queue = self._registry.lookup(f"queues/{self._record.queue_key}")
                 if queue is not None and self._status in (ev.RUNNING, ev.DISCONNECTED) and not self._released:
-                    queue.tell(Occupying(self.run_id) if self._record.lane == ev.LANE_QUEUED
-                               else Beside(self.run_id, self._record.submitted_by or ""))
+                    who = self._record.submitted_by or ""
+                    queue.tell(Occupying(self.run_id, who) if self._record.lane == ev.LANE_QUEUED
+                               else Beside(self.run_id, who))
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None

@@ -285,7 +285,7 @@ class Placer(Actor):
     def _restore(self, adopted: tuple[RunSpec, ...], queued: tuple[RunSpec, ...]) -> None:
         for spec in adopted:
             self._spawn_run(spec)
-            self._ensure_queue(str(spec.record.queue_key)).tell(Occupying(spec.run_id))
+            self._ensure_queue(str(spec.record.queue_key)).tell(Occupying(spec.run_id, spec.record.submitted_by or ""))
             self._slots.adopt(spec.run_id, spec.adoption.holds if spec.adoption is not None else (),
                               spec.record.memory_budget_mib)
         for spec in sorted(queued, key=lambda q: q.record.enqueue_seq):

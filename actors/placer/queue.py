@@ -66,9 +66,11 @@ class Readmit:
 
 @dataclass(frozen=True)
 class Occupying:
-    """A live run tells a restarted queue it holds one of its slots."""
+    """A live run tells a restarted queue it holds one of its slots, and whose run it is
+    (a session's runs at once count it)."""
 
     run_id: str
+    submitter: str = ""
 
 
 
@@ -196,12 +198,14 @@ class QueueActor(Actor):
                 self._beside[run_id] = submitter
                 if submitter not in self._caps and submitter not in self._asking:
                     self._ask_cap(submitter)
-            case Occupying(run_id):
+            case Occupying(run_id, submitter):
                 self._known.add(run_id)
                 self._line.remove(run_id)
                 self._holding.add(run_id)
-                submitter, since = self._found_running.pop(run_id, ("", None))
-                self._usage.hold(run_id, submitter, since)
+                found, since = self._found_running.pop(run_id, (submitter, None))
+                self._usage.hold(run_id, found or submitter, since)
+                if submitter not in self._caps and submitter not in self._asking:
+                    self._ask_cap(submitter)
             case UseKnown(rows):
                 self._loading_use = False
                 for submitter, started, ended, run_id in rows:

@@ -115,3 +115,20 @@ def test_a_study_for_an_unknown_worker_is_refused_like_a_run(behind_proxy):
     server, _ = behind_proxy
     reply = post(server, study_body(variants(1), options={"target": {"worker": "nope"}}), expect=400)
     assert reply["error"]["code"] == "unknown_target" and reply["error"]["pointer"] == "/options/target/worker"
+
+
+def test_an_adopted_run_still_counts_against_its_sessions_max_running(behind_proxy):
+    server, restart = behind_proxy
+    student = server.session(uses=1, max_running=1)
+    ran = [student.request("POST", "/api/runs", {"graph": ticker(count), "options": {"target": ON_CARD}})[1]["run_id"]
+           for count in (60, 5)]
+    wait_event(server, ran[0], "metric")
+    server.poll_until(lambda: (server.get(f"/api/runs/{ran[1]}")["queue_reason"] or {}).get("code")
+                      == "session_at_limit")
+    server.kill()
+    again = restart(TROUPE_RUN_QUEUE_RESTORE="1")
+    # The card has slots free, but the adopted run is the session's one at once.
+    again.poll_until(lambda: (again.get(f"/api/runs/{ran[1]}")["queue_reason"] or {}).get("code")
+                     == "session_at_limit")
+    first = again.wait_status(ran[0], "succeeded", timeout=60)
+    assert again.wait_status(ran[1], "succeeded", timeout=60)["started_at"] >= first["finished_at"]
