@@ -245,7 +245,8 @@ class Placer(Actor):
                 await self._slots.set_policy(physical, Policy(sharing, reserved_mib))
             case WorkerOffline(name):
                 self._book.offline(name)
-                self._slots.offline(name)
+                await self._slots.offline(name)
+                await self._drain()  # local runs waiting for a device the worker shared
             case Restore(adopted, queued):
                 self._restore(adopted, queued)
             case Released(run_id):

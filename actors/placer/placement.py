@@ -73,7 +73,7 @@ class WorkerPlacement:
         for physical in gone:
             self._ledger(physical).tell(Withdraw(name))
         if draining:
-            self.offline(name)
+            await self.offline(name)
             return
         for physical, limit in devices.values():
             self._share(physical)
@@ -98,9 +98,14 @@ class WorkerPlacement:
         """Whether a worker online now offers this device of the server's own."""
         return any(provider != LOCAL and self._is_online(provider) for provider in self._offering.get(physical, ()))
 
-    def offline(self, name: str) -> None:
-        for physical, _ in self._providers.get(name, {}).values():
+    async def offline(self, name: str) -> None:
+        """``name`` offers nothing more (gone, or draining). A device it shared may now
+        allow more (its limit was the smallest of its providers'): the runs waiting for
+        those devices try again at once, not at the next release of an unrelated run."""
+        physicals = [physical for physical, _ in self._providers.get(name, {}).values()]
+        for physical in physicals:
             self._ledger(physical).tell(Withdraw(name))
+        await self._retry(physicals)
 
     async def card_memory(self, free_mib: Mapping[str, int]) -> None:
         """A heartbeat's free memory: the shared cards among them may fit a waiting run now."""

@@ -205,3 +205,32 @@ def test_a_waiting_run_that_more_reserved_memory_makes_never_fit_fails_and_block
         server.client.request("POST", f"/api/runs/{run_id}/cancel")
     small = server.submit(hello(), device="cuda:0", target={"worker": "gpu-a", "memory_gib": 1, "wait": True})["run_id"]
     assert server.events_until_finished(small)[-1]["payload"]["status"] == "succeeded"  # nothing stuck ahead
+
+
+def test_a_card_whose_strictest_provider_leaves_starts_the_runs_waiting_for_it(make_server, tmp_path):
+    # One card offered by two workers: its limit is the smaller of theirs (gpu-a's 1).
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1",
+                         TROUPE_RUN_QUEUE_MAX_CONCURRENT="gpu-a/cuda:0=1,gpu-b/cuda:0=2")
+    agents = {}
+    for name in ("gpu-a", "gpu-b"):
+        agents[name] = start_agent(server, tmp_path / name, enroll(server, name=name)["command"],
+                                   machine=f"m-{name}", cards=(CARD24,))
+        read_until(agents[name], f"connected as {name}")
+    try:
+        on_b = {"worker": "gpu-b", "devices": ["cuda:0"]}
+        first = server.submit(sleeper(seconds=60), target=on_b)["run_id"]
+        server.wait_status(first, "running")
+        second = server.submit(hello(), target=on_b)["run_id"]
+        server.poll_until(lambda: server.get(f"/api/runs/{second}")["queue_reason"] is not None)
+        assert server.get(f"/api/runs/{second}")["status"] == "queued"
+        agents["gpu-a"].terminate()
+        agents["gpu-a"].wait(30)
+        # gpu-b's limit of 2 holds now: the second run starts without waiting for the first.
+        assert server.wait_status(second, "succeeded", timeout=30)["status"] == "succeeded"
+        assert server.get(f"/api/runs/{first}")["status"] == "running"
+        server.client.request("POST", f"/api/runs/{first}/cancel")
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.terminate()
+                agent.wait(30)

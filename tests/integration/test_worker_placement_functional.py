@@ -249,3 +249,27 @@ async def test_any_never_places_a_run_on_a_connected_degraded_worker(make_server
         finally:
             agent.terminate()
             agent.wait(30)
+
+
+def test_a_local_run_waiting_for_the_cpu_a_worker_shared_starts_when_the_worker_leaves(make_server, tmp_path):
+    # The server's cpu allows 2, the agent beside it 1: one quota of 1 while it is there.
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT="cpu=2,beside/cpu=1")
+    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"],
+                        machine=server.get("/api/info")["machine_id"])
+    try:
+        read_until(agent, "connected as beside")
+        first = server.submit(sleeper(seconds=60))["run_id"]
+        server.wait_status(first, "running")
+        second = server.submit(hello())["run_id"]
+        server.poll_until(lambda: (server.get(f"/api/runs/{second}")["queue_reason"] or {}).get("code")
+                          == "device_busy")
+        agent.terminate()
+        agent.wait(30)
+        # The server's own 2 hold again: the second starts beside the first at once.
+        assert server.events_until_finished(second)[-1]["payload"]["status"] == "succeeded"
+        assert server.get(f"/api/runs/{first}")["status"] == "running"
+        server.client.request("POST", f"/api/runs/{first}/cancel")
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(30)
