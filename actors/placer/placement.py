@@ -263,10 +263,15 @@ class WorkerPlacement:
         if offered is None:
             return True
         physical = offered[0]
-        if not self._shared_with_a_worker(physical):
+        if not self._shared_with_a_worker(physical) and not self._held_through_a_worker(physical):
             self._unshared[run_id] = physical
             return True
         return await self._hold(run_id, LOCAL, physical, device, None)
+
+    def _held_through_a_worker(self, physical: str) -> bool:
+        """Whether a worker's run holds this device of the server's own while its worker
+        is away (its link cut, or adopted after a restart): its slot is still taken."""
+        return any(provider != LOCAL and on == physical for held in self._held.values() for provider, on in held)
 
     def _share(self, physical: str) -> None:
         """A worker now offers a device of the server's own: the local runs on it count."""

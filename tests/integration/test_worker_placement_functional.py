@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.events import utc_now
+from tests.faultproxy import FaultProxy
 from tests.helpers import hello, sleeper
 from tests.integration.test_workers_functional import CARD, enroll, handshake, read_until, start_agent
 from tests.integration.test_workers_functional import hello as hello_frame
@@ -273,3 +274,31 @@ def test_a_local_run_waiting_for_the_cpu_a_worker_shared_starts_when_the_worker_
         if agent.poll() is None:
             agent.terminate()
             agent.wait(30)
+
+
+def test_a_worker_runs_hold_on_the_shared_cpu_outlasts_its_link(make_server, tmp_path):
+    # One cpu, one slot, shared with the agent beside the server; the agent's run holds it.
+    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT="cpu=1,beside/cpu=1", TROUPE_WORKER_HEARTBEAT_S="1",
+                         TROUPE_WORKER_RESUME_GRACE_S="60")
+    proxy = FaultProxy(int(server.url.rsplit(":", 1)[1])).start()
+    agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"].replace(server.url, proxy.url),
+                        machine=server.get("/api/info")["machine_id"])
+    try:
+        read_until(agent, "connected as beside")
+        remote = server.submit(sleeper(seconds=60), target={"worker": "beside"})["run_id"]
+        server.wait_status(remote, "running")
+        proxy.cut()
+        server.wait_status(remote, "disconnected")
+        # Its worker may come back with it: the cpu is still taken, a local run waits.
+        local = server.submit(hello())["run_id"]
+        server.poll_until(lambda: (server.get(f"/api/runs/{local}")["queue_reason"] or {}).get("code")
+                          == "device_busy")
+        proxy.restore()
+        server.wait_status(remote, "running", timeout=30)
+        assert server.get(f"/api/runs/{local}")["status"] == "queued"
+        server.client.request("POST", f"/api/runs/{remote}/cancel")
+        assert server.events_until_finished(local)[-1]["payload"]["status"] == "succeeded"
+    finally:
+        agent.terminate()
+        agent.wait(30)
+        proxy.close()
