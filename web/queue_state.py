@@ -78,9 +78,15 @@ class QueueState:
         cap = found.limit_of(run.get("submitted_by") or "") if found is not None else None
         if cap is not None:
             return at_limit_reason(key, cap, place)
-        queue = self.row(key, limit)
-        return {"code": "slots_busy",
-                "message": f"{place} for {key}: {queue['running']} of {queue['limit']} slots busy"}
+        return {"code": "slots_busy", "message": f"{place} for {key}: {self.busy(key, limit)}"}
+
+    def busy(self, key: str, limit: int) -> str:
+        """How many of the key's slots are taken, in words: a run handed on that waits at
+        the seed gate, or for its device, holds its slot too."""
+        queue, held = self.row(key, limit), self._held.get(key, 0)
+        also = "" if not held else " (1 by a run that waits to start)" if held == 1 else \
+            f" ({held} by runs that wait to start)"
+        return f"{queue['running'] + held} of {queue['limit']} slots busy{also}"
 
 
 def at_limit_reason(queue_key: str, cap: int, place: str) -> dict[str, str]:

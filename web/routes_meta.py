@@ -50,7 +50,8 @@ async def queue_prediction(request: web.Request) -> web.Response:
     seeded = one_query(request, "seeded", "false")
     if seeded not in ("true", "false"):
         raise InvalidRequest("seeded is true or false", pointer="?seeded")
-    row = (await QueueState.read(svc, {key})).row(key, svc.settings.concurrency_for(key))
+    state = await QueueState.read(svc, {key})
+    row = state.row(key, svc.settings.concurrency_for(key))
     reason: dict[str, str] | None
     if row["state"] == "quarantined":
         reason = {"code": "queue_quarantined", "message": f"queue {key} is quarantined: {row['reason']}"}
@@ -58,8 +59,7 @@ async def queue_prediction(request: web.Request) -> web.Response:
         reason = at_limit_reason(key, limit[0], "in line")
     elif (ahead := row["queued"] - limit[1]) or row["running"] >= row["limit"]:
         place, fair = await predicted_place(svc, key, request, ahead + 1)
-        reason = {"code": "slots_busy", "message": f"#{place} in line for {key}: {row['running']} of "
-                                                   f"{row['limit']} slots busy" + (
+        reason = {"code": "slots_busy", "message": f"#{place} in line for {key}: {state.busy(key, row['limit'])}" + (
                                                        "; the line is in fair order (who used this queue least "
                                                        "lately goes first)" if fair else "")}
     else:

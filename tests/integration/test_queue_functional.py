@@ -52,6 +52,13 @@ def test_a_run_waiting_at_the_seed_gate_is_queued_not_running(make_server):
     assert row["queue_reason"]["code"] == "seed_gate" and "seeded run" in row["queue_reason"]["message"]
     queues = {q["queue_key"]: q for q in server.get("/api/queues")["queues"]}
     assert queues["cpu"]["running"] == 1 and queues["cpu"]["queued"] == 1
+    # The held run takes the second slot: a third run waits for a slot, both busy.
+    third = server.submit(sleeper())["run_id"]
+    busy = "2 of 2 slots busy (1 by a run that waits to start)"
+    assert server.get(f"/api/runs/{third}")["queue_reason"] == {"code": "slots_busy",
+                                                                 "message": f"#2 in line for cpu: {busy}"}
+    said = server.get("/api/queue-prediction?queue_key=cpu")["reason"]
+    assert said == {"code": "slots_busy", "message": f"#3 in line for cpu: {busy}"}, said
 
 
 def test_cancel_queued_removes_it_and_followers_move_up(make_server):
