@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cli.errors import EXIT_USAGE, CliError
+from subprocess_runner.sweeps import key_targets
 
 # What a node type's params are, by type name: the catalog's JSON of each (``name``,
 # ``type``, ``options``...), or None for a type the catalog does not have.
@@ -38,6 +39,9 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
     done: dict[str, Any] = {}
     for given in sets:
         target, equals, raw = given.partition("=")
+        if len(key_targets(target, nodes)) > 1:
+            raise BadSet(f"--set {given!r}: {target} could name a param of two nodes (node ids with a dot: "
+                         f"{' and '.join(n for n, _ in key_targets(target, nodes))}); it is not guessed, rename one")
         node_id, dot, param = target.rpartition(".")
         key: str | None = None
         if node_id not in nodes and "." in node_id:  # NODE.vars.NAME: one name of a mapping param

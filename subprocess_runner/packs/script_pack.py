@@ -20,10 +20,15 @@ BUILT_IN = ("seed", "run_id", "python")
 
 
 def placeholders(text: str) -> list[str]:
-    """The ``{name}`` fields of one argv string (``{{`` is a brace); ValueError for a
-    string that is not a template (an unclosed brace, a field with a format spec)."""
+    """The ``{name}`` fields of one argv string (``{{`` and ``}}`` are braces); ValueError
+    for a string that is not a template (a lone brace, a field with a format spec)."""
     names = []
-    for _, field, spec, conversion in string.Formatter().parse(text):
+    try:
+        fields = list(string.Formatter().parse(text))
+    except ValueError as exc:  # Python's own words ("Single '}' encountered") name no fix
+        raise ValueError(f"{text[:80]!r} has a lone brace ({exc}): a literal {{ or }} is written {{{{ or }}}}, a "
+                         "placeholder {name}") from None
+    for _, field, spec, conversion in fields:
         if field is None:
             continue
         if not field.isidentifier() or spec or conversion:

@@ -328,3 +328,10 @@ def test_a_second_server_is_refused_even_after_the_lock_file_was_deleted(make_se
     _one_line(second, 1, "already runs")
     assert server.get(f"/api/runs/{running}")["status"] == "running"
     server.client.request("POST", f"/api/runs/{running}/cancel")
+
+
+def test_a_host_alone_takes_the_port_of_the_last_start_and_a_port_alone_its_host(shared_server):
+    port = shared_server.url.rsplit(":", 1)[1]
+    for args in (("--host", "127.0.0.1"), ("--port", port)):
+        listed = cli(shared_server, "ls", *args)
+        assert listed.returncode == 0, listed.stderr

@@ -121,6 +121,9 @@ def test_a_placeholder_without_a_value_is_refused_and_a_class_session_is_refused
     doc["nodes"][0]["params"]["argv"] = ["{python}", "job.py", "{mode}", "{rate}"]
     error = server.submit(doc, expect=400)["error"]
     assert error["pointer"] == "/graph/nodes/0/params/argv/3" and "{rate}" in error["message"], error
+    doc["nodes"][0]["params"]["argv"] = ["{python}", "job.py", "{{'a': 1}"]  # a lone brace: said how to write one
+    error = server.submit(doc, expect=400)["error"]
+    assert error["pointer"] == "/graph/nodes/0/params/argv/2" and "is written {{ or }}" in error["message"], error
     status, reply = server.session(uses=1).request("POST", "/api/runs", {"graph": command_graph(lab)})
     assert status == 403 and reply["error"]["code"] == "privileged_node", reply
 

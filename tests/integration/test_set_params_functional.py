@@ -108,3 +108,14 @@ def test_set_into_a_mapping_the_graph_does_not_hold_as_an_object_is_a_usage_erro
     for text in ("nan", "1e999"):
         ran = cli(tmp_path / "nohome", "exec", str(path), "--set", f"train.vars.x={text}")
         assert ran.returncode == 0 and text in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_a_set_that_could_name_two_nodes_is_a_usage_error_not_a_guess(shared_server, tmp_path):
+    path = tmp_path / "dotted.json"
+    path.write_text(json.dumps({"version": 1, "edges": [], "nodes": [
+        {"id": "a", "type": "script.Command", "params": {"argv": ["/bin/echo", "{value}"], "vars": {"value": 1}}},
+        {"id": "a.vars", "type": "core.Constant", "params": {"value": 2}}]}))
+    for where, args in ((shared_server, ("run", str(path))), (tmp_path / "nohome", ("exec", str(path)))):
+        refused = cli(where, *args, "--set", "a.vars.value=5")
+        assert refused.returncode == 2 and "could name a param of two nodes" in refused.stderr, refused.stderr
+        assert "a.vars and a" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
