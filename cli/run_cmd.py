@@ -7,7 +7,7 @@ import io
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def rerun_and_follow(client: Client, run_id: str, resume: bool, detach: bool, ti
             raise CliError(f"run {run_id}: the server answered {status}: {row}")
         body["params_set"] = apply_sets_by_server(client, dict(row["graph"]), sets)
     answer = client.request("POST", f"/api/runs/{run_id}/rerun", body)
-    return queued(client, answer, f"{'Resumes' if resume else 'Again from'}       {run_id}", detach, timeout, form)
+    return queued(client, answer, f"{'Resumes' if resume else 'Again from':<16}{run_id}", detach, timeout, form)
 
 
 def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, timeout: float | None,
@@ -76,7 +76,7 @@ def queued(client: Client, answer: tuple[int, Any], origin: str, detach: bool, t
     if detach:
         return EXIT_OK
     try:
-        return follow(client, run_id, reply["queue_key"], timeout)
+        return follow(client, run_id, reply["queue_key"], timeout, said=frozenset(reply.get("warnings", [])))
     except KeyboardInterrupt:
         print(f"\n  stopped watching; the run goes on on the server ({run_id})", flush=True)
         return EXIT_INTERRUPTED
@@ -101,7 +101,9 @@ def _quietly(client: Client, reply: dict[str, Any], detach: bool, timeout: float
     return code
 
 
-def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -> int:
+def follow(client: Client, run_id: str, queue_key: str, timeout: float | None, said: Set[str] = frozenset()) -> int:
+    """Prints the run's events until its end; ``said``: the warnings the submission's
+    answer printed already (its stream carries them again as events)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last_position: int | None = None
     after = 0
@@ -125,6 +127,8 @@ def follow(client: Client, run_id: str, queue_key: str, timeout: float | None) -
                 if kind != "run_event":
                     continue
                 after = data["seq"]
+                if data["type"] == ev.WARNING and data["payload"].get("message") in said:
+                    continue
                 for line in renderer.feed(data):
                     if live is not None:
                         live.clear()

@@ -335,3 +335,13 @@ def test_a_host_alone_takes_the_port_of_the_last_start_and_a_port_alone_its_host
     for args in (("--host", "127.0.0.1"), ("--port", port)):
         listed = cli(shared_server, "ls", *args)
         assert listed.returncode == 0, listed.stderr
+
+
+def test_a_warning_the_submission_printed_is_not_printed_again_by_the_follow(shared_server):
+    result = cli(shared_server, "run", str(EXAMPLES / "hello.json"), "--device", "cuda:7")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stdout.splitlines() if line.startswith("  ⚠ ")]
+    assert len(warned) == 1 and "cuda:7" in warned[0], result.stdout
+    again = cli(shared_server, "rerun", result.stdout.split("Run ID")[1].split()[0], "--detach")
+    lines = again.stdout.splitlines()
+    assert lines[1].index(lines[1].split()[-1]) == lines[2].index(lines[2].split()[-1]), again.stdout  # aligned
