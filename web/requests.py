@@ -165,7 +165,8 @@ def wants_csv(request: web.Request) -> bool:
 def choice_query(request: web.Request, name: str, choices: tuple[str, ...]) -> str:
     """A query parameter that takes one of ``choices`` (the first is the default), given
     at most once: ``?format=csv&format=json`` is refused, never read first-wins."""
-    value = _once(request, name) or choices[0]
+    given = _once(request, name)
+    value = choices[0] if given is None else given  # ?format= (empty) is no choice, as the document says
     if value not in choices:
         raise InvalidRequest(f"{name} must be {' or '.join(choices)}, got {value[:40]!r}", pointer=f"?{name}")
     return value

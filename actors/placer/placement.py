@@ -55,6 +55,7 @@ class WorkerPlacement:
         # Local runs on a device no worker shares: the queue's limit is the whole quota,
         # so they skip the ledger (no ask on the core path) until a worker shares it.
         self._unshared: dict[str, str] = {}  # run -> physical
+        self._adopted: set[str] = set()  # runs a restarted server found holding devices
         # Exclusive devices whose ledger said all its slots are held, with nothing sent to
         # it since: a line of 300 runs for one card asks once per freed slot, not twice.
         self._full: set[str] = set()
@@ -263,15 +264,13 @@ class WorkerPlacement:
         if offered is None:
             return True
         physical = offered[0]
-        if not self._shared_with_a_worker(physical) and not self._held_through_a_worker(physical):
+        # A run a restarted server adopted holds the device until its worker is back (its
+        # agent will be, and its run is alive); a worker gone otherwise took its runs along.
+        adopted = any(p != LOCAL and on == physical for run in self._adopted for p, on in self._held.get(run, ()))
+        if not self._shared_with_a_worker(physical) and not adopted:
             self._unshared[run_id] = physical
             return True
         return await self._hold(run_id, LOCAL, physical, device, None)
-
-    def _held_through_a_worker(self, physical: str) -> bool:
-        """Whether a worker's run holds this device of the server's own while its worker
-        is away (its link cut, or adopted after a restart): its slot is still taken."""
-        return any(provider != LOCAL and on == physical for held in self._held.values() for provider, on in held)
 
     def _share(self, physical: str) -> None:
         """A worker now offers a device of the server's own: the local runs on it count."""
@@ -286,6 +285,7 @@ class WorkerPlacement:
         """A run the last server left executing on a worker holds its slots again, before
         anything is admitted (its providers come back online when its worker does)."""
         self._held[run_id] = list(holds)
+        self._adopted.add(run_id)
         self._budgets[run_id] = budget_mib
         for _, physical in holds:
             self._ledger(physical).tell(Adopt((run_id,), {run_id: budget_mib}))
@@ -353,6 +353,7 @@ class WorkerPlacement:
 
     def _free_all(self, run_id: str) -> list[str]:
         freed = [physical for _, physical in self._held.pop(run_id, [])]
+        self._adopted.discard(run_id)
         if self._use is not None:
             self._use.release(run_id, freed)
         self._budgets.pop(run_id, None)

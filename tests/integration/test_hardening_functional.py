@@ -432,7 +432,8 @@ def test_a_console_page_starts_where_a_character_does_and_a_choice_is_given_once
     status, reply = shared_server.client.request("GET", f"/api/runs/{run_id}/console?offset=7")
     assert (status, reply["error"]["pointer"]) == (400, "?offset"), reply  # it answered 200 with U+FFFD
     for query, pointer in (("console?nodes=true&nodes=false", "?nodes"), ("metrics?format=csv&format=json", "?format"),
-                           ("metrics?lineage=true&lineage=false", "?lineage")):
+                           ("metrics?lineage=true&lineage=false", "?lineage"), ("metrics?lineage=", "?lineage"),
+                           ("metrics?format=", "?format")):  # empty is no choice either
         status, reply = shared_server.client.request("GET", f"/api/runs/{run_id}/{query}")
         assert (status, reply["error"]["pointer"]) == (400, pointer), (query, reply)
     assert shared_server.get(f"/api/runs/{run_id}/metrics?lineage=true")["series"] == {}

@@ -276,10 +276,10 @@ def test_a_local_run_waiting_for_the_cpu_a_worker_shared_starts_when_the_worker_
             agent.wait(30)
 
 
-def test_a_worker_runs_hold_on_the_shared_cpu_outlasts_its_link(make_server, tmp_path):
+def test_a_run_a_restarted_server_adopted_holds_the_shared_cpu_until_its_agent_is_back(make_server, tmp_path):
     # One cpu, one slot, shared with the agent beside the server; the agent's run holds it.
-    server = make_server(TROUPE_RUN_QUEUE_MAX_CONCURRENT="cpu=1,beside/cpu=1", TROUPE_WORKER_HEARTBEAT_S="1",
-                         TROUPE_WORKER_RESUME_GRACE_S="60")
+    settings = {"TROUPE_RUN_QUEUE_MAX_CONCURRENT": "cpu=1,beside/cpu=1", "TROUPE_WORKER_HEARTBEAT_S": "1"}
+    server = make_server(tmp_path / "home", **settings)
     proxy = FaultProxy(int(server.url.rsplit(":", 1)[1])).start()
     agent = start_agent(server, tmp_path, enroll(server, name="beside")["command"].replace(server.url, proxy.url),
                         machine=server.get("/api/info")["machine_id"])
@@ -288,16 +288,18 @@ def test_a_worker_runs_hold_on_the_shared_cpu_outlasts_its_link(make_server, tmp
         remote = server.submit(sleeper(seconds=60), target={"worker": "beside"})["run_id"]
         server.wait_status(remote, "running")
         proxy.cut()
-        server.wait_status(remote, "disconnected")
-        # Its worker may come back with it: the cpu is still taken, a local run waits.
-        local = server.submit(hello())["run_id"]
-        server.poll_until(lambda: (server.get(f"/api/runs/{local}")["queue_reason"] or {}).get("code")
-                          == "device_busy")
+        server.kill()
+        again = make_server(tmp_path / "home", **settings)
+        # Its agent is not back yet, but its run is alive: the cpu is still taken.
+        local = again.submit(hello())["run_id"]
+        again.poll_until(lambda: (again.get(f"/api/runs/{local}")["queue_reason"] or {}).get("code")
+                         == "device_busy")
+        proxy.upstream_port = int(again.url.rsplit(":", 1)[1])
         proxy.restore()
-        server.wait_status(remote, "running", timeout=30)
-        assert server.get(f"/api/runs/{local}")["status"] == "queued"
-        server.client.request("POST", f"/api/runs/{remote}/cancel")
-        assert server.events_until_finished(local)[-1]["payload"]["status"] == "succeeded"
+        again.wait_status(remote, "running", timeout=30)
+        assert again.get(f"/api/runs/{local}")["status"] == "queued"
+        again.client.request("POST", f"/api/runs/{remote}/cancel")
+        assert again.events_until_finished(local)[-1]["payload"]["status"] == "succeeded"
     finally:
         agent.terminate()
         agent.wait(30)
