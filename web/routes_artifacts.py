@@ -85,6 +85,8 @@ async def receive_artifact(request: web.Request) -> web.Response:
         except (IsADirectoryError, NotADirectoryError):  # another file of the run made a folder of it meanwhile
             raise ArtifactRefused(f"{path}: a folder of that name is in the run's folder", pointer="?path",
                                   code="artifact_path_conflict") from None
+        except FileNotFoundError:  # retention pruned the run, and its folder, while the file arrived
+            raise RunNotFound(f"no run {run_id} (it was pruned while its file {path} arrived)") from None
     finally:
         Path(temporary).unlink(missing_ok=True)
     node, kind = one_query(request, "node") or None, one_query(request, "kind") or "file"
@@ -96,7 +98,8 @@ async def receive_artifact(request: web.Request) -> web.Response:
         else:
             await written
     except BaseException:
-        final.unlink(missing_ok=True)  # no row: no file either
+        final.unlink(missing_ok=True)  # no row: no file either, nor the folders made for it
+        _remove_empty(final.parent, svc.settings.home / "runs")
         raise
     return json_reply({"run_id": run_id, "path": path, "size": size, "sha256": sha256}, status=201)
 
@@ -120,6 +123,17 @@ async def _given_up(svc: Services, request: web.Request, run_id: str) -> web.Res
     node, kind = one_query(request, "node") or None, one_query(request, "kind") or "file"
     await svc.store.write(RecordArtifact(run_id, node, kind, path, "transfer", None, None, None, FAILED, reason))
     return json_reply({"run_id": run_id, "path": path, "state": FAILED, "reason": reason})
+
+
+def _remove_empty(folder: Path, runs: Path) -> None:
+    """``folder`` and the folders above it, up to the run's own, while they are empty (a
+    deleted run keeps the files it had: only what this transfer made goes)."""
+    while folder != runs and runs in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        folder = folder.parent
 
 
 def _placed(folder: Path, path: str) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 
 import apsw
 
+from actors.errors import RunNotFound
 from actors.store.events import append_events
 from actors.store.table import Session, Table
 from protocol import events as ev
@@ -66,7 +67,11 @@ def artifacts(conn: apsw.Connection, run_id: str, artifact_id: int | None = None
 
 def _record(s: Session, op: RecordArtifact) -> int:
     """One row per file of a run: the same file recorded twice (a transfer retried after
-    its answer was lost) is one row, and a pending or failed one becomes what it is now."""
+    its answer was lost) is one row, and a pending or failed one becomes what it is now.
+    A run deleted or pruned while its file arrived is said so (a 404: the worker drops
+    the file), never a broken foreign key."""
+    if not s.conn.execute("SELECT 1 FROM runs WHERE id = ?", (op.run_id,)).fetchall():
+        raise RunNotFound(f"no run {op.run_id} (it was removed while its file {op.path} arrived)")
     for found, state in s.conn.execute("SELECT id, state FROM artifacts WHERE run_id = ? AND path = ? "
                                        "ORDER BY id DESC LIMIT 1", (op.run_id, op.path)):
         if state != STORED or op.state == STORED:

@@ -9,6 +9,8 @@ import hashlib
 import socket
 import urllib.parse
 
+import pytest
+
 from tests.helpers import hello, sleeper
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
@@ -140,3 +142,43 @@ def test_a_give_up_on_a_file_of_a_run_that_ran_here_is_refused(shared_server):
     status, reply = _put(shared_server, run_id, "evil/x.bin", b"", "0" * 64, header=b"X-Troupe-Artifact-Failed: no\r\n")
     assert status == 409 and b"run_not_executing" in reply, reply
     assert shared_server.get(f"/api/runs/{run_id}")["artifacts"] == []
+
+
+@pytest.mark.parametrize("removed_by", ["delete", "retention"])
+def test_a_late_file_of_a_run_removed_while_it_arrives_is_a_404_and_leaves_nothing(make_server, tmp_path,
+                                                                                   removed_by):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_RUN_RETENTION_KEEP_LAST="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"])
+    try:
+        read_until(agent, "connected as gpu-a")
+        run_id = server.submit(sleeper(60), target={"worker": "gpu-a"})["run_id"]
+        server.wait_status(run_id, "running")
+        server.client.request("POST", f"/api/runs/{run_id}/cancel")
+        server.events_until_finished(run_id, timeout=60)
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    body = bytes(range(256)) * 4096
+    good = hashlib.sha256(body).hexdigest()
+    parsed = urllib.parse.urlsplit(server.url)
+    head = (f"PUT /api/runs/{run_id}/artifacts?path=checkpoints%2Flate.pt&kind=checkpoint HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: Bearer {server.token}\r\nX-Troupe-Sha256: {good}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as conn:
+        conn.sendall(head.encode() + body[: len(body) // 2])
+        folder = server.home / "runs" / run_id
+        server.poll_until(lambda: any(folder.rglob(".arriving-*")))  # the transfer has begun
+        if removed_by == "delete":
+            assert server.client.request("DELETE", f"/api/runs/{run_id}")[0] == 200
+        else:  # a newer run ends: the one kept, the worker's run pruned, its folder too
+            server.events_until_finished(server.submit(hello())["run_id"])
+            server.poll_until(lambda: server.client.request("GET", f"/api/runs/{run_id}")[0] == 404)
+        conn.sendall(body[len(body) // 2:])
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 404") and b"run_not_found" in reply, reply[:300]
+    assert not folder.exists(), sorted(folder.rglob("*"))  # the folders made for the file went with it
+    status, reply = _put(server, run_id, "checkpoints/lost.pt", b"", good, header=b"X-Troupe-Artifact-Failed: x\r\n")
+    assert status == 404 and b"run_not_found" in reply, reply
+    assert "Traceback" not in "".join(server.output)
