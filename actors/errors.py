@@ -41,6 +41,20 @@ class RunStillActive(StateConflict):
     code = "run_active"
 
 
+class RunNeeded(StateConflict):
+    """Raised when deleting a run that a queued or running resume loads its checkpoint
+    from (retention keeps it for the same reason)."""
+
+    code = "run_needed"
+
+
+class CheckpointGone(StateConflict):
+    """Raised when a resume is stored after the run it resumes from was removed (pruned
+    or deleted while the request was checked): its checkpoint cannot be loaded."""
+
+    code = "checkpoint_unavailable"
+
+
 class LaneFull(CapacityRefused):
     """Raised when the interactive lane already holds its limit of runs."""
 

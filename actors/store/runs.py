@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from actors.errors import RunNotFound, RunStillActive
+from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store.artifacts import artifacts
 from actors.store.events import EventRow, append_events, event_rows
 from actors.store.studies import insert_attempt
@@ -319,6 +319,10 @@ def check_deletable(conn: apsw.Connection, run_id: str) -> None:
         raise RunNotFound(f"no run {run_id}")
     if found[0][0] not in ev.TERMINAL_STATES:
         raise RunStillActive(f"run {run_id} is {found[0][0]}; cancel it before deleting it")
+    for (resume,) in conn.execute("SELECT id FROM runs WHERE rerun_of = ? AND resumed_from IS NOT NULL AND status "
+                                  "IN ('queued', 'running', 'disconnected') LIMIT 1", (run_id,)):
+        raise RunNeeded(f"run {resume} resumes from run {run_id}'s checkpoint and has not ended; delete {run_id} "
+                        "once it has (or cancel it)")
 
 
 def recover(conn: apsw.Connection, reason: str, now: str, keep_queued: bool) -> dict[str, list[Any]]:
@@ -383,6 +387,13 @@ def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str]]:
 
 
 def _insert(s: Session, op: InsertRun) -> int | None:
+    record = op.record
+    # Checked in the write itself: a prune (which keeps a run a stored resume needs) or a
+    # delete that came first leaves no checkpoint to resume from.
+    if record.resumed_from is not None and record.rerun_of is not None and not s.conn.execute(
+            "SELECT 1 FROM runs WHERE id = ?", (record.rerun_of,)).fetchall():
+        raise CheckpointGone(f"run {record.rerun_of} was removed while its resume was being queued; its checkpoint "
+                             "cannot be resumed from")
     insert_run(s.conn, op.record)
     if op.attempt is not None:
         insert_attempt(s.conn, op.attempt)

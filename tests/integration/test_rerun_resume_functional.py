@@ -120,6 +120,9 @@ def test_a_checkpoint_swapped_after_the_rerun_was_asked_for_is_never_trained_on(
     server.wait_status(blocker, "running")
     status, resumed = server.client.request("POST", f"/api/runs/{stopped}/rerun", {"resume": True})
     assert status == 201 and resumed["status"] == "queued", resumed
+    # The run it resumes from cannot be deleted while the resume waits (retention keeps it too).
+    status, reply = server.client.request("DELETE", f"/api/runs/{stopped}")
+    assert (status, reply["error"]["code"]) == (409, "run_needed") and resumed["run_id"] in reply["error"]["message"]
     point = server.get(f"/api/runs/{resumed['run_id']}")["resumed_from"]
     folder = server.home / "runs" / stopped / "checkpoints"
     named = folder / f"trainer-epoch-{point['epoch']}.pt"

@@ -9,7 +9,7 @@ import asyncio
 import apsw
 import pytest
 
-from actors.errors import RunNotFound, RunStillActive
+from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.memory import LastPeak
@@ -141,6 +141,21 @@ async def test_delete_only_finished_runs(store):
         await store.write(DeleteRun(run_id(1)))
     with pytest.raises(RunNotFound):
         await store.write(DeleteRun("f" * 32))
+
+
+async def test_a_resume_and_the_run_it_resumes_from_are_never_parted(store):
+    await insert(store, 1)
+    resumed_from = {"epoch": 2, "node_id": "loop"}
+    await store_run(store, run_record(run_id(2), 2, rerun_of=run_id(1), resumed_from=resumed_from))
+    with pytest.raises(RunNeeded):  # its resume has not ended: the checkpoint is still to be read
+        await store.write(DeleteRun(run_id(1)))
+    assert await store.write(Prune(0)) == []  # retention keeps it for the same reason
+    # A resume stored after its run was removed (pruned while the request was checked) is refused.
+    await insert(store, 3)
+    await store.write(DeleteRun(run_id(3)))
+    with pytest.raises(CheckpointGone):
+        await store_run(store, run_record(run_id(4), 4, rerun_of=run_id(3), resumed_from=resumed_from))
+    assert await store.read(GetRun(run_id(4))) is None
 
 
 @pytest.mark.parametrize("keep, survivors", [(-1, 6), (0, 1), (2, 2), (4, 4), (10, 6)])
