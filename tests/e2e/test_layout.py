@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON
+from tests.e2e.conftest import MISSING, REASON, show
 from tests.e2e.test_run_page import RESUMABLE
 from tests.helpers import edge, graph, hello, node, sleeper
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
@@ -107,3 +107,30 @@ def test_every_results_view_can_be_read_and_has_no_serious_accessibility_violati
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+@pytest.mark.timeout(120)
+def test_a_students_toolbar_keeps_to_one_line_at_1024_with_a_long_name_and_a_run_going(open_page):
+    server, tab, errors = open_page(width=1024)
+    running = server.submit(sleeper(60))["run_id"]
+    server.wait_status(running, "running")
+    status, made = server.client.request("POST", "/api/login-links", {"uses": 1})
+    assert status == 201, made
+    tab = tab.context.browser.new_page(viewport={"width": 1024, "height": 768})  # a student's own browser
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.goto(made["login_url"])  # a student's page: You: and Log out besides
+    tab.locator("#editor-status").get_by_text("nodes").wait_for()
+    name = "Maria Fernanda Gonzalez de la Vega y Santos"
+    tab.locator("#my-name").click()
+    tab.locator("dialog[open] input[name=name]").fill(name)
+    tab.locator("dialog[open]").get_by_role("button", name="Save").click()
+    tab.locator("#notice").wait_for()
+    for view in ("#/editor", "#/runs"):
+        show(tab, view)
+        assert tab.evaluate(PROBLEMS) == [], view
+        said = tab.evaluate("(() => { const s = document.getElementById('editor-status'); "
+                            "return [Math.round(s.getBoundingClientRect().width), "
+                            "document.getElementById('my-name').title]; })()")
+        assert said[0] >= 100 and said[1] == f"You: {name}", said  # the editor's words keep room; the name is whole
+    server.client.request("POST", f"/api/runs/{running}/cancel")
+    assert errors == []

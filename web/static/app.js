@@ -171,14 +171,14 @@ async function start() {
   // A student (a class or a read session) names themselves for the teacher's list.
   const myName = document.getElementById("my-name");
   myName.hidden = login !== "in" || session === "teacher";
-  myName.textContent = `You: ${sessionName}`;
+  myName.textContent = myName.title = `You: ${sessionName}`; // the title: the whole name, cut short in the toolbar
   myName.addEventListener("click", () => openDialog("Your name", (form) => form.append(
     el("label", { for: "my-name-input" }, "The name your teacher sees in who is connected"),
     el("input", { id: "my-name-input", name: "name", maxlength: 60, required: true, value: sessionName.startsWith("guest ") ? "" : sessionName })), {
     submitLabel: "Save",
     submit: async (form) => {
       const { label } = await api("PUT", "/api/sessions/me", { name: form.elements.name.value });
-      myName.textContent = `You: ${label}`;
+      myName.textContent = myName.title = `You: ${label}`;
     },
   }));
   // A browser logged in with a link ends its session on the server, not only here.
