@@ -38,6 +38,13 @@ def test_the_new_sweep_dialog_queues_a_sweep_of_the_editor_graph_and_ranks_it(op
     dialog.locator("[data-field=count]").fill("3")
     dialog.locator("[data-field=log]").check()
     expect(dialog.locator("#sweep-preview")).to_have_text("It queues 3 runs.")
+    dialog.get_by_role("button", name="Add a param").click()  # a second param: the grid grows
+    dialog.locator(".sweep-param").nth(1).locator("[data-field=values]").fill("1, 2")
+    expect(dialog.locator("#sweep-preview")).to_have_text("It queues 6 runs.")
+    dialog.locator(".sweep-param").nth(1).get_by_role("button", name="Remove").click()
+    expect(dialog.locator("#sweep-preview")).to_have_text("It queues 3 runs.")  # and shrinks again
+    dialog.locator(".sweep-param").nth(0).get_by_role("button", name="Remove").click()
+    expect(dialog.locator("#sweep-preview")).to_have_text("Add a param.")
     dialog.get_by_role("button", name="Cancel").click()
     tab.get_by_role("button", name="New sweep…").click()
     dialog.locator("[data-field=values]").fill("1, x")

@@ -140,7 +140,11 @@ function paramRow(choices, index) {
   fill();
   const row = el("div", { class: "row sweep-param" }, el("div", {}, el("label", {}, "Param"), select),
     el("div", {}, el("label", {}, "Kind"), kind), valuesBox, range,
-    el("button", { type: "button", onclick: () => { row.remove(); row.dispatchEvent(new Event("input", { bubbles: true })); } }, "Remove"));
+    el("button", { type: "button", onclick: () => {
+      const form = row.closest("form"); // the preview listens there: told after the row is gone
+      row.remove();
+      form?.dispatchEvent(new Event("input"));
+    } }, "Remove"));
   return row;
 }
 
