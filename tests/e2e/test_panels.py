@@ -267,3 +267,14 @@ def test_results_take_the_window_by_their_address_and_the_editor_keeps_its_graph
     expect(tab.locator("#workers")).to_be_visible()
     expect(tab.locator("#canvas")).to_be_hidden()
     assert errors == []
+
+
+def test_the_teacher_revoking_this_browsers_own_session_is_logged_out_without_a_page_error(open_page):
+    server, tab, errors = open_page(view="#/people")
+    rows = tab.locator("#session-rows tr")
+    expect(rows).to_have_count(1)  # this browser, the teacher's
+    rows.first.get_by_role("button", name="Revoke").click()
+    # The next read is refused: the page reloads as what it is now, read-only on loopback.
+    expect(tab.locator(".login-banner")).to_contain_text("Read-only", timeout=15_000)
+    expect(tab.locator("#log-out")).to_be_hidden()
+    assert not [e for e in errors if "teacher_only" in e or "login_required" in e], errors

@@ -22,16 +22,19 @@ function report(error) {
 
 function refreshVisible() {
   if (document.getElementById("view").hidden === false) return; // a run page follows its own stream
-  const failed = (error) => {
-    refreshFailed = true;
-    report(error);
-  };
-  const done = () => {
-    if (refreshFailed) showMessage("");
-    refreshFailed = false;
-  };
-  refreshRuns().then(done, failed);
-  if (PANELS[current]) PANELS[current]().catch(failed);
+  // The message line is cleared only when every refresh of this tick worked: the list's
+  // success must not wipe what a panel's failure just said.
+  const refreshes = [refreshRuns(), ...(PANELS[current] ? [PANELS[current]()] : [])];
+  Promise.allSettled(refreshes).then((settled) => {
+    const failure = settled.find((one) => one.status === "rejected");
+    if (failure) {
+      refreshFailed = true;
+      report(failure.reason);
+    } else if (refreshFailed) {
+      showMessage("");
+      refreshFailed = false;
+    }
+  });
 }
 
 // Where the address points: #/runs/ID a run's page, #/compare/ID,ID,... runs compared,
@@ -207,16 +210,31 @@ async function start() {
   initRunList();
   window.addEventListener("hashchange", () => route().catch(report));
   await route();
+  follow();
+  setInterval(() => {
+    // Durations tick while runs execute; workers and studies have no stream of their own.
+    if (document.querySelector(".status.running") || ["workers", "studies", "people"].includes(current)) soon();
+  }, 1000);
+}
+
+// The server's changes, as they happen.
+function follow() {
   const stream = new EventSource("/api/stream");
   // "hello" comes once the subscription is in place (again after a reconnect): what
   // changed before it is caught by this refresh, what changes after it by "run" events.
   stream.addEventListener("hello", soon);
   stream.addEventListener("run", soon);
   stream.addEventListener("reset", soon);
-  setInterval(() => {
-    // Durations tick while runs execute; workers and studies have no stream of their own.
-    if (document.querySelector(".status.running") || ["workers", "studies", "people"].includes(current)) soon();
-  }, 1000);
+  // A dropped connection the browser retries by itself; a refusal (the session ended)
+  // closes the stream for good: a read says which (a 401 reloads the page), else it
+  // opens again.
+  stream.addEventListener("error", () => {
+    if (stream.readyState !== EventSource.CLOSED) return;
+    api("GET", "/api/runs?limit=1").then(() => setTimeout(follow, 3000), (error) => {
+      report(error);
+      setTimeout(follow, 3000);
+    });
+  });
 }
 
 start().catch(report);

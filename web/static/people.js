@@ -1,7 +1,7 @@
 // Who is connected (the teacher's panel): every session a login link opened, its kind and
 // when it was last seen, with Revoke; and a class link for thirty browsers at once.
 
-import { api, copyButton, el, openDialog } from "./util.js";
+import { api, copyButton, el, openDialog, showMessage } from "./util.js";
 
 const KINDS = { teacher: "teacher", class: "class (runs, sweeps, studies)", read: "read only" };
 
@@ -23,8 +23,12 @@ export async function refreshPeople() {
     el("td", {}, s.label || s.id), el("td", {}, KINDS[s.kind] || s.kind, limits(s.quotas)), el("td", {}, when(s.created_at)),
     el("td", {}, when(s.last_seen_at)),
     el("td", { class: "actions" }, el("button", { class: "danger", onclick: async () => {
-      await api("DELETE", `/api/sessions/${s.id}`);
-      await refreshPeople();
+      try { // revoking this browser's own session logs it out (the next read reloads the page)
+        await api("DELETE", `/api/sessions/${s.id}`);
+        await refreshPeople();
+      } catch (error) {
+        showMessage(error.message);
+      }
     } }, "Revoke")))));
   document.getElementById("people-empty").hidden = live.length > 0;
 }

@@ -29,8 +29,21 @@ export async function api(method, path, body, extra = {}) {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body), ...extra,
   });
   const data = await response.json();
+  if (response.status === 401) sessionEnded();
   if (!response.ok) throw new ApiError(response.status, data.error);
   return data;
+}
+
+// A page logged in that the server no longer knows (its session revoked, logged out in
+// another tab, expired) reloads, once, and comes back as what it is now: the login wall
+// on a shared server, the read-only page on loopback. Never twice within a minute: a
+// server that still says "in" at the reload must not make a loop of it.
+export function sessionEnded() {
+  if (login !== "in") return;
+  const last = Number(sessionStorage.getItem("troupe.ended") || 0);
+  if (Date.now() - last < 60_000) return;
+  sessionStorage.setItem("troupe.ended", String(Date.now()));
+  location.reload();
 }
 
 // A file for runs to read (multipart: the browser sets the boundary).
@@ -40,6 +53,7 @@ export async function uploadFile(file) {
   const response = await fetch("/api/files", { method: "POST", headers: { Accept: "application/json", ...MUTATION_HEADERS },
     body: form });
   const data = await response.json();
+  if (response.status === 401) sessionEnded();
   if (!response.ok) throw new ApiError(response.status, data.error);
   return data;
 }
