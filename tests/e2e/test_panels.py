@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
+from tests.helpers import hello
 from tests.integration.test_studies_functional import post, study_body, variants, wait_state
 from tests.integration.test_workers_functional import read_until, start_agent
 
@@ -270,7 +271,7 @@ def test_results_take_the_window_by_their_address_and_the_editor_keeps_its_graph
 
 
 def test_the_teacher_revoking_this_browsers_own_session_is_logged_out_without_a_page_error(open_page):
-    server, tab, errors = open_page(view="#/people")
+    _server, tab, errors = open_page(view="#/people")
     rows = tab.locator("#session-rows tr")
     expect(rows).to_have_count(1)  # this browser, the teacher's
     rows.first.get_by_role("button", name="Revoke").click()
@@ -278,3 +279,24 @@ def test_the_teacher_revoking_this_browsers_own_session_is_logged_out_without_a_
     expect(tab.locator(".login-banner")).to_contain_text("Read-only", timeout=15_000)
     expect(tab.locator("#log-out")).to_be_hidden()
     assert not [e for e in errors if "teacher_only" in e or "login_required" in e], errors
+
+
+def test_a_view_whose_reads_land_after_the_address_moved_on_draws_nothing(open_page):
+    server, tab, errors = open_page()
+    first, second = (server.submit(hello())["run_id"] for _ in range(2))
+    server.wait_status(second, "succeeded")
+    server.wait_status(first, "succeeded")
+    held: list = []  # metrics reads, answered only once the address moved on (a slow link)
+    tab.route("**/api/runs/*/metrics*", lambda route: held.append(route))
+    tab.evaluate("(to) => { location.hash = to; }", f"#/compare/{first},{second}")
+    while len(held) < 2:
+        tab.wait_for_timeout(50)
+    tab.evaluate("(to) => { location.hash = to; }", f"#/runs/{first}")  # before Compare has its metrics
+    expect(tab.locator("#run-head")).to_be_visible()
+    for route in held:
+        route.continue_()
+    tab.unroute("**/api/runs/*/metrics*")
+    tab.wait_for_timeout(1000)  # the late reads land
+    expect(tab.locator("#run-head")).to_be_visible()  # the run's page stays, as its address says
+    expect(tab.get_by_role("heading", name="Comparing 2 runs")).to_have_count(0)
+    assert errors == []

@@ -8,7 +8,7 @@ import { closeRunPage, openRunPage } from "./runpage.js";
 import { initRunList, refreshRuns } from "./runs.js";
 import { refreshStudies, showStudy } from "./studies.js";
 import { newSweepDialog, refreshSweeps, showSweep } from "./sweeps.js";
-import { api, el, login, openDialog, session, sessionName, showMessage } from "./util.js";
+import { api, el, login, openDialog, session, sessionName, showMessage, visit, visiting } from "./util.js";
 import { addWorkerDialog, knownWorkers, refreshWorkers } from "./workers.js";
 
 const PANELS = { sweeps: refreshSweeps, studies: refreshStudies, workers: refreshWorkers };
@@ -58,14 +58,15 @@ async function route() {
   if (location.hash.startsWith("#/people") && !(session === "teacher" && login === "in")) {
     history.replaceState(null, "", "#/runs");
   }
+  const here = visit();
   const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
   resultsOnly(RESULTS.has(kind) || kind === "compare");
   if (RESULTS.has(kind) && !arg && kind !== current && !["sweeps", "studies"].includes(kind)) showTab(kind);
   closeRunPage();
   closeCompare();
   const view = document.getElementById("view");
-  const page = kind === "runs" && arg ? (v) => openRunPage(arg, v)
-    : kind === "compare" && arg ? (v) => openCompare(arg.split(",").filter(Boolean).slice(0, 8), v) : null;
+  const page = kind === "runs" && arg ? (v) => openRunPage(arg, v, here)
+    : kind === "compare" && arg ? (v) => openCompare(arg.split(",").filter(Boolean).slice(0, 8), v, here) : null;
   document.querySelector("main.layout").hidden = Boolean(page);
   view.hidden = !page;
   showMessage("");
@@ -74,6 +75,7 @@ async function route() {
     try {
       await page(view);
     } catch (error) {  // a deleted run's address, an id that is none: said where the page would be
+      if (!visiting(here)) return;
       view.replaceChildren(el("p", {}, el("a", { href: "#/runs" }, "← Runs")), el("p", { role: "alert" }, error.message));
       throw error;
     }

@@ -4,7 +4,7 @@
 
 import { COLOURS, ChartSet, chartControls } from "./charts.js";
 import { secretParams } from "./editor.js";
-import { api, el } from "./util.js";
+import { api, el, visiting } from "./util.js";
 
 let charts = null;
 
@@ -35,13 +35,16 @@ function lastValue(points) {
   return last.value === null ? last.non_finite : String(+last.value.toPrecision(5));
 }
 
-export async function openCompare(ids, view) {
+// ``here``: the visit that asked for it (util.js): reads that land after the address
+// moved on draw nothing.
+export async function openCompare(ids, view, here) {
   closeCompare();
   const runs = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}`)));
   const metrics = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}/metrics`)));
   // The objective's chart first: a sweep's own objective, else a validation loss, else a loss.
   const sweep = runs.every((run) => run.sweep_id && run.sweep_id === runs[0].sweep_id)
     ? await api("GET", `/api/sweeps/${runs[0].sweep_id}`).catch(() => null) : null;
+  if (!visiting(here)) return;
   const objective = sweep && sweep.objective ? sweep.objective.metric : "val_loss";
   const rank = (name) => (name === objective ? 0 : name.includes("loss") ? 1 : 2);
   const names = [...new Set(metrics.flatMap((m) => Object.keys(m.series)))].sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));

@@ -5,7 +5,9 @@
 import { ChartSet, chartControls } from "./charts.js";
 import { loadGraph, secretParams } from "./editor.js";
 import { ACTIVE, act, deleteRun } from "./runs.js";
-import { api, copyButton, duration, el, eventText, progressText, showMessage, sizeText, when } from "./util.js";
+import {
+  api, copyButton, duration, el, eventText, progressText, showMessage, sizeText, visiting, when,
+} from "./util.js";
 
 let page = null; // {runId, source, charts, timers}
 
@@ -183,14 +185,13 @@ function metricsSoon() {
   }, 500);
 }
 
-let opening = 0;  // the newest page asked for: one whose reads land after another was opened is dropped
-
-export async function openRunPage(runId, view) {
+// ``here``: the visit that asked for it (util.js): reads that land after the address
+// moved on draw nothing.
+export async function openRunPage(runId, view, here) {
   closeRunPage();
-  const mine = ++opening;
   const [run, tail, printed] = await Promise.all([api("GET", `/api/runs/${runId}`),
     api("GET", `/api/runs/${runId}/events?tail=200`), api("GET", `/api/runs/${runId}/console?nodes=true`)]);
-  if (mine !== opening) return;
+  if (!visiting(here)) return;
   const chartBox = el("div", { class: "charts" });
   page = { runId, source: null, charts: new ChartSet(chartBox), metricsTimer: null, noMetrics: el("p", { class: "muted" }, "No metrics recorded."),
     lineage: Boolean(run.resumed_from) };

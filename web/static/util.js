@@ -13,6 +13,16 @@ export const sessionName = document.querySelector('meta[name="troupe-name"]')?.c
 // Sent with every mutation beside the cookie: a cross-site form cannot send a header.
 export const MUTATION_HEADERS = { "X-Troupe-Request": "1" };
 
+// Each change of the address is a visit: a view whose reads land after the next visit
+// began (a slow link, a quick Back) draws nothing over what that visit shows.
+let visits = 0;
+export function visit() {
+  return ++visits;
+}
+export function visiting(which) {
+  return which === visits;
+}
+
 export class ApiError extends Error {
   constructor(status, error) {
     super(error ? `${error.code}: ${error.message}` : `HTTP ${status}`);
