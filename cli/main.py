@@ -248,8 +248,8 @@ def open_(
     print(reply["login_url"])
     if reply["kind"] != "teacher":
         limited = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in (reply.get("quotas") or {}).items())
-        uses = "one browser or terminal" if reply["uses"] == 1 else f"{reply['uses']} browsers or terminals"
-        print(f"  a {reply['kind']} link, good for {uses} for {expires}"
+        good_for = "one browser or terminal" if reply["uses"] == 1 else f"{reply['uses']} browsers or terminals"
+        print(f"  a {reply['kind']} link, good for {good_for} for {expires}"
               + (f"; each session: {limited}" if limited else ""), file=sys.stderr)
     if browser if browser is not None else reply["kind"] == "teacher":
         import webbrowser

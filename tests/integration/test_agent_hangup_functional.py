@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -74,42 +75,37 @@ def stubborn_server(make_server, tmp_path):
     return make_server(home=home, TROUPE_WORKER_HEARTBEAT_S="1")
 
 
-@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
-def test_a_hang_up_stops_the_agent_and_ends_its_runs_processes(stubborn_server, tmp_path, warm):
-    server = stubborn_server
-    agent = _terminal_agent(server, tmp_path, "term", warm)
+@contextlib.contextmanager
+def _spinning(server, tmp_path, name: str, warm: bool) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+    """A terminal's agent executing a stubborn run: (the agent, the run, its child's pid);
+    whatever the test did, neither is left behind."""
+    agent = _terminal_agent(server, tmp_path, name, warm)
     child = None
     try:
-        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": "term"})["run_id"]
+        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": name})["run_id"]
         child = _running_child(server, run_id)
+        yield agent, run_id, child
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(30)
+        if child is not None and not _gone(child, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_hang_up_stops_the_agent_and_ends_its_runs_processes(stubborn_server, tmp_path, warm):
+    with _spinning(stubborn_server, tmp_path, "term", warm) as (agent, run_id, child):
         os.killpg(agent.pid, signal.SIGHUP)  # the terminal closed
         said, _ = agent.communicate(timeout=60)
         assert agent.returncode == 0 and "Traceback" not in said, said
         assert _gone(child, 15), f"the run's process {child} outlived its agent"
-        assert server.wait_status(run_id, "cancelled", timeout=30)["status"] == "cancelled"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(30)
-        if child is not None and not _gone(child, 0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+        assert stubborn_server.wait_status(run_id, "cancelled", timeout=30)["status"] == "cancelled"
 
 
 def test_a_run_whose_agent_was_killed_ends_its_own_process_group(stubborn_server, tmp_path):
-    server = stubborn_server
-    agent = _terminal_agent(server, tmp_path, "doomed", warm=False)
-    child = None
-    try:
-        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": "doomed"})["run_id"]
-        child = _running_child(server, run_id)
+    with _spinning(stubborn_server, tmp_path, "doomed", warm=False) as (agent, _, child):
         agent.kill()  # SIGKILL to the agent alone: it can cancel nothing
         agent.wait(30)
         assert _gone(child, ORPHAN_GRACE_S + 15), f"the run's process {child} outlived its agent"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(30)
-        if child is not None and not _gone(child, 0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
