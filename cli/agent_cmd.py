@@ -233,8 +233,10 @@ async def _serve(agent: Any) -> int:
     loop = asyncio.get_running_loop()
     # A hang-up (the terminal of a --foreground agent closed, an ssh -tt session dropped)
     # stops it as Ctrl+C does: its runs are cancelled and their process groups ended,
-    # which a plain death by SIGHUP would leave running.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # which a plain death by SIGHUP would leave running. Unless hang-ups were asked to be
+    # ignored (nohup): then the agent and its runs go on.
+    hangup = [] if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else [signal.SIGHUP]
+    for sig in (signal.SIGINT, signal.SIGTERM, *hangup):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(DRAIN_SIGNAL, drain.set)
     code: int = await agent.run(stop, drain)

@@ -24,15 +24,25 @@ def client(host: str | None, port: int | None) -> Any:
     if host or port:
         # The part not given is the last `troupe start`'s (its port is often picked at
         # random), else the settings'.
-        last = urllib.parse.urlsplit(session["url"]) if session.get("url") else None
-        scheme = last.scheme if last is not None else settings.scheme
-        host = host or (last.hostname if last is not None and last.hostname else settings.host)
-        port = port or (last.port if last is not None and last.port else settings.port)
-        return Client(f"{scheme}://{_bracketed(host)}:{port}", session.get("token"), ca=session.get("ca"))
+        scheme, last_host, last_port = _parts(session.get("url"))
+        host = host or last_host or settings.host
+        port = port or last_port or settings.port
+        return Client(f"{scheme or settings.scheme}://{_bracketed(host)}:{port}", session.get("token"),
+                      ca=session.get("ca"))
     if session:
         return Client(session["url"], session.get("token"), ca=session.get("ca"))
     remote = current()  # `troupe login`: a server on another machine
     return remote or Client(settings.url, None)
+
+
+def _parts(url: Any) -> tuple[str | None, str | None, int | None]:
+    """(scheme, host, port) of the last start's address; Nones for one that is not a URL
+    (a session.json edited by hand): the settings' then."""
+    try:
+        found = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        return (found.scheme, found.hostname, found.port) if found is not None else (None, None, None)
+    except ValueError:
+        return None, None, None
 
 
 def _bracketed(host: str) -> str:

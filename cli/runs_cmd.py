@@ -237,7 +237,7 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
     if run.get("resume_point"):
         facts.append(("Can be resumed", f"from epoch {run['resume_point']['epoch']}, {run['resume_point']['until']}"))
     width = max(len(k) for k, _ in facts)
-    print("\n".join(f"  {k.ljust(width)}  {printable(v)}" for k, v in facts))
+    print("\n".join(f"  {k.ljust(width)}  {_fact(v)}" for k, v in facts))
     params = [(n["id"], n["type"], json.dumps(n.get("params") or {})) for n in run.get("graph", {}).get("nodes", [])]
     if params:
         print("\n  Nodes\n" + _indent(table([list(p) for p in params], ["ID", "TYPE", "PARAMS"])))
@@ -250,6 +250,12 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
                  (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in run["artifacts"]]
         print("\n  Artifacts\n" + _indent(table(rows, ["KIND", "PATH", "STATE", "SIZE", "SHA256"])))
     return EXIT_OK
+
+
+def _fact(text: Any) -> str:
+    """A fact's text with its control characters written out, line by line: a fact of
+    several lines (the runs a resumed run goes on from, a note) keeps its line breaks."""
+    return "\n".join(printable(line) for line in str(text).split("\n"))
 
 
 def _chain(client: Client, run: dict[str, Any], longest: int = 20) -> str:

@@ -35,12 +35,12 @@ def spin(seconds: float = 120.0) -> float:
 """
 
 
-def _terminal_agent(server, tmp_path, name: str, warm: bool) -> subprocess.Popen[str]:
+def _terminal_agent(server, tmp_path, name: str, warm: bool, nohup: bool = False) -> subprocess.Popen[str]:
     """A --foreground agent in a process group of its own, as a terminal's job is: a
-    hang-up of the terminal is a SIGHUP to that whole group."""
+    hang-up of the terminal is a SIGHUP to that whole group (``nohup``: started so)."""
     command = enroll(server, name=name)["command"] + (" --warm 1" if warm else "")
-    agent = subprocess.Popen(troupe_cmd(*command.split()[1:], "--foreground"), cwd=REPO,
-                             env=agent_env(server, tmp_path, name), stdout=subprocess.PIPE,
+    argv = [*(["nohup"] if nohup else []), *troupe_cmd(*command.split()[1:], "--foreground")]
+    agent = subprocess.Popen(argv, cwd=REPO, env=agent_env(server, tmp_path, name), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, process_group=0)
     read_until(agent, f"connected as {name}")
     if warm:
@@ -76,13 +76,14 @@ def stubborn_server(make_server, tmp_path):
 
 
 @contextlib.contextmanager
-def _spinning(server, tmp_path, name: str, warm: bool) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
-    """A terminal's agent executing a stubborn run: (the agent, the run, its child's pid);
-    whatever the test did, neither is left behind."""
-    agent = _terminal_agent(server, tmp_path, name, warm)
+def _spinning(server, tmp_path, name: str, warm: bool, nohup: bool = False,
+              spun: dict | None = None) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+    """A terminal's agent executing a stubborn run (or a run of the node ``spun``): (the
+    agent, the run, its child's pid); whatever the test did, neither is left behind."""
+    agent = _terminal_agent(server, tmp_path, name, warm, nohup)
     child = None
     try:
-        run_id = server.submit(graph(node("s", "stubborn.spin")), target={"worker": name})["run_id"]
+        run_id = server.submit(graph(spun or node("s", "stubborn.spin")), target={"worker": name})["run_id"]
         child = _running_child(server, run_id)
         yield agent, run_id, child
     finally:
@@ -109,3 +110,13 @@ def test_a_run_whose_agent_was_killed_ends_its_own_process_group(stubborn_server
         agent.kill()  # SIGKILL to the agent alone: it can cancel nothing
         agent.wait(30)
         assert _gone(child, ORPHAN_GRACE_S + 15), f"the run's process {child} outlived its agent"
+
+
+def test_an_agent_started_under_nohup_goes_on_through_a_hang_up(stubborn_server, tmp_path):
+    # A node that ends at once on a cancel: an agent that took the hang-up would be gone.
+    with _spinning(stubborn_server, tmp_path, "kept", warm=False, nohup=True,
+                   spun=node("s", "core.Sleep", seconds=60)) as (agent, run_id, child):
+        os.killpg(agent.pid, signal.SIGHUP)  # the terminal closed: nohup asked to ignore it
+        with pytest.raises(subprocess.TimeoutExpired):
+            agent.wait(timeout=5)
+        assert stubborn_server.get(f"/api/runs/{run_id}")["status"] == "running" and not _gone(child, 0)

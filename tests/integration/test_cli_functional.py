@@ -345,3 +345,15 @@ def test_a_warning_the_submission_printed_is_not_printed_again_by_the_follow(sha
     again = cli(shared_server, "rerun", result.stdout.split("Run ID")[1].split()[0], "--detach")
     lines = again.stdout.splitlines()
     assert lines[1].index(lines[1].split()[-1]) == lines[2].index(lines[2].split()[-1]), again.stdout  # aligned
+
+
+def test_a_host_alone_beside_a_session_file_that_names_no_address_is_one_line(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "session.json").write_text(json.dumps({"url": "http://127.0.0.1:x", "token": "t", "pid": 1}))
+    for args in (("--host", "127.0.0.1", "--port", "1"), ("--port", "1")):  # port 1: nothing answers there
+        listed = cli(home, "ls", *args)
+        assert listed.returncode == 1 and listed.stderr.startswith("troupe: no troupe server answers"), listed.stderr
+        assert "Traceback" not in listed.stderr and len(listed.stderr.strip().splitlines()) == 1
+    listed = cli(home, "ls", "--host", "127.0.0.2")  # the port: the settings' (the file gives none)
+    assert listed.returncode == 1 and ":8765" in listed.stderr and "Traceback" not in listed.stderr, listed.stderr

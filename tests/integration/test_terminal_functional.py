@@ -220,3 +220,23 @@ def test_a_stream_refused_is_said_in_the_servers_words(shared_server):
         next(iter(shared_server.client.stream(path)))
     assert refused.value.message.endswith(f"answered 404: {said['error']['code']}: {said['error']['message']}"), \
         refused.value.message
+
+
+def test_show_gives_the_chain_a_resumed_run_goes_on_from_a_line_each(make_server):
+    server = make_server()
+    code = ("import os; p = os.path.join(os.environ['TROUPE_CHECKPOINT_DIR'], 'ckpt-3.pt'); "
+            "open(p + '.tmp', 'w').write('x'); os.replace(p + '.tmp', p)")
+    run_id = server.submit(graph(node("c", "script.Command", argv=["{python}", "-c", code]), name="ck"))["run_id"]
+    chain = [run_id]
+    for _ in range(2):
+        server.wait_status(chain[-1], "succeeded", timeout=60)
+        status, again = server.client.request("POST", f"/api/runs/{chain[-1]}/rerun", {"resume": True})
+        assert status == 201, again
+        chain.append(again["run_id"])
+    server.wait_status(chain[-1], "succeeded", timeout=60)
+    shown = troupe(server, "show", chain[-1])
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    resumes = next(i for i, line in enumerate(lines) if line.lstrip().startswith("Resumes"))
+    assert chain[1] in lines[resumes] and lines[resumes + 1].lstrip().startswith(f"which resumes {chain[0]}"), \
+        shown.stdout
