@@ -15,6 +15,7 @@ import urllib.request
 from collections import Counter
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import edge, graph, hello, node
@@ -98,6 +99,8 @@ def test_every_family_says_what_the_api_says(make_server, tmp_path):
         assert _summed(samples, "troupe_run_duration_seconds_count") == 4
         assert _summed(samples, "troupe_queue_wait_seconds_count") == 4
         assert samples[("troupe_queue_wait_seconds_count", (("queue_key", "gpu-a/cpu"),))] == 1
+        for name in ("troupe_run_duration_seconds", "troupe_queue_wait_seconds"):
+            _assert_cumulative(samples, name)
         assert samples[("troupe_worker_runs_total", (("worker", "gpu-a"),))] == 1
         assert samples[("troupe_artifacts_pending", (("worker", "gpu-a"),))] == 0
         assert samples[("troupe_workers", (("state", "connected"),))] == 1
@@ -107,9 +110,26 @@ def test_every_family_says_what_the_api_says(make_server, tmp_path):
         kind, open_text = _scrape(server, "application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
         assert kind.startswith("application/openmetrics-text") and open_text.endswith("# EOF\n"), kind
         assert "troupe_runs_finished_total{status=\"succeeded\"} 3.0" in open_text
+        strict = {f.name: f for f in openmetrics_families(open_text)}  # raises on a malformed histogram
+        assert sum(s.value for s in strict["troupe_queue_wait_seconds"].samples if s.name.endswith("_count")) == 4
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def _assert_cumulative(samples: dict, name: str) -> None:
+    """Each queue key's buckets only grow with ``le``, a quick run counts below a minute,
+    and the +Inf bucket is the count."""
+    keys = {labels for (sample, labels) in samples if sample == name + "_count"}
+    assert keys, name
+    for labels in keys:
+        key = dict(labels)["queue_key"]
+        buckets = sorted((float(dict(lab)["le"]), value) for (sample, lab), value in samples.items()
+                         if sample == name + "_bucket" and dict(lab)["queue_key"] == key)
+        counts = [value for _, value in buckets]
+        assert counts == sorted(counts) and buckets[-1][0] == float("inf"), (name, buckets)
+        assert counts[-1] == samples[(name + "_count", labels)] == dict(buckets)[60.0], (name, buckets)
+        assert samples[(name + "_sum", labels)] >= 0 and (name + "_created", labels) in samples
 
 
 def _free_port() -> int:
