@@ -127,6 +127,7 @@ class _FlushAcks:
 
 
 CLOSE = object()  # put in an outbox: the handler closes the socket
+_CHECK = _Check()  # one for every timer
 # Frames of runs assigned to another worker (or to none: in-process runs) that one
 # connection may send before it is closed as misbehaving.
 FOREIGN_LIMIT = 50
@@ -144,7 +145,8 @@ class Close:
 
 class WorkerConnection(Actor):
     publishes_view = True
-    quiet_messages = frozenset({Persisted, _FlushAcks, Snapshot, ReadRecordedOutputs, CancelOnWorker})
+    # A _Check (twice a heartbeat) says itself when it disconnected the worker.
+    quiet_messages = frozenset({Persisted, _FlushAcks, Snapshot, ReadRecordedOutputs, CancelOnWorker, _Check})
 
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
                  limit_for: Callable[[str], int] = lambda key: 1, catalog_types: frozenset[str] = frozenset(),
@@ -155,12 +157,9 @@ class WorkerConnection(Actor):
         # history stays with its run).
         self._on_spent = on_spent
         self.worker = name
-        self._registry = registry
-        self._limit_for = limit_for
-        self._heartbeat_s = heartbeat_s
-        self._grace_s = grace_s
-        self._catalog_types = catalog_types
-        self._catalog_digest = catalog_digest
+        self._registry, self._limit_for = registry, limit_for
+        self._heartbeat_s, self._grace_s = heartbeat_s, grace_s
+        self._catalog_types, self._catalog_digest = catalog_types, catalog_digest
         self._offered_packs = offered_packs or OfferedPacks()
         self._types_here: frozenset[str] = frozenset()  # what its runs can execute there
         self._runs: dict[str, str] = {}  # run id -> the device it executes on
@@ -177,15 +176,13 @@ class WorkerConnection(Actor):
         self._disconnected_at: float | None = time.monotonic()
         # Draining: asked for here (POST .../drain), for as long as this actor lives, or
         # by the agent stopping, which each hello says again (a new agent process is not).
-        self._drain_asked = False
-        self._agent_draining = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._drain_asked = self._agent_draining = False
         self._cancels: set[str] = set()  # cancels asked for while the link was down
         self._acks: dict[str, int] = {}  # run -> highest persisted counter not yet acknowledged
-        self._unacked = 0
-        self._upto = 0  # the newest frame_no of this connection
-        self._ack_timer: asyncio.TimerHandle | None = None
+        self._unacked = self._upto = 0  # acks owed; the newest frame_no of this connection
         self._foreign = 0  # frames of this connection for runs that are not this worker's
+        self._timer: asyncio.TimerHandle | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._free: dict[str, int] = {}  # each card's free memory, from the last heartbeat
         self._free_told: dict[str, int] = {}  # and as the placer was last told it
         # The server is stopping: frames of runs it no longer holds are not acknowledged,
@@ -206,7 +203,7 @@ class WorkerConnection(Actor):
                 timer.cancel()
 
     def _schedule(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._heartbeat_s / 2, self.ref.tell, _Check())
+        self._timer = asyncio.get_running_loop().call_later(self._heartbeat_s / 2, self.ref.tell, _CHECK)
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -473,6 +470,7 @@ class WorkerConnection(Actor):
         now = time.monotonic()
         if self._outbox is not None and now - self._last_beat > 3 * self._heartbeat_s:
             self._disconnect("three heartbeats missed")
+            self.changed()
         if self._disconnected_at is not None and now - self._disconnected_at >= self._grace_s:
             log.warning("worker %s stayed away past the grace of %ss", self.worker, self._grace_s)
             self._tell_runs(WorkerLost())

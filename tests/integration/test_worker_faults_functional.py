@@ -103,6 +103,7 @@ def test_a_silent_link_is_found_by_heartbeats_and_resumes(link):
     wait_event(server, run_id, "metric")
     proxy.hold()  # no byte passes, no socket closes
     server.wait_status(run_id, "disconnected", timeout=30)
+    server.poll_until(lambda: [w["state"] for w in server.get("/api/workers")["workers"]] == ["disconnected"])
     proxy.restore()
     server.wait_status(run_id, "running", timeout=30)  # connected and running again
     server.wait_status(run_id, "succeeded", timeout=60)

@@ -47,7 +47,7 @@ async def frames(outbox: asyncio.Queue, count: int, timeout: float = 5.0) -> lis
     return [await asyncio.wait_for(outbox.get(), timeout) for _ in range(count)]
 
 
-async def setup(grace_s: float = 30.0, runs: tuple[str, ...] = ("r1", "r2")):
+async def setup(grace_s: float = 30.0, runs: tuple[str, ...] = ("r1", "r2"), heartbeat_s: float = 1.0):
     registry = Registry()
     placer = Inbox("placer")
     placer.start(registry)
@@ -55,7 +55,7 @@ async def setup(grace_s: float = 30.0, runs: tuple[str, ...] = ("r1", "r2")):
     for run_id in runs:
         inboxes[run_id] = Inbox(f"runs/{run_id}")
         inboxes[run_id].start(registry)
-    connection = WorkerConnection("gpu-a", heartbeat_s=1.0, grace_s=grace_s, registry=registry,
+    connection = WorkerConnection("gpu-a", heartbeat_s=heartbeat_s, grace_s=grace_s, registry=registry,
                                   catalog_types=frozenset({"core.Add", "core.Sleep", "core.Fail"}),
                                   catalog_digest="d1").start(registry)
     return connection, placer, inboxes
@@ -159,6 +159,19 @@ async def test_an_adopted_run_waits_for_its_worker_and_is_lost_past_the_grace():
     exit_ = await asyncio.wait_for(connection.wait(), 5)
     await runs["r1"].settled()
     assert exit_.reason == "grace expired" and runs["r1"].got == [WorkerLost()]
+
+
+async def test_three_missed_heartbeats_close_the_socket_and_the_view_says_disconnected_at_once():
+    connection, placer, _ = await setup(heartbeat_s=0.05)
+    outbox: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), outbox))
+    await frames(outbox, 1)  # the welcome; then nothing is heard of the agent
+    assert await frames(outbox, 1) == [CLOSE]
+    await settle(connection, placer)
+    await asyncio.sleep(0)  # the view is published on the loop's next turn
+    # Read before the handler's Detached comes, which no test sends here.
+    assert connection.view.as_json()["state"] == "disconnected"
+    assert isinstance(placer.got[-1], WorkerOffline)
 
 
 async def test_a_newer_socket_of_the_same_worker_closes_the_older_one():
