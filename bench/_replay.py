@@ -115,4 +115,5 @@ def relay_rate(conn: Conn, events: int, worker: str | None, timeout: float) -> d
     # recorded before 2026-12-05): on a worker it includes the run's child starting its
     # interpreter (about 0.3 s here), which is no part of relaying events.
     seconds, from_start = end - ts_seconds(node["ts"]), end - ts_seconds(started["ts"])
+    seconds, from_start = max(seconds, 0.001), max(from_start, 0.001)  # the stamps count milliseconds
     return {"seconds": seconds, "rate": events / seconds, "rate_from_start": events / from_start, "lagged": lagged}

@@ -85,6 +85,7 @@ class Adoption:
     not_adopted: list[str] = field(default_factory=list)
     frames_replayed: int = 0
     errors: list[str] = field(default_factory=list)
+    server: Server | None = None  # the one started again: stopped by the caller whatever happens
 
 
 def wait_running(conn: Conn, n: int, terminal_before: int, timeout: float) -> None:
@@ -109,7 +110,7 @@ def kill_and_adopt(server: Server, fleet: Fleet, ids: dict[str, str], result: Ad
     t_kill = time.monotonic()
     os.kill(server.pid, signal.SIGKILL)
     server.proc.wait(30)
-    again = serve(home, server.port, cpu_slots, heartbeat_s)
+    again = result.server = serve(home, server.port, cpu_slots, heartbeat_s)
     result.kill_to_serving_s, result.start_s = time.monotonic() - t_kill, again.start_s
     conn = Conn(again.port, again.token, 30.0)
     adopted: dict[str, float] = {}

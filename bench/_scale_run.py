@@ -213,6 +213,9 @@ def run_scale(args: argparse.Namespace, scale: int, tmp: Path) -> dict[str, Any]
                 counts = {k: final["counts"].get(k, 0) for k in ("connect_failures", "disconnects", "kills", "cancels")}
                 top = sorted(final["errors"].items(), key=lambda item: -item[1])[:3]
                 print(f"  agents in all: {counts}; errors {top}")
+        again = getattr(fig.get("adoption"), "server", None)
+        if again is not None and again is not server:  # the restart phase gave out after it started one
+            server = again
         code = stop_server_proc(server.proc, 30.0)
         fig["server_exit"] = code
         print(f"  stopped the agents and the server (exit {code})")

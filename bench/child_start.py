@@ -32,6 +32,7 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [os.path.dirname(_HERE), *(p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE)]
 _REPO = Path(_HERE).parent
 
+from bench._measure import percentile  # noqa: E402
 from protocol import pipe  # noqa: E402
 from protocol.worker import Assign  # noqa: E402
 from subprocess_runner import child  # noqa: E402
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     digits = json.loads((_REPO / "examples" / "digits_mlp.json").read_text())
     ended = [_sample(catalog, hello, lambda f: isinstance(f, pipe.ChildEnded), args.settle) for _ in range(args.hello)]
     print(f"hello, StartRun -> the child's end up the pipe: median {statistics.median(ended):.2f} ms, "
-          f"p90 {sorted(ended)[int(0.9 * (len(ended) - 1))]:.2f} ms ({args.hello} runs)")
+          f"p90 {percentile(ended, 90):.2f} ms ({args.hello} runs)")
     if args.digits:
         epochs = [_sample(catalog, digits, lambda f: isinstance(f, pipe.ChildEvent) and f.kind == "metric"
                           and f.payload.get("name") == "train_loss", args.settle) for _ in range(args.digits)]

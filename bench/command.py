@@ -24,6 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._http import Conn
+from bench._measure import percentile
 from bench._troupe import start_server, stop_server_proc
 from bench.worker import WORKER, enroll_and_attach, one_run
 
@@ -59,7 +60,7 @@ def _through(conn: Conn, body: bytes, queue_key: str, runs: int) -> list[float]:
 
 def _line(name: str, times: list[float], hand: float | None = None) -> str:
     median = statistics.median(times)
-    p90 = sorted(times)[int(0.9 * (len(times) - 1))]
+    p90 = percentile(times, 90)
     over = f"  overhead {1000 * (median - hand):+.1f} ms" if hand is not None else ""
     return f"  {name:<22} median {1000 * median:7.1f} ms  p90 {1000 * p90:7.1f} ms{over}"
 

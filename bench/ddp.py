@@ -41,9 +41,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="troupe-bench-ddp-") as scratch:
         tmp = Path(scratch)
         server = Server(tmp / "home", TROUPE_WORKER_HEARTBEAT_S="1").start()
-        agent = start_agent(server, tmp / "agent", enroll(server, name="ddp")["command"] + f" --warm {args.warm}",
-                            TROUPE_DDP_CPU_RANKS=str(args.ranks))
+        agent = None
         try:
+            agent = start_agent(server, tmp / "agent", enroll(server, name="ddp")["command"] + f" --warm {args.warm}",
+                                TROUPE_DDP_CPU_RANKS=str(args.ranks))
             read_until(agent, "connected as ddp")
             for _ in range(args.runs):
                 if args.warm:
@@ -56,8 +57,9 @@ def main() -> None:
                 joined.append(_ts(met) - _ts(started))
                 ended.append(_ts(events[-1]) - _ts(started))
         finally:
-            agent.terminate()
-            agent.wait(30)
+            if agent is not None:
+                agent.terminate()
+                agent.wait(30)
             server.stop()
     print(f"\n{args.ranks} gloo ranks on the CPU, digits 3 epochs, {args.runs} runs, rank 0 "
           f"{'warm' if args.warm else 'cold'}\n")

@@ -42,6 +42,7 @@ from actors.base import Actor, Registry
 from actors.placer.queue import Enqueue, QueueActor, Release
 from actors.store import StoreActor, StoreClient
 from actors.threaded import start_thread_actor
+from bench._measure import percentile
 
 _FAIR = "order" in inspect.signature(QueueActor.__init__).parameters  # this commit orders fairly
 _SUBMITTER = "submitter" in {f for f in getattr(Enqueue, "__dataclass_fields__", {})}
@@ -57,11 +58,6 @@ class _Placer(Actor):
     async def receive(self, message: Any) -> None:
         if self.next is not None and not self.next.done():
             self.next.set_result(message.run_id)
-
-
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(share * len(ordered)) - 1))]
 
 
 def _queued(view: Any) -> int | None:
@@ -97,7 +93,7 @@ async def _case(name: str, waiting: int, people: int, picks: int, folder: Path) 
         for _ in range(3):  # the view is published on the loop's next turn after the burst
             await asyncio.sleep(0)
         took.append((time.perf_counter() - started) * 1e6)
-    found: dict[str, Any] = {"case": name, "median_us": statistics.median(took), "p99_us": _percentile(took, 0.99)}
+    found: dict[str, Any] = {"case": name, "median_us": statistics.median(took), "p99_us": percentile(took, 99)}
     view = ref.view
     order_view = getattr(view, "order", None)
     if order_view is not None:

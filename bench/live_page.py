@@ -26,6 +26,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._http import Conn
+from bench._measure import percentile
 from bench._troupe import start_server, stop_server_proc
 
 SCRIPT = """
@@ -66,7 +67,8 @@ def main() -> int:
             conn.request("POST", f"/api/runs/{made['run_id']}/cancel")
             stop_server_proc(server.proc, 30.0)
     print(json.dumps(figures, indent=2))
-    print(f"reproduce: .venv/bin/python bench/live_page.py --epochs {args.epochs} --seconds {args.seconds:g}")
+    print(f"reproduce: .venv/bin/python bench/live_page.py --epochs {args.epochs} --pause {args.pause:g} "
+          f"--seconds {args.seconds:g}")
     return 0
 
 
@@ -110,7 +112,7 @@ def _follow(sync_playwright, port, login_url, run_id, conn, args) -> dict:  # ty
     return {"followed_s": round(took, 1), "epochs_a_second": round(rate, 1),
             "page_reads_a_second": round(reads / took, 2),
             "behind_s_median": round(statistics.median(seconds_behind), 2) if seconds_behind else None,
-            "behind_s_p90": round(seconds_behind[int(0.9 * (len(seconds_behind) - 1))], 2) if seconds_behind else None,
+            "behind_s_p90": round(percentile(seconds_behind, 90), 2) if seconds_behind else None,
             "main_thread_busy_median": round(statistics.median(busy), 3) if busy else None}
 
 

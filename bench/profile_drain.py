@@ -68,7 +68,8 @@ def _summarise(collapsed: Path, top: int) -> list[tuple[str, float]]:
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
         files = [f[f.find("(") + 1:f.rfind(":")] for f in frames if "(" in f]
-        ours = [f for f in files if any(f"/{p}/" in f for p in OURS)]
+        # py-spy names a file from its package's top (``actors/run.py``), or in full.
+        ours = [f for f in files if any(f.startswith(f"{p}/") or f"/{p}/" in f for p in OURS)]
         key = _where(ours[-1]) if ours else (_where(files[-1]) if files else "?")
         counts[key] += int(n)
         total += int(n)

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -80,8 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def sample(conn: Conn, duration: float, interval: float, stop: Callable[[Any], bool] | None = None) -> list[float]:
-    """Latencies (s) of ``GET /api/runs`` sent every ``interval`` s (the next one at once when
-    an answer came late, never two at a time) for ``duration`` s or until ``stop(body)``."""
+    """Latencies (s) of ``GET /api/runs`` sent every ``interval`` s (after a late answer at
+    the next tick not yet passed: never at once, never two at a time) for ``duration`` s or
+    until ``stop(body)``."""
     latencies: list[float] = []
     start = next_at = time.perf_counter()
     while next_at - start < duration:
@@ -92,7 +94,7 @@ def sample(conn: Conn, duration: float, interval: float, stop: Callable[[Any], b
         if status != 200:
             raise BenchError(f"GET /api/runs answered {status}: {str(body)[:200]}")
         latencies.append(t1 - t0)
-        next_at = max(next_at + interval, t1)
+        next_at += interval * max(1, math.ceil((t1 - next_at) / interval))
         if stop is not None and stop(body):
             break
     return latencies

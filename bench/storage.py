@@ -80,8 +80,9 @@ def main() -> None:
 
         server = Server(tmp / "home", TROUPE_WORKER_HEARTBEAT_S="2", TROUPE_UPLOAD_MAX_MB=str(args.mb * 2),
                         TROUPE_TRANSFER_MAX_MB=str(args.mb * 2)).start()
-        agent = start_agent(server, tmp / "agent", enroll(server, name="bench")["command"])
+        agent = None
         try:
+            agent = start_agent(server, tmp / "agent", enroll(server, name="bench")["command"])
             read_until(agent, "connected as bench")
             run_id = server.submit(sleeper(600), target={"worker": "bench"})["run_id"]
             server.wait_status(run_id, "running")
@@ -108,8 +109,9 @@ def main() -> None:
 
             results["transfer control plane -> worker (GET, sha256 checked)"] = timed(args.repeat, fetch)
         finally:
-            agent.terminate()
-            agent.wait(30)
+            if agent is not None:
+                agent.terminate()
+                agent.wait(30)
             server.stop()
 
         with s3_server("troupe-bench") as s3:

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._http import Conn
-from bench._measure import BenchError
+from bench._measure import BenchError, percentile
 from bench._troupe import REPO, start_server, stop_server_proc
 from bench.worker import enroll_and_attach, first_epoch, one_run, started_warm
 
@@ -80,8 +80,8 @@ def paced(port: int, token: str, body: bytes, pace: float, runs: int, timeout: f
 
 
 def _median_p90(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    times = sorted(r["finished"] * 1000 for r in rows)
-    return statistics.median(times), times[min(len(times) - 1, int(0.9 * len(times)))]
+    times = [r["finished"] * 1000 for r in rows]
+    return statistics.median(times), percentile(times, 90)
 
 
 def _paces(conn: Conn, port: int, token: str, args: argparse.Namespace) -> None:

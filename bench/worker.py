@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 import argparse
 import json
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -123,15 +124,18 @@ def enroll_and_attach(conn: Conn, port: int, tmp: Path, timeout: float, name: st
         raise BenchError(f"the join command is not for {url}: {reply['command']}")
     proc, log_path, start_s = start_agent(f"http://{HOST}:{via or port}", reply["token"], tmp, timeout, name, extra)
     deadline = time.monotonic() + timeout
-    while True:
-        _, body = conn.request("GET", "/api/workers")
-        states = {w["name"]: w["state"] for w in body["workers"]}
-        if states.get(name) == "connected":
-            break
-        if time.monotonic() > deadline:
-            stop_server_proc(proc, 30)
-            raise BenchError(f"GET /api/workers does not show {name} connected: {states}")
-        time.sleep(0.05)
+    try:
+        while True:
+            _, body = conn.request("GET", "/api/workers")
+            states = {w["name"]: w["state"] for w in body["workers"]}
+            if states.get(name) == "connected":
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"GET /api/workers does not show {name} connected: {states}")
+            time.sleep(0.05)
+    except BaseException:  # the caller never gets the agent to stop: it stops here
+        stop_server_proc(proc, 30)
+        raise
     print(f"agent pid {proc.pid} connected as {name} {start_s:.2f} s after its start; /api/workers: connected")
     return proc, log_path
 
@@ -325,7 +329,7 @@ def _time_runs(args: argparse.Namespace, conn: Conn, side: Conn, bodies: dict[st
             elapsed, run_id = first_epoch(conn, digits_bodies[mode][0], side)
             if mode != "warm" or started_warm(conn, run_id):
                 figures.epochs[mode].append(elapsed)
-    print(f"{2 * (args.warmup + args.runs)} runs in {time.perf_counter() - t0:.1f} s, "
+    print(f"{len(MODES) * (args.warmup + args.runs + args.digits)} runs in {time.perf_counter() - t0:.1f} s, "
           f"CPU steal {steal_s() - steal0:.2f} s")
     for _ in range(args.relay_runs if args.relay_events else 0):
         for mode in ("worker", "in-process"):
@@ -373,8 +377,13 @@ def _print_summary(args: argparse.Namespace, figures: _Figures, command: str) ->
     print(f"  {'figure':<30}{'worker':>10}{'warm':>10}{'in-process':>12}{'ratio':>8}{'warm ratio':>12}")
     for key, label in (("started", "submit -> run_started"), ("finished", "submit -> run_finished")):
         for stat in ("median", "p99"):
-            w, h, p = (summary([r[key] for r in rows[mode]])[stat] for mode in MODES)
-            print(f"  {label + ' ' + stat:<30}{w:10.2f}{h:10.2f}{p:12.2f}{w / p:8.2f}{h / p:12.2f}")
+            w, p = (summary([r[key] for r in rows[mode]])[stat] for mode in ("worker", "in-process"))
+            if rows["warm"]:
+                h = summary([r[key] for r in rows["warm"]])[stat]
+                warm, warm_ratio = f"{h:10.2f}", f"{h / p:12.2f}"
+            else:  # no warm run found a child ready (each is left out then)
+                warm, warm_ratio = f"{'-':>10}", f"{'-':>12}"
+            print(f"  {label + ' ' + stat:<30}{w:10.2f}{warm}{p:12.2f}{w / p:8.2f}{warm_ratio}")
     if all(epochs.values()):
         w, h, p = (summary(epochs[mode])["median"] for mode in MODES)
         print(f"  {'digits: submit -> epoch 1':<30}{w:10.2f}{h:10.2f}{p:12.2f}{w / p:8.2f}{h / p:12.2f}"
@@ -382,7 +391,7 @@ def _print_summary(args: argparse.Namespace, figures: _Figures, command: str) ->
     print(f"  warm runs that found the pool empty (left out): {figures.cold_in_warm}")
     if relay["worker"]:
         for label, key in (("events/s relayed, median", "rate"), ("  the same from run_started", "rate_from_start")):
-            w, p = (sorted(r[key] for r in relay[mode])[len(relay[mode]) // 2] for mode in ("worker", "in-process"))
+            w, p = (statistics.median(r[key] for r in relay[mode]) for mode in ("worker", "in-process"))
             print(f"  {label:<30}{w:10.0f}{p:12.0f}{w / p:8.2f}"
                   + (f"   ({args.relay_events} events a run, {args.relay_runs} runs each way, all persisted; "
                      "node_started -> run_finished)" if key == "rate" else "   (includes the child's start)"))

@@ -98,15 +98,16 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="troupe-bench-workers-") as tmp:
         results = [_one(int(n), args, Path(tmp)) for n in args.agents.split(",")]
+    command = (f".venv/bin/python bench/workers_list.py --agents {args.agents} --every {args.every:g} "
+               f"--seconds {args.seconds:g} --heartbeat-s {args.heartbeat_s:g} --seed {args.seed}")
     if args.json:
-        print(json.dumps({"machine": machine(), "results": results}))
+        print(json.dumps({"machine": machine(), "results": results, "command": command + " --json"}))
         return 0
     print(f"machine: {machine()}")
     for r in results:
         print(f"{r['agents']:>4} agents: GET /api/workers {fmt_ms(r['latency'])}; {r['bytes'] / 1e3:.0f} kB; "
               f"server CPU {r['server_cpu_pct']:.0f}% of a core; steal {r['steal_s']:.1f} s; {r['pinned']}")
-    print(f"reproduce: .venv/bin/python bench/workers_list.py --agents {args.agents} --every {args.every:g} "
-          f"--seconds {args.seconds:g}")
+    print(f"reproduce: {command}")
     return 0
 
 
