@@ -26,7 +26,7 @@ if __package__ in (None, ""):
 from bench._http import Conn
 from bench._measure import percentile
 from bench._troupe import start_server, stop_server_proc
-from bench.worker import WORKER, enroll_and_attach, one_run
+from bench.worker import WORKER, enroll_and_attach, one_run, started_warm, wait_for_warm_child
 
 SCRIPT = 'import json\nprint(json.dumps({"metric": "loss", "value": 0.5}))\n'
 
@@ -48,14 +48,16 @@ def _body(target: str | None) -> bytes:
     return json.dumps({"graph": graph, "options": options}).encode()
 
 
-def _through(conn: Conn, body: bytes, queue_key: str, runs: int) -> list[float]:
-    times = []
-    for _ in range(runs + 2):  # two to warm up, not counted
+def _through(conn: Conn, body: bytes, queue_key: str, runs: int) -> tuple[list[float], int]:
+    """The counted runs' times, and how many of them started in a warm child."""
+    times, warm = [], 0
+    for i in range(runs + 2):  # two to warm up, not counted
         row = one_run(conn, body, queue_key)
         if not row["ok"]:
             raise SystemExit(f"run {row['run_id']} did not succeed")
         times.append(row["finished"])
-    return times[2:]
+        warm += i >= 2 and started_warm(conn, row["run_id"])
+    return times[2:], warm
 
 
 def _line(name: str, times: list[float], hand: float | None = None) -> str:
@@ -80,10 +82,12 @@ def main() -> None:
         try:
             conn = Conn(server.port, server.token, 60)
             hand = _by_hand(folder, args.runs)
-            local = _through(conn, _body(None), "cpu", args.runs)
+            local, _ = _through(conn, _body(None), "cpu", args.runs)
             agent, _ = enroll_and_attach(conn, server.port, Path(tmp), 60,
                                          extra=("--warm", "1", "--mount", f"data={folder}"))
-            remote = _through(conn, _body(WORKER), f"{WORKER}/cpu", args.runs)
+            # Until its zygote is ready a new agent starts every run in a fresh interpreter.
+            wait_for_warm_child(conn, 60, WORKER)
+            remote, warm = _through(conn, _body(WORKER), f"{WORKER}/cpu", args.runs)
         finally:
             if agent is not None:
                 stop_server_proc(agent, 30)
@@ -92,7 +96,7 @@ def main() -> None:
     print(f"a one-line script, {args.runs} runs each, one at a time (client time, submit to run_finished):")
     print(_line("by hand", hand))
     print(_line("command, in-process", local, base))
-    print(_line("command, warm worker", remote, base))
+    print(_line("command, warm worker", remote, base) + f"  ({warm} of {args.runs} started warm)")
     print(f"reproduce: .venv/bin/python bench/command.py --runs {args.runs}")
 
 

@@ -173,16 +173,16 @@ def one_run(conn: Conn, body: bytes, queue_key: str) -> dict[str, Any]:
     return row
 
 
-def wait_for_warm_child(conn: Conn, timeout: float) -> None:
+def wait_for_warm_child(conn: Conn, timeout: float, name: str = WARM) -> None:
     """Until the warm agent's last heartbeat reports a ready child (untimed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _, body = conn.request("GET", "/api/workers")
-        pool = next((w.get("warm_pool") for w in body["workers"] if w["name"] == WARM), None) or {}
+        pool = next((w.get("warm_pool") for w in body["workers"] if w["name"] == name), None) or {}
         if pool.get("ready", 0) >= 1:
             return
         time.sleep(0.05)
-    raise BenchError(f"{WARM} reported no ready warm child within {timeout}s")
+    raise BenchError(f"{name} reported no ready warm child within {timeout}s")
 
 
 def started_warm(conn: Conn, run_id: str) -> bool:
