@@ -110,7 +110,10 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     svc.start_worker(name).tell(Attached(hello, outbox))
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
-        async for message in ws:
+        # receive() itself, not ``async for``: its __anext__ would be one more coroutine
+        # in flight for every connected worker. A close ends the loop as any non-text does.
+        while True:
+            message = await ws.receive()
             if message.type == WSMsgType.BINARY:  # the protocol is JSON text: a binary frame is a broken peer
                 log.warning("worker %s sent a binary frame: closing its socket", name)
                 await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames are JSON text")
