@@ -49,6 +49,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def next_tick(start: float, interval: float, now: float) -> float:
+    """The first tick of a fixed clock (``start``, every ``interval``) after ``now``: a
+    sampler whose answer came late skips the ticks it overran instead of firing at once,
+    which would flood what it measures."""
+    return start + (math.floor((now - start) / interval) + 1) * interval
+
+
 def summary(values_s: list[float]) -> dict[str, float]:
     ms = [v * 1000.0 for v in values_s]
     return {

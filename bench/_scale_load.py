@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
-import math
 import os
 import random
 import re
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Conn
-from bench._measure import BenchError, rss_mb
+from bench._measure import BenchError, next_tick, rss_mb
 from bench._troupe import REPO, GlobalWatcher, Server
 
 # What a client counts as a failed request rather than a crash of the benchmark.
@@ -172,8 +171,7 @@ class Sampler(threading.Thread):
                 self.load.latency_s[name].append(elapsed)
                 if name == "runs?status=succeeded":
                     cursor = body.get("next_cursor")
-            ticks = (time.perf_counter() - start) / self.interval
-            self.stopping.wait((math.floor(ticks) + 1 - ticks) * self.interval)  # the next tick not yet passed
+            self.stopping.wait(next_tick(start, self.interval, time.perf_counter()) - time.perf_counter())
         conn.close()
 
 

@@ -37,7 +37,6 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,7 +44,17 @@ from pathlib import Path
 from typing import Any
 
 from bench._http import Conn
-from bench._measure import BenchError, cpu_seconds, environ, machine, run_main, steal_s, summary, time_limit
+from bench._measure import (
+    BenchError,
+    cpu_seconds,
+    environ,
+    machine,
+    next_tick,
+    run_main,
+    steal_s,
+    summary,
+    time_limit,
+)
 from bench._troupe import REPO, TERMINAL, Server, start_argv, start_server, stop_server_proc
 
 TARGET_P99_MS = 100.0
@@ -94,7 +103,7 @@ def sample(conn: Conn, duration: float, interval: float, stop: Callable[[Any], b
         if status != 200:
             raise BenchError(f"GET /api/runs answered {status}: {str(body)[:200]}")
         latencies.append(t1 - t0)
-        next_at += interval * max(1, math.ceil((t1 - next_at) / interval))
+        next_at = next_tick(start, interval, t1)
         if stop is not None and stop(body):
             break
     return latencies

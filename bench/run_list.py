@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import threading
@@ -25,7 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._http import Conn
-from bench._measure import BenchError, fmt_ms, machine, run_main, summary
+from bench._measure import BenchError, fmt_ms, machine, next_tick, run_main, summary
 from bench._troupe import REPO, start_server, stop_server_proc
 
 HELLO = json.loads((REPO / "examples" / "hello.json").read_text())
@@ -89,17 +88,15 @@ def _last_cursor(conn: Conn) -> str:
 
 def _timed(conn: Conn, path: str, samples: int, every: float) -> dict[str, float]:
     took: list[float] = []
-    start = time.monotonic()
-    tick = 0
+    start = due = time.monotonic()
     while len(took) < samples:
-        # The next tick not yet passed: after a slow read the next waits, never back to back.
-        tick = max(tick + 1, math.ceil((time.monotonic() - start) / every)) if took else 0
-        time.sleep(max(0.0, start + tick * every - time.monotonic()))
+        time.sleep(max(0.0, due - time.monotonic()))
         t0 = time.perf_counter()
         status, _ = conn.request("GET", path)
         took.append(time.perf_counter() - t0)
         if status != 200:
             raise BenchError(f"GET {path} answered {status}")
+        due = next_tick(start, every, time.monotonic())
     return summary(took)
 
 
