@@ -20,6 +20,7 @@ already ``disconnected``, with the runs it adopts (``Adopted``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from actors.errors import WorkerNotConnected
 from actors.placer.book import WorkerOffer
 from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
-from actors.worker_view import ConnectionView, LastHeard, Said, said_of
+from actors.worker_view import ConnectionView, LastHeard, Said, offered_devices, said_of
 from protocol import worker as wire
 from subprocess_runner.catalog import OfferedPacks
 
@@ -118,7 +119,7 @@ class ReadRecordedOutputs:
 
 @dataclass(frozen=True)
 class _Check:
-    pass
+    """The timer's: is a deadline (three missed heartbeats, the grace's end) passed?"""
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,6 @@ class _FlushAcks:
 
 
 CLOSE = object()  # put in an outbox: the handler closes the socket
-_CHECK = _Check()  # one for every timer
 # Frames of runs assigned to another worker (or to none: in-process runs) that one
 # connection may send before it is closed as misbehaving.
 FOREIGN_LIMIT = 50
@@ -145,7 +145,7 @@ class Close:
 
 class WorkerConnection(Actor):
     publishes_view = True
-    # A _Check (twice a heartbeat) says itself when it disconnected the worker.
+    # A _Check says itself when it disconnected the worker.
     quiet_messages = frozenset({Persisted, _FlushAcks, Snapshot, ReadRecordedOutputs, CancelOnWorker, _Check})
 
     def __init__(self, name: str, heartbeat_s: float, grace_s: float, registry: Registry,
@@ -195,6 +195,7 @@ class WorkerConnection(Actor):
         self._read_no = 0
 
     async def on_start(self) -> None:
+        self._tell_check = functools.partial(self.ref.tell, _Check())  # one callable and message for every timer
         self._schedule()
 
     async def on_stop(self, reason: str) -> None:
@@ -203,7 +204,17 @@ class WorkerConnection(Actor):
                 timer.cancel()
 
     def _schedule(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._heartbeat_s / 2, self.ref.tell, _CHECK)
+        """Arm the one timer for the next deadline: three heartbeats after the last frame,
+        or the grace's end while away. A beat moves the deadline, not the timer: the check
+        that finds the worker alive arms the next, about once in three heartbeats (twice in
+        one was 1,600 timers a second in flight at scale x4)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        now = time.monotonic()
+        due = (self._last_beat + 3 * self._heartbeat_s if self._outbox is not None
+               else (self._disconnected_at or now) + self._grace_s)  # not linked: away since a time
+        late = self._heartbeat_s / 20  # a little past it: a timer that fires on time finds it passed
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, due - now) + late, self._tell_check)
 
     async def receive(self, message: Any) -> Any:
         match message:
@@ -285,6 +296,7 @@ class WorkerConnection(Actor):
         self._acks, self._unacked = {}, 0  # acks of the old socket are answered by the replay
         self._last_beat, self._disconnected_at = time.monotonic(), None
         self._heard.at = self._last_beat
+        self._schedule()  # the next deadline is three heartbeats on, not the grace's end
         outbox.put_nowait(wire.Welcome(name=self.worker, degraded=self._degraded,
                                        missing_node_types=list(self._missing), heartbeat_s=self._heartbeat_s))
         reported = set(hello.runs)
@@ -400,8 +412,7 @@ class WorkerConnection(Actor):
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, self._types_here,
                             one_shot=self._hello.one_shot, spent=self._hello.spent or self._took_a_run,
-                            deadline=self._hello.deadline,
-                            mounts=frozenset(self._hello.mounts))
+                            deadline=self._hello.deadline, mounts=frozenset(self._hello.mounts))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
         paused = self._draining or (self._artifacts is not None and self._artifacts.full)
@@ -425,22 +436,11 @@ class WorkerConnection(Actor):
             placer.tell(CardMemory(self.worker, moved))
 
     def _devices(self) -> dict[str, tuple[str, int]]:
-        """Each offered device with its physical identity (NVML UUID for a card; the
-        machine for its cpu and its mps:0, so a same-machine worker shares the server's)
-        and its slot limit. Made once per hello (limits are settings, read once at start):
-        every view is made with it, after nearly every message."""
+        """Made once per hello (limits are settings): every view is made with it."""
         assert self._hello is not None
-        if self._offered is not None and self._offered[0] is self._hello:
-            return self._offered[1]
-        limit = self._limit_for
-        machine = self._hello.machine_id
-        devices = {"cpu": (f"cpu@{machine}", limit(f"{self.worker}/cpu"))}
-        for card in self._hello.inventory.cards:
-            devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{self.worker}/cuda:{card.index}"))
-        if self._hello.inventory.mps:
-            devices["mps:0"] = (f"mps:0@{machine}", limit(f"{self.worker}/mps:0"))
-        self._offered = (self._hello, devices)
-        return devices
+        if self._offered is None or self._offered[0] is not self._hello:
+            self._offered = (self._hello, offered_devices(self.worker, self._hello, self._limit_for))
+        return self._offered[1]
 
     def _tell_runs(self, message: Any, only: set[str] | None = None) -> None:
         targets = set(self._runs) if only is None else only
@@ -463,6 +463,7 @@ class WorkerConnection(Actor):
         if self._disconnected_at is None:
             log.warning("worker %s disconnected: %s", self.worker, why)
             self._disconnected_at = time.monotonic()
+            self._schedule()  # the next deadline is the grace's end
             self._tell_placer()
             self._tell_runs(WorkerGone())
 

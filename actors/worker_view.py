@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -123,3 +123,16 @@ def said_of(hello: wire.Hello) -> Said:
                  "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
                  "inventory": hello.inventory.model_dump(exclude={"cards"})},
                 [card.model_dump() for card in hello.inventory.cards])
+
+
+def offered_devices(worker: str, hello: wire.Hello, limit: Callable[[str], int]) -> dict[str, tuple[str, int]]:
+    """Each device a hello offers with its physical identity (NVML UUID for a card; the
+    machine for its cpu and its mps:0, so a same-machine worker shares the server's) and
+    its slot limit (the settings' for ``worker/device``)."""
+    machine = hello.machine_id
+    devices = {"cpu": (f"cpu@{machine}", limit(f"{worker}/cpu"))}
+    for card in hello.inventory.cards:
+        devices[f"cuda:{card.index}"] = (card.uuid, limit(f"{worker}/cuda:{card.index}"))
+    if hello.inventory.mps:
+        devices["mps:0"] = (f"mps:0@{machine}", limit(f"{worker}/mps:0"))
+    return devices

@@ -11,6 +11,7 @@ import hmac
 import logging
 from typing import Any
 
+import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
@@ -111,40 +112,48 @@ async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     pump = asyncio.ensure_future(_pump(ws, outbox, numbers))
     try:
         # receive() itself, not ``async for``: its __anext__ would be one more coroutine
-        # in flight for every connected worker. A close ends the loop as any non-text does.
-        while True:
-            message = await ws.receive()
-            if message.type == WSMsgType.BINARY:  # the protocol is JSON text: a binary frame is a broken peer
-                log.warning("worker %s sent a binary frame: closing its socket", name)
-                await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames are JSON text")
-                break
-            if message.type != WSMsgType.TEXT:
-                break  # an error on the socket: the connection is over
-            try:
-                frames = wire.parse_frames(message.data)
-                for frame in frames:
-                    _check_kinds(frame)
-            except (ValidationError, ValueError) as exc:
-                log.warning("worker %s sent a malformed frame: %s", name, exc)
-                await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
-                break
-            fresh = []
-            for frame in frames:
-                if numbers.is_new(frame):
-                    fresh.append(frame)
-                else:
-                    log.warning("worker %s sent frame %s twice: dropped", name, frame.frame_no)
-            live = svc.registry.lookup(f"workers/{name}")
-            if live is None:
-                break
-            if fresh:
-                live.tell(FromWorker(tuple(fresh)))
+        # in flight for every connected worker; and each message is handled in a call of
+        # its own, so that nothing of it stays referenced here while the next is awaited.
+        while await _forward(svc, ws, name, numbers, await ws.receive()):
+            pass
     finally:
         pump.cancel()
         live = svc.registry.lookup(f"workers/{name}")
         if live is not None:
             live.tell(Detached(outbox))
     return ws
+
+
+async def _forward(svc: Services, ws: web.WebSocketResponse, name: str, numbers: wire.Numbering,
+                   message: aiohttp.WSMessage) -> bool:
+    """Tell the worker's connection the new frames of one message; False: the socket is
+    done (closed, broken, or its worker's connection is gone)."""
+    if message.type == WSMsgType.BINARY:  # the protocol is JSON text: a binary frame is a broken peer
+        log.warning("worker %s sent a binary frame: closing its socket", name)
+        await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames are JSON text")
+        return False
+    if message.type != WSMsgType.TEXT:
+        return False  # a close, or an error on the socket: the connection is over
+    try:
+        frames = wire.parse_frames(message.data)
+        for frame in frames:
+            _check_kinds(frame)
+    except (ValidationError, ValueError) as exc:
+        log.warning("worker %s sent a malformed frame: %s", name, exc)
+        await ws.close(code=wire.CLOSE_PROTOCOL, message=b"malformed frame")
+        return False
+    fresh = []
+    for frame in frames:
+        if numbers.is_new(frame):
+            fresh.append(frame)
+        else:
+            log.warning("worker %s sent frame %s twice: dropped", name, frame.frame_no)
+    live = svc.registry.lookup(f"workers/{name}")
+    if live is None:
+        return False
+    if fresh:
+        live.tell(FromWorker(tuple(fresh)))
+    return True
 
 
 def _check_kinds(frame: Any) -> None:
@@ -193,12 +202,17 @@ async def _connected(live: Any) -> dict[str, Any] | None:
 
 
 async def _pump(ws: web.WebSocketResponse, outbox: asyncio.Queue[Any], numbers: wire.Numbering) -> None:
-    while True:
-        item = await outbox.get()
-        if item is CLOSE:
-            await ws.close()
-            return
-        if isinstance(item, Close):
-            await ws.close(code=item.code, message=item.reason.encode()[:120])
-            return
-        await ws.send_str(wire.dump_frame(item, numbers.next()))
+    while await _send(ws, await outbox.get(), numbers):  # the item sent is not held while the next is awaited
+        pass
+
+
+async def _send(ws: web.WebSocketResponse, item: Any, numbers: wire.Numbering) -> bool:
+    """Write one item of the outbox; False: it closed the socket."""
+    if item is CLOSE:
+        await ws.close()
+        return False
+    if isinstance(item, Close):
+        await ws.close(code=item.code, message=item.reason.encode()[:120])
+        return False
+    await ws.send_str(wire.dump_frame(item, numbers.next()))
+    return True

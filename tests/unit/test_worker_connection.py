@@ -174,6 +174,26 @@ async def test_three_missed_heartbeats_close_the_socket_and_the_view_says_discon
     assert isinstance(placer.got[-1], WorkerOffline)
 
 
+async def test_a_beating_worker_stays_and_one_back_from_away_is_watched_by_its_heartbeats_again():
+    # One timer, armed for the next deadline: beats move it on; away, it is the grace's end
+    # (30 s here); back, three heartbeats again.
+    connection, _, _ = await setup(grace_s=30.0, heartbeat_s=0.2)
+    first: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), first))
+    await frames(first, 1)
+    for frame_no in range(1, 13):  # 1.2 s of beats, twice a heartbeat: past three heartbeats from the hello
+        connection.tell(FromWorker((wire.Heartbeat(frame_no=frame_no),)))
+        await asyncio.sleep(0.1)
+    sent = [first.get_nowait() for _ in range(first.qsize())]
+    assert sent and all(isinstance(frame, wire.Ack) for frame in sent)  # each beat answered, none closed
+    connection.tell(Detached(first))
+    assert await frames(first, 1) == [CLOSE]
+    again: asyncio.Queue = asyncio.Queue()
+    connection.tell(Attached(hello(), again))
+    await frames(again, 1)  # the welcome; then nothing is heard of the agent
+    assert await frames(again, 1, timeout=3.0) == [CLOSE]  # three heartbeats on, not the grace's end
+
+
 async def test_a_newer_socket_of_the_same_worker_closes_the_older_one():
     connection, _, _ = await setup()
     old: asyncio.Queue = asyncio.Queue()
