@@ -239,6 +239,8 @@ class Placer(Actor):
             case WorkerOnline(offer, devices, draining, cards):
                 self._book.online(offer, draining)
                 await self._slots.online(offer.name, devices, draining, cards)
+                for device in devices:  # its devices' lines open with their ledgers, not under their first runs
+                    self._ensure_queue(str(QueueKey(offer.name, device)))
             case CardMemory(_, free_mib):
                 await self._slots.card_memory(free_mib)
             case CardPolicy(physical, sharing, reserved_mib):

@@ -99,6 +99,15 @@ def online(name="gpu-a", types=TYPES, draining=False) -> WorkerOnline:
     return WorkerOnline(WorkerOffer(name, tuple(DEVICES), 8, types), DEVICES, draining)
 
 
+async def test_a_worker_online_opens_its_devices_queues_before_any_run_comes(plane):
+    # With their ledgers, at the worker's hello: a lab's first runs on many cards do not
+    # each start a queue actor then.
+    plane.placer.tell(online())
+    await plane.placer.ask(ResolveTarget(RunOptions()))
+    assert sorted(name for name in plane.inboxes if name.startswith("queues/")) == [
+        "queues/gpu-a/cpu", "queues/gpu-a/cuda:0", "queues/gpu-a/cuda:1"]
+
+
 async def test_targets_are_checked_against_the_workers_seen_since_start(plane):
     with pytest.raises(InvalidRequest) as unknown:
         await plane.placer.ask(ResolveTarget(options(worker="gpu-a")))
