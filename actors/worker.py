@@ -168,7 +168,7 @@ class WorkerConnection(Actor):
         self._said: tuple[wire.Hello | None, Said | None] | None = None  # the hello last dumped for views
         self._offered: tuple[wire.Hello, dict[str, tuple[str, int]]] | None = None  # its devices, per hello
         self._heard = LastHeard()  # shared by its views: moved on every frame without a new view
-        self._made: tuple[tuple[Any, ...], ConnectionView] | None = None  # the newest view, and what it shows
+        self._made: ConnectionView | None = None  # the newest view
         self._missing: tuple[str, ...] = ()
         self._outbox: asyncio.Queue[Any] | None = None
         self._last_beat = time.monotonic()
@@ -485,15 +485,15 @@ class WorkerConnection(Actor):
         slots = tuple((device, physical, limit, on.count(device))
                       for device, (physical, limit) in (self._devices().items() if self._hello else []))
         runs = tuple(sorted(self._runs))
-        # What the view shows, the hello by identity: unchanged (a heartbeat that only says
-        # it is alive), the published view stays, and so does its encoded text.
-        key = (connected, self._degraded, self._draining, self._missing, id(self._hello), tuple(self._free.items()),
-               slots, runs, self._warm, self._artifacts)
-        if self._made is not None and key == self._made[0]:
-            return self._made[1]
         if self._said is None or self._said[0] is not self._hello:
             self._said = (self._hello, said_of(self._hello) if self._hello is not None else None)
-        view = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, self._said[1],
-                              dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
-        self._made = (key, view)
-        return view
+        said, last = self._said[1], self._made
+        # Nothing shown changed (a heartbeat that only says it is alive): the view, and its text, stay.
+        if last is not None and last.said is said and (
+                last.connected, last.degraded, last.draining, last.missing, last.free, last.slots, last.runs,
+                last.warm, last.artifacts) == (connected, self._degraded, self._draining, self._missing, self._free,
+                                               slots, runs, self._warm, self._artifacts):
+            return last
+        self._made = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, said,
+                                    dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
+        return self._made

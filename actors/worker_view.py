@@ -66,12 +66,12 @@ class ConnectionView:
         heard = self._heard()
         return f'{head}, "heard_s_ago": {"null" if heard is None else repr(heard)}}}'
 
-    @functools.cached_property
+    @property
     def card_ids(self) -> frozenset[str]:
         """Its cards' UUIDs, to find at once whether any has a policy or promised memory."""
-        return frozenset(card["uuid"] for card in self.said.cards) if self.said is not None else frozenset()
+        return self.said.card_ids if self.said is not None else frozenset()
 
-    @functools.cached_property
+    @property
     def cards(self) -> list[dict[str, Any]]:
         """Each card as the hello reported it, with its free memory as of the last
         heartbeat. The list shows them once, in ``cards``, not again in the inventory."""
@@ -87,12 +87,14 @@ class ConnectionView:
 
     @functools.cached_property
     def _text(self) -> str:
+        """Made once per view, on its first read: a view read by every poll until the
+        next change replaces it is dumped once. Only the text is kept: 800 views, each
+        a dict of lists of dicts, were thousands of objects that every young collection
+        walked while the runs that changed them went on."""
         return jsonsafe.dumps(self._json)
 
-    @functools.cached_property
+    @property
     def _json(self) -> dict[str, Any]:
-        """Made once per view, on its first read: a view read by every poll until the
-        next heartbeat replaces it is dumped once."""
         said = self.said.shown if self.said is not None else _UNSAID
         return {
             "name": self.name, "state": "connected" if self.connected else "disconnected",
@@ -115,6 +117,7 @@ class Said(NamedTuple):
 
     shown: dict[str, Any]
     cards: list[dict[str, Any]]
+    card_ids: frozenset[str]
 
 
 def said_of(hello: wire.Hello) -> Said:
@@ -122,7 +125,8 @@ def said_of(hello: wire.Hello) -> Said:
                  "mounts": dict(hello.mounts), "machine_id": hello.machine_id,
                  "devices": ["cpu", *(f"cuda:{c.index}" for c in hello.inventory.cards)],
                  "inventory": hello.inventory.model_dump(exclude={"cards"})},
-                [card.model_dump() for card in hello.inventory.cards])
+                [card.model_dump() for card in hello.inventory.cards],
+                frozenset(card.uuid for card in hello.inventory.cards))
 
 
 def offered_devices(worker: str, hello: wire.Hello, limit: Callable[[str], int]) -> dict[str, tuple[str, int]]:
