@@ -1,4 +1,5 @@
-"""The asyncio actor: a task draining a mailbox, one message at a time.
+"""The asyncio actor: a mailbox drained one message at a time, by a task that exists
+only while there is mail (a burst): an idle actor holds no task, coroutine or future.
 
 Lifecycle::
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,31 +87,21 @@ class _Tombstone:
 class _Mailbox:
     """An actor's line of envelopes; a read may go ahead of the line (``put_first``),
     behind the reads put there before it: they leave in the order they came. One reader
-    (the actor's task) and no bound, so it is a deque and at most one waiting future:
-    an ``asyncio.Queue`` did the same with a getter list, a putter list and an event."""
+    (the actor's burst) and no bound, so it is a deque: an ``asyncio.Queue`` did the same
+    with a getter list, a putter list and an event."""
 
-    __slots__ = ("_ahead", "_queue", "_waiter")
+    __slots__ = ("_ahead", "_queue")
 
     def __init__(self) -> None:
         self._queue: collections.deque[_Envelope] = collections.deque()
         self._ahead = 0  # envelopes put first, at the head of the line
-        self._waiter: asyncio.Future[None] | None = None  # the actor's task, waiting for mail
 
     def put_nowait(self, envelope: _Envelope) -> None:
         self._queue.append(envelope)
-        self._wake()
 
     def put_first(self, envelope: _Envelope) -> None:
         self._queue.insert(self._ahead, envelope)
         self._ahead += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
     def empty(self) -> bool:
         return not self._queue
@@ -118,13 +110,6 @@ class _Mailbox:
         if self._ahead:
             self._ahead -= 1
         return self._queue.popleft()
-
-    def wait(self) -> asyncio.Future[None]:
-        """Done when mail comes. The actor's loop awaits it directly: a coroutine of the
-        mailbox's own for every wait was, at a lab's scale, over a thousand objects in
-        flight (one per idle actor) for every young collection to walk."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        return self._waiter
 
 
 class ActorRef:
@@ -153,7 +138,7 @@ class ActorRef:
         """Fire and forget; a message to a dead actor is dropped."""
         actor = self._actor
         if actor._alive:
-            actor._mailbox.put_nowait(_Envelope(message, None))  # type: ignore[union-attr]  # alive: an Actor
+            actor._post(_Envelope(message, None))  # type: ignore[union-attr]  # alive: an Actor
         else:
             log.debug("dropped %s to dead actor %s", type(message).__name__, self.name)
 
@@ -165,11 +150,7 @@ class ActorRef:
             raise ActorDeadError(f"actor {self.name} is not running")
         loop = asyncio.get_running_loop()
         reply: asyncio.Future[Any] = loop.create_future()
-        mailbox = self._live_mailbox()
-        if first:
-            mailbox.put_first(_Envelope(message, reply))
-        else:
-            mailbox.put_nowait(_Envelope(message, reply))
+        self._live()._post(_Envelope(message, reply), first=first)
         # One timer handle per ask, not wait_for's task and a shield's extra future: an
         # asker cancelled meanwhile still has its message handled (the actor skips only
         # asks that timed out), as a shielded ask had.
@@ -182,7 +163,7 @@ class ActorRef:
     def stop(self, reason: str = "normal") -> None:
         """Asks the actor to stop after the messages already in its mailbox."""
         if self._actor._alive:
-            self._live_mailbox().put_nowait(_Envelope(_Stop(reason), None))
+            self._live()._post(_Envelope(_Stop(reason), None))
 
     async def wait(self) -> Exit:
         return await asyncio.shield(self._actor._exited)
@@ -191,9 +172,9 @@ class ActorRef:
         """``callback(exit)`` once the actor has ended (on the loop's next turn if it has)."""
         self._actor._exited.add_done_callback(lambda exited: callback(exited.result()))
 
-    def _live_mailbox(self) -> _Mailbox:
-        """The mailbox of an actor the caller found alive (a tombstone has none)."""
-        return cast("Actor", self._actor)._mailbox
+    def _live(self) -> Actor:
+        """The actor, which the caller found alive (not its tombstone)."""
+        return cast("Actor", self._actor)
 
 
 def _expire(reply: asyncio.Future[Any], name: str, message: Any, timeout: float) -> None:
@@ -263,7 +244,10 @@ class Actor:
         self._exited: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
         self._ref = ActorRef(self)
         self._home_registry: Registry | None = None
+        # The burst draining the mailbox, None while idle; each runs in the actor's context.
         self._task: asyncio.Task[None] | None = None
+        self._context: contextvars.Context | None = None
+        self._started = False  # on_start ran (in the first burst)
         self._view: Any = None
         self._view_due = False
         # A message is in hand (its handler may be waiting on an ask): a view made now
@@ -283,13 +267,25 @@ class Actor:
             registry.register(self._ref)
         if on_exit is not None:
             self._exited.add_done_callback(lambda f: on_exit(f.result()))
-        self._task = asyncio.get_running_loop().create_task(self._actor_loop(), name=f"actor:{self.name}")
+        self._context = contextvars.copy_context()
+        self._task = asyncio.get_running_loop().create_task(self._burst(), context=self._context)
         self.changed()
         return self._ref
 
     def stop_self(self, reason: str = "normal") -> None:
         """Stops after the current message; queued messages are failed at teardown."""
-        self._mailbox.put_nowait(_Envelope(_Stop(reason), None))
+        self._post(_Envelope(_Stop(reason), None))
+
+    def _post(self, envelope: _Envelope, first: bool = False) -> None:
+        """Into the mailbox; an idle live actor starts a burst to drain it. A waiting task
+        per idle actor (its coroutine, a future, the task's wake-up) was, at a lab's
+        scale, thousands of objects in flight for every young collection to walk."""
+        if first:
+            self._mailbox.put_first(envelope)
+        else:
+            self._mailbox.put_nowait(envelope)
+        if self._task is None and self._alive:
+            self._task = asyncio.get_running_loop().create_task(self._burst(), context=self._context)
 
     def mark(self, tag: str, on: bool) -> None:
         """Says in its registry whether it has what ``tag`` names, part of what it
@@ -334,19 +330,19 @@ class Actor:
         """Runs after a crash, instead of ``on_stop``."""
 
     # Loop ------------------------------------------------------------------------
-    async def _actor_loop(self) -> None:
+    async def _burst(self) -> None:
+        """Handles the mail there is, then ends (the actor idle, holding no task) unless
+        a stop or a crash ends the actor: then it tears it down."""
         reason, error = "normal", None
         try:
-            await self.on_start()
+            if not self._started:
+                self._started = True
+                await self.on_start()
             mailbox = self._mailbox
             while True:
                 if not mailbox._queue:
-                    # Idle: nothing of the last message stays referenced from here while the
-                    # actor waits (at a lab's scale, thousands of idle actors' last envelopes
-                    # and their contents were in flight for every young collection to walk).
-                    envelope = message = reply = result = None
-                    while not mailbox._queue:
-                        await mailbox.wait()
+                    self._task = None  # idle: the next message starts a burst
+                    return
                 envelope = mailbox.get_nowait()
                 message, reply = envelope.message, envelope.reply
                 if isinstance(message, _Stop):

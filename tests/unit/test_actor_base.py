@@ -76,6 +76,21 @@ async def test_messages_are_handled_one_at_a_time_in_order():
     assert await ref.ask(Get()) == list(range(100))
 
 
+async def test_an_idle_actor_holds_no_task_and_its_next_message_wakes_it():
+    # A lab's thousands of idle queues, ledgers and connections cost no task, coroutine
+    # or future each: the next message starts a burst that ends when the mailbox is empty.
+    refs = [Recorder().start() for _ in range(50)]
+    for ref in refs:
+        assert await ref.ask(Get()) == []
+    await asyncio.sleep(0)  # the bursts that answered return
+    assert [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("Actor.")] == []
+    refs[0].tell(Put(1))
+    refs[0].tell(Put(2))
+    assert await refs[0].ask(Get()) == [1, 2]
+    refs[1].stop()
+    assert (await refs[1].wait()).reason == "normal"
+
+
 async def test_an_ask_put_first_goes_ahead_of_the_line_behind_earlier_ones_put_first():
     ref = Recorder().start()
     gate = asyncio.Event()
