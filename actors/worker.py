@@ -32,7 +32,7 @@ from actors.errors import WorkerNotConnected
 from actors.placer.book import WorkerOffer
 from actors.placer.messages import CardMemory, Reannounce, WorkerOffline, WorkerOnline
 from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
-from actors.worker_view import ConnectionView, LastHeard, Said, offered_devices, said_of
+from actors.worker_view import NO_DEVICES, ConnectionView, LastHeard, Said, offered_devices, said_of
 from protocol import worker as wire
 from subprocess_runner.catalog import OfferedPacks
 
@@ -481,19 +481,19 @@ class WorkerConnection(Actor):
 
     def make_view(self) -> ConnectionView:
         connected = self._outbox is not None
+        devices = self._devices() if self._hello else NO_DEVICES  # one mapping per hello, shared by its views
         on = list(self._runs.values())
-        slots = tuple((device, physical, limit, on.count(device))
-                      for device, (physical, limit) in (self._devices().items() if self._hello else []))
-        runs = tuple(sorted(self._runs))
+        running, runs = tuple(on.count(device) for device in devices), tuple(sorted(self._runs))
         if self._said is None or self._said[0] is not self._hello:
             self._said = (self._hello, said_of(self._hello) if self._hello is not None else None)
         said, last = self._said[1], self._made
         # Nothing shown changed (a heartbeat that only says it is alive): the view, and its text, stay.
         if last is not None and last.said is said and (
-                last.connected, last.degraded, last.draining, last.missing, last.free, last.slots, last.runs,
-                last.warm, last.artifacts) == (connected, self._degraded, self._draining, self._missing, self._free,
-                                               slots, runs, self._warm, self._artifacts):
+                last.connected, last.degraded, last.draining, last.missing, last.free, last.devices, last.running,
+                last.runs, last.warm, last.artifacts) == (connected, self._degraded, self._draining, self._missing,
+                                                          self._free, devices, running, runs, self._warm,
+                                                          self._artifacts):
             return last
         self._made = ConnectionView(self.worker, connected, self._degraded, self._draining, self._missing, said,
-                                    dict(self._free), slots, runs, self._heard, self._warm, self._artifacts)
+                                    dict(self._free), devices, running, runs, self._heard, self._warm, self._artifacts)
         return self._made

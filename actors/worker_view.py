@@ -44,7 +44,8 @@ class ConnectionView:
     # new view copies only its cards' free memory.
     said: Said | None
     free: dict[str, int]  # a card's free memory as of the last heartbeat
-    slots: tuple[tuple[str, str, int, int], ...]  # device, physical id, limit, running
+    devices: Mapping[str, tuple[str, int]]  # device -> (physical id, limit), the same mapping per hello
+    running: tuple[int, ...]  # runs on each of those devices, in their order
     runs: tuple[str, ...]
     heard: LastHeard
     warm: Any
@@ -100,13 +101,15 @@ class ConnectionView:
             "name": self.name, "state": "connected" if self.connected else "disconnected",
             "degraded": self.degraded, "draining": self.draining, "missing_node_types": list(self.missing),
             **said,
-            "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n} for d, p, limit, n in self.slots],
+            "slots": [{"device": d, "physical_id": p, "limit": limit, "running": n}
+                      for (d, (p, limit)), n in zip(self.devices.items(), self.running, strict=True)],
             "running_runs": list(self.runs),
             "warm_pool": self.warm.model_dump() if self.warm is not None and self.connected else None,
             "artifact_outbox": self.artifacts.model_dump() if self.artifacts is not None else None,
         }
 
 
+NO_DEVICES: Mapping[str, tuple[str, int]] = {}  # a connection's before its hello
 _UNSAID: dict[str, Any] = {"version": None, "one_shot": False, "deadline": None, "mounts": {}, "machine_id": None,
                            "devices": [], "inventory": None}
 
