@@ -235,7 +235,12 @@ def study_resume(client: Client, study_id: str, raised: dict[str, float | int | 
 
 
 def study_cancel(client: Client, study_id: str) -> int:
+    """Exit 0 once the study goes no further: cancelled now, or it had finished before
+    the cancel came (as ``troupe cancel`` of a run that ended, and ``sweep cancel``): a
+    script that cancels a study its last attempt just finished has what it asked for."""
     study_id = client.full_id("studies", study_id)
     reply = answer(client.request("POST", f"/api/studies/{study_id}/cancel"), f"cancelling study {study_id}")
-    print(f"  Study   {reply['id']}  {reply['state']}")
-    return EXIT_OK if reply["state"] == "cancelled" else EXIT_FAILED
+    state = reply["state"]
+    print(f"  Study   {reply['id']}  {state}" + ("" if state == "cancelled" else "  (it had ended)"
+                                                  if state == "finished" else ""))
+    return EXIT_OK if state in ("cancelled", "finished") else EXIT_FAILED

@@ -241,5 +241,5 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
 
     @app.command("cancel")
     def cancel(study_id: StudyId, host: Host = None, port: Port = None) -> None:
-        """Cancel a study and its active runs."""
+        """Cancel a study and its active runs (exit 0 too when it had already finished)."""
         done(lambda: sweeps_cmd.study_cancel(client(host, port), study_id))
