@@ -99,8 +99,8 @@ def _paces(conn: Conn, port: int, token: str, args: argparse.Namespace) -> None:
         time.sleep(max(3.0, pace))  # the pool is full again; the in-process side starts alike
         here = paced(port, token, in_process, pace, args.runs, args.timeout, "cpu")
         (w_med, w_p90), (h_med, h_p90) = _median_p90(rows), _median_p90(here)
-        print(f"| {pace:g} | {w_med:.0f} ms | {w_p90:.0f} ms | {h_med:.1f} ms | {h_p90:.1f} ms | "
-              f"{w_med / h_med:.1f}x | {warm} of {len(rows)} |")
+        print(f"| {pace:g} | {w_med:.1f} ms | {w_p90:.1f} ms | {h_med:.1f} ms | {h_p90:.1f} ms | "
+              f"{w_med / h_med:.2f}x | {warm} of {len(rows)} |")
         time.sleep(max(3.0, pace))
 
 
