@@ -182,6 +182,7 @@ class WorkerConnection(Actor):
         self._unacked = self._upto = 0  # acks owed; the newest frame_no of this connection
         self._foreign = 0  # frames of this connection for runs that are not this worker's
         self._timer: asyncio.TimerHandle | None = None
+        self._tell_check = functools.partial(self.ref.tell, _Check())  # one callable and message for every timer
         self._ack_timer: asyncio.TimerHandle | None = None
         self._free: dict[str, int] = {}  # each card's free memory, from the last heartbeat
         self._free_told: dict[str, int] = {}  # and as the placer was last told it
@@ -195,7 +196,6 @@ class WorkerConnection(Actor):
         self._read_no = 0
 
     async def on_start(self) -> None:
-        self._tell_check = functools.partial(self.ref.tell, _Check())  # one callable and message for every timer
         self._schedule()
 
     async def on_stop(self, reason: str) -> None:

@@ -241,6 +241,5 @@ def study_cancel(client: Client, study_id: str) -> int:
     study_id = client.full_id("studies", study_id)
     reply = answer(client.request("POST", f"/api/studies/{study_id}/cancel"), f"cancelling study {study_id}")
     state = reply["state"]
-    print(f"  Study   {reply['id']}  {state}" + ("" if state == "cancelled" else "  (it had ended)"
-                                                  if state == "finished" else ""))
+    print(f"  Study   {reply['id']}  {state}" + ("  (it had ended)" if state == "finished" else ""))
     return EXIT_OK if state in ("cancelled", "finished") else EXIT_FAILED
