@@ -26,6 +26,7 @@ from web.context import Services, services
 from web.errors import json_reply
 from web.requests import invalid_body, read_model
 from web.routes_studies import create_study
+from web.run_rights import refuse_privileged
 
 routes = web.RouteTableDef()
 _PLUGIN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
@@ -90,6 +91,7 @@ async def submit_job(request: web.Request) -> web.Response:
     if earlier is not None:
         return _again(earlier, digest, plugin_id, body.idempotency_key)
     study = await JOB_KINDS[body.kind](svc, body.spec, plugin_id)
+    refuse_privileged(svc, svc.login.who(request), study["spec"]["base_graph"], "/spec/base_graph")
     job = {"id": uuid.uuid4().hex, "plugin_id": plugin_id, "kind": body.kind,
            "idempotency_key": body.idempotency_key, "spec_digest": digest, "created_at": ev.utc_now()}
     result = await svc.store.write(CreatePluginJob(job, study))

@@ -24,10 +24,11 @@ from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph, node_file_stem
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged, submitter_of
+from web.login import submitter_of
 from web.queue_state import submitted_position, with_queue_reasons
 from web.quotas import declared_mib, within_quota
 from web.requests import RUN_ID, choice_query, int_query, one_query, read_model, run_id_from, wants_csv
+from web.run_rights import refuse_privileged
 
 routes = web.RouteTableDef()
 TRAINING_LOOP = "torch.TrainingLoop"
@@ -93,7 +94,10 @@ def _resume_point(row: dict[str, Any], keep_last: int) -> dict[str, Any] | None:
     points = resume_points(row) if row["status"] not in ev.ACTIVE_STATES else {}
     if not points:
         return None
-    kept = (f"while it is among the newest {keep_last} runs (TROUPE_RUN_RETENTION_KEEP_LAST)" if keep_last >= 0
+    # Retention counts each submitter's runs apart (actors/store/runs.py) and spares a run tagged keep.
+    kept = ("as long as it is tagged keep and not deleted" if "keep" in (row.get("tags") or ())
+            else f"while it is among the newest {keep_last} runs of its submitter (TROUPE_RUN_RETENTION_KEEP_LAST, "
+                 "counted per session), or once it is tagged keep" if keep_last >= 0
             else "as long as it is not deleted")
     return {"epoch": min(epoch for epoch, _, _ in points.values()), "nodes": {n: p[0] for n, p in points.items()},
             "until": kept}
@@ -115,17 +119,18 @@ def warning_texts(warnings: list[Any]) -> list[str]:
 async def submit_run(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitRun)
     svc = services(request)
-    refuse_privileged(svc, request, body.graph, "/graph")
     return json_reply(await queue_run(svc, request, body.graph, body.name, body.options), status=201)
 
 
 async def queue_run(svc: Services, request: web.Request, graph_doc: Graph, name: str | None, options: RunOptions,
-                    **asked: Any) -> dict[str, Any]:
+                    graph_at: str | None = "/graph", **asked: Any) -> dict[str, Any]:
     """Validates and queues one run, as ``POST /api/runs`` answers it: one ``Submit`` to
-    the placer, within its session's quotas. ``asked``: more of the ``Submission`` (a
-    rerun's origin)."""
-    graph_doc = with_type_resources(graph_doc, svc.catalog)
+    the placer, once the session may run its node types (``run_rights``; ``graph_at``:
+    where the graph sits in the body, None for a stored run's), within its session's
+    quotas. ``asked``: more of the ``Submission`` (a rerun's origin)."""
     who = svc.login.who(request)
+    refuse_privileged(svc, who, graph_doc, graph_at)
+    graph_doc = with_type_resources(graph_doc, svc.catalog)
     submission = Submission(graph_doc, name, options, await read_flavors(svc.store, graph_doc, options),
                             submitted_by=submitter_of(who) if who is not None else None, **asked)
     async with within_quota(svc, who, 1, declared_mib(options), at_once=options.lane == ev.LANE_INTERACTIVE):

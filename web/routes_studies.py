@@ -26,10 +26,11 @@ from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged, submitter_of
+from web.login import submitter_of
 from web.quotas import declared_mib, within_quota
 from web.requests import hex_id, read_model, wants_csv
 from web.routes_sweeps import sweep_limits
+from web.run_rights import refuse_privileged
 
 routes = web.RouteTableDef()
 # A running study resumed takes the new budget; a failed one (its actor kept crashing) runs again.
@@ -114,8 +115,8 @@ async def _started(svc: Services, study_id: str) -> None:
 async def submit_study(request: web.Request) -> web.Response:
     svc = services(request)
     body = await read_model(request, SubmitStudy)
-    refuse_privileged(svc, request, body.base_graph, "/base_graph")
     who = svc.login.who(request)
+    refuse_privileged(svc, who, body.base_graph, "/base_graph")
     study = await create_study(svc, body, submitted_by=submitter_of(who) if who is not None else None)
     # Its runs start over time, as many at once as its budget lets: those are what a quota sees.
     at_once = _runs_at_once(body, len(study["spec"]["variants"]))
@@ -200,6 +201,9 @@ async def resume_study(request: web.Request) -> web.Response:
     study = await load(svc, hex_id(request, "study"))
     study_id = study["id"]
     body = await read_model(request, ResumeStudy)
+    # What resumes is the stored study's graph: whoever started it, the resumer must be
+    # one who may run it.
+    refuse_privileged(svc, svc.login.who(request), study["spec"].get("base_graph") or {}, None)
     budget = {**study["budget"], **body.budget.model_dump(mode="json", exclude_unset=True)}
     # Never from finished or cancelled, in the write itself: a cancel committed since the
     # read above wins.

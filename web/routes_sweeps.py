@@ -22,9 +22,10 @@ from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
 from web.context import Services, services
 from web.errors import json_reply
-from web.login import refuse_privileged, submitter_of
+from web.login import submitter_of
 from web.quotas import declared_mib, within_quota
 from web.requests import hex_id, read_model, wants_csv
+from web.run_rights import refuse_privileged
 
 routes = web.RouteTableDef()
 
@@ -40,13 +41,13 @@ async def submit_sweep(request: web.Request) -> web.Response:
     body = await read_model(request, SubmitSweep)
     validate_graph(body.base_graph, svc.catalog, "/base_graph")
     body = body.model_copy(update={"base_graph": with_type_resources(body.base_graph, svc.catalog)})
-    refuse_privileged(svc, request, body.base_graph, "/base_graph")
+    who = svc.login.who(request)
+    refuse_privileged(svc, who, body.base_graph, "/base_graph")  # a variant changes params, never a node's type
     compiled = compile_sweep(body, svc.catalog, sweep_limits(svc))
     sweep_id = uuid.uuid4().hex
     name = body.name or body.base_graph.name or "sweep"
     flavors = await read_flavors(svc.store, body.base_graph, body.options)
     base = shared_base(compiled.base)
-    who = svc.login.who(request)
     # A target applies to every variant.
     submissions = tuple(
         Submission(Graph.model_validate(variant.graph), name, body.options, flavors, "/base_graph", seed=variant.seed,
