@@ -10,11 +10,43 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from troupe.nodes import node
+if TYPE_CHECKING:
+    from troupe.client import (
+        ApiError,
+        Client,
+        NotFound,
+        QuotaExceeded,
+        Refused,
+        Run,
+        Study,
+        Sweep,
+        Timeout,
+        TroupeError,
+        Unavailable,
+        Unreachable,
+    )
+    from troupe.nodes import node
 
-__all__ = ["cap_memory", "metric", "node", "progress", "result"]
+__all__ = ["ApiError", "Client", "NotFound", "QuotaExceeded", "Refused", "Run", "Study", "Sweep", "Timeout",
+           "TroupeError", "Unavailable", "Unreachable", "cap_memory", "metric", "node", "progress", "result"]
+_CLIENT = frozenset(__all__[:12])
+
+
+def __getattr__(name: str) -> Any:
+    """What is heavier than the run helpers loads on first use: every part of troupe (the
+    control plane, an agent's run child) imports this package first, and must not pay
+    for the client's HTTP library or the node decorator's catalog types."""
+    if name == "node":
+        from troupe.nodes import node
+
+        return node
+    if name in _CLIENT:
+        import troupe.client
+
+        return getattr(troupe.client, name)
+    raise AttributeError(f"module 'troupe' has no attribute {name!r}")
 
 
 def _say(line: dict[str, Any]) -> None:

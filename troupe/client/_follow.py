@@ -1,0 +1,71 @@
+"""A run's events as they happen, over its server-sent event stream, to its end. A
+stream that is cut (a proxy, a restarted server, a dropped connection) is opened again
+with the last event's id as ``Last-Event-ID``, so the reader sees every event once; one
+that keeps ending with nothing new is checked against the run's record, and given up
+with ``Unreachable`` only when the run has not ended."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from protocol.api import Event
+from troupe.client._errors import TroupeError, Unreachable
+from troupe.client._http import Http
+
+FINISHED = "run_finished"
+REOPENS = 8  # streams in a row that brought nothing new before the follow gives up
+REOPEN_PAUSE_S = 0.25
+
+
+class StreamStalled(TroupeError):
+    """The run's stream kept ending before the run did, with nothing new."""
+
+
+def follow_run(http: Http, run_id: str, after: int = 0, deadline: float | None = None) -> Iterator[Event]:
+    """Yields each event after ``after`` up to ``run_finished``; returns early, without a
+    word, once ``deadline`` (a ``time.monotonic()`` instant) has passed: the caller says
+    what that means."""
+    last, fruitless = after, 0
+    path = f"/api/runs/{run_id}/stream"
+    while not _past(deadline):
+        progressed = False
+        try:
+            for item in http.events(path, params={"after": last}, last_event_id=str(last) if last else None,
+                                    read_timeout=_left(deadline)):
+                if _past(deadline):
+                    return
+                if item.event == "stream_lagged":  # too far behind: opened again where it was
+                    resume = item.data.get("resume_after") if isinstance(item.data, dict) else None
+                    last = resume if isinstance(resume, int) else last
+                    break
+                if item.event != "run_event":
+                    continue
+                event = Event.model_validate(item.data)
+                if event.seq <= last:
+                    continue
+                last, progressed = event.seq, True
+                yield event
+                if event.type == FINISHED:
+                    return
+        except TimeoutError:
+            continue  # silence until the deadline: the loop's condition ends it
+        except Unreachable:
+            if fruitless + 1 >= REOPENS:
+                raise  # the server stayed away: said as it is
+        fruitless = 0 if progressed else fruitless + 1
+        if fruitless >= REOPENS:
+            status = http.request("GET", f"/api/runs/{run_id}")["status"]
+            if status in ("succeeded", "failed", "cancelled", "interrupted"):
+                return
+            raise StreamStalled(f"run {run_id}'s stream ended {fruitless} times with nothing new while it is "
+                                f"{status}; it goes on: follow it again later")
+        time.sleep(REOPEN_PAUSE_S * fruitless)  # a server away for a moment (a restart) is waited for
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.001, deadline - time.monotonic())
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
