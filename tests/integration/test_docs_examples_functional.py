@@ -11,6 +11,9 @@ The rules an example follows (docs/decisions.md, "Examples that run"):
   and the server's label ``data`` is a copy of it;
 * a ```` ```json ```` block parses; after ``<!-- check: METHOD PATH TEMPLATE -->`` it
   is sent (``$`` in the template stands for the block) and must be accepted;
+* the ```` ```python ```` blocks of a page are one notebook session: they run in one
+  interpreter, in order, after the page's shell blocks, with ``TROUPE_HOME`` the test
+  server's (so ``troupe.Client()`` finds it) and the checkout's ``troupe`` importable;
 * a block after ``<!-- not run: REASON -->`` is left out, and the reason printed.
 """
 
@@ -68,7 +71,7 @@ def test_every_example_is_runnable_or_says_why_not():
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", [p for p in DOCS if any(
-    e.lang in ("sh", "json") and e.skipped is None for e in examples(p))], ids=lambda p: p.name)
+    e.lang in ("sh", "json", "python") and e.skipped is None for e in examples(p))], ids=lambda p: p.name)
 def test_the_examples_of(path, make_server, tmp_path):
     if shutil.which("curl") is None:
         pytest.skip("the docs' examples use curl (.ci/run installs it)")
@@ -88,7 +91,7 @@ def test_the_examples_of(path, make_server, tmp_path):
         shim.chmod(0o755)
     env = {**base_env(server.home), "PATH": f"{bin_dir}:{base_env(server.home)['PATH']}", "PYTHONPATH": str(REPO),
            "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state")}
-    script = ["set -euo pipefail"]
+    script, notebook = ["set -euo pipefail"], []
     for number, example in enumerate(examples(path)):
         if example.skipped is not None:
             continue
@@ -97,11 +100,16 @@ def test_the_examples_of(path, make_server, tmp_path):
             for address in ADDRESSES:
                 body = body.replace(address, server.url)
             script += [f"echo '--- block {number}' >&2", body]
+        elif example.lang == "python":
+            notebook.append(f"print('--- cell {number}', file=__import__('sys').stderr)\n{example.body}")
         elif example.lang == "json" and example.note.startswith("check:"):
             method, target, template = example.note.removeprefix("check:").split(None, 2)
             sent = json.loads(template.replace("$", example.body))
             status, reply = server.client.request(method, target, sent)
             assert status < 300, (path.name, number, status, reply)
+    if notebook:
+        (tmp_path / "notebook.py").write_text("\n".join(notebook))
+        script += [f"python {tmp_path / 'notebook.py'}"]
     if len(script) == 1:
         return
     ran = subprocess.run(["bash", "-c", "\n".join(script)], cwd=folder, env=env, capture_output=True, text=True,
