@@ -77,9 +77,9 @@ class Client:
         if name is not None:
             body["name"] = name
         created = self.http.request("POST", "/api/runs", body)
-        run = self.get(created["run_id"])
+        run = Run(self, run_id=created["run_id"], status=created["status"])
         if tags:
-            run.tag(*tags)
+            self.http.request("PATCH", f"/api/runs/{run.id}", {"tags": sorted({*tags})})
         return run.wait(timeout) if wait else run
 
     def get(self, id_or_prefix: str) -> Run:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from protocol.api import Event
 from troupe.client._errors import TroupeError, Unreachable
@@ -26,6 +27,13 @@ def follow_run(http: Http, run_id: str, after: int = 0, deadline: float | None =
     """Yields each event after ``after`` up to ``run_finished``; returns early, without a
     word, once ``deadline`` (a ``time.monotonic()`` instant) has passed: the caller says
     what that means."""
+    for data in run_events(http, run_id, after, deadline):
+        yield Event.model_validate(data)
+
+
+def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None = None) -> Iterator[dict[str, Any]]:
+    """``follow_run``'s events as the JSON objects they came as: a caller that only waits
+    for the end pays for no model per event."""
     last, fruitless = after, 0
     path = f"/api/runs/{run_id}/stream"
     while not _past(deadline):
@@ -39,14 +47,14 @@ def follow_run(http: Http, run_id: str, after: int = 0, deadline: float | None =
                     resume = item.data.get("resume_after") if isinstance(item.data, dict) else None
                     last = resume if isinstance(resume, int) else last
                     break
-                if item.event != "run_event":
+                if item.event != "run_event" or not isinstance(item.data, dict):
                     continue
-                event = Event.model_validate(item.data)
-                if event.seq <= last:
+                seq = item.data.get("seq")
+                if not isinstance(seq, int) or seq <= last:
                     continue
-                last, progressed = event.seq, True
-                yield event
-                if event.type == FINISHED:
+                last, progressed = seq, True
+                yield item.data
+                if item.data.get("type") == FINISHED:
                     return
         except TimeoutError:
             continue  # silence until the deadline: the loop's condition ends it

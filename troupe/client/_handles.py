@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from protocol.api import Event, RunDetail, RunRow
 from protocol.replies import MetricPoint, StudyDetail, SweepDetail
 from troupe.client._errors import Timeout
-from troupe.client._follow import follow_run
+from troupe.client._follow import FINISHED, follow_run, run_events
 
 if TYPE_CHECKING:
     from troupe.client._client import Client
@@ -32,18 +32,25 @@ def _left(deadline: float | None) -> float | None:
 
 class Run:
     """One run. ``record``: its row as last read (a ``RunDetail`` once read alone, a
-    ``RunRow`` from a list); ``ok``: it succeeded."""
+    ``RunRow`` from a list), read on first use; ``ok``: it succeeded."""
 
-    def __init__(self, client: Client, record: RunRow) -> None:
+    def __init__(self, client: Client, record: RunRow | None = None, *, run_id: str | None = None,
+                 status: str | None = None) -> None:
         self._client = client
-        self.record = record
+        self._record = record
+        self._id = record.id if record is not None else str(run_id)
+        self._status = status  # heard from the server since the record was read (its end)
 
     def __repr__(self) -> str:
         return f"<Run {self.id[:12]} {self.name or ''} {self.status}>".replace("  ", " ")
 
     @property
+    def record(self) -> RunRow:
+        return self._record if self._record is not None else self.detail()
+
+    @property
     def id(self) -> str:
-        return self.record.id
+        return self._id
 
     @property
     def name(self) -> str | None:
@@ -51,15 +58,15 @@ class Run:
 
     @property
     def status(self) -> str:
-        return self.record.status
+        return self._status if self._status is not None else self.record.status
 
     @property
     def ok(self) -> bool:
-        return self.record.status == "succeeded"
+        return self.status == "succeeded"
 
     @property
     def done(self) -> bool:
-        return self.record.status in FINAL
+        return self.status in FINAL
 
     def refresh(self) -> Run:
         self.detail()
@@ -68,18 +75,21 @@ class Run:
     def detail(self) -> RunDetail:
         """Its whole record, read now (graph, options, artifacts, seed...)."""
         found = RunDetail.model_validate(self._client.http.request("GET", f"/api/runs/{self.id}"))
-        self.record = found
+        self._record, self._status = found, None
         return found
 
     def wait(self, timeout: float | None = None) -> Run:
         """Returns once the run has ended, however it ended (``ok`` says); raises
-        ``troupe.Timeout`` past ``timeout`` seconds, and the run goes on."""
-        deadline = _deadline(timeout)
-        if not self.refresh().done:
-            for _ in follow_run(self._client.http, self.id, deadline=deadline):
-                pass
-            if not self.refresh().done and timeout is not None:
-                raise Timeout(f"run {self.id}", timeout, self.status)
+        ``troupe.Timeout`` past ``timeout`` seconds, and the run goes on. It reads the
+        run's stream to its end: nothing is polled, and the end is known as it happens."""
+        if self._status in FINAL:
+            return self
+        for event in run_events(self._client.http, self.id, deadline=_deadline(timeout)):
+            if event.get("type") == FINISHED:
+                self._record, self._status = None, str((event.get("payload") or {}).get("status"))
+                return self
+        if not self.refresh().done:  # the deadline came first (or the stream gave out)
+            raise Timeout(f"run {self.id}", float(timeout or 0), self.status)
         return self
 
     def follow(self, after: int = 0, timeout: float | None = None) -> Iterator[Event]:
@@ -149,18 +159,19 @@ class Run:
         self._client.http.request("PATCH", f"/api/runs/{self.id}", {"note": text})
         return self.refresh()
 
-    def artifacts(self) -> list[dict[str, Any]]:
-        """Its files (checkpoints, recorded outputs...), as the run's record lists them."""
+    def artifacts(self) -> list[Any]:
+        """Its files (checkpoints, recorded outputs...): each with ``id``, ``path``,
+        ``kind``, ``size`` and ``sha256``, as the run's record lists them."""
         return list(self.detail().artifacts)
 
-    def download(self, artifact: str | Mapping[str, Any], to: str | Path) -> Path:
-        """Writes one artifact (its id, or its entry from ``artifacts()``) to ``to`` (a
-        folder keeps the artifact's own name) and returns the path written."""
-        artifact_id = str(artifact["id"] if isinstance(artifact, Mapping) else artifact)
+    def download(self, artifact: Any, to: str | Path) -> Path:
+        """Writes one artifact (its id, or an entry of ``artifacts()``) to ``to`` (a
+        folder keeps the artifact's own file name) and returns the path written."""
+        artifact_id = str(getattr(artifact, "id", artifact))
         target = Path(to)
         if target.is_dir():
-            entry = next((a for a in self.artifacts() if str(a.get("id")) == artifact_id), {})
-            target = target / Path(str(entry.get("name") or entry.get("path") or artifact_id)).name
+            entry = next((a for a in self.artifacts() if str(a.id) == artifact_id), None)
+            target = target / Path(entry.path if entry is not None else artifact_id).name
         self._client.http.download(f"/api/runs/{self.id}/artifacts/{artifact_id}", target)
         return target
 
