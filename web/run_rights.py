@@ -19,8 +19,9 @@ base graph, whoever made them. It is asked where a request becomes runs:
 
 ``tests/integration/test_run_rights_functional.py`` walks every operation of the OpenAPI
 document that makes runs as a class session with a privileged graph, and fails when a
-``POST`` answering a run, sweep, study or job is on neither of its lists: a route added
-later is walked, or the test says it was forgotten.
+``POST`` answering a run, sweep, study or job, or taking a graph, is on neither of its
+lists; every route of the server is in that document (``test_openapi_client_functional``).
+A route added later is walked, or the test says it was forgotten.
 """
 
 from __future__ import annotations
