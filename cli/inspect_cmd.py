@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cli.client import Client
-from cli.errors import EXIT_OK, CliError
+from cli.errors import EXIT_OK, BadOption, CliError
 from cli.runs_cmd import answer, get_run, table
 
 # A series whose name says it measures an error is best when lowest; any other (an
@@ -46,8 +46,8 @@ def note(client: Client, run_id: str, text: str, as_json: bool) -> int:
 def compare(client: Client, run_ids: Sequence[str], as_json: bool) -> int:
     """The params that differ between the runs, and each series' last and best value
     with their steps, side by side."""
-    if len(run_ids) < 2:
-        raise CliError("compare takes two runs or more")
+    if len(run_ids) < 2:  # a usage mistake (exit 2), before anything is asked of the server
+        raise BadOption(f"compare takes two runs or more; {len(run_ids)} given (troupe show ID shows one)")
     ids = client.full_ids("runs", run_ids)
     runs = [get_run(client, run_id) for run_id in ids]
     series = [answer(client.request("GET", f"/api/runs/{run_id}/metrics"), f"metrics of {run_id}")["series"]

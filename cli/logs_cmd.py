@@ -11,7 +11,7 @@ from collections.abc import Set
 from typing import Any
 
 from cli.client import Client, Reopens
-from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BadOption
 from cli.runs_cmd import answer, get_run
 from protocol import events as ev
 
@@ -21,14 +21,17 @@ POINTS_A_SERIES = 20  # metric points shown per series (--metrics: all): the fir
 
 
 def logs(client: Client, run_id: str, follow_live: bool, tail: int | None, console_only: bool,
-         as_json: bool = False, every_metric: bool = False) -> int:
+         as_json: bool = False, every_metric: bool = False, every_event: bool = False) -> int:
     """What happened, in order: the run's start and end, each node's start, end or
     failure (with its traceback), logs, warnings, console lines and metric points at a
-    readable rate (``every_metric``: all); or the console alone. ``as_json``: each event
-    as the API gives it, one a line."""
+    readable rate (``every_metric``: all); or the console alone; or (``every_event``)
+    every event the run has. ``as_json``: each event as the API gives it, one a line."""
+    if every_event and console_only:
+        raise BadOption("--all shows every event and --console only what the run printed; give one of them")
     run_id = client.full_id("runs", run_id)
     get_run(client, run_id)
-    kinds = {ev.CONSOLE} if console_only else _LOGGED
+    kinds = {ev.CONSOLE} if console_only else ev.VOCABULARY if every_event else _LOGGED
+    every_metric = every_metric or every_event
     try:
         if follow_live:
             return _follow(client, run_id, kinds, _Rate(None if every_metric else 1.0), console_only, as_json)
@@ -145,4 +148,13 @@ def _event_line(event: dict[str, Any]) -> str:
         return f"[run] started on {payload.get('device')}{worker}"
     if kind == ev.NODE_QUEUED:
         return f"[node] {node} waits: {payload.get('reason') or ''}"
+    if kind == ev.RUN_QUEUED:
+        return f"[run] queued on {payload.get('queue_key')}"
+    if kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING):
+        state = "stored" if kind == ev.ARTIFACT else "waits on its worker"
+        return f"[artifact] {node} {payload.get('kind') or 'file'} {payload.get('path')} {state}"
+    if kind == ev.PROVENANCE:
+        return f"[read] {node} {payload.get('kind') or 'file'} {payload.get('ref')}"
+    if kind != ev.NODE_STARTED:  # one this terminal does not know yet: its type and payload
+        return " ".join(part for part in (f"[{kind}]", node, json.dumps(payload)) if part)
     return f"[node] {node} started"

@@ -19,6 +19,17 @@ def printable(text: Any) -> str:
     return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
+def output_form(quiet: bool, as_json: bool, plain: str, ids: str = "quiet") -> str:
+    """What a command prints: ids alone (``quiet``: the form named ``ids``), JSON, or
+    ``plain`` (its text or table). Both asked for is a usage mistake (exit 2), not one of
+    them chosen silently."""
+    if quiet and as_json:
+        from cli.errors import BadOption
+
+        raise BadOption("-q/--quiet and --json each choose what is printed; give one of them")
+    return ids if quiet else "json" if as_json else plain
+
+
 def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 

@@ -20,12 +20,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cli.client import Client
-from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BadOption, CliError
 from cli.render import printable
 from cli.run_cmd import follow
 from protocol import events as ev
 
 TERMINAL = ev.TERMINAL_STATES
+# In the order a run goes through them, as ``ls --status`` lists them.
+STATES = (ev.QUEUED, ev.RUNNING, ev.SUCCEEDED, ev.FAILED, ev.CANCELLED, ev.INTERRUPTED, ev.DISCONNECTED)
 
 
 def answer(reply: tuple[int, Any], what: str) -> Any:
@@ -94,6 +96,10 @@ class Listing:
 
 
 def list_runs(client: Client, asked: Listing) -> int:
+    unknown = [] if asked.status is None else [s for s in asked.status.split(",") if s not in ev.ALL_STATES]
+    if unknown:  # a usage mistake, said before anything is asked of the server
+        raise BadOption(f"--status takes {', '.join(STATES)}, or several joined by commas; "
+                        f"{', '.join(repr(s) for s in unknown)} is none of them")
     query = {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
         "sweeps", asked.sweep)), ("study_id", asked.study and client.full_id("studies", asked.study)),
         ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor),
@@ -302,23 +308,62 @@ def attach(client: Client, run_id: str, timeout: float | None) -> int:
         return EXIT_INTERRUPTED
 
 
+CANCEL_WAIT_S = 30.0  # longer than a worker's and a command's kill grace (10 s, 5 s)
+
+
 def cancel(client: Client, run_ids: Sequence[str], as_json: bool = False) -> int:
+    """Asks every run to stop, then prints the state each went to: a running run stops
+    at its node's next check, so the server's answer (still ``running``) is not it. A
+    run still going after ``CANCEL_WAIT_S`` is said so, exit 1."""
     code = EXIT_OK
-    answers = []
+    answers: list[dict[str, Any]] = []
     for run_id in client.full_ids("runs", run_ids):
         status, body = client.request("POST", f"/api/runs/{run_id}/cancel")
         answers.append({"id": run_id, **(body if isinstance(body, dict) else {"error": body})})
         if status == 200:
-            state = body["status"]  # what a troupe server answers, never any 200
-            if not as_json:
-                print(f"{run_id}  {state}" + ("  (asked before)" if body.get("repeat") else ""))
+            answers[-1]["status"] = body["status"]  # what a troupe server answers, never any 200
         else:
             error = body.get("error", {}) if isinstance(body, dict) else {}
             print(f"troupe: {run_id}: {error.get('message', body)}", file=sys.stderr)
             code = EXIT_FAILED
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    for answer_of in answers:
+        if "error" in answer_of:
+            continue
+        if answer_of["status"] not in TERMINAL:
+            answer_of["status"] = _ended_as(client, answer_of["id"], deadline)
+        if answer_of["status"] not in TERMINAL:
+            print(f"troupe: {answer_of['id']} is still {answer_of['status']} {CANCEL_WAIT_S:.0f}s after it was "
+                  "asked to stop; troupe wait ID follows it to its end", file=sys.stderr)
+            code = EXIT_FAILED
+        elif not as_json:
+            print(f"{answer_of['id']}  {answer_of['status']}" + ("  (asked before)" if answer_of.get("repeat") else ""))
     if as_json:
         print(json.dumps({"runs": answers}, indent=2))
     return code
+
+
+def _ended_as(client: Client, run_id: str, deadline: float) -> str:
+    """The status the run ended with, from its stream (after its newest event), or its
+    status when ``deadline`` passed first."""
+    events = answer(client.request("GET", f"/api/runs/{run_id}/events?tail=1"), f"run {run_id}")["events"]
+    after = events[-1]["seq"] if events else 0
+    if events and events[-1]["type"] == ev.RUN_FINISHED:
+        return str(events[-1]["payload"].get("status"))
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout=left):
+                if kind == "run_event":
+                    after = data["seq"]
+                    if data["type"] == ev.RUN_FINISHED:
+                        return str(data["payload"].get("status"))
+                if time.monotonic() >= deadline:
+                    break
+            else:
+                break  # the stream ended without the run's end (a restart): its row says
+    except TimeoutError:
+        pass
+    return str(get_run(client, run_id)["status"])
 
 
 def remove(client: Client, run_ids: Sequence[str]) -> int:
@@ -355,10 +400,11 @@ def wait(client: Client, run_ids: Sequence[str], timeout: float | None, as_json:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    print(f"troupe: stopped waiting after {timeout}s; {run_id} is {run['status']}", file=sys.stderr)
+                    print(f"troupe: timed out: stopped waiting after {timeout}s; {run_id} is {run['status']} "
+                          "(it goes on on the server)", file=sys.stderr)
                     code = EXIT_FAILED
                     break
-                _until_status_changes(client, run_id, left)
+                _until_status_changes(client, run_id, deadline)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     if as_json:
@@ -369,9 +415,11 @@ def wait(client: Client, run_ids: Sequence[str], timeout: float | None, as_json:
     return EXIT_OK if all(s == ev.SUCCEEDED for s in statuses.values()) else EXIT_FAILED
 
 
-def _until_status_changes(client: Client, run_id: str, within: float | None) -> None:
+def _until_status_changes(client: Client, run_id: str, deadline: float | None) -> None:
+    """Until the run's stream says it finished, 30 s of silence, or ``deadline``, whichever
+    comes first: a run that emits without a pause still stops the wait at its deadline."""
     try:
-        for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=min(within or 30.0, 30.0)):
+        for kind, data in client.stream(f"/api/runs/{run_id}/stream", read_timeout=30.0, deadline=deadline):
             if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
                 return
     except TimeoutError:

@@ -13,6 +13,7 @@ import typer
 
 from cli import connect
 from cli.errors import CliError
+from cli.render import output_form
 
 Client = Callable[[str | None, int | None], Any]
 
@@ -38,6 +39,9 @@ Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
 Port = Annotated[int | None, typer.Option(min=1, max=65535, help="server port (default: the last `troupe start`)")]
 Spec = Annotated[str, typer.Argument(help="a JSON file: the request's body")]
+LOGS_JSON_HELP = ("one event a line, as the API gives it; as the text does, it leaves out the run's queued event, "
+                  "its artifacts and the files it read (provenance), and keeps 20 metric points a series "
+                  "(--metrics: all of them; --all: every event)")
 Sets = Annotated[list[str] | None, typer.Option("--set", help="change a param of the base graph: NODE.PARAM=VALUE "
                                                                "(repeatable)")]
 
@@ -87,7 +91,7 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first, with who submitted each."""
         done(lambda: runs_cmd.list_runs(client(host, port), runs_cmd.Listing(
-            status, sweep, study, search, tag, limit, cursor, "ids" if quiet else "json" if as_json else "table",
+            status, sweep, study, search, tag, limit, cursor, output_form(quiet, as_json, "table", "ids"),
             full, sort, desc, params, mine)))
 
     @app.command()
@@ -109,11 +113,13 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
              console: Annotated[bool, typer.Option("--console", help="only what the run printed")] = False,
              metrics: Annotated[bool, typer.Option("--metrics", help="every metric point (else 20 a series, or one "
                                                                      "a second live)")] = False,
-             as_json: Annotated[bool, typer.Option("--json", help="one event a line, as the API gives it")] = False,
+             every: Annotated[bool, typer.Option("--all", help="every event the run has, every metric point "
+                                                               "among them")] = False,
+             as_json: Annotated[bool, typer.Option("--json", help=LOGS_JSON_HELP)] = False,
              host: Host = None, port: Port = None) -> None:
         """What happened to a run: its nodes' starts and ends, failures with their traceback, logs,
-        warnings, metric points and console lines, in order."""
-        done(lambda: logs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json, metrics))
+        warnings, metric points and console lines, in order (--all: every event)."""
+        done(lambda: logs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json, metrics, every))
 
     @app.command()
     def cancel(run_ids: RunIds, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -182,7 +188,7 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
     def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,
             port: Port = None) -> None:
         """List sweeps, newest first."""
-        done(lambda: sweeps_cmd.sweep_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
+        done(lambda: sweeps_cmd.sweep_ls(client(host, port), output_form(quiet, as_json, "table", "ids"), limit))
 
     @app.command("show")
     def show(sweep_id: SweepId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
@@ -217,7 +223,7 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
     def ls_(as_json: AsJson = False, quiet: Quiet = False, limit: Limit = None, host: Host = None,
             port: Port = None) -> None:
         """List studies, newest first."""
-        done(lambda: sweeps_cmd.study_ls(client(host, port), "ids" if quiet else "json" if as_json else "table", limit))
+        done(lambda: sweeps_cmd.study_ls(client(host, port), output_form(quiet, as_json, "table", "ids"), limit))
 
     @app.command("show")
     def show(study_id: StudyId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
