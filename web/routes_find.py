@@ -43,7 +43,9 @@ _SORT = re.compile(SORT_PATTERN)
 
 
 def _sort_query(request: web.Request) -> str | None:
-    sort = one_query(request, "sort") or None
+    """The series to order by; an empty ``sort=`` names none and is refused, as the
+    document's pattern says (not read as no order)."""
+    sort = one_query(request, "sort")
     if sort is not None and not _SORT.fullmatch(sort):
         raise InvalidRequest("sort is a metric series' name, with - before it for the highest first", pointer="?sort")
     return sort

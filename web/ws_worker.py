@@ -23,6 +23,7 @@ from actors.worker import CLOSE, Attached, Close, Detached, FromWorker
 from protocol import events as ev
 from protocol import worker as wire
 from protocol.api import worker_name_problem
+from protocol.errors import Unauthorized
 from protocol.version import __version__
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
@@ -79,6 +80,10 @@ async def credential_owner(svc: Services, secret: str) -> tuple[str | None, str]
 @routes.get("/ws/worker")
 async def worker_socket(request: web.Request) -> web.WebSocketResponse:
     svc = services(request)
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():  # nobody to check: 401 before any upgrade
+        raise Unauthorized("the worker socket needs an agent's credential (Authorization: Bearer <credential>); "
+                           "enroll the agent with a join command (POST /api/workers/enrollments)")
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=8 * 1024 * 1024)
     await ws.prepare(request)
     try:

@@ -46,11 +46,15 @@ async def test_an_ended_frame_numbered_below_what_was_applied_ends_nothing(make_
         await session.close()
 
 
+# A credential is checked with the hello; a socket without any is refused before the upgrade (401).
+UNCHECKED = {"Authorization": "Bearer not-checked-before-the-hello"}
+
+
 @pytest.mark.timeout(60)
 async def test_pings_do_not_hold_a_socket_that_never_says_hello(make_server):
     server = make_server()
     async with aiohttp.ClientSession() as session, session.ws_connect(
-            server.url.replace("http://", "ws://") + "/ws/worker", autoping=True) as ws:
+            server.url.replace("http://", "ws://") + "/ws/worker", autoping=True, headers=UNCHECKED) as ws:
 
         async def keep_pinging():
             while not ws.closed:
@@ -70,7 +74,7 @@ async def test_a_peer_that_leaves_before_its_hello_leaves_no_traceback(make_serv
     server = make_server()
     for _ in range(3):
         async with aiohttp.ClientSession() as session:
-            ws = await session.ws_connect(server.url.replace("http://", "ws://") + "/ws/worker")
+            ws = await session.ws_connect(server.url.replace("http://", "ws://") + "/ws/worker", headers=UNCHECKED)
             await ws.close()
     assert server.client.request("GET", "/api/workers")[0] == 200
     server.stop()
