@@ -67,6 +67,7 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
             if not isinstance(current, dict):
                 raise BadSet(f"--set {given!r}: node {node_id}'s {param} is not an object in the graph")
             value = _scalar(raw)
+            _refuse_unknown_name(given, node, f"{param}.{key}", value)
             params[param] = {**current, key: value}
             done[f"{node_id}.{param}.{key}"] = value
             continue
@@ -74,6 +75,32 @@ def apply_sets(graph: dict[str, Any], sets: Sequence[str], params_of: ParamsOf) 
         params[param] = value
         done[f"{node_id}.{param}"] = value
     return done
+
+
+def _refuse_unknown_name(given: str, node: Mapping[str, Any], name: str, value: Any) -> None:
+    """A name of a mapping param that the node type does not take (a command's var that
+    no placeholder uses: ``train.vars.lrr``) is a usage error, said as the server would
+    say it. Asked of troupe's own packs (the script pack's ``vars``), and only when the
+    node was right before the name was set: another pack's mapping, and a graph wrong for
+    another reason, are the server's to judge."""
+    from subprocess_runner.errors import GraphInvalid
+    from subprocess_runner.packs import core, script_pack
+    from subprocess_runner.sweeps import SweepInvalid, refuse_unknown_name
+    from subprocess_runner.validation import resolve_params
+
+    own = {t.type: t for pack in (core.PACK, script_pack.PACK) for t in pack.node_types}
+    node_type = own.get(str(node.get("type")))
+    params = node.get("params")
+    if node_type is None or not isinstance(params, dict):
+        return
+    node_id = str(node.get("id"))
+    try:
+        resolve_params(node_type, params, "", node_id)
+        refuse_unknown_name(node_type, params, name, value, "", node_id)
+    except GraphInvalid:
+        return
+    except SweepInvalid as exc:
+        raise BadSet(f"--set {given!r}: {exc.message}") from None
 
 
 def _scalar(raw: str) -> Any:

@@ -11,7 +11,14 @@ from typing import Any
 from protocol.studies import SubmitStudy
 from protocol.sweeps import Objective, SubmitSweep
 from subprocess_runner.catalog import Catalog
-from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep, with_params
+from subprocess_runner.sweeps import (
+    SweepInvalid,
+    SweepLimits,
+    compile_sweep,
+    mapped_param,
+    refuse_unknown_name,
+    with_params,
+)
 from subprocess_runner.validation import check_param
 
 SEED_MODULUS = 2**32
@@ -84,10 +91,14 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
             if node is None or node_type is None:
                 raise SweepInvalid(f"the base graph has no node {entry.node_id!r}", pointer=f"{at}/node_id")
             param = node_type.param(entry.param)
+            mapped = param is None and (param := mapped_param(node_type, entry.param, [entry.value])) is not None
             if param is None or param.type == "secret":
                 raise SweepInvalid(f"node {entry.node_id} has no settable param {entry.param!r}",
                                    pointer=f"{at}/param", node_id=entry.node_id)
-            params[f"{entry.node_id}.{entry.param}"] = check_param(param, entry.value, f"{at}/value", entry.node_id)
+            value = check_param(param, entry.value, f"{at}/value", entry.node_id)
+            if mapped:  # a name of a mapping param (vars.lr): one the node type takes
+                refuse_unknown_name(node_type, node.params, entry.param, value, f"{at}/param", entry.node_id)
+            params[f"{entry.node_id}.{entry.param}"] = value
         out.append({"name": variant.name, "params": params, "graph": with_params(base, params)})
     return out
 

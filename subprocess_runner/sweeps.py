@@ -20,7 +20,8 @@ from protocol.errors import InvalidRequest
 from protocol.graph import Graph
 from protocol.sweeps import SubmitSweep, SweepParam, SweepRange
 from subprocess_runner.catalog import Catalog, Param
-from subprocess_runner.validation import check_param
+from subprocess_runner.errors import GraphInvalid
+from subprocess_runner.validation import check_param, resolve_params
 
 SWEEPABLE = frozenset({"int", "float", "bool", "string", "select"})
 SEED_MODULUS = 2**32
@@ -122,8 +123,9 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
         raise SweepInvalid(f"node id {entry.node_id!r} appears twice", pointer=f"{where}/node_id")
     node_type = catalog.get(matches[0].type)
     param = node_type.param(entry.param) if node_type is not None else None
-    if param is None and node_type is not None:
-        param = _mapped(node_type, entry)  # a name of a mapping param: vars.lr
+    if param is None and node_type is not None:  # a name of a mapping param: vars.lr
+        int_range = entry.range is not None and entry.range.type == "int"
+        param = mapped_param(node_type, entry.param, entry.values, int_range)
     if param is None:
         raise SweepInvalid(f"node {entry.node_id} ({matches[0].type}) has no param {entry.param!r}",
                            pointer=f"{where}/param", node_id=entry.node_id)
@@ -149,6 +151,8 @@ def _domain(entry: SweepParam, where: str, base: Graph, catalog: Catalog, limits
                                f"the range gives {value!r} twice; fewer points, or a wider range", pointer=pointer)
         seen.add(identity)
         checked.append(value)
+    if node_type is not None and node_type.param(entry.param) is None:
+        refuse_unknown_name(node_type, matches[0].params, entry.param, checked[0], f"{where}/param", entry.node_id)
     key = f"{entry.node_id}.{entry.param}"
     if len(key_targets(key, {n.id for n in base.nodes})) > 1:
         raise SweepInvalid(f"{key} could name a param of node {entry.node_id} or of another node whose id has a "
@@ -168,16 +172,30 @@ def key_targets(key: str, ids: Container[str]) -> list[tuple[str, str]]:
     return found
 
 
-def _mapped(node_type: Any, entry: SweepParam) -> Param | None:
-    """``vars.lr`` of a node whose ``vars`` is a mapping: swept by number, as an int when
+def mapped_param(node_type: Any, name: str, values: list[Any] | None, int_range: bool = False) -> Param | None:
+    """``vars.lr`` of a node whose ``vars`` is a mapping: set by number, as an int when
     every listed value is one (a command's ``--epochs {epochs}`` takes ``6``, not ``6.0``)."""
-    head, dot, key = entry.param.partition(".")
+    head, dot, key = name.partition(".")
     outer = node_type.param(head) if dot else None
     if outer is None or outer.type != "mapping" or not key.isidentifier():
         return None
-    integral = entry.values is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values)
-    return Param(entry.param, "int" if integral or (entry.range is not None and entry.range.type == "int")
-                 else "float")
+    integral = values is not None and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return Param(name, "int" if integral or int_range else "float")
+
+
+def refuse_unknown_name(node_type: Any, params: Mapping[str, Any], name: str, value: Any, pointer: str,
+                        node_id: str) -> None:
+    """A name of a mapping param set by a sweep or a study (``vars.lrr``) is one the node
+    type takes: its own check is asked with the name set, so a command's var that no
+    placeholder uses is refused here, at the spec's param, and not swept as identical runs."""
+    head, _, key = name.partition(".")
+    mapping = params.get(head)
+    changed = {**params, head: {**(mapping if isinstance(mapping, dict) else {}), key: value}}
+    try:
+        resolve_params(node_type, changed, "", node_id)
+    except GraphInvalid as exc:
+        why = exc.message.removeprefix(f"node {node_id}: ")
+        raise SweepInvalid(f"{name} of node {node_id} cannot be set: {why}", pointer=pointer, node_id=node_id) from None
 
 
 def _identity(value: Any) -> tuple[str, Any]:
