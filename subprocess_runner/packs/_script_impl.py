@@ -1,9 +1,10 @@
-"""``script.Command`` at run time: the program in a process group of its own, its two
-output streams read line by line on threads of their own, its checkpoint folder
-watched, and the group stopped (SIGTERM, then SIGKILL after the machine's grace,
-``TROUPE_COMMAND_KILL_GRACE_S``) when the run is cancelled, the node's ``timeout_s``
-passes, or the group uses more of a shared card than the run's memory budget. Nothing of
-the group outlives the node."""
+"""``script.Command`` at run time: the program below troupe's reaper (a child subreaper,
+``_command_process``), its two output streams read line by line on threads of their own,
+its checkpoint folder watched, and its whole tree stopped (SIGTERM, then SIGKILL after
+the machine's grace, ``TROUPE_COMMAND_KILL_GRACE_S``) when the run is cancelled, the
+node's ``timeout_s`` passes, the group uses more of a shared card than the run's memory
+budget, or the program ends. Nothing it started outlives the node, even a process that
+left its group (``setsid``) or cleared its environment."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import codecs
 import contextlib
 import hashlib
 import json
+import math
 import os
 import select
 import signal
@@ -26,6 +28,8 @@ from typing import IO, Any
 from protocol.events import STEP_MAX
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
+from subprocess_runner.packs._command_process import CommandProcess
+from subprocess_runner.packs.script_pack import THREAD_CAPS, var_text
 from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
 
 STDERR_TAIL = 20  # lines of stderr a failure quotes
@@ -34,8 +38,6 @@ JSON_LINE_MAX = 64 * 2**20  # the longest metric, progress or result line read
 _CHUNK = 65536
 _POLL_S = 0.1
 _CHECKPOINT_POLL_S = 0.5
-# What the numeric libraries a script may use read for their thread pools.
-_THREAD_CAPS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -48,28 +50,30 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
     if not cwd.is_dir():
         raise RuntimeError(f"cannot start {argv[0]!r}: its folder {str(cwd)!r} (cwd) is not a folder here")
+    grace = ctx.limits.kill_grace_s
     try:
-        process = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, start_new_session=True)
+        command = CommandProcess(argv, cwd, env, grace)
     except OSError as exc:
         raise RuntimeError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     lines = _Lines(ctx)
-    ended = threading.Event()  # the group is gone: readers take what is left, then stop
-    readers = [threading.Thread(target=lines.read, args=(process.stdout, "stdout", ended), daemon=True),
-               threading.Thread(target=lines.read, args=(process.stderr, "stderr", ended), daemon=True)]
+    ended = threading.Event()  # the tree is gone: readers take what is left, then stop
+    readers = [threading.Thread(target=lines.read, args=(command.process.stdout, "stdout", ended), daemon=True),
+               threading.Thread(target=lines.read, args=(command.process.stderr, "stderr", ended), daemon=True)]
     for reader in readers:
         reader.start()
     watched = _Checkpoints(ctx, checkpoints)
-    grace = ctx.limits.kill_grace_s
     try:
-        code = _wait(process, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
+        _wait(command, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
     finally:
-        _stop_group(process, grace)
-        stop_carrying([ctx.run_id], grace)  # what left the group (setsid) still carries the run's mark
+        command.stop()
+        stop_carrying([ctx.run_id], grace)  # a process the reaper could not hold (not Linux) still carries the mark
         ended.set()
         for reader in readers:
             reader.join(5)
         watched.look()  # what it renamed into place last
+    code = command.exit_code()
+    if code is None:
+        raise RuntimeError(f"{argv[0]}'s exit status was lost: the process that watched it was killed")
     if code != 0:
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         tail = "\n".join(lines.stderr_tail)
@@ -79,7 +83,7 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
 
 def _filled(text: str, params: Mapping[str, Any], ctx: Any) -> str:
     values = {"seed": "" if ctx.seed is None else str(ctx.seed), "run_id": ctx.run_id, "python": sys.executable}
-    values.update({k: json.dumps(v) if isinstance(v, bool) else str(v) for k, v in params["vars"].items()})
+    values.update({k: var_text(v) for k, v in params["vars"].items()})
     return text.format_map(values)
 
 
@@ -89,7 +93,7 @@ def _own_env(ctx: Any, checkpoints: Path, outputs: Path) -> dict[str, str]:
     if ctx.seed is not None:
         env["TROUPE_SEED"] = str(ctx.seed)
     if ctx.threads:  # the caps the node's declared cpus give, as an in-process node gets them
-        env.update({name: str(ctx.threads) for name in _THREAD_CAPS})
+        env.update({name: str(ctx.threads) for name in THREAD_CAPS})
     if ctx.limits.memory_budget_mib:  # a script may cap its own allocator at it (troupe.cap_memory)
         env["TROUPE_MEMORY_BUDGET_MIB"] = str(ctx.limits.memory_budget_mib)
     point = ctx.resume_point()
@@ -119,22 +123,25 @@ def _resume_copy(point: Mapping[str, str], folder: Path) -> Path:
     return copy
 
 
-def _wait(process: subprocess.Popen[bytes], ctx: Any, watched: _Checkpoints, limits: _Limits) -> int:
+def _wait(command: CommandProcess, ctx: Any, watched: _Checkpoints, limits: _Limits) -> None:
+    """Until the program and everything it started are gone (the reaper ended); raises
+    on a cancel, a timeout or a budget passed, once the tree is stopped."""
     last_look = time.monotonic()
     while True:
         try:
-            return process.wait(_POLL_S)
+            command.process.wait(_POLL_S)
+            return
         except subprocess.TimeoutExpired:
             pass
         if ctx.cancelled:
-            _stop_group(process, ctx.limits.kill_grace_s)
+            command.stop()
             raise RunCancelled("the run was cancelled")
         if time.monotonic() - last_look >= _CHECKPOINT_POLL_S:
             watched.look()
             last_look = time.monotonic()
-            over = limits.passed(process.pid)
+            over = limits.passed(command.pid)
             if over is not None:
-                _stop_group(process, ctx.limits.kill_grace_s)
+                command.stop()
                 raise RuntimeError(over)
 
 
@@ -166,39 +173,12 @@ class _Limits:
         return None
 
 
-def _stop_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM to the whole group, SIGKILL to what is left after the grace: a script's own
-    children (a data loader's workers, a shell's pipeline) go with it."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None and not _group_alive(process.pid):
-            return
-        time.sleep(_POLL_S)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 def _signal_name(number: int) -> str:
     """SIGKILL, or ``signal 40`` for one Python has no name for (a real-time signal)."""
     try:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _next_chunk(fd: int, ended: threading.Event) -> bytes:
@@ -266,16 +246,19 @@ class _Lines:
         """Runs on the thread that drains the command's output: nothing a line holds may
         end it (then the pipe fills and the command blocks for good)."""
         try:
-            found = json.loads(line)
+            found = json.loads(line, parse_float=_number)
         except (ValueError, RecursionError):  # not JSON, or nested past what the reader takes
             return
         if not isinstance(found, dict):
             return
         try:
             if "metric" in found:
-                step = found.get("step")
-                self._ctx.metric(str(found["metric"]), float(found["value"]),
-                                 step=int(step) if isinstance(step, int | float) else None)
+                name, value, step = found["metric"], found["value"], found.get("step")
+                if not isinstance(name, str):
+                    raise TypeError(f"a metric's name is text, got {json.dumps(name)[:40]}")
+                if isinstance(value, _PastFloat):
+                    raise OverflowError(f"its value {value.text[:40]} is past what a float holds")
+                self._ctx.metric(name, float(value), step=int(step) if isinstance(step, int | float) else None)
             elif "progress" in found and found.get("total"):
                 done, total = int(found["progress"]), int(found["total"])
                 if not 0 <= done <= STEP_MAX or not 0 < total <= STEP_MAX:
@@ -287,6 +270,23 @@ class _Lines:
                               code="line_not_read")
         if "result" in found:
             self.result = found["result"]
+
+
+class _PastFloat(float):
+    """A JSON number past what a float holds (``1e999``), which Python's reader makes an
+    infinity: kept apart from a written ``Infinity`` so a metric line of it is refused
+    rather than charted as a value the program never printed."""
+
+    text: str
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        past = _PastFloat(value)
+        past.text = text
+        return past
+    return value
 
 
 class _Checkpoints:

@@ -320,7 +320,13 @@ def test_a_killed_servers_commands_are_stopped_when_it_starts_again(make_server,
     server.poll_until(said.exists, timeout=60)
     pids = [int(pid) for pid in said.read_text().split()]
     try:
-        server.kill()  # nothing stops the command: its group and the process that left it run on
+        # The reaper between the server and the command would end its tree once the server
+        # is gone: killed first (a power cut of both), nothing stops the command, its group
+        # and the process that left it; only the run's mark finds them.
+        with open(f"/proc/{pids[0]}/stat") as stat:
+            reaper = int(stat.read().rpartition(")")[2].split()[1])
+        os.kill(reaper, signal.SIGKILL)
+        server.kill()
         assert all(_running(pid) for pid in pids), pids
         fresh = make_server(home=home)
         assert fresh.get(f"/api/runs/{run_id}")["status"] == "interrupted"
