@@ -43,6 +43,7 @@ from actors.store.events import AppendEvents, EventRow
 from actors.store.memory import CardPolicies, LastPeak
 from actors.store.run_list import ListRuns
 from actors.store.runs import InsertRun, ReadStream, UpdateRun
+from actors.store.sweeps import CreateSweep, created_runs
 from actors.store.workers import ListWorkers
 from actors.store.writer import Writer, is_broken
 from actors.threaded import ThreadActorRef
@@ -277,10 +278,11 @@ class StoreClient:
                 log_so_far = logs.pop(op.run_id, None)
                 if log_so_far is not None and _carries_on(log_so_far, op):
                     logs[op.run_id] = log_so_far
-            elif kind is InsertRun:
-                logs[op.record.id] = _Log([], 0)
-                if len(logs) > LOGS_FOLLOWED:
-                    logs.popitem(last=False)
+            elif kind is InsertRun or kind is CreateSweep:  # a run, or a sweep's runs: new logs
+                for record in created_runs(op):
+                    logs[record.id] = _Log([], 0)
+                    if len(logs) > LOGS_FOLLOWED:
+                        logs.popitem(last=False)
             elif kind is not UpdateRun:  # a row's fields are not its log
                 logs.clear()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import apsw
 
-from actors.store.runs import insert_run
+from actors.store.runs import InsertRun, insert_run
 from actors.store.table import Table
 from protocol.run_record import RunRecord
 
@@ -45,6 +45,19 @@ class GetSweep:
 @dataclass(frozen=True)
 class ListSweeps:
     pass
+
+
+def created_runs(op: object) -> tuple[RunRecord, ...]:
+    """The runs a store write inserts: a run (``InsertRun``, a study's attempt among
+    them) or a sweep's runs, batched in one ``CreateSweep``. Every write that makes runs
+    answers here, so that what follows each new run from the commits (the event hub: the
+    run histograms and the global stream's ``created``; the client's followed logs) sees
+    it whichever path made it. A new such write belongs here too."""
+    if isinstance(op, InsertRun):
+        return (op.record,)
+    if isinstance(op, CreateSweep):
+        return op.runs
+    return ()
 
 
 # SQL ---------------------------------------------------------------------------
