@@ -9,7 +9,7 @@ import re
 import socket
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cli.errors import BadAddress, BadOption, CliError, NoServer, ReplyShape
@@ -119,14 +119,18 @@ class Client:
     def full_ids(self, kind: str, given: Sequence[str]) -> list[str]:
         return [self.full_id(kind, one) for one in given]
 
-    def stream(self, path: str, read_timeout: float | None = None) -> Iterator[tuple[str, Any]]:
+    def stream(self, path: str, read_timeout: float | None = None,
+               deadline: float | None = None) -> Iterator[tuple[str, Any]]:
         """Yields ``(event, data)`` of a server-sent event stream; ``socket.timeout``
-        propagates when no byte came within ``read_timeout``. A reader the server finds
+        propagates when no byte came within ``read_timeout``, and once ``deadline`` (a
+        ``time.monotonic()`` time) has passed, however busy the stream is: no read waits
+        past it, and the next one after it raises at once (a follower's ``--timeout``
+        holds while its run emits without a pause). A reader the server finds
         too far behind is told where to resume (``stream_lagged``): the stream is opened
         again from there, and the caller sees one stream without a gap."""
         while True:
             lagged = None
-            for kind, data in self._stream_once(path, read_timeout):
+            for kind, data in self._stream_once(path, read_timeout, deadline):
                 if kind == "stream_lagged":
                     lagged = data
                     break
@@ -140,11 +144,26 @@ class Client:
                 path = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(
                     [*query, ("after", str(resume))])))
 
-    def _stream_once(self, path: str, read_timeout: float | None) -> Iterator[tuple[str, Any]]:
-        conn = self._connection(read_timeout)
+    def _stream_once(self, path: str, read_timeout: float | None,
+                     deadline: float | None = None) -> Iterator[tuple[str, Any]]:
+        conn = self._connection(_wait_s(read_timeout, deadline))
+        sock: socket.socket | None = None  # the response reads it after the connection lets go of it
+
+        def before_read() -> None:  # each read waits until the deadline at most
+            if deadline is not None:
+                wait_s = _wait_s(read_timeout, deadline)
+                if sock is not None:
+                    sock.settimeout(wait_s)
+
         try:
             conn.request("GET", path, headers={**self._headers(None), "Accept": "text/event-stream"})
+            sock = conn.sock
             response = conn.getresponse()
+        except TimeoutError as exc:
+            conn.close()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise  # the caller's deadline, not a server that is not there
+            raise self._unreachable(exc) from None
         except (ConnectionRefusedError, OSError) as exc:
             conn.close()
             raise self._unreachable(exc) from None
@@ -156,9 +175,20 @@ class Client:
             conn.close()
             raise CliError(f"{self.url}{path} answered {response.status}: {_said(body)}")
         try:
-            yield from read_events(response)
+            yield from read_events(response, before_read)
         finally:
             conn.close()
+
+
+def _wait_s(read_timeout: float | None, deadline: float | None) -> float | None:
+    """How long the next read may wait: ``read_timeout``, cut to what is left before
+    ``deadline``; past the deadline, TimeoutError now."""
+    if deadline is None:
+        return read_timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline has passed")
+    return left if read_timeout is None else min(left, read_timeout)
 
 
 def _said(body: bytes) -> str:
@@ -193,13 +223,16 @@ class Reopens:
         time.sleep(self.PAUSE_S)
 
 
-def read_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
+def read_events(response: http.client.HTTPResponse,
+                before_read: Callable[[], None] | None = None) -> Iterator[tuple[str, Any]]:
     """``(event, data)`` of a server-sent event stream, until the body ends, or is cut
     (a proxy, a server gone mid-chunk): that is an end too, and the caller opens the
     stream again from where it was or says it cannot. Silence past the read timeout
-    still raises TimeoutError."""
+    still raises TimeoutError, as does ``before_read`` (called before each line is read)."""
     event, data = "message", list[str]()
     while True:
+        if before_read is not None:
+            before_read()
         try:
             line = response.readline()
         except TimeoutError:

@@ -117,7 +117,7 @@ def follow(client: Client, run_id: str, queue_key: str, timeout: float | None, s
             return _timed_out(run_id, timeout)
         read_timeout = _STREAM_SILENCE_S if remaining is None else min(_STREAM_SILENCE_S, remaining)
         try:
-            for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout):
+            for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout, deadline):
                 if kind == "queue_position":
                     position = data.get("queue_position")
                     if position is not None and position != last_position:
