@@ -25,9 +25,11 @@ from actors.base import Actor
 from actors.run_tally import RunTally
 from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
-from actors.store.runs import DeleteRun, InsertRun, Prune, UpdateRun
+from actors.store.runs import DeleteRun, Prune, UpdateRun
 from actors.store.studies import UpdateStudy
+from actors.store.sweeps import created_runs
 from protocol import events as ev
+from protocol.run_record import RunRecord
 
 RESET = object()
 LAGGED = object()
@@ -169,6 +171,8 @@ class EventHub(Actor):
         return None
 
     def _publish(self, op: Any, result: Any) -> None:
+        for record in created_runs(op):  # a run, a sweep's runs: whichever write made them
+            self._created(record)
         match op:
             case AppendEvents(run_id, events):
                 for queue in list(self._by_run.get(run_id, ())):
@@ -178,11 +182,6 @@ class EventHub(Actor):
             case RecordLateArtifact(artifact):  # an ended run's file that came late: its event
                 for queue in list(self._by_run.get(artifact.run_id, ())):
                     self._offer(queue, result, _weight(result))
-            case InsertRun(record):
-                if self._tally is not None:
-                    self._tally.inserted(record.id, str(record.queue_key), record.created_at, record.worker)
-                self._change({"kind": "created", "run_id": record.id, "status": ev.QUEUED,
-                              "queue_key": str(record.queue_key), "lane": record.lane, "name": record.name})
             case UpdateRun(run_id, fields) if "status" in fields:
                 if self._tally is not None:
                     self._tally.changed(run_id, fields)
@@ -197,6 +196,14 @@ class EventHub(Actor):
             case Prune():
                 for run_id in result:
                     self._change({"kind": "deleted", "run_id": run_id, "reason": "retention"})
+
+    def _created(self, record: RunRecord) -> None:
+        """The one place a new run is counted (the tally measures its wait and run from
+        here) and announced ``created`` on the global stream."""
+        if self._tally is not None:
+            self._tally.inserted(record.id, str(record.queue_key), record.created_at, record.worker)
+        self._change({"kind": "created", "run_id": record.id, "status": ev.QUEUED,
+                      "queue_key": str(record.queue_key), "lane": record.lane, "name": record.name})
 
     def _change(self, change: Mapping[str, Any]) -> None:
         """A committed change of a run row (created, status), for the global stream."""
