@@ -318,6 +318,16 @@ class EditorSessionClosed(BaseModel):
     dropped_entries: int
 
 
+class QueueShare(BaseModel):
+    """The one physical device a queue key shares with other keys (the server's cpu and
+    a same-machine worker's): its slots, and the runs holding it through any of them."""
+
+    device: str = Field(description="the physical device: cpu@MACHINE, mps:0@MACHINE, a card's UUID")
+    queue_keys: list[str] = Field(description="every key that offers it now, this one among them")
+    limit: int = Field(description="its slots: the smallest limit of the keys that offer it")
+    running: int = Field(description="runs holding it now, through any of those keys")
+
+
 class QueueRow(BaseModel):
     queue_key: str
     limit: int
@@ -325,6 +335,7 @@ class QueueRow(BaseModel):
     queued: int
     state: Literal["ok", "quarantined"]
     reason: str | None = None
+    shares: QueueShare | None = Field(default=None, description="null unless its device is one quota with other keys")
 
 
 class QueueList(BaseModel):

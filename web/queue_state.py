@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from actors.placer.actor import PlacerView, Quarantined, Waiting
+from actors.placer.ledger import SHARED
 from actors.placer.queue import PositionOf, PredictFor, QueueView
 from protocol import events as ev
 from web.context import Services
@@ -23,11 +24,12 @@ class QueueState:
     """One reading of the placer and the queues, for one request."""
 
     def __init__(self, waiting: dict[str, Any], quarantined: dict[str, str],
-                 snapshots: dict[str, QueueView]) -> None:
+                 snapshots: dict[str, QueueView], shares: dict[str, dict[str, Any]] | None = None) -> None:
         self.waiting: dict[str, dict[str, str]] = waiting["runs"]
         self.quarantined = quarantined
         self._snapshots = snapshots
         self._held: dict[str, int] = waiting["held"]
+        self._shares = shares or {}
 
     @classmethod
     async def read(cls, svc: Services, keys: set[str] | None = None,
@@ -44,7 +46,8 @@ class QueueState:
         else:  # not published yet: an ask ahead of its line
             waiting, quarantined = await asyncio.gather(placer.ask(Waiting(run_ids), first=True),
                                                         placer.ask(Quarantined(), first=True))
-        return cls(waiting, quarantined, {key: view for key, ref in refs.items() if (view := ref.view) is not None})
+        return cls(waiting, quarantined, {key: view for key, ref in refs.items() if (view := ref.view) is not None},
+                   shared_devices(svc))
 
     def row(self, key: str, limit: int) -> dict[str, Any]:
         """The queue's counts: ``running`` what the placer started, ``queued`` the rest."""
@@ -54,7 +57,7 @@ class QueueState:
         held = self._held.get(key, 0)
         # The limit is the key's slot count (a worker's queue only keeps the order).
         row = {**snapshot, "limit": limit, "running": max(0, snapshot["running"] - held),
-               "queued": snapshot["queued"] + held, "state": "ok", "reason": None}
+               "queued": snapshot["queued"] + held, "state": "ok", "reason": None, "shares": self._shares.get(key)}
         if key in self.quarantined:
             row.update(state="quarantined", reason=self.quarantined[key])
         return row
@@ -87,6 +90,25 @@ class QueueState:
         also = "" if not held else " (1 by a run that waits to start)" if held == 1 else \
             f" ({held} by runs that wait to start)"
         return f"{queue['running'] + held} of {queue['limit']} slots busy{also}"
+
+
+def shared_devices(svc: Services) -> dict[str, dict[str, Any]]:
+    """Each queue key whose physical device is one quota with other keys' (the server's
+    cpu and a same-machine worker's ``gpu-a/cpu``): that device, the keys that offer it,
+    its slots and the runs holding it through any of them, as its ledger last published
+    them. A key's own ``running`` and ``limit`` cannot tell that its device is busy
+    through another key; these can. Only the few ledgers several providers offer now are
+    read (they mark themselves so), not every card's."""
+    shares: dict[str, dict[str, Any]] = {}
+    for ref in svc.registry.marked(SHARED):
+        view = ref.view
+        if not isinstance(view, dict) or len(view.get("queue_keys", ())) < 2:
+            continue
+        share = {"device": view["physical_id"], "queue_keys": list(view["queue_keys"]), "limit": view["limit"],
+                 "running": len(view["holders"])}
+        for key in share["queue_keys"]:
+            shares[key] = share
+    return shares
 
 
 def at_limit_reason(queue_key: str, cap: int, place: str) -> dict[str, str]:

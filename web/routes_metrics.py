@@ -41,10 +41,24 @@ async def _families(svc: Services) -> list[Metric]:
     depth = GaugeMetricFamily("troupe_queue_depth", "Runs waiting on a queue key.", labels=["queue_key"])
     running = GaugeMetricFamily("troupe_queue_running", "Runs holding a slot of a queue key.", labels=["queue_key"])
     limit = GaugeMetricFamily("troupe_queue_limit", "Slots of a queue key.", labels=["queue_key"])
+    # A key's device, which other keys may share (the server's cpu and a same-machine
+    # worker's): its slots and the runs holding it through any key; a key that shares
+    # nothing repeats its own. A key waits with a slot free only if both pairs say so.
+    device_running = GaugeMetricFamily("troupe_queue_device_running", "Runs holding the physical device of a queue "
+                                       "key, through it or another key that shares the device.", labels=["queue_key"])
+    device_limit = GaugeMetricFamily("troupe_queue_device_limit", "Slots of the physical device of a queue key "
+                                     "(the smallest limit of the keys that share it).", labels=["queue_key"])
+    shared = GaugeMetricFamily("troupe_queue_shared_device", "1 for a queue key whose physical device other keys "
+                               "share, labelled with that device.", labels=["queue_key", "device"])
     for row in await queue_rows(svc):
-        depth.add_metric([row["queue_key"]], row["queued"])
-        running.add_metric([row["queue_key"]], row["running"])
-        limit.add_metric([row["queue_key"]], row["limit"])
+        key, shares = row["queue_key"], row.get("shares")
+        depth.add_metric([key], row["queued"])
+        running.add_metric([key], row["running"])
+        limit.add_metric([key], row["limit"])
+        device_running.add_metric([key], shares["running"] if shares else row["running"])
+        device_limit.add_metric([key], shares["limit"] if shares else row["limit"])
+        if shares:
+            shared.add_metric([key, shares["device"]], 1)
     runs = GaugeMetricFamily("troupe_runs", "Runs in the database by state.", labels=["state"])
     counts = await svc.store.read(StatusCounts())
     for state in sorted(ev.ALL_STATES):
@@ -67,7 +81,8 @@ async def _families(svc: Services) -> list[Metric]:
     subscribers = GaugeMetricFamily("troupe_stream_subscribers", "Open event-stream subscriptions.",
                                     value=await svc.actor("events").ask(SubscriberCount()))
     cache = svc.node_cache.stats()
-    return [depth, running, limit, runs, workers, pending, pending_bytes, subscribers,
+    return [depth, running, limit, device_running, device_limit, shared, runs, workers, pending, pending_bytes,
+            subscribers,
             GaugeMetricFamily("troupe_editor_cache_bytes", "Estimated bytes of node outputs in the editor cache.",
                               value=cache["bytes"]),
             GaugeMetricFamily("troupe_editor_cache_entries", "Node outputs in the editor cache.",

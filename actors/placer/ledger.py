@@ -29,6 +29,10 @@ EXCLUSIVE, MEMORY = "exclusive", "memory"
 # The registry mark of a ledger whose holders have memory budgets: the Workers list shows
 # those books, and finds the few ledgers that have any without reading thousands.
 PROMISING = "ledgers promising memory"
+# The registry mark of a ledger that several providers online offer now (the server's cpu
+# and a same-machine worker's): the queue gauges read those few to say which keys share
+# one quota, and how much of it is held through any of them.
+SHARED = "ledgers shared by several providers"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Offer:
     limit: int
     total_mib: int | None = None
     free_mib: int | None = None
+    queue_key: str = ""  # the key its runs wait on there (``cpu``, ``gpu-a/cpu``); the provider's name if unsaid
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ class LedgerActor(Actor):
         self.physical_id = physical_id
         self._context_mib = context_mib
         self._providers: dict[str, int] = {}
+        self._keys: dict[str, str] = {}  # provider -> the queue key it offers this device as
         self._holders: dict[str, int | None] = {}  # run -> its memory budget
         self._policy = Policy()
         self._total_mib: int | None = None
@@ -126,14 +132,18 @@ class LedgerActor(Actor):
 
     async def receive(self, message: Any) -> Any:
         match message:
-            case Offer(provider, limit, total_mib, free_mib):
+            case Offer(provider, limit, total_mib, free_mib, queue_key):
                 self._providers[provider] = limit
+                self._keys[provider] = queue_key or provider
+                self.mark(SHARED, len(self._providers) > 1)
                 if total_mib is not None:
                     self._total_mib = total_mib if self._total_mib is None else min(self._total_mib, total_mib)
                 if free_mib is not None:
                     self._free_mib = free_mib
             case Withdraw(provider):
                 self._providers.pop(provider, None)
+                self._keys.pop(provider, None)
+                self.mark(SHARED, len(self._providers) > 1)
             case FreeMemory(free_mib):
                 self._free_mib = free_mib
             case Policy() as policy:
@@ -196,6 +206,7 @@ class LedgerActor(Actor):
 
     def make_view(self) -> dict[str, Any]:
         return {"physical_id": self.physical_id, "limit": self._limit, "providers": dict(self._providers),
+                "queue_keys": sorted(self._keys.values()),
                 "holders": sorted(self._holders), "sharing": self._policy.sharing,
                 "reserved_mib": self._policy.reserved_mib, "total_mib": self._total_mib, "free_mib": self._free_mib,
                 "context_mib": self._context_mib,

@@ -76,9 +76,9 @@ class WorkerPlacement:
         if draining:
             await self.offline(name)
             return
-        for physical, limit in devices.values():
+        for device, (physical, limit) in devices.items():
             self._share(physical)
-            self._ledger(physical).tell(self._offer(name, physical, limit))
+            self._ledger(physical).tell(self._offer(name, device, physical, limit))
         # Runs parked for this worker, or for the worker whose instance this is.
         for parked in self._parked.pop(name, []) + self._parked.pop(name.split(INSTANCE_MARK)[0], []):
             await self.admit_named(parked)
@@ -133,9 +133,10 @@ class WorkerPlacement:
     def _shared(self, physical: str) -> bool:
         return self._policies.get(physical, Policy()).sharing == MEMORY
 
-    def _offer(self, provider: str, physical: str, limit: int) -> Offer:
+    def _offer(self, provider: str, device: str, physical: str, limit: int) -> Offer:
         total, free = self._cards.get(physical, (None, None))
-        return Offer(provider, limit, total, free)
+        key = QueueKey(None if provider == LOCAL else provider, device)
+        return Offer(provider, limit, total, free, str(key))
 
     # Submission --------------------------------------------------------------------
     async def check(self, worker: str, devices: tuple[str, ...], budget_mib: int | None, wait: bool | None) -> None:
@@ -472,9 +473,9 @@ class WorkerPlacement:
         ledger, fresh = self._ensure_ledger(physical)
         if fresh:  # a new (or restarted) ledger learns its providers, its policy and its holders
             for provider in self._online_names():
-                for held, limit in self._providers.get(provider, {}).values():
+                for device, (held, limit) in self._providers.get(provider, {}).items():
                     if held == physical:
-                        ledger.tell(self._offer(provider, physical, limit))
+                        ledger.tell(self._offer(provider, device, physical, limit))
             if physical in self._policies:
                 ledger.tell(self._policies[physical])
             holders = tuple(run for run, held in self._held.items() if any(on == physical for _, on in held))

@@ -23,7 +23,8 @@ def test_positions_count_only_the_runs_ahead_on_the_same_key(make_server):
     reply = server.submit(sleeper(device="cuda:0"))
     assert reply["queue_key"] == "cuda:0" and reply["queue_position"] == 2
     queues = {q["queue_key"]: q for q in server.get("/api/queues")["queues"]}
-    assert queues["cpu"] == {"queue_key": "cpu", "limit": 1, "running": 1, "queued": 2, "state": "ok", "reason": None}
+    assert queues["cpu"] == {"queue_key": "cpu", "limit": 1, "running": 1, "queued": 2, "state": "ok", "reason": None,
+                             "shares": None}  # no worker shares the server's cpu
     assert queues["cuda:0"]["limit"] == 1 and queues["cuda:0"]["queued"] == 2
 
 
