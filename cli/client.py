@@ -18,6 +18,7 @@ from protocol.unix_http import connect
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 _WHOLE = re.compile(r"^[0-9a-f]{32}$")
+_SHORT = re.compile(r"^[0-9a-f]{1,3}$")
 
 
 class _Reply(dict[str, Any]):
@@ -103,6 +104,9 @@ class Client:
             raise BadOption(f"an empty {what} id")
         if _WHOLE.fullmatch(text):
             return text
+        if _SHORT.fullmatch(text):  # hex, but too few characters to name one: said, not sent
+            raise BadOption(f"{given.strip()!r} is too short: a {what} id, or the start of one, needs 4 or more "
+                            "characters (troupe ls shows them)")
         if not _PREFIX.fullmatch(text):  # sent as one path segment, whatever it holds: the server says it knows none
             return urllib.parse.quote(given.strip(), safe="")
         status, found = self.request("GET", f"/api/ids?prefix={text}")
