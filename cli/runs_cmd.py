@@ -345,22 +345,15 @@ def cancel(client: Client, run_ids: Sequence[str], as_json: bool = False) -> int
 
 def _ended_as(client: Client, run_id: str, deadline: float) -> str:
     """The status the run ended with, from its stream (after its newest event), or its
-    status when ``deadline`` passed first."""
+    row's status when ``deadline`` passed first or the stream ended before the run did."""
     events = answer(client.request("GET", f"/api/runs/{run_id}/events?tail=1"), f"run {run_id}")["events"]
-    after = events[-1]["seq"] if events else 0
     if events and events[-1]["type"] == ev.RUN_FINISHED:
         return str(events[-1]["payload"].get("status"))
+    after = events[-1]["seq"] if events else 0
     try:
-        while (left := deadline - time.monotonic()) > 0:
-            for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", read_timeout=left):
-                if kind == "run_event":
-                    after = data["seq"]
-                    if data["type"] == ev.RUN_FINISHED:
-                        return str(data["payload"].get("status"))
-                if time.monotonic() >= deadline:
-                    break
-            else:
-                break  # the stream ended without the run's end (a restart): its row says
+        for kind, data in client.stream(f"/api/runs/{run_id}/stream?after={after}", deadline=deadline):
+            if kind == "run_event" and data["type"] == ev.RUN_FINISHED:
+                return str(data["payload"].get("status"))
     except TimeoutError:
         pass
     return str(get_run(client, run_id)["status"])
