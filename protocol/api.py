@@ -14,6 +14,15 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
 from protocol.numbers import INTEGRAL, Integer
+from protocol.replies_runs import (
+    ArtifactRow,
+    ExecutionFacts,
+    GroupBest,
+    Progress,
+    QueueReason,
+    ResumedFrom,
+    ResumePoint,
+)
 
 SEED_MAX = 2**32 - 1
 # A device as the document states it; the server also takes other case and spaces.
@@ -163,14 +172,6 @@ class RunCreated(BaseModel):
     warnings: list[str]
 
 
-class QueueReason(BaseModel):
-    """Why a queued run has not started: which limit it waits on."""
-
-    code: Literal["slots_busy", "session_at_limit", "seed_gate", "device_busy", "memory_busy", "memory_budget_required",
-                  "worker_offline", "no_free_worker", "one_shot_spent", "job_ends_too_soon", "queue_quarantined"]
-    message: str
-
-
 class RunRow(BaseModel):
     id: str
     name: str | None
@@ -193,8 +194,7 @@ class RunRow(BaseModel):
     study_id: str | None = None
     error: str | None
     queue_reason: QueueReason | None = Field(default=None, description="a queued run: what it waits for")
-    progress: dict[str, Any] | None = Field(
-        default=None, description="a training's place: {epoch, epochs, first_at, at} (wall times of epoch ends)")
+    progress: Progress | None = Field(default=None, description="a training's place")
     tags: list[str] = Field(default_factory=list, description="what people tagged it with, sorted")
     note: str | None = Field(default=None, description="a person's note on the run")
     sort_value: float | None = Field(default=None, description="with ?sort=: the series' newest value it was "
@@ -211,9 +211,9 @@ class RunDetail(RunRow):
     record_outputs: bool
     error_detail: str | None
     warnings: list[str]
-    artifacts: list[dict[str, Any]]
-    graph: dict[str, Any]
-    options: dict[str, Any] = Field(default_factory=dict, description="the options it was submitted with")
+    artifacts: list[ArtifactRow]
+    graph: Graph
+    options: RunOptions = Field(default_factory=RunOptions, description="the options it was submitted with")
     worker: str | None = None
     memory_budget_mib: Annotated[int, Field(description="its budget on a shared card, MiB"), INTEGRAL] | None = None
     memory_budget_source: Literal["declared", "measured"] | None = Field(
@@ -222,14 +222,11 @@ class RunDetail(RunRow):
     peak_memory_exact: bool | None = Field(
         default=None, description="true from a worker run's own process; false in the server, whose runs share one")
     out_of_memory: bool = False
-    execution_facts: dict[str, Any] | None = Field(
-        default=None, description="what executed the run: {fingerprint, fingerprint_digest, fingerprint_source}")
+    execution_facts: ExecutionFacts | None = Field(default=None, description="what executed the run")
     rerun_of: str | None = Field(default=None, description="the run this one was made again from")
     reruns: list[str] = Field(default_factory=list, description="the runs made again from this one, oldest first")
-    resumed_from: dict[str, Any] | None = Field(
-        default=None, description="the checkpoint this run continues from: {run_id, artifact_id, epoch, sha256}")
-    resume_point: dict[str, Any] | None = Field(
-        default=None, description="an ended run's newest complete checkpoint: {epoch, nodes, until}")
+    resumed_from: ResumedFrom | None = Field(default=None, description="the checkpoint this run continues from")
+    resume_point: ResumePoint | None = Field(default=None, description="an ended run's newest complete checkpoint")
 
 
 class RerunRequest(BaseModel):
@@ -252,7 +249,7 @@ class RunGroup(BaseModel):
     name: str | None
     runs: int = Field(description="how many of its runs match the filters")
     counts: dict[str, int] = Field(description="those runs by status")
-    best: dict[str, Any] | None = Field(description="the best objective so far: {metric, value, run_id}")
+    best: GroupBest | None = Field(description="the best objective so far")
     newest_seq: int
 
 

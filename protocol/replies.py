@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Reply(BaseModel):
-    model_config = ConfigDict(extra="allow")
+from protocol.flavors import Flavor
+from protocol.graph import NodeResources
+from protocol.replies_runs import QueueReason, _Reply
+from protocol.studies import Budget, StudyObjective
+from protocol.sweeps import Objective
 
 
 # Sweeps ----------------------------------------------------------------------------
@@ -61,18 +63,29 @@ class SweepVariant(_Reply):
     objective_value: float | None = None
     rank: int | None = None
     run_exists: bool = True
-    final_metrics: dict[str, Any] | None = None
+    final_metrics: dict[str, float | None] | None = Field(
+        default=None, description="each series' final value (null: not finite), once the run ended")
 
 
 class SweepDetail(_Reply):
     sweep_id: str
     name: str | None
     state: str
-    objective: dict[str, Any] | None = None
+    objective: Objective | None = None
     total_combinations: int
-    counts: dict[str, int]
+    counts: dict[str, int] = Field(description="its runs by status")
     params: list[SweepDomain]
-    variants: list[SweepVariant]
+    variants: list[SweepVariant] = Field(description="ranked first, best first; then the unranked")
+    best: SweepVariant | None = Field(default=None, description="the variant ranked first, once one is")
+    created_at: str
+    objective_warning: str | None = Field(default=None, description="a finished sweep whose runs never recorded "
+                                                                    "the objective: what each recorded")
+
+
+class SweepVariantState(_Reply):
+    index: int
+    run_id: str
+    status: str
 
 
 class SweepCancelled(_Reply):
@@ -80,6 +93,7 @@ class SweepCancelled(_Reply):
     state: str
     cancelled: int
     already_finished: int
+    variants: list[SweepVariantState] = Field(default_factory=list)
 
 
 # Studies ---------------------------------------------------------------------------
@@ -88,7 +102,7 @@ class StudySummary(_Reply):
     name: str | None
     state: str
     halt_reason: str | None = None
-    budget: dict[str, Any]
+    budget: Budget
     created_at: str
 
 
@@ -110,19 +124,54 @@ class StudyAttempt(_Reply):
     objective_value: float | None = None
 
 
+class StudyVariantShown(_Reply):
+    name: str
+    params: dict[str, Any] = Field(description="NODE.PARAM -> value")
+
+
+class RankedVariant(_Reply):
+    """A variant every repeat of which succeeded and recorded the objective."""
+
+    variant: str
+    params: dict[str, Any] = Field(description="NODE.PARAM -> value")
+    values: list[float] = Field(description="the objective of each repeat")
+    std: float | None = Field(description="their sample standard deviation (0 for one)")
+    objective_value: float = Field(description="the values reduced (the objective's reduce)")
+    repeats: int
+    rank: int
+
+
+class UnrankedVariant(_Reply):
+    """A variant not ranked, and why: over_budget, repeat_failed, running, incomplete,
+    not_run or no_objective."""
+
+    variant: str
+    params: dict[str, Any] = Field(description="NODE.PARAM -> value")
+    values: list[float]
+    std: float | None
+    reason: str
+    repeats_done: int
+
+
+class StudyNote(_Reply):
+    """What the study will do that its body does not say."""
+
+    code: str
+    message: str
+
+
 class StudyDetail(StudySummary):
     """A study's summary and everything else about it."""
 
-    objective: dict[str, Any]
+    objective: StudyObjective
     repeats: int
-    variants: list[dict[str, Any]]
+    variants: list[StudyVariantShown]
     used: StudyUse
     attempts: list[StudyAttempt]
-    ranking: list[dict[str, Any]] = Field(description="variants ranked: {variant, params, values, std, "
-                                                       "objective_value, repeats, rank}")
-    unranked: list[dict[str, Any]]
+    ranking: list[RankedVariant] = Field(description="the variants ranked, best first")
+    unranked: list[UnrankedVariant]
     plugin_id: str | None = None
-    notes: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[StudyNote] = Field(default_factory=list)
 
 
 class PluginJobRow(_Reply):
@@ -148,10 +197,17 @@ class MetricPoint(_Reply):
     run_id: str | None = Field(default=None, description="with lineage=true: the run of the chain it is from")
 
 
+class LineageStart(_Reply):
+    """With ``lineage=true``: where a run of a resumed chain took over."""
+
+    run_id: str
+    from_step: int
+
+
 class RunMetrics(_Reply):
     series: dict[str, list[MetricPoint]]
-    resumed: list[dict[str, Any]] | None = Field(
-        default=None, description="with lineage=true: where each run of the chain took over ({run_id, from_step})")
+    resumed: list[LineageStart] | None = Field(
+        default=None, description="with lineage=true: where each run of the chain took over")
 
 
 class ConsolePage(_Reply):
@@ -160,104 +216,68 @@ class ConsolePage(_Reply):
     size: int
 
 
-class RunOutputs(_Reply):
-    run_id: str
-    record_outputs: bool
-    outputs: dict[str, Any]
-
-
-class NodeOutputs(_Reply):
-    run_id: str
-    node_id: str
-
-
-class Provenance(_Reply):
-    run_id: str
-    mode: str | None
-    records: list[dict[str, Any]]
-
-
-class Fingerprint(_Reply):
-    run_id: str
-    fingerprint: dict[str, Any] | None
-
-
 class QueuePrediction(_Reply):
     queue_key: str
     starts: bool
-    reason: dict[str, Any] | None
+    reason: QueueReason | None
 
 
-class Deleted(_Reply):
-    """What a delete or a revoke answers: the thing's id or name, and that it is gone."""
+class RunDeleted(_Reply):
+    run_id: str
+    deleted: bool
+
+
+class FileDeleted(_Reply):
+    file_id: str
+    deleted: bool
+
+
+class FlavorDeleted(_Reply):
+    name: str
+    deleted: bool
+
+
+class Revoked(_Reply):
+    """What a revoke or a logout answers: the session's or the link's ``id``, or the
+    worker's ``name``, and that it opens nothing any more."""
+
+    id: str | None = Field(default=None, description="a session's or a login link's")
+    name: str | None = Field(default=None, description="a worker's")
+    revoked: bool
+    sessions_ended: list[str] | None = Field(default=None, description="a login link's: the sessions it ended")
 
 
 class ArtifactStored(_Reply):
+    """A worker's file, stored (its size and digest), or given up on (``state: failed``
+    with the reason)."""
+
     run_id: str
     path: str
+    size: int | None = None
+    sha256: str | None = None
+    state: str | None = None
+    reason: str | None = None
 
 
-# Workers ---------------------------------------------------------------------------
-class WorkerSlot(_Reply):
-    device: str
-    limit: int
-    running: int
-
-
-class WorkerRow(_Reply):
-    name: str
-    state: str = Field(description="connected, disconnected, connecting or failed")
-    degraded: bool
-    draining: bool
-    missing_node_types: list[str]
-    version: str | None = None
-    machine_id: str | None = None
-    cards: list[dict[str, Any]] = Field(default_factory=list)
-    slots: list[WorkerSlot] = Field(default_factory=list)
-    running_runs: list[str] = Field(default_factory=list)
-    heard_s_ago: float | None = None
-
-
-class WorkerList(_Reply):
-    workers: list[WorkerRow]
-
-
-class Enrollment(_Reply):
-    token: str
-    command: str
-
-
-class WorkerCredential(_Reply):
-    name: str
-    credential: str
-
-
-class WorkerAdded(_Reply):
-    name: str
-    state: str
-
-
-class CardPolicySet(_Reply):
-    worker: str
-    device: str
-    sharing: str
-
-
-# The server and its catalog --------------------------------------------------------
-class Info(_Reply):
-    name: Literal["troupe"]
-    version: str
-    started_at: str
-    devices: list[str]
-    capabilities: dict[str, Any]
-    catalog: dict[str, Any]
-    limits: dict[str, Any]
-
-
+# The catalog -----------------------------------------------------------------------
 class PortInfo(_Reply):
     name: str
     type: str
     required: bool
+
+
+class ParamInfo(_Reply):
+    """A node type's param: its type (int, float, bool, string, select, secret, list,
+    mapping), whether a graph must give it, and its default, bounds and options."""
+
+    name: str
+    type: str
+    required: bool
+    default: Any = Field(default=None, description="present when it is not required")
+    min: float | None = None
+    max: float | None = None
+    options: list[str] | None = Field(default=None, description="a select's choices")
+    description: str | None = None
 
 
 class NodeTypeInfo(_Reply):
@@ -265,9 +285,10 @@ class NodeTypeInfo(_Reply):
     description: str
     inputs: list[PortInfo]
     outputs: list[PortInfo]
-    params: list[dict[str, Any]]
+    params: list[ParamInfo]
     privileged: bool = False
-    resources: dict[str, Any] | None = None
+    resources: NodeResources | None = Field(default=None, description="what each node of it asks for unless the "
+                                                                      "graph's node says otherwise")
 
 
 class Catalog(_Reply):
@@ -303,19 +324,23 @@ class IdMatches(_Reply):
 
 class Example(_Reply):
     name: str
-    graph: dict[str, Any]
+    graph: dict[str, Any] = Field(description="the example's file as it is (a graph document, not checked here)")
 
 
 class ExampleList(_Reply):
     examples: list[Example]
 
 
-class CpuLedgerReply(_Reply):
-    cpus: dict[str, Any]
+class FileRow(_Reply):
+    id: str
+    name: str
+    size: int
+    sha256: str
+    created_at: str
 
 
 class FileList(_Reply):
-    files: list[dict[str, Any]]
+    files: list[FileRow]
 
 
 class FileStored(_Reply):
@@ -323,10 +348,11 @@ class FileStored(_Reply):
     name: str
     size: int
     sha256: str
+    ref: str = Field(description="how a run's param names it: upload:ID")
 
 
 class FlavorList(_Reply):
-    flavors: list[dict[str, Any]]
+    flavors: list[Flavor]
 
 
 # Logging in ------------------------------------------------------------------------
@@ -339,21 +365,38 @@ class LoginLink(_Reply):
     revoked: bool
     sessions: int
     quotas: dict[str, int] | None = Field(default=None, description="limits of the sessions it opens: max_running, "
-                                                                    "max_waiting, max_memory_mib")
+                                                                    "max_waiting, max_memory_mib, "
+                                                                    "max_submits_per_minute")
 
 
 class LoginLinks(_Reply):
     links: list[LoginLink]
 
 
-class NewLoginLink(_Reply):
-    login_url: str
+class LoginLinkCreated(_Reply):
+    """What ``POST /api/login-links`` answers (its body is ``NewLoginLink``)."""
+
+    login_url: str = Field(description="the link; its token is in it, and nowhere else")
     kind: str
+    uses: int
+    expires_s: float
     quotas: dict[str, int] = Field(default_factory=dict, description="limits of the sessions it opens")
 
 
+class SessionRow(_Reply):
+    id: str
+    kind: str = Field(description="teacher, class or read")
+    label: str
+    created_at: str
+    last_seen_at: str | None
+    revoked: bool
+    expires_at: float
+    link_id: str | None
+    quotas: dict[str, int] | None = None
+
+
 class Sessions(_Reply):
-    sessions: list[dict[str, Any]]
+    sessions: list[SessionRow]
 
 
 class SessionNamed(_Reply):
@@ -364,3 +407,6 @@ class SessionNamed(_Reply):
 class LoggedIn(_Reply):
     kind: str
     id: str
+    session: str | None = Field(default=None, description="a terminal's session secret, its bearer token from now "
+                                                          "on (a browser gets a cookie instead)")
+    expires_at: float | None = Field(default=None, description="when the session ends (Unix time); a terminal's")

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.api import SEED_MAX, RunOptions
 from protocol.graph import Graph
 from protocol.numbers import INTEGRAL, Integer
-from protocol.sweeps import SweepSpec, one_of_two
+from protocol.sweeps import SweepSpec, exactly_one_of
 
 
 class ParamValue(BaseModel):
@@ -49,8 +49,8 @@ class Budget(BaseModel):
 class SubmitStudy(BaseModel):
     """Body of ``POST /api/studies``: ``variants`` or a ``sweep_spec`` that makes them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
-        "oneOf": [one_of_two("variants", "array", "sweep_spec"), one_of_two("sweep_spec", "object", "variants")]})
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              json_schema_extra=exactly_one_of("variants", "sweep_spec"))
 
     name: str | None = Field(default=None, max_length=200)
     base_graph: Graph

@@ -28,19 +28,25 @@ class SweepRange(BaseModel):
     type: Literal["float", "int"] | None = None
 
 
-def one_of_two(given: str, kind: str, other: str) -> dict[str, Any]:
-    """A JSON Schema branch: ``given`` is there (a ``kind``, not null) and ``other`` is
-    absent or null. Two of them under ``oneOf`` say "exactly one of the two" as the
-    server reads it, so a client generated from the document never sends both or none."""
-    return {"required": [given], "properties": {given: {"type": kind}},
-            "not": {"required": [other], "properties": {other: {"not": {"type": "null"}}}}}
+def exactly_one_of(first: str, second: str) -> dict[str, Any]:
+    """A JSON Schema ``not`` that says "exactly one of the two fields, given and not null"
+    as the server reads it, so a client generated from the document never sends both or
+    none. Said with ``not`` alone, not as a ``oneOf`` of two partial objects: a generator
+    makes a model of the object's properties and leaves ``not`` aside, where a ``oneOf``
+    would make it a union of two shapes that each lack the other fields."""
+
+    def given(name: str) -> dict[str, Any]:
+        return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+    both = {"required": [first, second], "properties": {name: {"not": {"type": "null"}} for name in (first, second)}}
+    return {"not": {"anyOf": [both, {"not": {"anyOf": [given(first), given(second)]}}]}}
 
 
 class SweepParam(BaseModel):
     """One swept param of one node: explicit distinct ``values``, or a ``range``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
-        "oneOf": [one_of_two("values", "array", "range"), one_of_two("range", "object", "values")]})
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              json_schema_extra=exactly_one_of("values", "range"))
 
     node_id: str
     param: str

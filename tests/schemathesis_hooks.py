@@ -1,6 +1,9 @@
 """A check for the seeded schemathesis run (tests/integration/test_openapi_fuzz_functional):
-a request the OpenAPI document calls valid is never refused for its shape. Loaded by
-schemathesis through ``SCHEMATHESIS_HOOKS``.
+a request the OpenAPI document calls valid is never refused for its shape; and every field
+of an answer is one the document declares (the schemas only answers use are closed before
+schemathesis reads the document, so its response conformance check says so). Valid
+requests name what the test made (``map_case``). Loaded by schemathesis through
+``SCHEMATHESIS_HOOKS``.
 
 Answers that are not defects: 401 (the token is the fuzzer's to get right), 404 (an
 id that names nothing), 409 (a state that forbids it), and the 400s that judge a graph
@@ -9,6 +12,7 @@ which no schema can say."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -18,7 +22,9 @@ ANSWERS = frozenset({401, 404, 409})
 MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "invalid_device", "target_needs_worker",
                            "memory_budget_needs_worker", "unknown_target_option", "flavor_not_found",
                            "upload_not_found", "worker_cannot_grant", "too_many_cpus", "unknown_flavor",
-                           "unknown_target", "one_shot_record_outputs"})
+                           "unknown_target", "one_shot_record_outputs",
+                           # a file whose X-Troupe-Sha256 is not its bytes' digest, or whose path is a folder there
+                           "artifact_refused"})
 
 
 # "Not now" answers, documented as 503 on every mutation: a busy lane, an offline worker,
@@ -65,3 +71,78 @@ def valid_requests_are_answered(ctx: Any, response: Any, case: Any) -> None:
         # document's patterns are ECMA-262, where "$" is the end: such a value is not valid.
         return
     raise AssertionError(f"a request the document calls valid was refused: {status} {code}: {response.text[:300]}")
+
+
+def close_answers(document: dict[str, Any]) -> set[str]:
+    """Closes (``additionalProperties: false``) every schema that only answers use, so
+    that response conformance fails on a field the server sends and the document does
+    not declare. The served document keeps them open, for a client of an older document
+    against a newer server; a schema that a request uses too keeps its own rule. Answers
+    the names closed."""
+    schemas = document.get("components", {}).get("schemas", {})
+
+    def refs(node: Any, found: set[str]) -> set[str]:
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                found.add(node["$ref"].rsplit("/", 1)[-1])
+            for value in node.values():
+                refs(value, found)
+        elif isinstance(node, list):
+            for value in node:
+                refs(value, found)
+        return found
+
+    def reached(start: set[str]) -> set[str]:
+        seen: set[str] = set()
+        todo = list(start)
+        while todo:
+            name = todo.pop()
+            if name not in seen and name in schemas:
+                seen.add(name)
+                todo.extend(refs(schemas[name], set()))
+        return seen
+
+    answers: set[str] = set()
+    asks: set[str] = set()
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            refs(operation.get("responses", {}), answers)
+            refs(operation.get("requestBody", {}), asks)
+            refs(operation.get("parameters", []), asks)
+    closed = set()
+    for name in reached(answers) - reached(asks):
+        schema = schemas[name]
+        if schema.get("type") == "object" and schema.get("additionalProperties", True) is True:
+            schema["additionalProperties"] = False
+            closed.add(name)
+    return closed
+
+
+@schemathesis.hook
+def before_load_schema(ctx: Any, raw_schema: dict[str, Any]) -> None:
+    close_answers(raw_schema)
+
+
+def _known_ids() -> dict[str, list[str]]:
+    """What the test made before the run (``TROUPE_FUZZ_IDS``): a path parameter's name,
+    or ``PATH:NAME`` for one path's, -> ids that exist."""
+    given = os.environ.get("TROUPE_FUZZ_IDS")
+    return json.loads(given) if given else {}
+
+
+@schemathesis.hook
+def map_case(ctx: Any, case: Any) -> Any:
+    """A valid request names things that exist: its path parameters are the ids of what
+    the test made, so that the answers checked against the document are the full ones (a
+    run with its artifacts and facts, a finished sweep's ranking, a connected worker), not
+    only 404s. Deletes keep the fuzzer's ids: what they would remove stays for the rest."""
+    known = _known_ids()
+    meta = case.meta
+    if not known or case.operation.method.upper() == "DELETE" or not case.path_parameters or (
+            meta is not None and not meta.generation.mode.is_positive):
+        return case
+    for name, drawn in case.path_parameters.items():
+        ids = known.get(f"{case.operation.path}:{name}") or known.get(name)
+        if ids:
+            case.path_parameters[name] = ids[len(str(drawn)) % len(ids)]
+    return case

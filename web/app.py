@@ -33,6 +33,7 @@ from web import (
     routes_runs,
     routes_studies,
     routes_sweeps,
+    routes_tables,
     routes_workers,
     streams,
     ws_worker,
@@ -51,7 +52,7 @@ ROUTE_TABLES = (streams.routes, routes_find.routes, routes_runs.routes, routes_r
                 routes_export.routes, routes_editor.routes, routes_sweeps.routes, routes_studies.routes,
                 routes_plugins.routes, routes_workers.routes, routes_flavors.routes, routes_packs.routes,
                 routes_metrics.routes, routes_files.routes, routes_artifacts.routes, ws_worker.routes,
-                routes_login.routes)
+                routes_login.routes, routes_tables.routes)
 
 
 def build_app(svc: Services) -> web.Application:

@@ -10,10 +10,13 @@ from pydantic.json_schema import models_json_schema
 
 from protocol import api
 from protocol import replies as r
+from protocol import replies_runs as rr
+from protocol import replies_workers as rw
 from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
+from web.openapi_streams import stream_operations
 from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
 from web.routes_login import Login, NewLoginLink, SessionName
 from web.routes_runs import MAX_TAIL
@@ -26,11 +29,13 @@ _MODELS: tuple[type[BaseModel], ...] = (
     api.EstimateGraph, api.Estimate, api.RerunRequest, api.RunEdit,
     api.EditorSessionCache, api.EditorSessionClosed, api.NewEnrollment, api.Redeem, api.CardSharing, api.SshWorker,
     SubmitSweep, SubmitStudy, ResumeStudy, PluginJob, Flavor, FlavorUpdate, Login, NewLoginLink, SessionName,
-    *(model for model in vars(r).values() if isinstance(model, type) and issubclass(model, r._Reply)
-      and model is not r._Reply),
+    *(model for module in (r, rr, rw) for model in vars(module).values()
+      if isinstance(model, type) and issubclass(model, rr._Reply) and model is not rr._Reply),
 )
 _SEQ = {"type": "integer", "minimum": 0, "maximum": 2**62}
-_FORMAT = {"type": "string", "enum": ["json", "csv"]}
+# ?format=csv is read too, for the clients that always sent it; the document states the
+# CSV as its own operation (web/routes_tables.py), with its one media type.
+_FORMAT = {"type": "string", "enum": ["json"], "description": "json; the CSV table is the .csv operation beside"}
 _STATUS = {"type": "string", "pattern": "^(({0})(,({0}))*)?$".format("|".join(sorted(ALL_STATES))),
            "description": "a status, or several joined by commas (queued,running); empty: every status"}
 _HEX_ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
@@ -52,12 +57,9 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
         required: tuple[str, ...] = (), media: str | None = None, unavailable: bool = False) -> dict[str, Any]:
     """One operation; a param's schema is a JSON type name or a whole schema (bounds,
     enums). Path params are required, and the query params named in ``required``.
-    ``media``: an answer that is not JSON (a stream, a file), said by its media type;
+    ``media``: an answer that is not JSON (a table, a file), said by its media type;
     ``unavailable``: a read that answers 503 while what it reads is away (a worker)."""
-    answer = _json(ok) if ok else {"content": {media: {} if media == _SSE else {"schema": {"type": "string"}}}} \
-        if media else {}
-    if any(name == "format" for name, _, _ in params):  # ?format=csv answers the same as CSV
-        answer = {"content": {**answer.get("content", {}), "text/csv": {"schema": {"type": "string"}}}}
+    answer = _json(ok) if ok else {"content": _media(media)} if media else {}
     responses: dict[str, Any] = {status: {"description": "ok", **answer}}
     responses["4XX"] = {"description": "client error", **_json(api.ErrorReply)}
     if mutation or unavailable:  # a busy lane, an offline worker, a full card, a stopping server: not now
@@ -79,6 +81,19 @@ def _op(summary: str, ok: type[BaseModel] | None, *, status: str = "200", body: 
     return op
 
 
+def _media(media: str) -> dict[str, Any]:
+    """An answer that is not JSON: text is a string, anything else bytes. A binary type
+    a generator may not know (application/gzip) is also named as what it is to such a
+    generator, bytes (application/octet-stream): the client it makes reads the bytes
+    rather than leave the answer out."""
+    if media.startswith("text/"):
+        return {media: {"schema": {"type": "string"}}}
+    if media == "application/json":
+        return {media: {"schema": {"type": "object"}}}
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    return {media: binary} if media == _BYTES else {media: binary, _BYTES: binary}
+
+
 def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
     """An idempotent creation: a repeat answers 200 with what the first made."""
     op["responses"]["200"] = {**op["responses"]["201"], "description": description}
@@ -86,13 +101,16 @@ def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 _RUN_ID = ("run_id", "path", "string")
-_SSE = "text/event-stream"
 # A file in the run's folder: names joined by /, none "." or "..", no control character;
 # at most 63 characters a name and 512 in all here (the server takes 255 bytes a name and
 # 1,024 characters: these always fit, and the request line of any of them stays short).
 _NAME_CHARS = r"[^/\\\u0000-\u001f\u007f]{1,63}"
 _ARTIFACT_PATH = rf"^(?:(?!\.{{1,2}}/){_NAME_CHARS}/)*(?!\.{{1,2}}$){_NAME_CHARS}$"
 _BYTES = "application/octet-stream"
+_CSV = "text/csv"
+_LINEAGE = ("lineage", "query", {"type": "string", "enum": ["true", "false"],
+                                 "description": "a resumed run's chain as one training: each run's points up to the "
+                                                "step the next took over at, each with its run_id"})
 _SESSION = ("session", "path", "string")
 
 
@@ -121,19 +139,32 @@ def _server_limits(schemas: dict[str, Any], limits: tuple[int, int, int]) -> Non
         defs["SweepParam"]["properties"]["values"]["anyOf"][0]["maxItems"] = max_domain
 
 
+_PROMISE = (
+    "Every route of the server, each answer with its schema: every field an answer has is declared (answers stay "
+    "open to fields a newer server adds). A table (CSV) is an operation of its own, text/csv. The two server-sent "
+    "event streams are under x-streams, in OpenAPI 3.2's form (text/event-stream with itemSchema), not under paths: "
+    "a 3.1 client reads an answer to its end, and a stream has none. docs/api.md says how to generate a client.")
+
+
 @functools.lru_cache(maxsize=4)
 def openapi_document(version: str, limits: tuple[int, int, int] = (32, 4, 32)) -> dict[str, Any]:
     """The document; ``limits`` are the server's (max sweep runs, params, domain)."""
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
+    # Two models of one name would be renamed module__Name, and a $ref by the plain name
+    # would lead nowhere: refused here, so no such document is ever served.
+    collided = sorted(name for name in schemas.get("$defs", {}) if "__" in name)
+    if collided:
+        raise RuntimeError(f"two models share a name in the OpenAPI document: {', '.join(collided)}")
     _server_limits(schemas, limits)
     _closed_pattern_maps(schemas)
     paths = {**_run_paths(), **_other_paths(), **_worker_paths(), **_login_paths()}
     _name_operations(paths)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "troupe", "version": version},
+        "info": {"title": "troupe", "version": version, "description": _PROMISE},
         "tags": [{"name": tag} for tag in sorted({op["tags"][0] for ops in paths.values() for op in ops.values()})],
         "paths": paths,
+        "x-streams": stream_operations(),
         "components": {
             "schemas": schemas.get("$defs", {}),
             "securitySchemes": {"session": {"type": "http", "scheme": "bearer"},
@@ -198,7 +229,7 @@ def _run_paths() -> dict[str, Any]:
             "get": _op("One run", api.RunDetail, params=(_RUN_ID,)),
             "patch": _op("A run's name, tags and note", api.RunDetail, body=api.RunEdit, params=(_RUN_ID,),
                          mutation=True),
-            "delete": _op("Delete a finished run", r.Deleted, params=(_RUN_ID,), mutation=True),
+            "delete": _op("Delete a finished run", r.RunDeleted, params=(_RUN_ID,), mutation=True),
         },
         "/api/runs/{run_id}/cancel": {"post": _op("Cancel a run", api.CancelReply, params=(_RUN_ID,), mutation=True)},
         "/api/runs/{run_id}/rerun": {"post": {**_op(
@@ -208,12 +239,10 @@ def _run_paths() -> dict[str, Any]:
         "/api/runs/{run_id}/events": {"get": _op("A page of a run's events", api.EventPage, params=(
             _RUN_ID, ("after", "query", _SEQ), ("tail", "query", {"type": "integer", "minimum": 1,
                                                                   "maximum": MAX_TAIL})))},
-        "/api/runs/{run_id}/stream": {"get": _op("A run's events as server-sent events", None, media=_SSE, params=(
-            _RUN_ID, ("after", "query", _SEQ)))},
         "/api/runs/{run_id}/provenance": {"get": _op("The dataset and weight files the run read (with provenance on)",
-                                                     r.Provenance, params=(_RUN_ID,))},
+                                                     rr.Provenance, params=(_RUN_ID,))},
         "/api/runs/{run_id}/fingerprint": {"get": _op("What executed the run; against another, what differs",
-                                                      r.Fingerprint,
+                                                      rr.Fingerprint,
                                                       params=(_RUN_ID, ("against", "query", _HEX_ID)))},
         "/api/runs/{run_id}/console": {"get": _op("What the run printed, from byte offset on (a page of 1 MiB)",
                                                   r.ConsolePage, params=(
@@ -221,16 +250,15 @@ def _run_paths() -> dict[str, Any]:
                                                       ("nodes", "query", {"type": "string", "enum": ["true", "false"],
                                                                           "description": "each line marked with its "
                                                                                          "node and stream"})))},
-        "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series (json or csv)", r.RunMetrics, params=(
-            _RUN_ID, ("format", "query", _FORMAT),
-            ("lineage", "query", {"type": "string", "enum": ["true", "false"],
-                                  "description": "a resumed run's chain as one training: each run's points up to "
-                                                 "the step the next took over at, each with its run_id"})))},
+        "/api/runs/{run_id}/metrics": {"get": _op("A run's metric series", r.RunMetrics, params=(
+            _RUN_ID, ("format", "query", _FORMAT), _LINEAGE))},
+        "/api/runs/{run_id}/metrics.csv": {"get": _op("A run's metric series as a table: series,step,value,ts", None,
+                                                      media=_CSV, params=(_RUN_ID, _LINEAGE))},
         "/api/export": {"post": _op("A graph as a standalone Python script", api.ExportedScript,
                                     body=api.ExportGraph, mutation=True)},
         "/api/estimates": {"post": _op("A static memory estimate of a graph, offered as a first budget", api.Estimate,
                                        body=api.EstimateGraph, mutation=True)},
-        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", r.RunOutputs, params=(_RUN_ID,),
+        "/api/runs/{run_id}/outputs": {"get": _op("Recorded outputs of every node", rr.RunOutputs, params=(_RUN_ID,),
                                                   unavailable=True)},
         "/api/runs/{run_id}/artifacts/{artifact_id}": {"get": _op(
             "An artifact's bytes, wherever it lives", None, media=_BYTES,
@@ -242,7 +270,7 @@ def _run_paths() -> dict[str, Any]:
                 ("X-Troupe-Sha256", "header", {"type": "string", "pattern": "^[0-9a-f]{64}$"}))),
             "requestBody": {"required": True, "content": {_BYTES: {"schema": {"type": "string",
                                                                               "format": "binary"}}}}}},
-        "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", r.NodeOutputs, params=(
+        "/api/runs/{run_id}/outputs/{node_id}": {"get": _op("Recorded outputs of one node", rr.NodeOutputs, params=(
             _RUN_ID, ("node_id", "path", "string")), unavailable=True)},
     }
 
@@ -255,8 +283,10 @@ def _other_paths() -> dict[str, Any]:
                         mutation=True),
             "get": _op("Every sweep, newest first", r.SweepList),
         },
-        "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants (json or csv)", r.SweepDetail, params=(
+        "/api/sweeps/{sweep_id}": {"get": _op("A sweep's ranked variants", r.SweepDetail, params=(
             ("sweep_id", "path", "string"), ("format", "query", _FORMAT)))},
+        "/api/sweeps/{sweep_id}/ranking.csv": {"get": _op("A sweep's ranked variants as a table, a column per param",
+                                                          None, media=_CSV, params=(("sweep_id", "path", "string"),))},
         "/api/sweeps/{sweep_id}/cancel": {"post": _op("Cancel a sweep's active runs", r.SweepCancelled, params=(
             ("sweep_id", "path", "string"),), mutation=True)},
         "/api/editor-sessions/{session}": {
@@ -264,14 +294,16 @@ def _other_paths() -> dict[str, Any]:
             "delete": _op("Close an editor session: drop its cached node outputs", api.EditorSessionClosed,
                           params=(_SESSION,), mutation=True),
         },
-        "/api/resources": {"get": _op("The cpus lent to declared nodes", r.CpuLedgerReply)},
+        "/api/resources": {"get": _op("The cpus lent to declared nodes", rw.CpuLedgerReply)},
         "/api/studies": {
             "post": _op("Start a study", r.StudyDetail, status="201", body=SubmitStudy, mutation=True),
             "get": _op("Every study, newest first", r.StudyList),
         },
-        "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking (json or csv)", r.StudyDetail,
-                                               params=(
+        "/api/studies/{study_id}": {"get": _op("A study with its attempts and ranking", r.StudyDetail, params=(
             ("study_id", "path", "string"), ("format", "query", _FORMAT)))},
+        "/api/studies/{study_id}/ranking.csv": {"get": _op("A study's ranking as a table, the unranked after it",
+                                                           None, media=_CSV,
+                                                           params=(("study_id", "path", "string"),))},
         "/api/studies/{study_id}/cancel": {"post": _op("Cancel a study", r.StudyDetail, params=(
             ("study_id", "path", "string"),), mutation=True)},
         "/api/studies/{study_id}/resume": {"post": _op("Resume a halted study with a new budget", r.StudyDetail,
@@ -285,14 +317,13 @@ def _other_paths() -> dict[str, Any]:
         },
         "/api/plugins/{plugin_id}/jobs/{job_id}": {"get": _op("One plugin job", r.PluginJobRow, params=(
             ("plugin_id", "path", "string"), ("job_id", "path", "string")))},
-        "/api/stream": {"get": _op("Every run's changes as server-sent events", None, media=_SSE)},
         "/api/queues": {"get": _op("Queue keys with limits and counts", api.QueueList)},
-        "/api/info": {"get": _op("Version, devices and capabilities", r.Info)},
+        "/api/info": {"get": _op("Version, devices and capabilities", rw.Info)},
         "/api/examples": {"get": _op("Bundled example graphs", r.ExampleList)},
         "/api/nodes": {"get": _op("The node catalog", r.Catalog)},
         "/metrics": {"get": _op("Prometheus metrics (OpenMetrics when Accept asks for it)", None,
                                 media="text/plain")},
-        "/api/openapi.json": {"get": {**_op("This document", None, media="application/json")}},
+        "/api/openapi.json": {"get": _op("This document", None, media="application/json")},
         "/ws/worker": {"get": {**_op("The socket a worker's agent dials (a websocket; frames in protocol.worker)",
                                      None, status="101"), "security": [{"worker": []}]}},
         "/api/ids": {"get": _op("The runs, sweeps and studies whose id starts with a prefix (a short id)", r.IdMatches,
@@ -310,7 +341,7 @@ def _other_paths() -> dict[str, Any]:
             "get": _op("One flavor", Flavor, params=(("name", "path", "string"),)),
             "put": _op("Replace a flavor's sizes (what is left out is unset)", Flavor, body=FlavorUpdate,
                        params=(("name", "path", "string"),), mutation=True),
-            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", r.Deleted,
+            "delete": _op("Delete a flavor no unfinished run, sweep or study uses", r.FlavorDeleted,
                           params=(("name", "path", "string"),), mutation=True)},
     }
 
@@ -320,18 +351,18 @@ def _login_paths() -> dict[str, Any]:
     return {
         "/api/login": {"post": _op("A login link's token for a session (a terminal's bearer secret, or a browser's "
                                    "cookie with browser: true)", r.LoggedIn, status="201", body=Login)},
-        "/api/logout": {"post": _op("End the session the request comes with", r.Deleted, mutation=True)},
+        "/api/logout": {"post": _op("End the session the request comes with", r.Revoked, mutation=True)},
         "/api/login-links": {
             "get": _op("The login links this server made (never their tokens)", r.LoginLinks),
-            "post": {**_op("A fresh login link: a teacher's, a class's (uses) or a read-only one", r.NewLoginLink,
+            "post": {**_op("A fresh login link: a teacher's, a class's (uses) or a read-only one", r.LoginLinkCreated,
                            status="201", mutation=True),
                      "requestBody": {"required": False, **_json(NewLoginLink)}}},
-        "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Deleted,
+        "/api/login-links/{link_id}": {"delete": _op("Revoke a login link and end the sessions it opened", r.Revoked,
                                                      params=(("link_id", "path", "string"),), mutation=True)},
         "/api/sessions": {"get": _op("The open sessions (never their secrets)", r.Sessions)},
         "/api/sessions/me": {"put": _op("Name this session (as the teacher sees it in who is connected)",
                                         r.SessionNamed, body=SessionName, mutation=True)},
-        "/api/sessions/{session_id}": {"delete": _op("End a session", r.Deleted,
+        "/api/sessions/{session_id}": {"delete": _op("End a session", r.Revoked,
                                                      params=(("session_id", "path", "string"),), mutation=True)},
     }
 
@@ -340,15 +371,15 @@ def _worker_paths() -> dict[str, Any]:
     """Workers (enrolling, listing, draining, their cards) and uploaded files."""
     return {
         "/api/workers": {"get": _op("Every enrolled or connected worker with its state, devices and slots",
-                                     r.WorkerList)},
-        "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", r.Enrollment,
+                                     rw.WorkerList)},
+        "/api/workers/enrollments": {"post": _op("A one-time join token and the command that uses it", rw.Enrollment,
                                                  status="201", body=api.NewEnrollment, mutation=True)},
         "/api/workers/credentials": {"post": _op("An agent trades its join token for its credential (the token is "
-                                                 "the proof; no session token)", r.WorkerCredential, status="201",
+                                                 "the proof; no session token)", rw.WorkerCredential, status="201",
                                                  body=api.Redeem)},
-        "/api/workers/{name}": {"delete": _op("Revoke a worker: its agent is refused and its runs end", r.Deleted,
+        "/api/workers/{name}": {"delete": _op("Revoke a worker: its agent is refused and its runs end", r.Revoked,
                                               params=(("name", "path", "string"),), mutation=True)},
-        "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", r.WorkerRow,
+        "/api/workers/{name}/drain": {"post": _op("No new runs start on this worker", rw.WorkerRow,
                                                   params=(("name", "path", "string"),), mutation=True)},
         "/api/files": {"get": _op("Every uploaded file", r.FileList),
                        "post": {**_op("Upload a file (multipart, field file) for runs to read as upload:<id>",
@@ -356,12 +387,12 @@ def _worker_paths() -> dict[str, Any]:
                                       status="201", mutation=True), "requestBody": _UPLOAD}},
         "/api/files/{file_id}/content": {"get": _op("An uploaded file's bytes", None, media=_BYTES,
                                                     params=(("file_id", "path", "string"),))},
-        "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", r.Deleted,
+        "/api/files/{file_id}": {"delete": _op("Delete an upload no queued or running run reads", r.FileDeleted,
                                                params=(("file_id", "path", "string"),), mutation=True)},
         "/api/workers/ssh": {"post": _op("Serve a worker through an SSH session this server opens (ssh -R)",
-                                         r.WorkerAdded,
+                                         rw.WorkerAdded,
                                          status="201", body=api.SshWorker, mutation=True)},
         "/api/workers/{name}/devices/{device}": {"put": _op(
-            "Set how a card admits runs: by slots, or shared by memory budget", r.CardPolicySet, body=api.CardSharing,
+            "Set how a card admits runs: by slots, or shared by memory budget", rw.CardPolicySet, body=api.CardSharing,
             params=(("name", "path", "string"), ("device", "path", "string")), mutation=True)},
     }
