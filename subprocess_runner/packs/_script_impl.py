@@ -66,12 +66,12 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         _wait(command, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
     finally:
         command.stop()
+        code = command.exit_code()  # read whatever ended the wait: it closes the reaper's status pipe
         stop_carrying([ctx.run_id], grace)  # a process the reaper could not hold (not Linux) still carries the mark
         ended.set()
         for reader in readers:
             reader.join(5)
         watched.look()  # what it renamed into place last
-    code = command.exit_code()
     if code is None:
         raise RuntimeError(f"{argv[0]}'s exit status was lost: the process that watched it was killed")
     if code != 0:
