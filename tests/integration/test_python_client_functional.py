@@ -32,7 +32,7 @@ def test_a_notebook_runs_with_set_reads_metrics_and_ranks_a_sweep(make_server, t
         run = client.run(hello(), set={"a.value": 5}, name="five", tags=["demo"])
         assert run.ok and run.name == "five" and "demo" in run.record.tags
         assert [(p.step, p.value) for p in run.metrics()["val_loss"]] == [(1, 8.0)]
-        assert run.detail().options["params_set"] == {"a.value": 5}
+        assert run.detail().options.params_set == {"a.value": 5}
         assert client.get(run.id[:6]).id == run.id
 
         sweep = client.sweep(_sweep_spec(), timeout=60)
