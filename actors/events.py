@@ -15,6 +15,7 @@ stalled reader holds a bounded amount of memory.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -25,11 +26,13 @@ from actors.base import Actor
 from actors.run_tally import RunTally
 from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
-from actors.store.runs import DeleteRun, Prune, UpdateRun
+from actors.store.runs import DeleteRun, Prune, Pruned, UpdateRun
 from actors.store.studies import UpdateStudy
 from actors.store.sweeps import created_runs
 from protocol import events as ev
 from protocol.run_record import RunRecord
+
+log = logging.getLogger("troupe.retention")
 
 RESET = object()
 LAGGED = object()
@@ -193,8 +196,13 @@ class EventHub(Actor):
             case UpdateStudy(study_id, fields) if "state" in fields and result:
                 self._change({"kind": "study", "study_id": study_id, "state": fields["state"],
                               "halt_reason": fields.get("halt_reason")})
-            case Prune():
-                for run_id in result:
+            case Prune(keep_last):
+                pruned: Pruned = result
+                if pruned.run_ids:  # one line a pass, said once it is committed
+                    log.info("retention removed %d run%s, keeping the newest %d of each submitter: %s",
+                             len(pruned.run_ids), "" if len(pruned.run_ids) == 1 else "s", keep_last,
+                             ", ".join(f"{name} {count}" for _, name, count in pruned.by_submitter))
+                for run_id in pruned.run_ids:
                     self._change({"kind": "deleted", "run_id": run_id, "reason": "retention"})
 
     def _created(self, record: RunRecord) -> None:

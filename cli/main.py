@@ -18,7 +18,7 @@ import typer
 
 from cli import connect, terminal
 from cli.errors import EXIT_FAILED, EXIT_USAGE, BadOption, CliError, NoServer
-from cli.render import printable
+from cli.render import output_form, printable
 
 
 def _no_type_beside_flags() -> None:
@@ -43,10 +43,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from protocol.version import __version__
+
+        print(f"troupe {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="print troupe's version and exit (a server and its agents must run the same)")] = False) -> None:
+    """troupe: a run control plane for ML graphs."""
+
+
 QUIET_HELP = "print the run's id alone (with --detach, then return; else the exit code says how it ended)"
 JSON_HELP = "print the submission as JSON (with --detach), else the ended run's record"
 PACKS_HELP = "a folder of packs (.py files or package folders) to load besides TROUPE_HOME/packs (repeatable)"
 DEVICE_HELP = "cpu | auto | cuda | cuda:N | mps (default: the graph's settings.device, else cpu)"
+RESUME_HELP = ("go on from the run's newest checkpoint instead of starting over: each TrainingLoop's "
+               "(checkpoint_every), or the newest file a script command wrote to TROUPE_CHECKPOINT_DIR")
 
 
 def _fail(exc: CliError) -> None:
@@ -126,7 +143,7 @@ def run(
     }
     try:
         code = submit_and_follow(connect.client(host, port), graph, options, name, not wait, timeout, sets or (),
-                                 "quiet" if quiet else "json" if as_json else "text")
+                                 output_form(quiet, as_json, "text"))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -135,8 +152,7 @@ def run(
 @app.command()
 def rerun(
     run_id: Annotated[str, typer.Argument(help="the run to queue again")],
-    resume: Annotated[bool, typer.Option("--resume", help="continue each TrainingLoop from its newest "
-                                                          "checkpoint instead of starting over")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help=RESUME_HELP)] = False,
     wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
@@ -146,12 +162,13 @@ def rerun(
     host: terminal.Host = None,
     port: terminal.Port = None,
 ) -> None:
-    """Queue a run again with its graph, options and target; --resume goes on from its last checkpoint."""
+    """Queue a run again with its graph, options and target; --resume goes on from its last checkpoint
+    (a TrainingLoop's, or the newest file a script command wrote to TROUPE_CHECKPOINT_DIR)."""
     from cli.run_cmd import rerun_and_follow
 
     try:
         code = rerun_and_follow(connect.client(host, port), run_id, resume, not wait, timeout, sets or (),
-                                "quiet" if quiet else "json" if as_json else "text")
+                                output_form(quiet, as_json, "text"))
     except CliError as exc:
         _fail(exc)
     raise typer.Exit(code)
@@ -219,9 +236,13 @@ def open_(
                                                                  "are refused")] = None,
     max_memory_gib: Annotated[float | None, typer.Option(min=0.001, help="each session's runs hold at most this "
                                                                           "much memory budget (GiB) at once")] = None,
+    max_submits_per_minute: Annotated[int | None, typer.Option(
+        min=0, help="each session submits at most N runs a minute, a sweep's each counted (a class link's default: "
+                    "the server's, 30; 0: no limit)")] = None,
 ) -> None:
     """A login link: one-time for you (the teacher), or with --uses for a class, whose
-    sessions --max-running, --max-waiting and --max-memory-gib limit."""
+    sessions --max-running, --max-waiting, --max-memory-gib and --max-submits-per-minute
+    limit."""
     from cli.config import load_settings
     from cli.logins import seconds
     from cli.session import read_session
@@ -236,7 +257,8 @@ def open_(
             body["uses"] = uses
         if max_memory_gib is not None and not math.isfinite(max_memory_gib):
             raise BadOption(f"--max-memory-gib is a number of GiB, not {max_memory_gib}")
-        limits = {"max_running": max_running, "max_waiting": max_waiting, "max_memory_gib": max_memory_gib}
+        limits = {"max_running": max_running, "max_waiting": max_waiting, "max_memory_gib": max_memory_gib,
+                  "max_submits_per_minute": max_submits_per_minute}
         body.update({name: value for name, value in limits.items() if value is not None})
         status, reply = connect.client(None, None).request("POST", "/api/login-links", body)
         if status != 201:
@@ -318,12 +340,15 @@ def login(url: Annotated[str, typer.Argument(help="the login link you were given
           token: Annotated[str | None, typer.Option(help="a teacher's session token instead of a link")] = None,
           ca: Annotated[Path | None, typer.Option(
               "--ca", help="trust this certificate for a server serving https with a self-signed one")] = None,
+          name: Annotated[str | None, typer.Option(
+              help="the name the teacher sees for this terminal (at most 40 characters, not another's); without "
+                   "it: terminal and this machine's address")] = None,
           ) -> None:
     """Log this terminal in to a server on another machine; later commands use it."""
     from cli.logins import login as log_in
 
     try:
-        raise typer.Exit(log_in(url, token, str(ca.resolve()) if ca else None))
+        raise typer.Exit(log_in(url, token, str(ca.resolve()) if ca else None, name))
     except CliError as exc:
         _fail(exc)
 

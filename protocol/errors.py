@@ -16,6 +16,7 @@ class TroupeError(Exception):
 
     code = "troupe_error"
     http_status = 400
+    retry_after_s: int | None = None  # when the same request may pass: the reply's Retry-After header
 
     def __init__(
         self,
@@ -130,10 +131,15 @@ class CapacityRefused(TroupeError):
 
 class QuotaExceeded(TroupeError):
     """Raised when a session's submission would pass a limit its class link set (runs
-    running or waiting at once, memory budget held); ``details`` has the counts."""
+    running or waiting at once, memory budget held, runs submitted a minute); ``details``
+    has the counts, and ``retry_after_s`` when waiting is enough for it to pass."""
 
     code = "quota_exceeded"
     http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
 
 
 def pointer_from_path(path: tuple[Any, ...] | list[Any]) -> str:

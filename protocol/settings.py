@@ -106,6 +106,11 @@ class Settings:
     # Folders of packs loaded without packaging (docs/packs.md): TROUPE_HOME/packs, then
     # TROUPE_PACKS (os.pathsep between them), then each --packs.
     pack_dirs: tuple[Path, ...] = ()
+    # A folder pack is imported first in a child of its own, for at most this long
+    # (TROUPE_PACK_IMPORT_TIMEOUT_S; 0: no such check) and within this much address space
+    # (TROUPE_PACK_IMPORT_MEMORY_MIB; 0: no limit); past either it is listed broken.
+    pack_import_timeout_s: float = 10.0
+    pack_import_memory_mib: int = 2048
     # The longest a login session lives, however long its link was good for (30 days,
     # as long as the browser keeps its cookie).
     session_max_s: int = 30 * 86400
@@ -117,6 +122,9 @@ class Settings:
     # What a class link limits its sessions to when the teacher gives no limits of its
     # own (TROUPE_CLASS_MAX_RUNNING, _MAX_WAITING, _MAX_MEMORY_GIB; 0 or unset: none).
     class_quotas: Mapping[str, int] = field(default_factory=dict)
+    # How many runs a class link's session may submit a minute when the teacher gives the
+    # link no such limit (TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE; 0: none).
+    class_max_submits_per_minute: int = 30
     # The event loop the server and agents run on (TROUPE_EVENT_LOOP): ``uvloop``, or
     # ``asyncio`` (the standard library's, also where uvloop is not installed).
     event_loop: str = "uvloop"
@@ -234,6 +242,8 @@ class Settings:
             class_privileged_nodes=reader.flag("TROUPE_CLASS_PRIVILEGED_NODES", False),
             pack_dirs=(home / "packs", *(Path(p).expanduser() for p in environ.get("TROUPE_PACKS", "").split(os.pathsep)
                                          if p.strip()), *(p.expanduser().resolve() for p in packs)),
+            pack_import_timeout_s=reader.number("TROUPE_PACK_IMPORT_TIMEOUT_S", 10.0, maximum=86400.0),
+            pack_import_memory_mib=reader.integer("TROUPE_PACK_IMPORT_MEMORY_MIB", 2048, minimum=0, maximum=2**40),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
             queue_order=reader.choice("TROUPE_QUEUE_ORDER", ("fair", "fifo")),
             fair_share_half_life_s=reader.number("TROUPE_FAIR_SHARE_HALF_LIFE_S", 3600.0) or 3600.0,
@@ -241,6 +251,7 @@ class Settings:
                 ("max_running", reader.integer("TROUPE_CLASS_MAX_RUNNING", 0, minimum=0)),
                 ("max_waiting", reader.integer("TROUPE_CLASS_MAX_WAITING", 0, minimum=0)),
                 ("max_memory_mib", math.ceil(reader.number("TROUPE_CLASS_MAX_MEMORY_GIB", 0.0) * 1024))) if value},
+            class_max_submits_per_minute=reader.integer("TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE", 30, minimum=0),
             event_loop=reader.choice("TROUPE_EVENT_LOOP", ("uvloop", "asyncio")),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
             job_end_time=reader.number("SLURM_JOB_END_TIME", 0.0) or None,

@@ -55,7 +55,8 @@ def json_reply(data: Any, status: int = 200, headers: dict[str, str] | None = No
 
 
 def error_response(error: TroupeError) -> web.Response:
-    return json_reply(error.to_json(), status=error.http_status)
+    retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    return json_reply(error.to_json(), status=error.http_status, headers=retry)
 
 
 def _host_name(host: str) -> str:

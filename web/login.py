@@ -30,6 +30,7 @@ import hmac
 import secrets
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -46,7 +47,6 @@ from actors.store.logins import (
     SeenSessions,
     UseLoginLink,
 )
-from protocol.errors import Forbidden
 
 REQUEST_HEADER = "X-Troupe-Request"
 LOGOUT_PATH = "/api/logout"
@@ -102,6 +102,8 @@ class LoginBook:
     _sessions: dict[str, dict[str, Any]] = field(default_factory=dict)  # secret hash -> row
     _seen: dict[str, float] = field(default_factory=dict)  # session id -> last written (monotonic)
     _quota_turns: dict[str, asyncio.Lock] = field(default_factory=dict)  # session id -> its submissions' turn
+    _naming: list[str] = field(default_factory=list)  # names chosen by sessions being opened now
+    _submitted: dict[str, deque[float]] = field(default_factory=dict)  # session id -> its last minute's submits
 
     @property
     def cookie_name(self) -> str:
@@ -119,28 +121,46 @@ class LoginBook:
                 self._sessions[row["secret_hash"]] = row
 
     async def new_link(self, base_url: str, kind: str = TEACHER, uses: int = 1, expires_s: float = 7 * 86400,
-                       quotas: Mapping[str, int] | None = None) -> str:
+                       quotas: Mapping[str, int] | None = None, printed_at_start: bool = False) -> str:
+        """``printed_at_start``: the link ``troupe start`` prints, which revokes the one the
+        last start printed if nobody used it (five restarts leave one live link, not five)."""
         token = secrets.token_urlsafe(24)
-        await self.store.write(AddLoginLink(digest(token), kind, uses, time.time() + expires_s, quotas or None))
+        await self.store.write(AddLoginLink(digest(token), kind, uses, time.time() + expires_s, quotas or None,
+                                            printed_at_start))
         return f"{base_url.rstrip('/')}/?token={token}"
 
-    async def redeem(self, token: str, label: str) -> tuple[str, dict[str, Any]] | None:
+    async def redeem(self, token: str, label: str, named: bool = False) -> tuple[str, dict[str, Any]] | None:
         """A fresh session secret for a link token, one of its uses spent; None for a link
-        that is unknown, used up or expired."""
+        that is unknown, used up or expired. ``named``: ``label`` is a name its holder
+        chose, held for it (``labels``) while the link is spent."""
         secret = secrets.token_urlsafe(32)
-        row = await self.store.write(UseLoginLink(digest(token), digest(secret), uuid.uuid4().hex[:16], label,
-                                                  self.session_max_s))
+        if named:
+            self._naming.append(label)
+        try:
+            row = await self.store.write(UseLoginLink(digest(token), digest(secret), uuid.uuid4().hex[:16], label,
+                                                      self.session_max_s))
+        finally:
+            if named:
+                self._naming.remove(label)
         if row is None:
             return None
         self._sessions[row["secret_hash"]] = row
         return secret, row
 
+    def labels(self, but: str | None = None) -> list[str]:
+        """The names the live sessions go by (but session ``but``), and those being given
+        to sessions opening now: what another session may not call itself (``names.py``)."""
+        now = time.time()
+        return [*(row["label"] for row in self._sessions.values() if row["id"] != but
+                  and (row["expires_at"] is None or float(row["expires_at"]) >= now)), *self._naming]
+
     async def name(self, session_id: str, label: str) -> None:
-        """What the session is called in "who is connected", here and in the store."""
-        await self.store.write(NameSession(session_id, label))
+        """What the session is called in "who is connected", here at once (a name checked
+        against ``labels`` is taken before anything else is awaited) and in the store."""
         for row in self._sessions.values():
             if row["id"] == session_id:
                 row["label"] = label
+        await self.store.write(NameSession(session_id, label))
 
     def session_who(self, session_id: str) -> Who | None:
         """The live session ``session_id`` as a request of its own would be; None when it
@@ -153,6 +173,11 @@ class LoginBook:
     def quota_lock(self, session_id: str) -> asyncio.Lock:
         """One session's submissions are checked against its quotas one at a time."""
         return self._quota_turns.setdefault(session_id, asyncio.Lock())
+
+    def submitted(self, session_id: str) -> deque[float]:
+        """When (``time.monotonic()``) the session submitted its runs of the last minute,
+        one entry a run, oldest first; ``quotas.py`` counts and trims them."""
+        return self._submitted.setdefault(session_id, deque())
 
     async def revoke(self, session_id: str) -> bool:
         self._forget({session_id})
@@ -169,6 +194,8 @@ class LoginBook:
         for hashed, row in list(self._sessions.items()):
             if row["id"] in session_ids:
                 del self._sessions[hashed]
+        for session_id in session_ids:
+            self._submitted.pop(session_id, None)
 
     def who(self, request: web.Request) -> Who | None:
         """The session a request comes with, by bearer token or by cookie; None: none."""
@@ -211,24 +238,6 @@ class LoginBook:
 
     def clear_cookie(self, response: web.StreamResponse) -> None:
         response.del_cookie(self.cookie_name, path="/")
-
-
-def refuse_privileged(svc: Any, request: web.Request, graph: Any, prefix: str) -> None:
-    """403 ``privileged_node`` for a graph holding a node type that runs code or reads
-    files its params name, sent by a session the machine's owner did not trust with it:
-    a read session never, a class session unless the teacher allowed it
-    (``TROUPE_CLASS_PRIVILEGED_NODES``)."""
-    who = svc.login.who(request)
-    if who is None or who.kind == TEACHER or (who.kind == CLASS and svc.settings.class_privileged_nodes):
-        return
-    for index, node in enumerate(graph.nodes):
-        node_type = svc.catalog.get(node.type)
-        if node_type is not None and node_type.privileged:
-            raise Forbidden(f"node {node.id} is a {node.type}, which runs code on the server's machine: a {who.kind} "
-                            "session may not submit it" + (" unless the teacher allows it "
-                                                           "(TROUPE_CLASS_PRIVILEGED_NODES=1)"
-                                                           if who.kind == CLASS else ""),
-                            pointer=f"{prefix}/nodes/{index}/type", node_id=node.id, code="privileged_node")
 
 
 def _utc_now() -> str:

@@ -5,10 +5,16 @@
 * ``max_waiting``: runs waiting at once. A run counts as waiting until it starts, except
   those that may start at once under ``max_running``;
 * ``max_memory_mib``: memory budgets (``target.memory_gib``) of its running and waiting
-  runs together.
+  runs together;
+* ``max_submits_per_minute``: runs submitted in the last 60 seconds, finished or not (a
+  sweep's every variant, a study's first attempts, a rerun, a resume). The limits above
+  count only what is active: a flood of quick runs passes them all. On for class links
+  unless the teacher says otherwise (``TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE``, 30). Counted
+  in memory: a restart of the server starts every session's minute afresh.
 
 A submission that would pass a limit is refused whole, before anything is stored: 429
-``quota_exceeded`` with the limit and the counts. One session's submissions are checked
+``quota_exceeded`` with the limit and the counts (and, past the per-minute limit, when to
+try again: ``retry_after_s`` and the ``Retry-After`` header). One session's submissions are checked
 one at a time, each until its rows are stored, so two at once cannot both slip under a
 limit. The teacher's sessions and the server's token have no limits unless their link
 set some.
@@ -17,6 +23,8 @@ set some.
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,14 +35,17 @@ from protocol.errors import QuotaExceeded
 from web.context import Services
 from web.login import Who
 
-QUOTA_NAMES = ("max_running", "max_waiting", "max_memory_mib")
+QUOTA_NAMES = ("max_running", "max_waiting", "max_memory_mib", "max_submits_per_minute")
+RATE = "max_submits_per_minute"
+RATE_WINDOW_S = 60.0
 
 
-def quotas_from(max_running: int | None, max_waiting: int | None, max_memory_gib: float | None
-                ) -> dict[str, int]:
-    """A link's limits as stored; an absent one is no limit."""
+def quotas_from(max_running: int | None, max_waiting: int | None, max_memory_gib: float | None,
+                max_submits_per_minute: int | None = None) -> dict[str, int]:
+    """A link's limits as stored; an absent one is no limit (and so is a rate of 0)."""
     found = {"max_running": max_running, "max_waiting": max_waiting,
-             "max_memory_mib": math.ceil(max_memory_gib * 1024) if max_memory_gib is not None else None}
+             "max_memory_mib": math.ceil(max_memory_gib * 1024) if max_memory_gib is not None else None,
+             RATE: max_submits_per_minute or None}
     return {name: int(value) for name, value in found.items() if value is not None}
 
 
@@ -58,7 +69,12 @@ async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: in
     async with svc.login.quota_lock(who.session_id):
         load = await svc.store.read(SessionLoad(who.session_id))
         _check(quotas, load, runs, memory_mib, at_once)
+        submitted = svc.login.submitted(who.session_id) if quotas.get(RATE) else None
+        if submitted is not None:
+            _check_rate(quotas, load, submitted, runs, time.monotonic())
         yield
+        if submitted is not None:  # stored: they count (a refusal further on counts nothing)
+            submitted.extend([time.monotonic()] * runs)
 
 
 def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory_mib: int,
@@ -86,3 +102,25 @@ def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory
             f"MiB and this asks for {memory_mib} MiB more", details={**counts, "limit": "max_memory_mib",
                                                                    "memory_mib": load["memory_mib"],
                                                                    "asked_mib": memory_mib, **quotas})
+
+
+def _check_rate(quotas: Mapping[str, int], load: Mapping[str, int], submitted: deque[float], runs: int,
+                now: float) -> None:
+    """``max_submits_per_minute`` over the last ``RATE_WINDOW_S``: ``submitted`` (oldest
+    first) loses what has left the window, then must have room for ``runs`` more."""
+    while submitted and submitted[0] <= now - RATE_WINDOW_S:
+        submitted.popleft()
+    limit = quotas[RATE]
+    if len(submitted) + runs <= limit:
+        return
+    details: dict[str, Any] = {"running": load["running"], "waiting": load["waiting"], "asked": runs, "limit": RATE,
+                               "submitted_last_minute": len(submitted), **quotas}
+    if runs > limit:  # no wait lets it pass
+        raise QuotaExceeded(f"this session may submit {limit} runs a minute, and this asks for {runs} at once: "
+                            "submit fewer at a time (a smaller sweep or study)", details={**details,
+                                                                                          "retry_after_s": None})
+    # The submissions that must leave the window first; the last of them says when.
+    retry = max(1, math.ceil(submitted[len(submitted) + runs - limit - 1] + RATE_WINDOW_S - now))
+    raise QuotaExceeded(f"this session may submit {limit} runs a minute; it submitted {len(submitted)} in the last "
+                        f"minute, and this asks for {runs} more. Try again in {retry} s", retry_after_s=retry,
+                        details={**details, "retry_after_s": retry})

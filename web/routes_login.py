@@ -18,10 +18,12 @@ from protocol.numbers import INTEGRAL
 from web.context import Services, services
 from web.errors import LOGIN_LINKS_PATH, json_reply
 from web.login import CLASS, LOGOUT_PATH, OWN_NAME_PATH, READ, REQUEST_HEADER, TEACHER
+from web.names import NAME_MAX, check_name
 from web.quotas import quotas_from
 from web.requests import read_model
 
 routes = web.RouteTableDef()
+KEPT_LINK = "link-unspent"  # the page's query after a link opened in a browser that has a session
 STATIC = Path(__file__).parent / "static"
 # The page shows other people's text (a class's run names, logs, labels); it writes it all
 # as text, and the policy holds if a later change does not: scripts from this server only,
@@ -38,18 +40,24 @@ PAGE_HEADERS = {
 
 class NewLoginLink(BaseModel):
     """Body of ``POST /api/login-links``: no ``uses``: a teacher's one-time link; with
-    ``uses``, a class link; ``read_only``: a link for a projector or a guest."""
+    ``uses``, a class link; ``read_only``: a link for a projector or a guest, which takes
+    no limits (``limits_on_read_only``: its sessions submit nothing), as the document says."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, json_schema_extra={
+        "if": {"required": ["read_only"], "properties": {"read_only": {"const": True}}},
+        "then": {"properties": {name: {"type": "null"} for name in (
+            "max_running", "max_waiting", "max_memory_gib", "max_submits_per_minute")}}})
 
     uses: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
     expires_s: float = Field(default=12 * 3600, gt=0, le=365 * 86400)
     read_only: StrictBool = False
     # Limits of the sessions the link opens (web/quotas.py); a class link without any
-    # gets the server's defaults (TROUPE_CLASS_MAX_*).
+    # gets the server's defaults (TROUPE_CLASS_MAX_*), and without a rate the server's
+    # (TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE, 30); a rate of 0 is none.
     max_running: Annotated[int, Field(ge=1, le=10_000), INTEGRAL] | None = None
     max_waiting: Annotated[int, Field(ge=0, le=100_000), INTEGRAL] | None = None
     max_memory_gib: float | None = Field(default=None, gt=0, le=65_536)
+    max_submits_per_minute: Annotated[int, Field(ge=0, le=100_000), INTEGRAL] | None = None
 
 
 class Login(BaseModel):
@@ -60,17 +68,23 @@ class Login(BaseModel):
 
     token: str = Field(min_length=1, max_length=200)
     browser: StrictBool = False
+    # ``troupe login --name``: the name the session goes by from its start (``web/names.py``).
+    name: PrintableName | None = Field(default=None, min_length=1, max_length=200)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
     """The page. Opened with ``?token=`` (a login link), it spends no use of the link: the
     page's script does, by ``POST /api/login``, and drops the token from the address bar
     (whatever only fetches the address, such as a chat app's preview, logs nobody in).
-    Without a session the page says how to log in."""
+    Without a session the page says how to log in. A browser that has a session already
+    is sent on to the page without the token, the link unspent: the address bar (on a
+    projector, in a screenshot) never keeps a link that still opens a session."""
     login = services(request).login
     kind = login.logged_in(request)
     who = login.who(request) if kind else None
     token = request.query.get("token")
+    if kind and token is not None:
+        return web.Response(status=303, headers={**PAGE_HEADERS, "Location": f"/?{KEPT_LINK}"})
     state = "in" if kind else ("link" if token else "used" if "used" in request.query else "out")
     html = (STATIC / "index.html").read_text().replace(
         '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
@@ -87,11 +101,15 @@ async def new_login_link(request: web.Request) -> web.Response:
     kind = READ if body.read_only else (CLASS if body.uses is not None else TEACHER)
     base = svc.public_url or f"{request.scheme}://{request.host}"
     quotas = quotas_from(body.max_running, body.max_waiting, body.max_memory_gib)
-    if kind == READ and quotas:
+    if kind == READ and (quotas or body.max_submits_per_minute is not None):
         raise InvalidRequest("a read-only link opens sessions that submit nothing: give it no limits",
                              pointer="/read_only", code="limits_on_read_only")
     if kind == CLASS and not quotas:
         quotas = dict(svc.settings.class_quotas)
+    rate = body.max_submits_per_minute
+    if kind == CLASS and rate is None:
+        rate = svc.settings.class_max_submits_per_minute
+    quotas = {**quotas, **quotas_from(None, None, None, rate)}
     link = await svc.login.new_link(base, kind, body.uses or 1, body.expires_s, quotas)
     return json_reply({"login_url": link, "kind": kind, "uses": body.uses or 1, "expires_s": body.expires_s,
                        "quotas": quotas}, status=201)
@@ -110,7 +128,9 @@ async def login_terminal(request: web.Request) -> web.Response:
     # A browser goes by a name in "who is connected": its own once it gives one (PUT
     # /api/sessions/me), a guest's until then; a terminal by where it is.
     label = f"guest {secrets.token_hex(2)}" if body.browser else _label("terminal", request)
-    made = await svc.login.redeem(body.token, label)
+    if body.name is not None:  # checked before the link is spent; the teacher's words are refused on any link
+        label = check_name(body.name, False, svc.login.labels())
+    made = await svc.login.redeem(body.token, label, named=body.name is not None)
     if made is None:
         raise Unauthorized("this login link is unknown, used up, expired or revoked; ask for a new one",
                            code="link_not_valid")
@@ -188,7 +208,8 @@ class SessionName(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: PrintableName = Field(min_length=1, max_length=60)
+    name: PrintableName = Field(min_length=1, max_length=200, description=f"at most {NAME_MAX} characters once "
+                                "trimmed; see web/names.py for the rest of the rules")
 
 
 @routes.put(OWN_NAME_PATH)
@@ -201,8 +222,9 @@ async def name_session(request: web.Request) -> web.Response:
     if who is None or who.session_id is None:
         raise StateConflict("only a session opened with a login link has a name; the server's token has none",
                             code="no_session")
-    await svc.login.name(who.session_id, body.name.strip())
-    return json_reply({"id": who.session_id, "label": body.name.strip()})
+    name = check_name(body.name, who.kind == TEACHER, svc.login.labels(but=who.session_id))
+    await svc.login.name(who.session_id, name)
+    return json_reply({"id": who.session_id, "label": name})
 
 
 @routes.get("/api/sessions")
@@ -215,7 +237,9 @@ async def list_sessions(request: web.Request) -> web.Response:
                                                          "revoked", "expires_at", "link_id", "quotas")} for r in rows]})
 
 
-@routes.delete("/api/sessions/{session_id}")
+# Any id but ``me``: that path is a session's own name (PUT), and an OPTIONS or a 405 there
+# must not offer DELETE, which would only ever answer 404 for it.
+@routes.delete("/api/sessions/{session_id:(?!me$)[^/]+}")
 async def revoke_session(request: web.Request) -> web.Response:
     svc = services(request)
     session_id = request.match_info["session_id"]

@@ -100,6 +100,7 @@ async def info(request: web.Request) -> web.Response:
                 "run_interactive_max_concurrent": settings.run_interactive_max_concurrent,
                 "max_parallel_nodes": settings.max_parallel_nodes,
                 "run_retention_keep_last": settings.run_retention_keep_last,
+                "run_retention_per": "submitter",  # the newest N of each session (and of the server's token)
                 "cpus": settings.cpus,
             },
             "public_url": svc.public_url,

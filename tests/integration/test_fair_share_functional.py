@@ -133,8 +133,9 @@ def test_quotas_refuse_with_the_counts_and_hold_runs_back(make_server):
     assert server.get(f"/api/runs/{waiting[0]}")["status"] == "queued"
     refused = _submit(ann, sleeper(1, device="cpu"), expect=429)["error"]
     assert refused["code"] == "quota_exceeded" and "2 runs waiting" in refused["message"], refused
+    # (and the rate every class link gets unless told: the server's, 30 a minute)
     assert refused["details"] == {"running": 1, "waiting": 2, "asked": 1, "limit": "max_waiting", "max_running": 1,
-                                  "max_waiting": 2}
+                                  "max_waiting": 2, "max_submits_per_minute": 30}
     status, reply = ann.request("POST", "/api/sweeps", {
         "base_graph": graph(node("z", "core.Sleep", seconds=0.1), device="cpu"),
         "sweep_spec": {"method": "grid", "params": [{"node_id": "z", "param": "seconds", "values": [0.1, 0.2]}]},
@@ -149,7 +150,7 @@ def test_quotas_refuse_with_the_counts_and_hold_runs_back(make_server):
     assert server.get(f"/api/runs/{waiting[1]}")["status"] == "queued"
     _cancel_all(server, waiting)
     links = server.get("/api/login-links")["links"]
-    assert links[-1]["quotas"] == {"max_running": 1, "max_waiting": 2}
+    assert links[-1]["quotas"] == {"max_running": 1, "max_waiting": 2, "max_submits_per_minute": 30}
 
 
 def test_the_terminal_lists_its_own_runs_and_who_ran_what(make_server, tmp_path):

@@ -13,8 +13,8 @@ from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.memory import LastPeak
-from actors.store.run_list import ListRuns
-from actors.store.runs import DeleteRun, GetRun, Prune, ReadStream, Recover, UpdateRun, insert_run
+from actors.store.run_list import EditRun, ListRuns
+from actors.store.runs import DeleteRun, GetRun, Prune, Pruned, ReadStream, Recover, UpdateRun, insert_run
 from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
 from actors.store.studies import CreateStudy, GetStudy, UpdateStudy
 from actors.store.workers import ListWorkers
@@ -149,7 +149,7 @@ async def test_a_resume_and_the_run_it_resumes_from_are_never_parted(store):
     await store_run(store, run_record(run_id(2), 2, rerun_of=run_id(1), resumed_from=resumed_from))
     with pytest.raises(RunNeeded):  # its resume has not ended: the checkpoint is still to be read
         await store.write(DeleteRun(run_id(1)))
-    assert await store.write(Prune(0)) == []  # retention keeps it for the same reason
+    assert await store.write(Prune(0)) == Pruned()  # retention keeps it for the same reason
     # A resume stored after its run was removed (pruned while the request was checked) is refused.
     await insert(store, 3)
     await store.write(DeleteRun(run_id(3)))
@@ -166,7 +166,23 @@ async def test_retention_window_counts_active_runs_but_never_prunes_them(store, 
     pruned = await store.write(Prune(keep))
     left = [r["id"] for r in (await store.read(ListRuns(limit=100)))[0]]
     assert len(left) == survivors and run_id(6) in left
-    assert len(pruned) == 6 - survivors
+    assert len(pruned.run_ids) == 6 - survivors
+
+
+async def test_retention_keeps_the_newest_runs_of_each_submitter_apart(store):
+    # ann floods; the server's token and bob each ran one run before her, and one run of
+    # hers is tagged keep: it is never pruned and takes no place in her window.
+    await store_run(store, run_record(run_id(1), 1, submitted_by="server"), "succeeded")
+    await store_run(store, run_record(run_id(2), 2, submitted_by="bob"), "succeeded")
+    for seq in range(3, 13):
+        await store_run(store, run_record(run_id(seq), seq, submitted_by="ann"), "succeeded")
+    assert await store.write(EditRun(run_id(3), tags=("keep",)))
+    pruned = await store.write(Prune(2))
+    left = {r["id"] for r in (await store.read(ListRuns(limit=100)))[0]}
+    assert left == {run_id(1), run_id(2), run_id(3), run_id(11), run_id(12)}
+    assert sorted(pruned.run_ids) == [run_id(seq) for seq in range(4, 11)]
+    assert pruned.by_submitter == (("ann", "session ann", 7),)
+    assert await store.write(Prune(2)) == Pruned()  # nothing more: each is within its window
 
 
 async def test_recovery_interrupts_leftover_runs_with_a_terminal_event(store):
@@ -263,8 +279,8 @@ async def test_retention_asked_for_by_runs_ending_together_is_one_prune(client_o
         client.write_soon(Prune(1), 0.05)
     client.write_soon(Prune(5), 0.06)  # a marker due after any of them
     await asyncio.wait_for(marked.wait(), 5)
-    assert [(op, result) for op, result in committed if isinstance(op, Prune)] == [
-        (Prune(1), [run_id(1), run_id(2)]), (Prune(5), [])]
+    assert [(op, result.run_ids) for op, result in committed if isinstance(op, Prune)] == [
+        (Prune(1), (run_id(1), run_id(2))), (Prune(5), ())]
 
 
 async def test_the_run_list_is_read_on_the_loop_and_a_search_needs_the_stores_thread(tmp_path, client_of):

@@ -9,7 +9,8 @@ function when(value) {
   return value ? new Date(value).toLocaleString() : "";
 }
 
-const LIMITS = { max_running: "running", max_waiting: "waiting", max_memory_mib: "MiB" };
+const LIMITS = { max_running: "running", max_waiting: "waiting", max_memory_mib: "MiB",
+  max_submits_per_minute: "submitted a minute" };
 
 function limits(quotas) {
   const said = Object.entries(quotas || {}).map(([name, value]) => `${value} ${LIMITS[name] || name}`);
@@ -47,14 +48,15 @@ export function classLinkDialog() {
       el("div", { class: "row" },
         el("div", {}, el("label", {}, "Running at once"), el("input", { name: "max_running", type: "number", min: 1, size: 4 })),
         el("div", {}, el("label", {}, "Waiting at once"), el("input", { name: "max_waiting", type: "number", min: 0, size: 4 })),
-        el("div", {}, el("label", {}, "GPU memory budget (GiB)"), el("input", { name: "max_memory_gib", type: "number", min: 0.001, step: "any", size: 5 }))),
+        el("div", {}, el("label", {}, "GPU memory budget (GiB)"), el("input", { name: "max_memory_gib", type: "number", min: 0.001, step: "any", size: 5 })),
+        el("div", {}, el("label", {}, "Submitted a minute"), el("input", { name: "max_submits_per_minute", type: "number", min: 0, size: 4 }))),
       el("div", { id: "class-link" }));
   }, {
     submitLabel: "Make the link",
     submit: async (form) => {
       const body = { uses: Number(form.elements.uses.value), expires_s: Number(form.elements.hours.value) * 3600,
         read_only: form.elements.read_only.checked };
-      for (const name of ["max_running", "max_waiting", "max_memory_gib"]) {
+      for (const name of ["max_running", "max_waiting", "max_memory_gib", "max_submits_per_minute"]) {
         const value = form.elements[name].value;
         if (value !== "" && !body.read_only) body[name] = Number(value);
       }
