@@ -47,5 +47,20 @@
       }
     });
   }
+  // Parallel coordinates: no word over the band its lines cross, none over another word.
+  for (const chart of document.querySelectorAll(".chart.parallel svg")) {
+    if (!shown(chart)) continue;
+    const axes = [...chart.querySelectorAll("line.axis")].map((l) => l.getBoundingClientRect());
+    const top = Math.min(...axes.map((a) => a.top)), bottom = Math.max(...axes.map((a) => a.bottom));
+    const words = [...chart.querySelectorAll("text")].map((t) => [t.textContent, t.getBoundingClientRect()]);
+    words.forEach(([text, box], i) => {
+      if (box.bottom > top + 1 && box.top < bottom - 1) problems.push(`parallel coordinates: "${text}" is written over its lines`);
+      for (const [other, near] of words.slice(i + 1)) {
+        if (box.left < near.right && near.left < box.right && box.top < near.bottom && near.top < box.bottom) {
+          problems.push(`parallel coordinates: "${text}" and "${other}" are written over each other`);
+        }
+      }
+    });
+  }
   return [...new Set(problems)];
 }

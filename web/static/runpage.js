@@ -57,7 +57,7 @@ function facts(run) {
 function errorBox(run) {
   if (!run.error) return "";
   return el("div", { class: "error-box", role: "alert" }, el("strong", {}, run.error),
-    run.error_detail ? el("pre", {}, run.error_detail) : "");
+    run.error_detail ? el("pre", { tabindex: 0, "aria-label": "The error in full" }, run.error_detail) : "");
 }
 
 function actions(run, refresh) {
@@ -211,7 +211,9 @@ export async function openRunPage(runId, view, here) {
   };
   const log = new EventLog(tail.events.filter((e) => e.type !== "console"));
   const events = log.box;
-  const console_ = el("pre", { class: "console", id: "run-console" }, printed.text || "");
+  // A box that scrolls is reached by the keyboard too (tabindex): its lines read by arrows.
+  const console_ = el("pre", { class: "console", id: "run-console", tabindex: 0, "aria-label": "What the run printed" },
+    printed.text || "");
   view.replaceChildren(
     el("nav", { class: "crumbs" }, el("a", { href: "#/runs" }, "← Runs")), head,
     section("run-metrics", "Metrics", page.controls, page.noMetrics, chartBox),
@@ -340,7 +342,7 @@ const KINDS = { all: () => true, "no metrics": (e) => e.type !== "metric", nodes
 class EventLog {
   constructor(events) {
     this.events = events.slice(-EVENT_LINES);
-    this.box = el("pre", { class: "events", id: "run-events" });
+    this.box = el("pre", { class: "events", id: "run-events", tabindex: 0, role: "log", "aria-label": "The run's events" });
     this.kind = "all";
     const choice = el("select", { "aria-label": "Show events of kind", onchange: () => { this.kind = choice.value; this.render(); } },
       ...Object.keys(KINDS).map((kind) => el("option", { value: kind }, kind)));

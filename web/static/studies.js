@@ -1,7 +1,7 @@
 // The Studies panel: each study's state, the budget used of each limit, its attempts and
 // ranking (with the reason a variant is unranked), cancel, and resume with a raised budget.
 
-import { scatterChart } from "./charts.js";
+import { scatterChart } from "./param_charts.js";
 import { api, confirmDialog, el, openDialog, reasonText, seconds, time } from "./util.js";
 
 let openStudy = null;

@@ -2,7 +2,8 @@
 // "New sweep" dialog, built from the param schemas of the graph in the editor.
 
 import { catalogType, currentGraph } from "./editor.js";
-import { parallelChart, scatterChart, seriesChart } from "./charts.js";
+import { seriesChart } from "./charts.js";
+import { parallelChart, scatterChart } from "./param_charts.js";
 import { api, el, openDialog, time } from "./util.js";
 
 let openSweep = null;
