@@ -412,7 +412,8 @@ class WorkerConnection(Actor):
         inventory = self._hello.inventory
         offer = WorkerOffer(self.worker, tuple(self._devices()), inventory.cpus, self._types_here,
                             one_shot=self._hello.one_shot, spent=self._hello.spent or self._took_a_run,
-                            deadline=self._hello.deadline, mounts=frozenset(self._hello.mounts))
+                            deadline=self._hello.deadline, mounts=frozenset(self._hello.mounts),
+                            broken_packs=tuple(sorted(self._hello.broken_packs.items())))
         cards = {card.uuid: (card.memory_total_mib, self._free.get(card.uuid, card.memory_free_mib))
                  for card in inventory.cards}
         paused = self._draining or (self._artifacts is not None and self._artifacts.full)

@@ -29,6 +29,7 @@ from cli.errors import BadOption, CliError
 from cli.event_loop import run as run_loop
 from protocol.worker import INSTANCE
 from subprocess_runner.devices import host_machine_id
+from subprocess_runner.pack_probe import ImportLimits
 
 log = logging.getLogger("troupe.cli")
 
@@ -152,7 +153,9 @@ def start(url: str, token: str | None, name: str | None, simulated: dict[str, An
             _state_dir() / "artifact-outbox" / label, int(settings.agent_artifact_outbox_gib * 2**30), ca,
             tuple(str(root) for root in settings.data_roots),
             command_kill_grace_s=settings.command_kill_grace_s, pack_dirs=settings.pack_dirs,
-            accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs"))), settings.event_loop)
+            accept_packs=options.accept_packs, pack_cache=_state_dir() / "packs",
+            pack_import=ImportLimits(settings.pack_import_timeout_s, settings.pack_import_memory_mib)))),
+            settings.event_loop)
     finally:
         pid_file.unlink(missing_ok=True)
 

@@ -23,6 +23,7 @@ from subprocess_runner.devices import probe_accelerators, resolve_device, torch_
 from subprocess_runner.engine import ExecutableGraph, execute_graph, prepare_executable_graph
 from subprocess_runner.errors import GraphInvalid
 from subprocess_runner.mounts import resolve as resolve_mounts
+from subprocess_runner.pack_probe import ImportLimits
 from subprocess_runner.seeding import cap_threads, number_cards_by_bus
 
 
@@ -36,7 +37,8 @@ def load_valid_graph(path: str, sets: Sequence[str] = (), packs: Sequence[Path] 
 
     raw = read_json_object(path, "a graph object")
     settings = load_settings(packs=list(packs))
-    catalog = load_catalog(settings.pack_dirs)
+    catalog = load_catalog(settings.pack_dirs, ImportLimits(settings.pack_import_timeout_s,
+                                                            settings.pack_import_memory_mib))
     for name, error in catalog.broken_packs.items():
         print(f"  ⚠ pack {name} was not loaded: {error}", file=sys.stderr)
     apply_sets(raw, sets, catalog_params(catalog.to_json()["nodes"]))

@@ -77,6 +77,9 @@ class Hello(_Frame):
     # of its other types, which must match the control plane's.
     accept_packs: bool = False
     installed_digest: str | None = None
+    # Its own packs that failed to load (name -> why): a run that names one is refused with
+    # that error rather than for lacking the node type.
+    broken_packs: dict[str, str] = Field(default_factory=dict)
     # Draining (``troupe agent stop``): said again on each connection, so that a draining
     # agent stays drained across a cut and a new agent process is not.
     draining: bool = False

@@ -19,11 +19,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from subprocess_runner import pack_loader
+from subprocess_runner import pack_loader, pack_probe
 from subprocess_runner.errors import PackLoadError
 from subprocess_runner.node_types import PARAM_TYPES, Execute, NodeType, Pack, Param, Port, lazy
 from subprocess_runner.pack_files import pack_name
 from subprocess_runner.pack_loader import FolderPack
+from subprocess_runner.pack_probe import ImportLimits
 from subprocess_runner.packs import core
 
 # The pack's building blocks are re-exported: packs import them from here.
@@ -111,11 +112,13 @@ def build_catalog(packs: Iterable[Pack]) -> Catalog:
     return Catalog(types=types, packs=tuple(names), pack_sources=sources)
 
 
-def load_catalog(folders: Iterable[Path] = ()) -> Catalog:
+def load_catalog(folders: Iterable[Path] = (), limits: ImportLimits | None = None) -> Catalog:
     """Loads every installed pack, then the packs of ``folders`` (pack_loader). A pack
     that fails to import is logged and listed in ``broken_packs`` (shown by ``/api/info``
     and ``troupe packs``) rather than hidden, and never stops the process; the core pack
-    is always present, even when troupe runs from a source tree without its entry points."""
+    is always present, even when troupe runs from a source tree without its entry points.
+    ``limits``: each folder pack is imported first in a child under them (pack_probe), so
+    one that hangs or grows at import cannot stop or bloat this process."""
     packs: dict[str, Pack] = {core.PACK.name: core.PACK}
     broken: dict[str, str] = {}
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -134,16 +137,23 @@ def load_catalog(folders: Iterable[Path] = ()) -> Catalog:
         packs[entry.name] = pack
     catalog = build_catalog(packs.values())
     catalog = Catalog(types=catalog.types, packs=catalog.packs, broken_packs=broken, pack_sources=catalog.pack_sources)
-    return with_folder_packs(catalog, pack_loader.find(folders))
+    return with_folder_packs(catalog, pack_loader.find(folders), limits)
 
 
-def with_folder_packs(catalog: Catalog, paths: Iterable[Path]) -> Catalog:
+def with_folder_packs(catalog: Catalog, paths: Iterable[Path], limits: ImportLimits | None = None) -> Catalog:
     """``catalog`` and the folder packs at ``paths`` (a worker's run child: the packs the
     run uses, from the agent's folders and cache). The first pack of a name wins; a later
-    one, or one that fails, is listed as broken with the reason."""
+    one, or one that fails, is listed as broken with the reason. With ``limits``, a pack
+    whose import fails in a child under them is not imported here."""
     types, names = dict(catalog.types), list(catalog.packs)
     broken, folder_packs = dict(catalog.broken_packs), dict(catalog.folder_packs)
-    for path in paths:
+    found_paths = list(paths)
+    refused = pack_probe.check(found_paths, limits) if limits is not None else {}
+    for path in found_paths:
+        if path in refused:
+            log.error("node pack %s was not loaded: %s", path, refused[path])
+            broken.setdefault(pack_name(path), refused[path])
+            continue
         try:
             pack, found = pack_loader.load(path)
         except pack_loader.PackBroken as exc:

@@ -11,7 +11,7 @@ import re
 from collections import deque
 from typing import Any
 
-from protocol.graph import Graph
+from protocol.graph import Graph, Node
 from subprocess_runner.catalog import Catalog, NodeType, Param
 from subprocess_runner.errors import GraphInvalid, PackBrokenNode
 
@@ -112,6 +112,22 @@ def resolve_params(node_type: NodeType, params: dict[str, Any], pointer: str, no
     return resolved
 
 
+def check_packs_loaded(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> None:
+    """Refuses a node of a pack that failed to load here (``pack_broken``, with its
+    error) before anything else is asked of the graph: a run for a worker is refused so
+    too, rather than for the worker lacking a node type that no one has."""
+    for i, node in enumerate(graph.nodes):
+        if catalog.get(node.type) is None:
+            _refuse_broken(node, f"{prefix}/nodes/{i}", catalog)
+
+
+def _refuse_broken(node: Node, where: str, catalog: Catalog) -> None:
+    pack = node.type.split(".", 1)[0]
+    if pack in catalog.broken_packs:
+        raise PackBrokenNode(f"node {node.id}: {node.type} is a node of pack {pack}, which failed to load: "
+                             f"{catalog.broken_packs[pack]}", pointer=f"{where}/type", node_id=node.id)
+
+
 def validate_graph(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> dict[str, dict[str, Any]]:
     """Raises ``GraphInvalid`` for the first problem found; returns each node's resolved
     params by node id."""
@@ -125,10 +141,7 @@ def validate_graph(graph: Graph, catalog: Catalog, prefix: str = "/graph") -> di
         index[node.id] = i
         node_type = catalog.get(node.type)
         if node_type is None:
-            pack = node.type.split(".", 1)[0]
-            if pack in catalog.broken_packs:
-                raise PackBrokenNode(f"node {node.id}: {node.type} is a node of pack {pack}, which failed to load: "
-                                     f"{catalog.broken_packs[pack]}", pointer=f"{where}/type", node_id=node.id)
+            _refuse_broken(node, where, catalog)
             raise GraphInvalid(
                 f"node {node.id}: unknown node type {node.type!r}", pointer=f"{where}/type", node_id=node.id
             )

@@ -26,6 +26,7 @@ from actors.warm_pool import Stats, WarmPool
 from protocol import worker as wire
 from protocol.version import __version__
 from subprocess_runner.catalog import load_catalog
+from subprocess_runner.pack_probe import ImportLimits
 from subprocess_runner.pack_sync import AgentPacks
 from supervisors.supervisor import ChildSpec, Restart, Supervisor
 
@@ -64,6 +65,8 @@ class AgentConfig:
     pack_dirs: tuple[Path, ...] = ()  # its own folders of packs (TROUPE_HOME/packs, TROUPE_PACKS, --packs)
     accept_packs: bool = False  # --accept-packs: fetch the control plane's folder packs as runs need them
     pack_cache: Path | None = None  # where fetched packs are kept, by digest
+    # Its own folder packs are imported first in a child under these (pack_probe).
+    pack_import: ImportLimits = field(default_factory=ImportLimits)
 
 
 # A one-shot agent's exit code: how its run ended (interrupted: the control plane
@@ -175,7 +178,7 @@ class _Tree:
     def __init__(self, config: AgentConfig, final: Callable[[int, str], None]) -> None:
         self.config = config
         self.final = final
-        self.catalog = load_catalog(config.pack_dirs)
+        self.catalog = load_catalog(config.pack_dirs, config.pack_import)
         for pack, error in self.catalog.broken_packs.items():
             log.error("pack %s was not loaded: %s", pack, error)
         self.root: Supervisor[ActorRef | ThreadActorRef] = Supervisor("agent")
@@ -230,7 +233,7 @@ class _Tree:
                           runs=running, one_shot=config.one_shot, spent=bool(self.one_shot.taken),
                           instance=config.instance, deadline=config.deadline, mounts=config.mounts,
                           accept_packs=config.accept_packs, installed_digest=self.catalog.installed_digest,
-                          draining=self.draining)
+                          broken_packs=dict(self.catalog.broken_packs), draining=self.draining)
 
     async def heartbeat(self) -> wire.Heartbeat:
         found = await self.inventory.ask(Probe())

@@ -30,6 +30,7 @@ class WorkerOffer:
     spent: bool = False  # a one-shot agent that has taken its run
     deadline: float | None = None  # when its batch job ends (epoch seconds)
     mounts: frozenset[str] = frozenset()  # the storage labels it holds
+    broken_packs: tuple[tuple[str, str], ...] = ()  # its own packs that failed to load: (name, why)
 
     @property
     def card_count(self) -> int:

@@ -57,6 +57,15 @@ def test_an_integer_past_what_sqlite_takes_is_ignored_with_a_warning():
     assert len(s.warnings) == 2, s.warnings
 
 
+def test_a_packs_import_check_keeps_its_edge_values():
+    s = settings()
+    assert (s.pack_import_timeout_s, s.pack_import_memory_mib) == (10.0, 2048)
+    off = settings(TROUPE_PACK_IMPORT_TIMEOUT_S="0", TROUPE_PACK_IMPORT_MEMORY_MIB="0")  # no check; no limit
+    assert (off.pack_import_timeout_s, off.pack_import_memory_mib, off.warnings) == (0.0, 0, ())
+    bad = settings(TROUPE_PACK_IMPORT_TIMEOUT_S="soon", TROUPE_PACK_IMPORT_MEMORY_MIB="-1")
+    assert (bad.pack_import_timeout_s, bad.pack_import_memory_mib) == (10.0, 2048) and len(bad.warnings) == 2
+
+
 def test_payload_cap_replaces_the_biggest_outputs_with_markers_naming_the_port():
     payload = {"duration_s": 0.1, "outputs": {"small": 1, "big": "x" * 5000, "bigger": "y" * 9000}}
     capped = cap_payload(payload, 6000)
