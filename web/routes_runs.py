@@ -28,6 +28,7 @@ from web.login import submitter_of
 from web.queue_state import submitted_position, with_queue_reasons
 from web.quotas import declared_mib, within_quota
 from web.requests import RUN_ID, choice_query, int_query, one_query, read_model, run_id_from, wants_csv
+from web.run_metrics import stream_metrics
 from web.run_rights import refuse_privileged
 
 routes = web.RouteTableDef()
@@ -352,17 +353,16 @@ async def _recorded_outputs(svc: Services, row: dict[str, Any], node_id: str | N
 
 
 @routes.get("/api/runs/{run_id}/metrics")
-async def run_metrics(request: web.Request) -> web.Response:
+async def run_metrics(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     run_id = run_id_from(request)
     row = await _get_row(svc, run_id)
     lineage = choice_query(request, "lineage", ("false", "true"))
-    if lineage == "true":
-        series, resumed = await _lineage(svc, row)
-    else:
-        series, resumed = await svc.store.read(GetMetrics(run_id)), []
+    if lineage != "true":  # streamed a page at a time: a run of millions of points is not held whole
+        return await stream_metrics(request, svc, run_id, wants_csv(request))
+    series, resumed = await _lineage(svc, row)
     if not wants_csv(request):
-        return json_reply({"series": series, **({"resumed": resumed} if lineage == "true" else {})})
+        return json_reply({"series": series, "resumed": resumed})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["series", "step", "value", "ts"])

@@ -27,6 +27,7 @@ import actors.store.files as files
 import actors.store.flavors as flavors
 import actors.store.logins as logins
 import actors.store.memory as memory
+import actors.store.metric_pages as metric_pages
 import actors.store.run_list as run_list
 import actors.store.runs as runs
 import actors.store.studies as studies
@@ -41,7 +42,7 @@ log = logging.getLogger("troupe.store")
 FULL_LOG_S = 30.0
 _FULL_SAID: dict[str, list[float]] = {}  # database path -> [when the last line was, writes since]
 
-CONCERNS = (runs, run_list, events, artifacts, sweeps, studies, workers, memory, flavors, files, logins,
+CONCERNS = (runs, run_list, events, metric_pages, artifacts, sweeps, studies, workers, memory, flavors, files, logins,
             submitters)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
