@@ -7,13 +7,18 @@ troupe (a higher version than we know) is refused rather than guessed at.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import apsw
 
+from actors.store import run_index
+
 log = logging.getLogger("troupe.store")
 
-MIGRATIONS: tuple[str, ...] = (
+# A migration is SQL, or a function of the connection where rows must be read and
+# rewritten (run 23 parses each stored graph).
+MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     # 1: runs, their events, metrics, artifacts and recorded outputs.
     """
     CREATE TABLE runs (
@@ -358,6 +363,10 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX runs_study;
     CREATE INDEX runs_study ON runs(study_id) WHERE study_id IS NOT NULL;
     """,
+    # 23: the index ``where`` reads (actors/store/run_index.py): each run's scalar params
+    # and node types, each series' newest, lowest and highest value, the keys with their
+    # counts; filled here from the runs already stored.
+    run_index.fill,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -390,7 +399,11 @@ def open_database(path: Path) -> apsw.Connection:
     for number in range(version, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(MIGRATIONS[number])
+            step = MIGRATIONS[number]
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
             conn.execute(f"PRAGMA user_version={number + 1}")
             conn.execute("COMMIT")
         except BaseException:
