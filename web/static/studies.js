@@ -1,6 +1,7 @@
 // The Studies panel: each study's state, the budget used of each limit, its attempts and
 // ranking (with the reason a variant is unranked), cancel, and resume with a raised budget.
 
+import { bandChart } from "./bands.js";
 import { scatterChart } from "./param_charts.js";
 import { api, confirmDialog, el, openDialog, reasonText, seconds, time } from "./util.js";
 
@@ -98,7 +99,53 @@ function renderStudy(box, study) {
     buttons, el("h3", {}, "Budget"), budget, el("h3", {}, "Ranking"), ranking,
     el("p", {}, el("a", { href: `/api/studies/${study.id}?format=csv` }, "Ranking as CSV (with params and spread)")),
     keys.length ? el("h3", {}, "Objective against each param") : "", charts,
+    el("h3", {}, "Each variant's repeats"), variantCurves(study),
     el("h3", {}, `Attempts (${study.attempts.length})`), attempts);
+}
+
+// Each variant's repeats as one: the objective's mean at each step, a band from the lowest
+// to the highest repeat (the newest attempt of each). A finished attempt's points no
+// longer change, so they are read once; the chart is drawn again only when what it
+// holds changed (the panel is drawn again every second while the study is shown).
+const FINISHED = new Set(["succeeded", "failed", "cancelled", "interrupted"]);
+const VARIANTS_DRAWN = 8;
+const seriesOf = new Map();  // run id -> its series, once its attempt finished
+let drawn = { key: null, chart: null };
+
+function variantCurves(study) {
+  const box = el("div", { class: "charts study-curves" });
+  if (drawn.chart && drawn.key && drawn.key.startsWith(`${study.id}|`)) box.append(drawn.chart.element);  // kept until redrawn
+  const newest = new Map();
+  for (const a of study.attempts) {
+    const at = `${a.variant}\u0000${a.repeat}`;
+    if (a.run_id && (!newest.has(at) || newest.get(at).attempt < a.attempt)) newest.set(at, a);
+  }
+  const order = [...study.ranking, ...study.unranked].map((v) => v.variant);
+  const variants = [...new Set([...order, ...study.variants.map((v) => v.name)])].slice(0, VARIANTS_DRAWN);
+  const attempts = [...newest.values()].filter((a) => variants.includes(a.variant) && a.status !== "queued");
+  Promise.all(attempts.map(async (a) => {
+    if (seriesOf.has(a.run_id)) return seriesOf.get(a.run_id);
+    const { series } = await api("GET", `/api/runs/${a.run_id}/metrics`).catch(() => ({ series: {} }));
+    if (FINISHED.has(a.status)) seriesOf.set(a.run_id, series);
+    return series;
+  })).then((all) => {
+    if (!box.isConnected) return;  // the panel was drawn again meanwhile: the newer box draws
+    const metric = study.objective.metric;
+    const groups = variants.map((name) => ({ label: name,
+      runs: attempts.flatMap((a, i) => (a.variant === name && all[i][metric] ? [all[i][metric]] : [])) }));
+    const key = `${study.id}|${JSON.stringify(groups.map((g) => [g.label, g.runs.map((r) => r.length)]))}`;
+    if (key === drawn.key && drawn.chart) {
+      box.replaceChildren(drawn.chart.element);
+      return;
+    }
+    if (drawn.chart) drawn.chart.destroy();
+    const chart = bandChart(metric, groups.filter((g) => g.runs.length),
+      `${metric}: each variant's mean over its repeats, the band from the lowest to the highest`);
+    drawn = { key, chart };
+    box.replaceChildren(chart.element);
+    requestAnimationFrame(() => chart.resize());
+  });
+  return box;
 }
 
 function resumeDialog(study) {
