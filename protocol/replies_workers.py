@@ -147,7 +147,7 @@ class ServerLimits(_Reply):
     run_interactive_max_concurrent: int
     max_parallel_nodes: int
     run_retention_keep_last: int
-    run_retention_per: str | None = None
+    run_retention_per: str | None = Field(default=None, description="whose runs the kept count is counted per")
     cpus: int | None = Field(description="the cpus lent to declared nodes (TROUPE_CPUS)")
 
 
