@@ -15,7 +15,7 @@ from typing import Any
 import platformdirs
 
 from cli.client import Client
-from cli.errors import EXIT_OK, CliError, NoServer
+from cli.errors import EXIT_OK, BadOption, CliError, NoServer
 
 FILE = "logins.json"
 
@@ -59,10 +59,13 @@ def current() -> Client | None:
     return Client(str(server), str(entry["secret"]), ca=entry.get("ca")) if entry else None
 
 
-def login(url: str, token: str | None, ca: str | None = None) -> int:
+def login(url: str, token: str | None, ca: str | None = None, name: str | None = None) -> int:
     """With a login link (``http://host:8765/?token=...``) one of its uses becomes this
     terminal's session; with ``--token`` (a teacher's session token) that is kept.
-    ``ca``: the certificate of a server serving https with a self-signed one."""
+    ``ca``: the certificate of a server serving https with a self-signed one. ``name``:
+    what the session goes by (the server checks it before it spends the link)."""
+    if name is not None and token:
+        raise BadOption("--name names a session a login link opens; a teacher's token is the server's, with no name")
     try:
         parts: urllib.parse.SplitResult | None = urllib.parse.urlsplit(url)
         _ = parts.port if parts else None  # read for its check: a port that is no number, or past 65535
@@ -78,10 +81,12 @@ def login(url: str, token: str | None, ca: str | None = None) -> int:
         if status != 200:
             raise CliError(f"{base} did not take that token ({status}); a teacher's token is in its session.json")
     elif link_token:
-        status, body = Client(base, None, ca=ca).request("POST", "/api/login", {"token": link_token})
+        asked = {"token": link_token, **({"name": name} if name is not None else {})}
+        status, body = Client(base, None, ca=ca).request("POST", "/api/login", asked)
         if status != 201:
             error = body.get("error", {}) if isinstance(body, dict) else {}
-            raise CliError(f"{base} refused the link ({status}): {error.get('message', body)}")
+            refused = "the name" if str(error.get("pointer")) == "/name" else "the link"
+            raise CliError(f"{base} refused {refused} ({status}): {error.get('message', body)}")
         secret, kind = body["session"], body["kind"]
     else:
         raise CliError("give the login link you were given (it ends in ?token=...), or --token with a teacher's "
@@ -90,7 +95,8 @@ def login(url: str, token: str | None, ca: str | None = None) -> int:
     logins.setdefault("servers", {})[base] = {"secret": secret, "kind": kind, "ca": ca}
     logins["current"] = base
     _write(logins)
-    print(f"logged in to {base} ({kind} session); `troupe ls` and the rest now use it")
+    named = f" as {name.strip()}" if name is not None else ""
+    print(f"logged in to {base}{named} ({kind} session); `troupe ls` and the rest now use it")
     return EXIT_OK
 
 

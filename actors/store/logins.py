@@ -30,6 +30,9 @@ class AddLoginLink:
     uses: int
     expires_at: float  # epoch seconds
     quotas: Mapping[str, int] | None = None  # limits of the sessions it opens (max_running, ...)
+    # The link ``troupe start`` prints: the one the last start printed is revoked, unless
+    # a session was opened with it (revoking it would end that session).
+    printed_at_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,23 @@ def _add_link(s: Session, op: AddLoginLink) -> None:
     s.conn.execute("INSERT INTO login_links(token_hash, kind, uses_left, expires_at, created_at, quotas) "
                    "VALUES (?, ?, ?, ?, ?, ?)", (op.token_hash, op.kind, op.uses, op.expires_at, ev.utc_now(),
                                                  json.dumps(dict(op.quotas)) if op.quotas else None))
+    if op.printed_at_start:
+        _retire_start_link(s)
+        s.conn.execute("INSERT OR REPLACE INTO server_state(key, value) VALUES (?, ?)",
+                       (_START_LINK, op.token_hash))
+
+
+_START_LINK = "start_login_link"  # server_state: the token hash of the link the last start printed
+
+
+def _retire_start_link(s: Session) -> None:
+    """Revokes the link the last ``troupe start`` printed, if no session came of it: an
+    unused teacher link stays valid for a week, readable in a terminal's scrollback."""
+    found = s.conn.execute("SELECT value FROM server_state WHERE key = ?", (_START_LINK,)).fetchall()
+    if found:
+        last = str(found[0][0])
+        s.conn.execute("UPDATE login_links SET revoked = 1 WHERE token_hash = ? AND NOT EXISTS "
+                       "(SELECT 1 FROM sessions WHERE sessions.link_id = ?)", (last, _link_id(last)))
 
 
 def _use_link(s: Session, op: UseLoginLink) -> dict[str, Any] | None:
