@@ -74,9 +74,13 @@ def start(settings: Settings) -> int:
 
 async def _serve(settings: Settings) -> int:
     from subprocess_runner.catalog import load_catalog
+    from subprocess_runner.pack_probe import ImportLimits
     from supervisors.root import ControlPlane
 
-    plane = ControlPlane(settings, load_catalog(settings.pack_dirs), __version__)
+    # Each folder pack's import is tried in a child first: one that hangs or grows is
+    # listed broken, and the server still binds its port.
+    limits = ImportLimits(settings.pack_import_timeout_s, settings.pack_import_memory_mib)
+    plane = ControlPlane(settings, load_catalog(settings.pack_dirs, limits), __version__)
     # From the first moment (`troupe stop` may signal the lock's holder while it starts):
     # a stop asked during the start is carried out, gracefully, once the start is done.
     stop = asyncio.Event()
@@ -94,7 +98,7 @@ async def _serve(settings: Settings) -> int:
     scheme = settings.scheme
     reached = [f"{scheme}://{_display_host(name)}:{port}" for name in plane.lan_hosts]
     url = settings.public_url or (reached[0] if reached else f"{scheme}://{_display_host(settings.host)}:{port}")
-    login_url = await plane.login.new_link(url)
+    login_url = await plane.login.new_link(url, printed_at_start=True)
     local = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else _display_host(settings.host)
     write_session(settings.home, f"{scheme}://{local}:{port}", plane.token, login_url,
                   str(settings.tls_cert) if settings.tls_cert else None)
