@@ -12,7 +12,7 @@ from pathlib import Path
 
 import apsw
 
-from actors.store import run_index
+from actors.store import logged, run_index
 
 log = logging.getLogger("troupe.store")
 
@@ -367,6 +367,9 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     # and node types, each series' newest, lowest and highest value, the keys with their
     # counts; filled here from the runs already stored.
     run_index.fill,
+    # 24: the params and tags a run's script logged (MLflow's log_param, set_tag):
+    # actors/store/logged.py.
+    logged.SCHEMA,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -25,6 +25,7 @@ import actors.store.artifacts as artifacts
 import actors.store.events as events
 import actors.store.files as files
 import actors.store.flavors as flavors
+import actors.store.logged as logged
 import actors.store.logins as logins
 import actors.store.memory as memory
 import actors.store.metric_pages as metric_pages
@@ -43,7 +44,7 @@ FULL_LOG_S = 30.0
 _FULL_SAID: dict[str, list[float]] = {}  # database path -> [when the last line was, writes since]
 
 CONCERNS = (runs, run_list, events, metric_pages, artifacts, sweeps, studies, workers, memory, flavors, files, logins,
-            submitters)
+            submitters, logged)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
 # What outlives a run copies its result from it when it ends or before it is deleted:
