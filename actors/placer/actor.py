@@ -57,6 +57,7 @@ from protocol.run_record import RunRecord
 from protocol.settings import UPLOAD_LABEL
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.mounts import labels_of
+from subprocess_runner.validation import check_packs_loaded
 
 log = logging.getLogger("troupe.placer")
 
@@ -298,8 +299,12 @@ class Placer(Actor):
         """What the worker a submission targets offers (None: this server), by the
         target rules, which refuse what cannot or may not go there."""
         options = submission.options
-        if options.target is None or (options.target.remote is None and options.target.pool is None):
+        target = options.target
+        if target is None or (target.remote is None and target.pool is None
+                              and not {"pool", "worker"} <= target.model_fields_set):  # both: refused, null or not
             return None
+        # A node of a pack broken here is that pack's error, not the worker's lack of it.
+        check_packs_loaded(submission.graph, self._admission.catalog, submission.prefix)
         return self._eligibility.resolve(options, submission.node_types)
 
     async def _admission_of(self, submission: Submission, rule: Submission | None = None

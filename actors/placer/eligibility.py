@@ -17,6 +17,7 @@ from protocol.api import RunOptions
 from protocol.errors import CapacityRefused, InvalidRequest
 from protocol.queue_key import ANY_POOL as ANY
 from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
+from subprocess_runner.errors import PackBrokenNode
 
 # The cpu count of ``any`` before any worker was seen: no node's declared cpus are refused.
 UNKNOWN_CPUS = 1 << 20
@@ -40,7 +41,8 @@ class Eligibility:
     def resolve(self, options: RunOptions, node_types: frozenset[str]) -> WorkerOffer | None:
         target = options.target
         pool = target.pool if target is not None else None
-        if pool is not None and target is not None and target.worker is not None:
+        # Both keys given is the conflict, null or not: the document says so ({"not": {"required": [...]}}).
+        if target is not None and {"pool", "worker"} <= target.model_fields_set:
             raise InvalidRequest("options.target names a worker and a pool; give one", pointer="/options/target/pool",
                                  code="target_conflict")
         name = ONE_SHOT if pool is not None else target.remote if target is not None else None
@@ -69,6 +71,9 @@ class Eligibility:
             raise InvalidRequest(f"no worker {name!r} has connected since this server started",
                                  pointer="/options/target/worker", code="unknown_target")
         lacking = sorted(node_types - offer.node_types)
+        broken = _broken_there(offer, lacking)
+        if broken:  # as in this server: the pack's error, not an unknown type
+            raise PackBrokenNode("; ".join(broken), pointer="/options/target/worker")
         if lacking:
             raise InvalidRequest(f"worker {name} lacks the node types {lacking}", pointer="/options/target/worker",
                                  code="worker_lacks_node_types")
@@ -83,11 +88,13 @@ class Eligibility:
         able = sorted(name for name, offer in seen.items() if node_types <= offer.node_types)
         if seen and not able:
             lacking = {name: sorted(node_types - offer.node_types) for name, offer in sorted(seen.items())}
-            raise InvalidRequest(
-                f"target {ONE_SHOT if one_shot else ANY} needs a worker with the node types this graph uses; "
-                f"{len(seen)} seen since start, none has them all: "
-                + "; ".join(f"{name} lacks {', '.join(missing)}" for name, missing in lacking.items()),
-                pointer="/options/target/worker", code="no_eligible_worker")
+            broken = [why for name, missing in lacking.items() for why in _broken_there(seen[name], missing)]
+            message = (f"target {ONE_SHOT if one_shot else ANY} needs a worker with the node types this graph uses; "
+                       f"{len(seen)} seen since start, none has them all: "
+                       + "; ".join(f"{name} lacks {', '.join(missing)}" for name, missing in lacking.items()))
+            if broken:
+                raise PackBrokenNode(f"{message} ({'; '.join(broken)})", pointer="/options/target/worker")
+            raise InvalidRequest(message, pointer="/options/target/worker", code="no_eligible_worker")
         return able
 
     def _union(self, pool: str, names: list[str], node_types: frozenset[str]) -> WorkerOffer:
@@ -110,3 +117,16 @@ class Eligibility:
             f"no worker of {', '.join(candidates)} is connected and taking runs, and options.target.wait is "
             "false; submit with wait true to queue the run until one is", pointer="/options/target/wait",
             code="worker_offline")
+
+
+def _broken_there(offer: WorkerOffer, lacking: list[str]) -> list[str]:
+    """Why the worker lacks those of ``lacking`` whose pack failed to load there (its
+    hello says which and why), one line per pack."""
+    broken = dict(offer.broken_packs)
+    packs: dict[str, list[str]] = {}
+    for node_type in lacking:
+        pack = node_type.split(".", 1)[0]
+        if pack in broken:
+            packs.setdefault(pack, []).append(node_type)
+    return [f"{', '.join(types)}: pack {pack} failed to load on worker {offer.name}: {broken[pack]}"
+            for pack, types in packs.items()]
