@@ -445,6 +445,9 @@ def _recover(s: Session, op: Recover) -> dict[str, list[Any]]:
 def _delete(s: Session, op: DeleteRun) -> None:
     check_deletable(s.conn, op.run_id)
     _delete_runs(s, [op.run_id])
+    # A delete keeps the run's checkpoints (weights someone may still load), but not its
+    # TensorBoard files: they only chart the metrics the delete removed.
+    shutil.rmtree(s.runs_dir / op.run_id / "tensorboard", ignore_errors=True)
 
 
 def _prune(s: Session, op: Prune) -> Pruned:

@@ -31,6 +31,7 @@ from subprocess_runner.memory import group_card_mib
 from subprocess_runner.packs._command_process import CommandProcess
 from subprocess_runner.packs.script_pack import THREAD_CAPS, var_text
 from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
+from subprocess_runner.tensorboard_reader import FOLDER_VAR, TensorBoardFiles, command_folders
 
 STDERR_TAIL = 20  # lines of stderr a failure quotes
 _TAIL_LINE_MAX = 4096  # what a failure quotes of one line
@@ -48,6 +49,8 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     # The program gets the environment it would get from a shell here (not a setting
     # troupe reads), then the run's own variables, then the node's.
     env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
+    board, board_folders = command_folders(checkpoints.parent, cwd, ctx.node_id)
+    env[FOLDER_VAR] = str(board)
     if not cwd.is_dir():
         raise RuntimeError(f"cannot start {argv[0]!r}: its folder {str(cwd)!r} (cwd) is not a folder here")
     grace = ctx.limits.kill_grace_s
@@ -62,8 +65,9 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
     for reader in readers:
         reader.start()
     watched = _Checkpoints(ctx, checkpoints)
+    tensorboard = TensorBoardFiles(ctx, board_folders)
     try:
-        _wait(command, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)))
+        _wait(command, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)), tensorboard)
     finally:
         command.stop()
         code = command.exit_code()  # read whatever ended the wait: it closes the reaper's status pipe
@@ -72,6 +76,8 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         for reader in readers:
             reader.join(5)
         watched.look()  # what it renamed into place last
+        tensorboard.look()  # and the points it wrote last
+        tensorboard.close()
     if code is None:
         raise RuntimeError(f"{argv[0]}'s exit status was lost: the process that watched it was killed")
     if code != 0:
@@ -123,7 +129,8 @@ def _resume_copy(point: Mapping[str, str], folder: Path) -> Path:
     return copy
 
 
-def _wait(command: CommandProcess, ctx: Any, watched: _Checkpoints, limits: _Limits) -> None:
+def _wait(command: CommandProcess, ctx: Any, watched: _Checkpoints, limits: _Limits,
+          tensorboard: TensorBoardFiles | None = None) -> None:
     """Until the program and everything it started are gone (the reaper ended); raises
     on a cancel, a timeout or a budget passed, once the tree is stopped."""
     last_look = time.monotonic()
@@ -138,6 +145,8 @@ def _wait(command: CommandProcess, ctx: Any, watched: _Checkpoints, limits: _Lim
             raise RunCancelled("the run was cancelled")
         if time.monotonic() - last_look >= _CHECKPOINT_POLL_S:
             watched.look()
+            if tensorboard is not None:
+                tensorboard.look()
             last_look = time.monotonic()
             over = limits.passed(command.pid)
             if over is not None:

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from subprocess_runner import ddp
+from subprocess_runner.packs._torch_board import Board
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_epoch import end_epoch, target_of
 from subprocess_runner.packs._torch_models import OptimizerSpec
@@ -50,23 +51,28 @@ def _train(ctx: Any, group: ddp.Group, model: torch.nn.Module, train: Loader, va
         drop_last=True)
     loader = DataLoader(train.loader.dataset, batch_size=train.loader.batch_size, sampler=sampler)
     epochs, train_loss = params["epochs"], float("nan")
-    for epoch in range(1, epochs + 1):
-        sampler.set_epoch(epoch)
-        wrapped.train()
-        sums = torch.zeros(2, dtype=torch.float64, device=group.device)
-        for x, y in loader:
-            ctx.check_cancelled()
-            x, y = x.to(group.device), y.to(group.device)
-            optimizer.zero_grad()
-            out = wrapped(x)
-            loss = loss_fn(out, target_of(loss_fn, y, out))
-            loss.backward()
-            optimizer.step()
-            sums += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=group.device)
-        dist.all_reduce(sums)  # every rank's rows: the epoch's loss is the group's
-        train_loss = float(sums[0] / sums[1].clamp(min=1))
-        if lead:
-            end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss, ranks=group.world)
+    board = Board.open(ctx) if lead else None  # the lead reports the group's epochs
+    try:
+        for epoch in range(1, epochs + 1):
+            sampler.set_epoch(epoch)
+            wrapped.train()
+            sums = torch.zeros(2, dtype=torch.float64, device=group.device)
+            for x, y in loader:
+                ctx.check_cancelled()
+                x, y = x.to(group.device), y.to(group.device)
+                optimizer.zero_grad()
+                out = wrapped(x)
+                loss = loss_fn(out, target_of(loss_fn, y, out))
+                loss.backward()
+                optimizer.step()
+                sums += torch.tensor([loss.item() * len(x), len(x)], dtype=torch.float64, device=group.device)
+            dist.all_reduce(sums)  # every rank's rows: the epoch's loss is the group's
+            train_loss = float(sums[0] / sums[1].clamp(min=1))
+            if lead:
+                end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss, ranks=group.world, board=board)
+    finally:
+        if board is not None:
+            board.close()
     digests: list[Any] = [None] * group.world
     dist.all_gather_object(digests, ddp.weights_digest(model))
     if lead:

@@ -46,18 +46,26 @@ def measure(model: torch.nn.Module, loader: Loader, loss_fn: torch.nn.Module, ct
 
 def end_epoch(ctx: Any, model: torch.nn.Module, val: Loader | None, loss_fn: torch.nn.Module,
               params: dict[str, Any], epoch: int, train_loss: float, optimizer: Any = None,
-              train: Loader | None = None, **extra: Any) -> None:
+              train: Loader | None = None, board: Any = None, **extra: Any) -> None:
     """An epoch's report: its training loss, validation, and a checkpoint when due: the
     weights (``<node>-epoch-<k>.pt``, a plain state dict, as always) and beside them what
     it takes to continue exactly (``.state.pt``: optimizer, epoch, every random state
-    training draws from), each written under a temporary name and renamed."""
+    training draws from), each written under a temporary name and renamed. ``board``:
+    the loop's TensorBoard writer (``_torch_board``), given the same points."""
     epochs = params["epochs"]
     ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs, **extra)
+    points = {"train_loss": train_loss}
     if val is not None:
         val_loss, val_accuracy = measure(model, val, loss_fn, ctx)
         ctx.metric("val_loss", val_loss, step=epoch, epoch=epoch, epochs=epochs)
+        points["val_loss"] = val_loss
         if val_accuracy is not None:
             ctx.metric("val_accuracy", val_accuracy, step=epoch, epoch=epoch, epochs=epochs)
+            points["val_accuracy"] = val_accuracy
+    if board is not None:
+        for name, value in points.items():
+            board.add(name, value, epoch)
+        board.epoch_done()
     every = params["checkpoint_every"]
     if every and (epoch % every == 0 or epoch == epochs):
         folder = ctx.files("checkpoints")

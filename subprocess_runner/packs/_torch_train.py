@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from subprocess_runner.packs._torch_board import Board
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_epoch import end_epoch, measure, restore_rng, target_of
 from subprocess_runner.packs._torch_models import LossSpec, OptimizerSpec, default_loss
@@ -46,22 +47,34 @@ def training_loop(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> d
     if point is not None:
         done, train_loss = _resume(ctx, point, model, optimizer, train, device)
         first = done + 1
-    for epoch in range(first, epochs + 1):
-        model.train()
-        total, count = 0.0, 0
-        for x, y in train:
-            ctx.check_cancelled()  # between batches: a cancel never waits for a whole epoch
-            x, y = x.to(device), y.to(device)
-            optimizer.zero_grad()
-            out = model(x)
-            loss = loss_fn(out, target_of(loss_fn, y, out))
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(x)
-            count += len(x)
-        train_loss = total / max(count, 1)
-        end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss, optimizer=optimizer, train=train)
+    board = Board.open(ctx)
+    try:
+        for epoch in range(first, epochs + 1):
+            train_loss = _epoch(ctx, model, train, optimizer, loss_fn, device)
+            end_epoch(ctx, model, val, loss_fn, params, epoch, train_loss, optimizer=optimizer, train=train,
+                      board=board)
+    finally:
+        if board is not None:
+            board.close()
     return {"model": model, "train_loss": train_loss}
+
+
+def _epoch(ctx: Any, model: torch.nn.Module, train: Loader, optimizer: Any, loss_fn: torch.nn.Module,
+           device: torch.device) -> float:
+    """One pass over the training data; its mean loss."""
+    model.train()
+    total, count = 0.0, 0
+    for x, y in train:
+        ctx.check_cancelled()  # between batches: a cancel never waits for a whole epoch
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        out = model(x)
+        loss = loss_fn(out, target_of(loss_fn, y, out))
+        loss.backward()
+        optimizer.step()
+        total += loss.item() * len(x)
+        count += len(x)
+    return total / max(count, 1)
 
 
 def _checked(point: Any, part: str) -> io.BytesIO:

@@ -20,7 +20,7 @@ from tests.integration.test_worker_faults_functional import agent_through, wait_
 from tests.integration.test_workers_functional import read_until, start_agent, worker_state
 
 SETTINGS = {"TROUPE_WORKER_HEARTBEAT_S": "1"}
-FILES = 6  # three epochs: weights and training state of each
+FILES = 7  # three epochs: weights and training state of each; the loop's TensorBoard event file
 
 
 def _late_training(epochs: int = 3) -> dict:
