@@ -116,10 +116,12 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
              every: Annotated[bool, typer.Option("--all", help="every event the run has, every metric point "
                                                                "among them")] = False,
              as_json: Annotated[bool, typer.Option("--json", help=LOGS_JSON_HELP)] = False,
+             debug: Annotated[bool, typer.Option("--debug", help="tracebacks with troupe's own frames too")] = False,
              host: Host = None, port: Port = None) -> None:
         """What happened to a run: its nodes' starts and ends, failures with their traceback, logs,
         warnings, metric points and console lines, in order (--all: every event)."""
-        done(lambda: logs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json, metrics, every))
+        done(lambda: logs_cmd.logs(client(host, port), run_id, follow, tail, console, as_json, metrics, every,
+                                   debug))
 
     @app.command()
     def cancel(run_ids: RunIds, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

@@ -342,9 +342,12 @@ class _Walk:
             self.emit(ev.NODE_FAILED, node_id, {"error": "cancelled", "cancelled": True, "duration_s": elapsed})
         else:
             message = f"{type(exc).__name__}: {exc}"
-            self.emit(ev.NODE_FAILED, node_id, {
-                "error": message, "duration_s": elapsed,
-                "traceback": "".join(traceback.format_exception(exc))[-4000:]})
+            payload = {"error": message, "duration_s": elapsed,
+                       "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+            echoed = getattr(exc, "console_tail_lines", None)  # the error ends with lines its console holds too
+            if isinstance(echoed, int) and echoed > 0:
+                payload["console_tail_lines"] = echoed
+            self.emit(ev.NODE_FAILED, node_id, payload)
             self._fail(node_id, message)
 
     def _fail(self, node_id: str, message: str) -> None:

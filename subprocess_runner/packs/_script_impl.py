@@ -82,9 +82,20 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         raise RuntimeError(f"{argv[0]}'s exit status was lost: the process that watched it was killed")
     if code != 0:
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
-        tail = "\n".join(lines.stderr_tail)
-        raise RuntimeError(f"{argv[0]} {how}" + (f"; the last lines of its stderr:\n{tail}" if tail else ""))
+        raise CommandFailed(f"{argv[0]} {how}", list(lines.stderr_tail))
     return {"exit_code": code, "result": lines.result}
+
+
+class CommandFailed(RuntimeError):
+    """A command that did not exit 0: its words are what happened, then the last lines
+    of its stderr (the run's error, read where its console is not: ``ls``, ``show``).
+    ``console_tail_lines`` says how many lines those are, so that ``troupe logs``, which
+    shows the console, shows a script's traceback once."""
+
+    def __init__(self, what: str, stderr_tail: list[str]) -> None:
+        tail = "\n".join(stderr_tail)
+        super().__init__(what + (f"\nthe last lines of its stderr:\n{tail}" if tail else ""))
+        self.console_tail_lines = tail.count("\n") + 2 if tail else 0  # the tail and the line that says so
 
 
 def _filled(text: str, params: Mapping[str, Any], ctx: Any) -> str:
