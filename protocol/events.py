@@ -36,21 +36,36 @@ ARTIFACT_BACKENDS = ("local", "transfer", "mount", "s3")
 # fingerprint_source}. A fact stored on the run, not an event of its log, so the event
 # sequence of a default submission stays as it was (DESIGN invariant 1).
 ENVIRONMENT = "environment"
+# A file the run kept earlier and removed since (a checkpoint past the node's
+# ``keep_checkpoints``/``keep_best``): {"kind", "path", "backend"}. Its row says ``removed``.
+ARTIFACT_REMOVED = "artifact_removed"
+# The files a command ran (each argv item that names one, its sha256, its git commit,
+# branch and uncommitted diff), from the process that runs it, before it starts:
+# {"node_id" is the command's, "files": [...], "repos": [...]}. Like ENVIRONMENT, a fact
+# stored on the run (in its fingerprint), not an event of its log.
+CODE = "code"
 # A file a node read, with provenance on: {kind, ref, size, mode, mtime | sha256}.
 PROVENANCE = "provenance"
 # What the run's nodes wrote to stdout or stderr: {"stream", "text"}, or {"skipped", "text"}
 # where the run's console cap cut the middle out.
 CONSOLE = "console"
+# Params and tags a script logged (MLflow's ``log_param``, ``set_tag``), name -> text:
+# {"params": {...}, "tags": {...}}, a tag of null removed. The run keeps the newest
+# value of each (the store's ``logged_params``), shown beside the graph's own params.
+PARAMS = "params"
+PARAM_KEY_MAX = 250  # MLflow's limits: a key, and the longest value it stores (a tag's)
+PARAM_VALUE_MAX = 8000
+PARAMS_PER_EVENT_MAX = 1000
 
 RUN_LEVEL = frozenset({RUN_QUEUED, RUN_STARTED, RUN_FINISHED})  # written by the control plane only
 VOCABULARY = frozenset(
     {RUN_QUEUED, RUN_STARTED, NODE_STARTED, NODE_FINISHED, NODE_FAILED, METRIC, LOG, WARNING, RUN_FINISHED,
-     ARTIFACT, ARTIFACT_PENDING, NODE_QUEUED, PROVENANCE, CONSOLE}
+     ARTIFACT, ARTIFACT_PENDING, ARTIFACT_REMOVED, NODE_QUEUED, PROVENANCE, CONSOLE, PARAMS}
 )
 # What node code (in-process or in a worker's run child) may emit.
 NODE_LEVEL = VOCABULARY - RUN_LEVEL
 # What a worker's run child may send: its nodes' events, and the fact of its environment.
-WORKER_KINDS = NODE_LEVEL | {ENVIRONMENT}
+WORKER_KINDS = NODE_LEVEL | {ENVIRONMENT, CODE}
 
 # Run states.
 QUEUED = "queued"
@@ -124,6 +139,11 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
                 return payload, f"metric {name}: value is too large for a float"
     elif kind in (ARTIFACT, ARTIFACT_PENDING):
         return payload, _artifact_problem(payload)
+    elif kind == ARTIFACT_REMOVED:  # a file of the run's own folder, never another path of the server's
+        path = payload.get("path")
+        return payload, outside_run_dir(path) if isinstance(path, str) else "a removed artifact needs its path"
+    elif kind == PARAMS:
+        return payload, _params_problem(payload)
     elif kind == CONSOLE:
         text, stream = payload.get("text", ""), payload.get("stream", "stdout")
         if not isinstance(text, str) or not jsonsafe.encodable(text):  # the console is read back as UTF-8 text
@@ -131,6 +151,27 @@ def _admit(kind: str, payload: dict[str, Any]) -> tuple[dict[str, Any], str | No
         if stream not in ("stdout", "stderr"):
             return payload, f"a console event's stream is stdout or stderr, got {str(stream)[:40]!r}"
     return payload, None
+
+
+def _params_problem(payload: dict[str, Any]) -> str | None:
+    """Text names and text values within MLflow's limits (a tag's value may be null:
+    removed), at least one and at most ``PARAMS_PER_EVENT_MAX`` in all."""
+    count = 0
+    for part in ("params", "tags"):
+        found = payload.get(part, {})
+        if not isinstance(found, dict):
+            return f"a params event's {part} must be an object of names to text"
+        for key, value in found.items():
+            if not isinstance(key, str) or not 0 < len(key) <= PARAM_KEY_MAX or not jsonsafe.encodable(key):
+                return f"a logged {part[:-1]}'s name must be text of 1 to {PARAM_KEY_MAX} characters, got {key!a:.60}"
+            if (value is None and part == "params") or (value is not None and (
+                    not isinstance(value, str) or len(value) > PARAM_VALUE_MAX or not jsonsafe.encodable(value))):
+                return (f"logged {part[:-1]} {key[:60]!a}: its value must be text of at most {PARAM_VALUE_MAX} "
+                        "characters")
+        count += len(found)
+    if not 0 < count <= PARAMS_PER_EVENT_MAX:
+        return f"a params event holds 1 to {PARAMS_PER_EVENT_MAX} params and tags, got {count}"
+    return None
 
 
 def _artifact_problem(payload: dict[str, Any]) -> str | None:
