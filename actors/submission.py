@@ -183,8 +183,20 @@ def _after_device(settings: Settings, catalog: Catalog, submission: Submission, 
         rerun_of=submission.rerun_of,
         resumed_from=submission.resumed_from,
         submitted_by=submission.submitted_by,
+        secret_params=_secret_params(graph_json, catalog),
     )
     return record, graph
+
+
+def _secret_params(graph: Mapping[str, Any], catalog: Catalog) -> tuple[str, ...]:
+    """The graph's params of type secret ("node.param"), which the store leaves out of
+    its index (``where`` and the list's search never read an API key)."""
+    found = []
+    for node in graph.get("nodes") or ():
+        spec = catalog.get(node.get("type"))
+        if spec is not None:
+            found += [f"{node['id']}.{p.name}" for p in spec.params if p.type == "secret"]
+    return tuple(found)
 
 
 def shared_base(base: dict[str, Any]) -> tuple[str, str]:

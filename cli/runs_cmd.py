@@ -24,10 +24,17 @@ from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BadOption, CliErr
 from cli.render import printable
 from cli.run_cmd import follow
 from protocol import events as ev
+from protocol.errors import WhereInvalid
+from protocol.where import parse as parse_where
 
 TERMINAL = ev.TERMINAL_STATES
 # In the order a run goes through them, as ``ls --status`` lists them.
 STATES = (ev.QUEUED, ev.RUNNING, ev.SUCCEEDED, ev.FAILED, ev.CANCELLED, ev.INTERRUPTED, ev.DISCONNECTED)
+
+
+# Refusals that are the command line's own mistake (a filter that does not read, a key
+# no run has): exit 2, as a bad option is.
+USAGE_CODES = frozenset({"where_invalid", "where_unknown_key"})
 
 
 def answer(reply: tuple[int, Any], what: str) -> Any:
@@ -36,7 +43,21 @@ def answer(reply: tuple[int, Any], what: str) -> Any:
     if 200 <= status < 300:
         return body
     error = body.get("error", {}) if isinstance(body, dict) else {}
+    if error.get("code") in USAGE_CODES:
+        raise BadOption(f"{what}: {error.get('message')}")
     raise CliError(f"{what}: the server answered {status} {error.get('code', '')}: {error.get('message', body)}")
+
+
+def checked_where(where: str | None) -> str | None:
+    """``--where`` read as the server reads it, so a malformed filter is said (exit 2)
+    before anything is asked; a key no run has is the server's to say."""
+    if where is None or not where.strip():
+        return None
+    try:
+        parse_where(where)
+    except WhereInvalid as exc:
+        raise BadOption(f"--where: {exc.message}") from None
+    return where
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -93,18 +114,25 @@ class Listing:
     descending: bool = False
     params: bool = False  # a column per swept param (the runs of one sweep)
     mine: bool = False  # only the runs this login submitted
+    where: str | None = None  # a filter in the where grammar (protocol/where.py)
 
 
-def list_runs(client: Client, asked: Listing) -> int:
+def list_query(client: Client, asked: Listing) -> dict[str, str]:
+    """The query of ``GET /api/runs`` that ``asked`` means, its usage mistakes said first."""
     unknown = [] if asked.status is None else [s for s in asked.status.split(",") if s not in ev.ALL_STATES]
     if unknown:  # a usage mistake, said before anything is asked of the server
         raise BadOption(f"--status takes {', '.join(STATES)}, or several joined by commas; "
                         f"{', '.join(repr(s) for s in unknown)} is none of them")
-    query = {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
+    where = checked_where(asked.where)
+    return {k: v for k, v in (("status", asked.status), ("sweep_id", asked.sweep and client.full_id(
         "sweeps", asked.sweep)), ("study_id", asked.study and client.full_id("studies", asked.study)),
         ("q", asked.search), ("tag", asked.tag), ("limit", str(asked.limit)), ("cursor", asked.cursor),
         ("sort", asked.sort and ("-" if asked.descending else "") + asked.sort),
-        ("mine", "true" if asked.mine else None)) if v}
+        ("mine", "true" if asked.mine else None), ("where", where)) if v}
+
+
+def list_runs(client: Client, asked: Listing) -> int:
+    query = list_query(client, asked)
     reply = answer(client.request("GET", f"/api/runs?{urllib.parse.urlencode(query)}"), "listing runs")
     if asked.form != "table":
         print(json.dumps(reply, indent=2) if asked.form == "json" else "\n".join(r["id"] for r in reply["runs"]))

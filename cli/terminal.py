@@ -88,11 +88,32 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             = False,
             mine: Annotated[bool, typer.Option("--mine", help="only the runs this login submitted (its sweeps' "
                                                               "and studies' runs too)")] = False,
+            where: Annotated[str | None, typer.Option(help="a filter: KEY OP VALUE joined by and / or, e.g. "
+                                                           "\"adam.lr = 0.01 and metric.val_loss < 0.1\" "
+                                                           "(docs/runs.md, Finding runs)")] = None,
+            group_by: Annotated[str | None, typer.Option("--group-by", help="a row per value of this key (a param, "
+                                                                            "type, status, tag, by, sweep, ...)")]
+            = None,
+            metric: Annotated[str | None, typer.Option(help="with --group-by: each group's mean, min, max and std of "
+                                                            "this series' newest values")] = None,
+            keys: Annotated[bool, typer.Option("--keys", help="the keys --where and --group-by can name, with how "
+                                                              "many runs have each")] = False,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
-        """List runs, newest first, with who submitted each."""
-        done(lambda: runs_cmd.list_runs(client(host, port), runs_cmd.Listing(
-            status, sweep, study, search, tag, limit, cursor, output_form(quiet, as_json, "table", "ids"),
-            full, sort, desc, params, mine)))
+        """List runs, newest first, with who submitted each; find them by what they were (--where), fold
+        them by a key (--group-by)."""
+        from cli import find_cmd
+
+        form = output_form(quiet, as_json, "table", "ids")
+        asked = runs_cmd.Listing(status, sweep, study, search, tag, limit, cursor, form, full, sort, desc, params,
+                                 mine, where)
+        if metric is not None and group_by is None:
+            done(lambda: find_cmd.usage("--metric goes with --group-by"))
+        elif keys:
+            done(lambda: find_cmd.list_keys(client(host, port), form))
+        elif group_by is not None:
+            done(lambda: find_cmd.group_runs(client(host, port), asked, group_by, metric))
+        else:
+            done(lambda: runs_cmd.list_runs(client(host, port), asked))
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

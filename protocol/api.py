@@ -344,6 +344,10 @@ class ErrorBody(BaseModel):
     message: str
     pointer: str | None = None
     node_id: str | None = None
+    offset: int | None = Field(default=None, description="where_invalid: where in the filter's text it went "
+                                                          "wrong (0-based, in characters)")
+    expected: list[str] | None = Field(default=None, description="where_invalid: what could have stood there")
+    key: str | None = Field(default=None, description="where_unknown_key: the key, as written")
 
 
 class ErrorReply(BaseModel):

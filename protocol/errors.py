@@ -147,3 +147,40 @@ def pointer_from_path(path: tuple[Any, ...] | list[Any]) -> str:
     pointer, escaping ``~`` and ``/`` as the RFC requires."""
     parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
     return "/" + "/".join(parts) if parts else ""
+
+
+class WhereInvalid(InvalidRequest):
+    """Raised for a ``where`` filter that does not read as the grammar says
+    (``protocol/where.py``): ``offset`` is where in the text it went wrong (0-based,
+    in characters), ``expected`` what could have stood there."""
+
+    code = "where_invalid"
+
+    def __init__(self, message: str, *, offset: int, expected: tuple[str, ...] = (), **kwargs: Any) -> None:
+        kwargs.setdefault("pointer", "?where")
+        super().__init__(message, **kwargs)
+        self.offset = offset
+        self.expected = expected
+
+    def to_json(self) -> dict[str, Any]:
+        body = super().to_json()
+        body["error"]["offset"] = self.offset
+        if self.expected:
+            body["error"]["expected"] = list(self.expected)
+        return body
+
+
+class WhereUnknownKey(WhereInvalid):
+    """Raised for a ``where`` (or ``group_by``) key that names nothing: not a fixed key,
+    and no stored run has such a param or series. ``key`` is the key as written."""
+
+    code = "where_unknown_key"
+
+    def __init__(self, message: str, *, offset: int, key: str, **kwargs: Any) -> None:
+        super().__init__(message, offset=offset, **kwargs)
+        self.key = key
+
+    def to_json(self) -> dict[str, Any]:
+        body = super().to_json()
+        body["error"]["key"] = self.key
+        return body

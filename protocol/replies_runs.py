@@ -174,3 +174,53 @@ class NodeOutputs(_Reply):
     run_id: str
     node_id: str
     outputs: dict[str, Any] = Field(description="port -> what the node gave")
+
+
+class GroupStats(_Reply):
+    """A series over one group's runs: how many had a newest value, and those values'
+    mean, min, max and sample standard deviation (null below two values)."""
+
+    series: str
+    runs: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    std: float | None
+
+
+class RunGroupRow(_Reply):
+    """One value of ``group_by`` and the runs that have it (null: the runs without it)."""
+
+    value: bool | int | float | str | None = Field(description="the key's value (a boolean param reads 1 or 0)")
+    label: str | None = Field(default=None, description="by, sweep, study: the name beside the id")
+    runs: int
+    metric: GroupStats | None = Field(default=None, description="with metric=SERIES")
+
+
+class RunGroupList(_Reply):
+    """``GET /api/runs?group_by=KEY``: a row per value, by value (null last)."""
+
+    groups: list[RunGroupRow]
+    group_by: str = Field(description="the key as read")
+    metric: str | None
+    next_cursor: str | None
+
+
+class RunKey(_Reply):
+    key: str = Field(description="as where writes it: adam.lr, s.vars.seed, metric.val_loss, metric.val_loss.best")
+    kind: Literal["fixed", "param", "var", "metric", "best"]
+    runs: int = Field(description="how many stored runs have it")
+    direction: Literal["minimize", "maximize"] | None = Field(
+        default=None, description="a series': which way best reads (maximize once an objective says so)")
+
+
+class NodeTypeCount(_Reply):
+    name: str
+    runs: int
+
+
+class RunKeyList(_Reply):
+    """``GET /api/runs/keys``: every key a filter can name, and the node types ``type`` takes."""
+
+    keys: list[RunKey]
+    types: list[NodeTypeCount]

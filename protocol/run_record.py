@@ -61,6 +61,9 @@ class RunRecord:
     resumed_from: Mapping[str, Any] | None = None  # the checkpoints a resumed run continues from
     submitted_by: str | None = None  # the session that submitted it, or "server" (the server's token)
     shared_graph: SharedGraph | None = None
+    # Its params of type secret, as "node.param": the store's index of params (what
+    # ``where`` and a search read) never holds their values.
+    secret_params: tuple[str, ...] = ()
 
     @property
     def seeded(self) -> bool:
@@ -76,7 +79,7 @@ class RunRecord:
     def columns(self) -> dict[str, Any]:
         """The admission columns of the run's row (the store adds the rest)."""
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("devices", "shared_graph")}
+               if f.name not in ("devices", "shared_graph", "secret_params")}
         row["queue_key"] = str(self.queue_key)
         row["status"] = "queued"
         row["graph"], row["options"] = dict(self.graph), dict(self.options)
@@ -87,7 +90,7 @@ class RunRecord:
     def from_row(cls, row: Mapping[str, Any]) -> RunRecord:
         """A stored run's record, as it was admitted (a kept queued run, an adopted one)."""
         known = {f.name for f in dataclasses.fields(cls)} - {"queue_key", "devices", "shared_graph", "warnings",
-                                                             "one_shot", "options"}
+                                                             "one_shot", "options", "secret_params"}
         values = {name: row[name] for name in known if row.get(name) is not None}
         return cls(**values, queue_key=QueueKey.parse(row["queue_key"]), devices=tuple(row["devices"]),
                    warnings=tuple(row.get("warnings") or ()), one_shot=bool(row.get("one_shot")),

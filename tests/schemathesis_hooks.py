@@ -24,7 +24,10 @@ MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "invalid_device", "
                            "upload_not_found", "worker_cannot_grant", "too_many_cpus", "unknown_flavor",
                            "unknown_target", "one_shot_record_outputs",
                            # a file whose X-Troupe-Sha256 is not its bytes' digest, or whose path is a folder there
-                           "artifact_refused"})
+                           "artifact_refused",
+                           # a where filter's grammar nests (no pattern says it), a key no stored run has, and
+                           # the list's parameters that do not go together (group_by with sort)
+                           "where_invalid", "where_unknown_key", "query_conflict"})
 
 
 # "Not now" answers, documented as 503 on every mutation: a busy lane, an offline worker,

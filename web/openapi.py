@@ -16,6 +16,7 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
+from protocol.where import MAX_WHERE
 from web.openapi_streams import stream_operations
 from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
 from web.routes_login import Login, NewLoginLink, SessionName
@@ -97,6 +98,13 @@ def _media(media: str) -> dict[str, Any]:
 def _again(op: dict[str, Any], description: str) -> dict[str, Any]:
     """An idempotent creation: a repeat answers 200 with what the first made."""
     op["responses"]["200"] = {**op["responses"]["201"], "description": description}
+    return op
+
+
+def _or(other: type[BaseModel], op: dict[str, Any]) -> dict[str, Any]:
+    """An answer of either shape, by what was asked (the run list, or its groups)."""
+    content = op["responses"]["200"]["content"]["application/json"]
+    content["schema"] = {"oneOf": [content["schema"], _ref(other)]}
     return op
 
 
@@ -203,7 +211,9 @@ def _run_paths() -> dict[str, Any]:
     return {
         "/api/runs": {
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
-            "get": _op("List runs, newest first (grouped: a row per sweep and study)", api.RunList, params=(
+            "get": _or(rr.RunGroupList, _op(
+                "List runs, newest first (grouped: a row per sweep and study; group_by: a row per value of a key)",
+                api.RunList, params=(
                 ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
                 ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
                 ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
@@ -217,8 +227,17 @@ def _run_paths() -> dict[str, Any]:
                                      "description": "true: each run with its params and newest metric values"}),
                 ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
                                    "description": "by a series' newest value, lowest first (-name: highest); "
-                                                  "its next_cursor pages on"}))),
+                                                  "its next_cursor pages on"}),
+                ("where", "query", {"type": "string", "maxLength": MAX_WHERE,
+                                    "description": "a filter: KEY OP VALUE joined by and / or with parentheses "
+                                                   "(adam.lr = 0.01 and metric.val_loss < 0.1); docs/runs.md"}),
+                ("group_by", "query", {"type": "string", "maxLength": MAX_WHERE,
+                                       "description": "a key of where: the answer is a RunGroupList, a row per value"}),
+                ("metric", "query", {"type": "string", "pattern": SORT_PATTERN.replace("^-?", "^"),
+                                     "description": "with group_by: each group's statistics of this series"})))),
         },
+        "/api/runs/keys": {"get": _op("The keys where and group_by can name, with how many runs have each",
+                                      rr.RunKeyList)},
         "/api/queue-prediction": {"get": _op("Would a run queued now on this key start at once, and if not why",
                                              r.QueuePrediction, params=(("queue_key", "query", {"type": "string",
                                                                                    "pattern": api.QUEUE_KEY_PATTERN}),

@@ -9,10 +9,12 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.store.run_list import EditRun, ListGroups, ListRuns, MatchIds, NewestValues
+from actors.store.run_list import EditRun, GroupRuns, ListGroups, ListRuns, MatchIds, NewestValues, RunKeys
 from protocol import events as ev
 from protocol.api import TAG_PATTERN, RunEdit
-from protocol.errors import InvalidRequest
+from protocol.errors import InvalidRequest, WhereInvalid
+from protocol.where import Node, key_of
+from protocol.where import parse as parse_where
 from web.context import services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -73,9 +75,33 @@ def _mine(request: web.Request) -> str | None:
     return submitter_of(who)
 
 
+# Every query parameter GET /api/runs reads: any other is refused, never ignored (a
+# misspelt filter answering every run reads as "all of them match").
+LIST_QUERY = ("status", "sweep_id", "study_id", "limit", "cursor", "q", "tag", "grouped", "mine", "values", "sort",
+              "where", "group_by", "metric")
+
+
+def _known_query(request: web.Request) -> None:
+    unknown = sorted(set(request.query) - set(LIST_QUERY))
+    if unknown:
+        raise InvalidRequest(f"GET /api/runs takes no query parameter {unknown[0]}; it takes {', '.join(LIST_QUERY)}",
+                             pointer=f"?{unknown[0]}", code="unknown_parameter")
+
+
+def _where_query(request: web.Request) -> Node | None:
+    """``?where=``, parsed (a 400 where_invalid with the offset of a fault); empty: none."""
+    text = one_query(request, "where") or ""
+    control = _CONTROL.search(text)
+    if control:
+        raise WhereInvalid(f"at offset {control.start()}: where holds a control character", offset=control.start())
+    return parse_where(text) if text.strip() else None
+
+
 @routes.get("/api/runs")
 async def list_runs(request: web.Request) -> web.Response:
     svc = services(request)
+    _known_query(request)
+    where = _where_query(request)
     status = one_query(request, "status") or None
     if status is not None and not set(status.split(",")) <= ev.ALL_STATES:
         raise InvalidRequest(f"status is one of {sorted(ev.ALL_STATES)}, or several joined by commas; got {status!r}",
@@ -98,20 +124,58 @@ async def list_runs(request: web.Request) -> web.Response:
     sweep_id, study_id = one_query(request, "sweep_id") or None, one_query(request, "study_id") or None
     mine = _mine(request)
     sort = _sort_query(request)  # checked whichever list it orders
+    group_by = one_query(request, "group_by")
+    if group_by is not None or one_query(request, "metric") is not None:
+        return await _grouped_by(request, group_by, grouped == "true" or values == "true" or sort is not None, {
+            "status": status, "sweep_id": sweep_id, "study_id": study_id, "search": search, "tag": tag,
+            "submitted_by": mine, "where": where, "limit": limit, "offset": before or 0})
     if grouped == "true" and not (sweep_id or study_id):
         items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine,
-                                                          graphs=values == "true"))
+                                                          graphs=values == "true", where=where))
         rows = await with_queue_reasons(svc, [item["run"] for item in items if item["kind"] == "run"])
         public = iter(public_row(r) for r in rows)
         found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
     else:
         rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort,
-                                                         mine, graphs=values == "true"))
+                                                         mine, graphs=values == "true", where=where))
         found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
                  for r in await with_queue_reasons(svc, rows)]
     if values == "true":
         found = await _with_values(svc, found, rows)
     return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
+
+
+async def _grouped_by(request: web.Request, group_by: str | None, other_shape: bool,
+                      filters: dict[str, Any]) -> web.Response:
+    """``?group_by=KEY[&metric=SERIES]``: a row per value of the key, within the same
+    filters; its cursor is the number of groups before the page."""
+    if group_by is None:
+        raise InvalidRequest("metric goes with group_by: each group's count, mean, min, max and std of the series' "
+                             "newest values", pointer="?metric", code="query_conflict")
+    if other_shape:
+        raise InvalidRequest("group_by answers groups, not runs: it takes no grouped=true, values=true or sort",
+                             pointer="?group_by", code="query_conflict")
+    try:
+        key = key_of(group_by)
+    except WhereInvalid as exc:  # said of ?group_by, its own offset
+        exc.pointer = "?group_by"
+        raise
+    metric = one_query(request, "metric") or None
+    if metric is not None and not _SORT.fullmatch(metric.lstrip("-")):
+        raise InvalidRequest("metric is a series' name", pointer="?metric")
+    rows, next_offset = await services(request).store.read(GroupRuns(key, metric, **filters))
+    return json_reply({"groups": rows, "group_by": key.text, "metric": metric,
+                       "next_cursor": None if next_offset is None else str(next_offset)})
+
+
+@routes.get("/api/runs/keys")
+async def run_keys(request: web.Request) -> web.Response:
+    """The keys ``where`` and ``group_by`` can name, each with how many stored runs have
+    it (the page's suggestions, ``troupe ls --keys``)."""
+    if request.query:
+        raise InvalidRequest(f"GET /api/runs/keys takes no query parameter {sorted(request.query)[0]}",
+                             pointer=f"?{sorted(request.query)[0]}", code="unknown_parameter")
+    return json_reply(await services(request).store.read(RunKeys()))
 
 
 async def _with_values(svc: Any, found: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

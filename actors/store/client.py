@@ -78,9 +78,9 @@ def _reads_here(message: Any) -> bool:
     to a fraction of a millisecond. On the store's thread, such a read waits for the
     interpreter lock each time SQLite hands a row back while the loop is busy, up to the
     switch interval each time: at scale x4, a list of 50 runs that costs 0.6 ms of CPU took
-    50-100 ms. A search or a tag filter may walk every run, and stays on the thread."""
+    50-100 ms. A search, a tag filter or a ``where`` may walk many runs, and stays on the thread."""
     if type(message) is ListRuns:
-        return message.search is None and message.tag is None
+        return message.search is None and message.tag is None and message.where is None
     if type(message) is ReadStream:
         return 0 < message.cap_bytes <= LOOP_PAGE_BYTES
     return type(message) in _SMALL_READS

@@ -14,6 +14,7 @@ from typing import Any
 import apsw
 
 from actors.errors import RunNotFound
+from actors.store.run_index import index_points
 from actors.store.table import Table
 from protocol import events as ev
 
@@ -107,6 +108,7 @@ def append_events(conn: apsw.Connection, run_id: str, events: Iterable[Mapping[s
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             metrics,
         )
+        index_points(conn, run_id, metrics)  # each series' newest and best, in the same transaction
 
 
 def get_events(

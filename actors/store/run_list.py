@@ -14,8 +14,11 @@ from typing import Any
 import apsw
 
 from actors.errors import RunNotFound
+from actors.store.run_groups import group_rows, run_keys
+from actors.store.run_where import compile_node, conjuncts, page
 from actors.store.runs import SELECT_LISTED, SELECT_RUNS, listed_row, run_row, tags_of, whole_graph
 from actors.store.table import Table
+from protocol.where import Key, Node
 
 # Messages ----------------------------------------------------------------------
 
@@ -27,7 +30,7 @@ class ListRuns:
     study_id: str | None = None
     limit: int = 50
     before_seq: int | None = None
-    # Matches a run's name, id, tags, node types and param values (its graph's text).
+    # Matches a run's name, id, note, tags, node types and param values (the run index's).
     search: str | None = None
     tag: str | None = None
     # Ordered by the newest value of this series (``-name``: highest first), runs without
@@ -35,6 +38,7 @@ class ListRuns:
     sort: str | None = None
     submitted_by: str | None = None  # one submitter's runs (``?mine=true``)
     graphs: bool = False  # each row with its whole graph (``?values=true``); a listed row has none
+    where: Node | None = None  # a parsed ``where`` filter (protocol/where.py), read through the run index
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,30 @@ class ListGroups:
     tag: str | None = None
     submitted_by: str | None = None
     graphs: bool = False  # as ListRuns'
+    where: Node | None = None
+
+
+@dataclass(frozen=True)
+class GroupRuns:
+    """The runs the filters find folded by ``group_by`` (run_groups.py): a page of
+    ``{"value", "runs", "label"?, "metric"?}`` by value, and the offset to go on from."""
+
+    group_by: Key
+    metric: str | None = None  # a series: each group's count, mean, min, max and std of its newest values
+    status: str | None = None
+    sweep_id: str | None = None
+    study_id: str | None = None
+    search: str | None = None
+    tag: str | None = None
+    submitted_by: str | None = None
+    where: Node | None = None
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The keys a ``where`` can name, with how many stored runs have each (run_groups.run_keys)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +106,7 @@ class EditRun:
 # SQL ---------------------------------------------------------------------------
 
 
-def _filters(query: ListRuns | ListGroups) -> tuple[list[str], list[Any]]:
+def _filters(query: ListRuns | ListGroups | GroupRuns) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     args: list[Any] = []
     if query.status is not None:  # one status, or several joined by commas
@@ -100,8 +128,13 @@ def _filters(query: ListRuns | ListGroups) -> tuple[list[str], list[Any]]:
         # run held every other read of the store for seconds.
         matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.note")]
         matches.append("EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id AND t.tag LIKE ? ESCAPE '\\')")
+        # Its node types and param values, from the run index (a few rows a run).
+        matches.append("EXISTS (SELECT 1 FROM run_types y WHERE y.seq = r.enqueue_seq AND y.key IN "
+                       "(SELECT id FROM index_keys WHERE kind = 'type' AND name LIKE ? ESCAPE '\\'))")
+        matches.append("EXISTS (SELECT 1 FROM run_params p WHERE p.seq = r.enqueue_seq AND p.value LIKE ? "
+                       "ESCAPE '\\')")
         where.append(f"({' OR '.join(matches)})")
-        args.extend([like] * 4)
+        args.extend([like] * 6)
     return where, args
 
 
@@ -123,6 +156,10 @@ def _rows(conn: apsw.Connection, graphs: bool, tail: str, args: Any) -> list[dic
 def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
     """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
     where, args = _filters(query)
+    if query.where is not None and query.sort is None:
+        return _where_runs(conn, query, where, args)
+    if query.where is not None:
+        _add_where(conn, query.where, where, args)
     if query.sort is not None:  # its cursor is how many rows came before
         return _sorted_runs(conn, query, where, args)
     if query.before_seq is not None:
@@ -133,6 +170,27 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
     more = len(rows) > query.limit
     rows = _with_tags(conn, rows[: query.limit])
     return rows, (rows[-1]["enqueue_seq"] if more else None)
+
+
+def _add_where(conn: apsw.Connection, node: Node, where: list[str], args: list[Any]) -> None:
+    part = compile_node(conn, node)
+    where.append(part.pred)
+    args.extend(part.args)
+
+
+def _where_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
+                args: list[Any]) -> tuple[list[dict[str, Any]], int | None]:
+    """A ``where`` page: its runs found through the run index (run_where.page), then
+    read as the list reads them."""
+    assert query.where is not None
+    seqs = page(conn, conjuncts(conn, query.where), where, args, query.before_seq, query.limit + 1)
+    more = len(seqs) > query.limit
+    seqs = seqs[: query.limit]
+    if not seqs:
+        return [], None
+    rows = _with_tags(conn, _rows(conn, query.graphs, f" WHERE r.enqueue_seq IN ({', '.join('?' for _ in seqs)}) "
+                                                      "ORDER BY r.enqueue_seq DESC", seqs))
+    return rows, (seqs[-1] if more else None)
 
 
 _NEWEST = "(SELECT m.value FROM metrics m WHERE m.run_id = r.id AND m.series = ? ORDER BY m.seq DESC LIMIT 1)"
@@ -161,6 +219,8 @@ _GROUP = "COALESCE('sweep:' || r.sweep_id, 'study:' || r.study_id, 'run:' || r.i
 
 def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str, Any]], int | None]:
     where, args = _filters(query)
+    if query.where is not None:
+        _add_where(conn, query.where, where, args)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     having = " HAVING MAX(r.enqueue_seq) < ?" if query.before_seq is not None else ""
     found = conn.execute(
@@ -181,6 +241,13 @@ def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str
         else:
             items.append(_group(conn, kind, key, int(str(top)), where, args))
     return items, (int(str(found[-1][1])) if more else None)
+
+
+def group_runs(conn: apsw.Connection, query: GroupRuns) -> tuple[list[dict[str, Any]], int | None]:
+    where, args = _filters(query)
+    if query.where is not None:
+        _add_where(conn, query.where, where, args)
+    return group_rows(conn, query.group_by, query.metric, where, args, query.limit, query.offset)
 
 
 def _group(conn: apsw.Connection, kind: str, key: str, top: int, where: list[str], args: list[Any]
@@ -277,4 +344,6 @@ READS: Table = {
     ListGroups: lambda s, m: list_groups(s.conn, m),
     MatchIds: lambda s, m: match_ids(s.conn, m),
     NewestValues: lambda s, m: newest_values(s.conn, m),
+    GroupRuns: lambda s, m: group_runs(s.conn, m),
+    RunKeys: lambda s, m: run_keys(s.conn),
 }

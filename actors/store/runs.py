@@ -18,6 +18,7 @@ import apsw
 from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store.artifacts import artifacts
 from actors.store.events import EventRow, append_events, event_rows
+from actors.store.run_index import forget_runs, index_run
 from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
 from protocol import events as ev
@@ -243,6 +244,8 @@ def insert_run(conn: apsw.Connection, record: RunRecord) -> None:
         f"INSERT OR IGNORE INTO runs({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
         tuple(_encode(k, v) for k, v in values.items()),
     )
+    if conn.changes():  # a repeated insert (an ask that timed out, sent again) is indexed once
+        index_run(conn, record.enqueue_seq, record.graph, record.secret_params)
 
 
 def update_run(conn: apsw.Connection, run_id: str, fields: Mapping[str, Any]) -> None:
@@ -477,6 +480,7 @@ def _delete_runs(s: Session, run_ids: list[str]) -> None:
         return
     # Sweep and study results are harvested first: their tables outlive their runs.
     s.runs_ended(run_ids)
+    forget_runs(s.conn, run_ids)
     s.conn.executemany("DELETE FROM runs WHERE id = ?", [(run_id,) for run_id in run_ids])
     s.conn.execute("DELETE FROM graph_bases WHERE NOT EXISTS "
                    "(SELECT 1 FROM runs WHERE runs.graph_base = graph_bases.digest)")

@@ -10,6 +10,7 @@ from typing import Any
 
 import apsw
 
+from actors.store.run_index import note_direction
 from actors.store.table import Table
 
 # Messages ----------------------------------------------------------------------
@@ -81,6 +82,7 @@ def create_study(conn: apsw.Connection, study: Mapping[str, Any]) -> None:
         (study["id"], study["name"], study["state"], None, json.dumps(study["spec"]), json.dumps(study["budget"]),
          study.get("plugin_id"), study["created_at"]),
     )
+    note_direction(conn, study["spec"].get("objective"))
 
 
 def update_study(conn: apsw.Connection, study_id: str, fields: Mapping[str, Any],

@@ -15,6 +15,7 @@ from typing import Any
 
 import apsw
 
+from actors.store.run_index import note_direction
 from actors.store.runs import InsertRun, insert_run
 from actors.store.table import Table
 from protocol.run_record import RunRecord
@@ -70,6 +71,7 @@ def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequ
         (sweep["id"], sweep["name"], "running", json.dumps(sweep["spec"]), json.dumps(sweep["objective"]),
          json.dumps(sweep["domains"]), sweep["total"], sweep["created_at"]),
     )
+    note_direction(conn, sweep["objective"])
     for row in runs:
         insert_run(conn, row)
     conn.executemany(

@@ -96,13 +96,41 @@ class Client:
 
     def runs_frame(self, *, status: str | None = None, tag: str | None = None, sweep: str | None = None,
                    study: str | None = None, where: str | None = None, q: str | None = None,
-                   limit: int | None = None) -> Any:
+                   limit: int | None = None, group_by: str | None = None, metric: str | None = None) -> Any:
         """The same runs as a pandas DataFrame: a row per run, its params as ``node.param``
-        columns and each series' newest value as ``metric.SERIES``."""
-        from troupe.client._frames import runs_frame
+        columns and each series' newest value as ``metric.SERIES``. With ``group_by`` (a
+        key of ``where``: ``adam.lr``, ``type``, ``status``...) a row per value of it
+        instead: its ``runs`` and, with ``metric``, ``metric.SERIES.mean`` / ``.min`` /
+        ``.max`` / ``.std`` of those runs' newest values (``.runs``: how many had one)."""
+        from troupe.client._frames import groups_frame, runs_frame
 
+        if group_by is not None:
+            return groups_frame(self._groups(group_by, metric, status=status, tag=tag, sweep=sweep, study=study,
+                                             where=where, q=q, limit=limit), group_by, metric)
+        if metric is not None:
+            raise ValueError("metric goes with group_by: each group's statistics of that series")
         return runs_frame(self._rows(status=status, tag=tag, sweep=sweep, study=study, where=where, q=q,
                                      limit=limit, values=True))
+
+    def run_keys(self) -> dict[str, Any]:
+        """The keys ``where`` and ``group_by`` can name, each with how many runs have it:
+        ``{"keys": [{"key", "kind", "runs", "direction"?}], "types": [{"name", "runs"}]}``."""
+        return dict(self.http.request("GET", "/api/runs/keys"))
+
+    def _groups(self, group_by: str, metric: str | None, *, limit: int | None, sweep: str | None,
+                study: str | None, **query: Any) -> list[dict[str, Any]]:
+        params = {**query, "group_by": group_by, "metric": metric, "sweep_id": sweep and self.full_id("sweeps", sweep),
+                  "study_id": study and self.full_id("studies", study)}
+        groups: list[dict[str, Any]] = []
+        cursor = None
+        while limit is None or len(groups) < limit:
+            page = self.http.request("GET", "/api/runs", params={
+                **params, "cursor": cursor, "limit": min(_PAGE, limit - len(groups)) if limit else _PAGE})
+            groups.extend(page["groups"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return groups
 
     def _rows(self, *, limit: int | None, sweep: str | None, study: str | None, **query: Any) -> list[dict[str, Any]]:
         params = {**query, "sweep_id": sweep and self.full_id("sweeps", sweep),

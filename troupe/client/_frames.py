@@ -30,6 +30,28 @@ def runs_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
     return pandas.DataFrame(table)
 
 
+def groups_frame(groups: Iterable[Mapping[str, Any]], group_by: str, metric: str | None) -> Any:
+    """One row per value of ``group_by``: the value (a column named as the key), its
+    ``label`` (a submitter's, a sweep's or a study's name) where there is one, ``runs``,
+    and with ``metric`` that series' ``metric.SERIES.runs/mean/min/max/std``."""
+    pandas = _pandas()
+    columns = [group_by, "runs"]
+    if metric:
+        columns += [f"metric.{metric}.{stat}" for stat in ("runs", "mean", "min", "max", "std")]
+    table = []
+    for group in groups:
+        row: dict[str, Any] = {group_by: group["value"], "runs": group["runs"]}
+        if group.get("label") is not None:
+            row["label"] = group["label"]
+        stats = group.get("metric") or {}
+        if metric:
+            row.update({f"metric.{metric}.{stat}": stats.get(stat) for stat in ("runs", "mean", "min", "max", "std")})
+        table.append(row)
+    if any("label" in row for row in table):
+        columns.insert(1, "label")
+    return pandas.DataFrame(table, columns=columns)
+
+
 def metrics_frame(series: Mapping[str, Iterable[Any]]) -> Any:
     """The points of every series in long form: series, step, value, ts."""
     pandas = _pandas()
