@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench._measure import BenchError
-from cli.client import read_events
 
 HOST = "127.0.0.1"
 
@@ -69,3 +68,25 @@ class Conn:
                 self.http.close()
             if response.will_close:
                 self.http.close()
+
+
+def read_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, Any]]:
+    """``(event, data)`` of a server-sent event stream until the body ends (or is cut):
+    the bench's own stdlib reader, so that what it times is the server, not a library."""
+    event, data = "message", list[str]()
+    while True:
+        try:
+            line = response.readline()
+        except (http.client.HTTPException, ConnectionError):
+            return
+        if not line:
+            return
+        text = line.decode(errors="replace").rstrip("\r\n")
+        if text == "":
+            if data:
+                yield event, json.loads("\n".join(data))
+            event, data = "message", list[str]()
+        elif text.startswith("event:"):
+            event = text[6:].strip()
+        elif text.startswith("data:"):
+            data.append(text[5:].lstrip())

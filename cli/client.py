@@ -1,20 +1,18 @@
-"""A small HTTP client for the CLI: JSON requests and an SSE reader (stdlib only, so the
-CLI starts fast)."""
+"""The CLI's HTTP client: ``troupe.Client``'s own path to a server (one path, not two),
+with the answers worded for a terminal."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import socket
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cli.errors import BadAddress, BadOption, CliError, NoServer, ReplyShape
-from protocol.tls import untrusted
-from protocol.unix_http import connect
+from troupe.client._errors import ApiError, Unreachable
+from troupe.client._http import BadAnswer, Http
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 _WHOLE = re.compile(r"^[0-9a-f]{32}$")
@@ -30,67 +28,56 @@ class _Reply(dict[str, Any]):
 
 
 class Client:
+    """The CLI's side of ``troupe.Client``'s HTTP path (troupe/client/_http.py, on httpx):
+    the same connection pool, TLS and Unix-socket handling, with a command's view of an
+    answer: ``(status, body)`` for it to word, and every failure to reach a server as a
+    one-line ``CliError``."""
+
     def __init__(self, url: str, token: str | None, unix_socket: str | None = None, ca: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self._unix_socket = unix_socket
         self.ca = ca  # a self-signed server's certificate (``--ca``)
+        self._http: Http | None = None
 
-    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        try:
-            return connect(self.url, self._unix_socket, timeout, self.ca)
-        except (ValueError, http.client.InvalidURL) as exc:  # "[::1", "x:y", a port past 65535
-            raise BadAddress(f"{self.url} is not a server's address ({exc}); give --host NAME --port 1-65535") from None
+    @property
+    def http(self) -> Http:
+        if self._http is None:  # made on first use: a command that never asks pays nothing
+            try:
+                self._http = Http(self.url, self.token, unix_socket=self._unix_socket, ca=self.ca,
+                                  object_hook=_Reply)
+            except ValueError as exc:  # "[::1", "x:y", a port past 65535
+                raise BadAddress(f"{self.url} is not a server's address ({exc}); give --host NAME --port 1-65535"
+                                 ) from None
+        return self._http
 
-    def _headers(self, body: bytes | None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
-    def _unreachable(self, exc: BaseException, hint: str = "") -> CliError:
+    def _unreachable(self, exc: Unreachable, hint: str = "") -> CliError:
         """A server that answered with a certificate this terminal does not trust is
         there: the error says how to trust it, not that nothing answers."""
-        why = untrusted(exc)
-        if why is not None:
-            return CliError(f"{self.url}: {why}")
-        return NoServer(f"no troupe server answers at {self.url} ({exc}){hint}")
+        if exc.untrusted:
+            return CliError(str(exc))
+        return NoServer(f"{exc}{hint}")
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
         try:  # JSON has no NaN or Infinity: the server would answer "not valid JSON"
             raw = json.dumps(body, allow_nan=False).encode() if body is not None else None
         except ValueError as exc:
             raise BadOption(f"a value given is not a finite number ({exc})") from None
-        conn = self._connection(timeout)
         try:
-            conn.request(method, path, body=raw, headers=self._headers(raw))
-            response = conn.getresponse()
-            data = response.read()
-        except (TimeoutError, ConnectionRefusedError, socket.gaierror, OSError) as exc:
+            answer = self.http.send(method, path, raw, timeout=timeout, retries=0)
+        except Unreachable as exc:
             raise self._unreachable(exc, "; start one with `troupe start`") from None
-        except (OverflowError, http.client.InvalidURL) as exc:  # a port or a host name no socket takes
+        except ValueError as exc:  # a port or a host name no socket takes
             raise BadAddress(f"{self.url} is not a server's address ({exc})") from None
-        finally:
-            conn.close()
-        return response.status, self._answer(response.status, response.getheader("Content-Type") or "", data)
-
-    def _answer(self, status: int, content_type: str, data: bytes) -> Any:
-        """The reply's JSON, or the text of a CSV or of the metrics page. A troupe server
-        answers one of those (or nothing): a success that is anything else came from
-        something else at that address, and no command may read it as done; a refusal
-        that is not JSON is kept as its text."""
-        if content_type.startswith(("text/csv", "text/plain")):
-            return data.decode(errors="replace")
-        try:
-            found = json.loads(data, object_hook=_Reply) if data else None
-        except (ValueError, RecursionError):
-            found = data.decode(errors="replace")
-        if 200 <= status < 300 and not (found is None or isinstance(found, dict)):
-            raise CliError(f"{self.url} answered {status} with {str(found)[:80]!r}, not a troupe server's JSON; "
+        found = answer.body
+        if 200 <= answer.status < 300 and not (found is None or isinstance(found, dict | str)):
+            raise CliError(f"{self.url} answered {answer.status} with {str(found)[:80]!r}, not a troupe server's "
+                           "JSON; is this the server's address?")
+        if 200 <= answer.status < 300 and isinstance(found, str) and not answer.headers.get(
+                "Content-Type", "").startswith(("text/csv", "text/plain")):
+            raise CliError(f"{self.url} answered {answer.status} with {found[:80]!r}, not a troupe server's JSON; "
                            "is this the server's address?")
-        return found
+        return answer.status, found
 
     def full_id(self, kind: str, given: str) -> str:
         """The id of the run, sweep or study (``kind``: runs, sweeps, studies) that
@@ -125,10 +112,10 @@ class Client:
 
     def stream(self, path: str, read_timeout: float | None = None,
                deadline: float | None = None) -> Iterator[tuple[str, Any]]:
-        """Yields ``(event, data)`` of a server-sent event stream; ``socket.timeout``
-        propagates when no byte came within ``read_timeout``, and once ``deadline`` (a
+        """Yields ``(event, data)`` of a server-sent event stream; ``TimeoutError``
+        when no byte came within ``read_timeout``, and once ``deadline`` (a
         ``time.monotonic()`` time) has passed, however busy the stream is: no read waits
-        past it, and the next one after it raises at once (a follower's ``--timeout``
+        past it, and the next event after it raises at once (a follower's ``--timeout``
         holds while its run emits without a pause). A reader the server finds
         too far behind is told where to resume (``stream_lagged``): the stream is opened
         again from there, and the caller sees one stream without a gap."""
@@ -150,38 +137,20 @@ class Client:
 
     def _stream_once(self, path: str, read_timeout: float | None,
                      deadline: float | None = None) -> Iterator[tuple[str, Any]]:
-        conn = self._connection(_wait_s(read_timeout, deadline))
-        sock: socket.socket | None = None  # the response reads it after the connection lets go of it
-
-        def before_read() -> None:  # each read waits until the deadline at most
-            if deadline is not None:
-                wait_s = _wait_s(read_timeout, deadline)
-                if sock is not None:
-                    sock.settimeout(wait_s)
-
         try:
-            conn.request("GET", path, headers={**self._headers(None), "Accept": "text/event-stream"})
-            sock = conn.sock
-            response = conn.getresponse()
-        except TimeoutError as exc:
-            conn.close()
-            if deadline is not None and time.monotonic() >= deadline:
-                raise  # the caller's deadline, not a server that is not there
+            for item in self.http.events(path, read_timeout=_wait_s(read_timeout, deadline)):
+                _wait_s(read_timeout, deadline)  # past the deadline: TimeoutError, however busy the stream
+                if item.event:  # not a keepalive
+                    if not isinstance(item.data, dict):
+                        raise CliError(f"the server's event stream sent a {item.event!r} event that is not a JSON "
+                                       f"object: {str(item.data)[:80]!r}; is this a troupe server?")
+                    yield item.event, item.data
+        except Unreachable as exc:
             raise self._unreachable(exc) from None
-        except (ConnectionRefusedError, OSError) as exc:
-            conn.close()
-            raise self._unreachable(exc) from None
-        except (OverflowError, http.client.InvalidURL) as exc:
-            conn.close()
-            raise BadAddress(f"{self.url} is not a server's address ({exc})") from None
-        if response.status != 200:
-            body = response.read()
-            conn.close()
-            raise CliError(f"{self.url}{path} answered {response.status}: {_said(body)}")
-        try:
-            yield from read_events(response, before_read)
-        finally:
-            conn.close()
+        except ApiError as exc:
+            raise CliError(f"{self.url}{path} answered {exc.status}: {exc.code}: {exc.message}") from None
+        except BadAnswer as exc:
+            raise CliError(f"the server's event stream {exc}") from None
 
 
 def _wait_s(read_timeout: float | None, deadline: float | None) -> float | None:
@@ -193,16 +162,6 @@ def _wait_s(read_timeout: float | None, deadline: float | None) -> float | None:
     if left <= 0:
         raise TimeoutError("the deadline has passed")
     return left if read_timeout is None else min(left, read_timeout)
-
-
-def _said(body: bytes) -> str:
-    """A refusal in words: the error's code and message when the body is the API's
-    error object, else its first 200 characters."""
-    try:
-        error = json.loads(body)["error"]
-        return f"{error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace")
 
 
 class Reopens:
@@ -225,41 +184,3 @@ class Reopens:
             raise CliError(f"run {self._run_id}'s stream ended {self._fruitless} times with nothing new before the "
                            f"run did; it may still be going: troupe attach {self._run_id}")
         time.sleep(self.PAUSE_S)
-
-
-def read_events(response: http.client.HTTPResponse,
-                before_read: Callable[[], None] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(event, data)`` of a server-sent event stream, until the body ends, or is cut
-    (a proxy, a server gone mid-chunk): that is an end too, and the caller opens the
-    stream again from where it was or says it cannot. Silence past the read timeout
-    still raises TimeoutError, as does ``before_read`` (called before each line is read)."""
-    event, data = "message", list[str]()
-    while True:
-        if before_read is not None:
-            before_read()
-        try:
-            line = response.readline()
-        except TimeoutError:
-            raise
-        except (http.client.HTTPException, ConnectionError):
-            return
-        if not line:
-            return
-        text = line.decode(errors="replace").rstrip("\r\n")
-        if text == "":
-            if data:
-                try:
-                    parsed = json.loads("\n".join(data), object_hook=_Reply)
-                except (ValueError, RecursionError) as exc:
-                    raise CliError(f"the server's event stream sent a {event!r} event that is not JSON: {exc}") from exc
-                if not isinstance(parsed, dict):
-                    raise CliError(f"the server's event stream sent a {event!r} event that is not a JSON object: "
-                                   f"{str(parsed)[:80]!r}; is this a troupe server?")
-                yield event, parsed
-            event, data = "message", list[str]()
-        elif text.startswith(":"):
-            continue
-        elif text.startswith("event:"):
-            event = text[6:].strip()
-        elif text.startswith("data:"):
-            data.append(text[5:].lstrip())

@@ -1,5 +1,7 @@
-"""Which server a command talks to, and with which token: the running server of this
-TROUPE_HOME, the one named by ``--host``/``--port``, or the one ``troupe login`` chose.
+"""Which server a command talks to, and with which token: the one named by
+``--host``/``--port``; else as ``troupe.Client`` finds one (troupe/client/_config.py):
+``TROUPE_URL`` and ``TROUPE_TOKEN``, the running server of this TROUPE_HOME, or the one
+``troupe login`` chose.
 
 Apart from ``cli.main`` so that the commands it registers (``cli.terminal``) reach the
 server the same way without importing the app back. What it needs is imported when a
@@ -16,8 +18,8 @@ def client(host: str | None, port: int | None) -> Any:
     """The running server of this TROUPE_HOME (or the one named), with its session token."""
     from cli.client import Client
     from cli.config import load_settings
-    from cli.logins import current
     from cli.session import read_session
+    from troupe.client._config import locate
 
     settings = load_settings()
     session = read_session(settings.home) or {}
@@ -29,10 +31,12 @@ def client(host: str | None, port: int | None) -> Any:
         port = port or last_port or settings.port
         return Client(f"{scheme or settings.scheme}://{_bracketed(host)}:{port}", session.get("token"),
                       ca=session.get("ca"))
-    if session:
-        return Client(session["url"], session.get("token"), ca=session.get("ca"))
-    remote = current()  # `troupe login`: a server on another machine
-    return remote or Client(settings.url, None)
+    # As troupe.Client finds one: TROUPE_URL (and TROUPE_TOKEN), this home's running
+    # server, `troupe login`'s server on another machine; else the settings' address.
+    place = locate()
+    if place.found_by == "default":
+        return Client(settings.url, None)
+    return Client(place.url, place.token, ca=place.ca)
 
 
 def _parts(url: Any) -> tuple[str | None, str | None, int | None]:

@@ -119,7 +119,7 @@ def workers(client: Client, as_json: bool) -> int:
                      "-" if heard is None else f"{heard:.0f}s ago",
                      " ".join(r[:8] for r in worker.get("running_runs") or []) or "-"])
     if not rows:
-        print("no workers (enroll one in the Workers panel: troupe agent start ...)")
+        print("no workers (enroll one: troupe workers add NAME, or the Workers panel)")
         return EXIT_OK
     print(table(rows, ["WORKER", "STATE", "CARDS", "SLOTS BUSY", "HEARD", "RUNS"]))
     for worker in found["workers"]:

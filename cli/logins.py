@@ -9,54 +9,21 @@ import json
 import os
 import re
 import urllib.parse
-from pathlib import Path
 from typing import Any
-
-import platformdirs
 
 from cli.client import Client
 from cli.errors import EXIT_OK, BadOption, CliError, NoServer
-
-FILE = "logins.json"
-
-
-def _path() -> Path:
-    return Path(platformdirs.user_config_dir("troupe")) / FILE
-
-
-def read_logins() -> dict[str, Any]:
-    """The logins kept, without what no login writes (a file changed by another hand):
-    a server's entry without a text secret is not one, and is dropped at the next write."""
-    try:
-        found = json.loads(_path().read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(found, dict):
-        return {}
-    servers = found.get("servers")
-    kept = {} if not isinstance(servers, dict) else {url: entry for url, entry in servers.items()
-            if isinstance(entry, dict) and isinstance(entry.get("secret"), str)
-            and isinstance(entry.get("ca"), str | None)}
-    current = found.get("current")
-    return {**found, "servers": kept, "current": current if isinstance(current, str) and current in kept else None}
+from troupe.client._config import logins_path, read_logins
 
 
 def _write(logins: dict[str, Any]) -> None:
-    path = _path()
+    path = logins_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(logins, out)
     os.replace(temporary, path)
-
-
-def current() -> Client | None:
-    """A client of the server this terminal logged in to last, with its session."""
-    logins = read_logins()
-    server = logins.get("current")
-    entry = (logins.get("servers") or {}).get(server) if server else None
-    return Client(str(server), str(entry["secret"]), ca=entry.get("ca")) if entry else None
 
 
 def login(url: str, token: str | None, ca: str | None = None, name: str | None = None) -> int:

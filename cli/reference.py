@@ -23,6 +23,8 @@ def commands(app: typer.Typer) -> Iterator[tuple[str, Any]]:
 
     def walk(path: str, command: Any) -> Iterator[tuple[str, Any]]:
         if isinstance(command, TyperGroup):
+            if command.invoke_without_command and path != "troupe":  # a group that is a command too
+                yield path, command  # (``troupe workers`` lists them; ``troupe workers add`` enrolls one)
             for name in sorted(command.commands):
                 yield from walk(f"{path} {name}", command.commands[name])
         else:

@@ -13,28 +13,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from cli.errors import AlreadyRunning, CliError
+from troupe.client._config import SESSION_FILE, read_session
 
-SESSION_FILE = "session.json"
 LOCK_FILE = "troupe.lock"
-
-
-def read_session(home: Path) -> dict[str, Any] | None:
-    """The running server's session as its start wrote it, or None: a file another hand
-    changed (a field missing or of another type) is no session, never half of one."""
-    try:
-        data = json.loads((home / SESSION_FILE).read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
-        return None
-    pid = data.get("pid")
-    if not all(isinstance(data.get(key), str | None) for key in ("token", "login_url", "ca")) or not (
-            pid is None or (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0)):
-        return None
-    return data
 
 
 def write_session(home: Path, url: str, token: str, login_url: str | None = None, ca: str | None = None) -> None:

@@ -1,8 +1,8 @@
 """The commands that look after runs, sweeps and studies from a terminal: ``ls``,
 ``show``, ``attach``, ``logs``, ``cancel``, ``wait``, ``rm``, ``tag``, ``note``, ``compare``,
 ``workers``, ``queues``, ``sweep ...``, ``study ...``. ``cli.main`` registers them on its
-app (``register``); the work is in ``runs_cmd``, ``inspect_cmd`` and ``sweeps_cmd``.
-Enrolling and revoking workers stays in the browser (docs/decisions.md)."""
+app (``register``); the work is in ``runs_cmd``, ``inspect_cmd``, ``sweeps_cmd`` and
+``workers_cmd`` (``workers add``: an enrollment; revoking stays in the browser)."""
 
 from __future__ import annotations
 
@@ -185,10 +185,26 @@ def _inspect(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
         """Runs side by side: the params that differ, each series' last and best value with its step."""
         done(lambda: inspect_cmd.compare(client(host, port), run_ids, as_json))
 
-    @app.command()
-    def workers(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+    workers_app = typer.Typer(help="The workers: state, cards, slots busy, when each was last heard, the runs on "
+                                   "it; `troupe workers add NAME` enrolls one.")
+    app.add_typer(workers_app, name="workers")
+
+    @workers_app.callback(invoke_without_command=True)
+    def workers(ctx: typer.Context, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
         """The workers: state, cards, slots busy, when each was last heard, the runs on it."""
-        done(lambda: inspect_cmd.workers(client(host, port), as_json))
+        if ctx.invoked_subcommand is None:
+            done(lambda: inspect_cmd.workers(client(host, port), as_json))
+
+    @workers_app.command("add")
+    def workers_add(name: Annotated[str, typer.Argument(help="the worker's name (letters, digits, - _ .)")],
+                    uses: Annotated[int, typer.Option(min=1, max=1000, help="agents the token enrolls (an array of "
+                                                                               "one-shot agents: one each)")] = 1,
+                    ttl: Annotated[float, typer.Option(min=1, help="seconds the token stays good")] = 86400,
+                    as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
+        """Enroll a worker: prints the command that starts its agent on that machine."""
+        from cli import workers_cmd
+
+        done(lambda: workers_cmd.add(client(host, port), name, uses, ttl, as_json))
 
     @app.command()
     def queues(as_json: AsJson = False, host: Host = None, port: Port = None) -> None:

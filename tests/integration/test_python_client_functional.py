@@ -6,6 +6,7 @@ a running event loop (a Jupyter kernel's)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -14,8 +15,8 @@ import pytest
 
 import troupe
 from tests.faultproxy import FaultProxy
-from tests.helpers import REPO, base_env, graph, hello, node, sleeper
-from tests.integration.test_workers_functional import enroll, read_until, start_agent
+from tests.helpers import REPO, base_env, graph, hello, node, sleeper, troupe_cmd
+from tests.integration.test_workers_functional import read_until, start_agent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,8 +46,9 @@ def test_a_notebook_runs_with_set_reads_metrics_and_ranks_a_sweep(make_server, t
         assert len(client.runs(sweep=sweep.id[:8])) == 3
         assert {r.id for r in client.runs(limit=2)} <= {r.id for r in client.runs()}
 
-        # and on a real agent, the same calls
-        command = enroll(server, name="lab-a")["command"]
+        # and on a real agent, enrolled by the client, the same calls
+        command = client.enroll_worker("lab-a")
+        assert command.startswith("troupe agent start --url ") and command.endswith("--name lab-a")
         agent = start_agent(server, tmp_path, command)
         try:
             read_until(agent, "connected")
@@ -131,3 +133,21 @@ def test_client_finds_the_server_this_home_runs(make_server):
     env = {**base_env(server.home.parent / "elsewhere"), "TROUPE_URL": server.url, "TROUPE_TOKEN": server.token}
     named = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert named.stdout.split() == [server.url, "True"], named.stderr
+
+
+def test_the_terminal_finds_a_server_by_troupe_url_and_enrolls_a_worker(make_server, tmp_path):
+    server = make_server()
+    env = {**base_env(tmp_path / "another-home"), "TROUPE_URL": server.url, "TROUPE_TOKEN": server.token}
+    added = subprocess.run(troupe_cmd("workers", "add", "lab-b"), cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert added.returncode == 0, added.stderr
+    command = next(line.strip() for line in added.stdout.splitlines() if line.strip().startswith("troupe agent"))
+    agent = start_agent(server, tmp_path, command)
+    try:
+        read_until(agent, "connected as lab-b")
+        listed = subprocess.run(troupe_cmd("workers", "--json"), cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=60)
+        assert [w["name"] for w in json.loads(listed.stdout)["workers"]] == ["lab-b"]
+    finally:
+        agent.terminate()
+        agent.wait(30)

@@ -18,9 +18,10 @@ class Unreachable(TroupeError, ConnectionError):
     """No troupe server answers at the address (refused, reset, a name that does not
     resolve, a certificate this client does not trust)."""
 
-    def __init__(self, url: str, why: str) -> None:
-        super().__init__(f"no troupe server answers at {url} ({why})")
+    def __init__(self, url: str, why: str, untrusted: bool = False) -> None:
+        super().__init__(f"{url}: {why}" if untrusted else f"no troupe server answers at {url} ({why})")
         self.url = url
+        self.untrusted = untrusted  # a server answered, with a certificate not trusted here
 
 
 class Timeout(TroupeError, TimeoutError):

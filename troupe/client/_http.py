@@ -13,7 +13,7 @@ import json
 import ssl
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,10 @@ class Http:
     certificate to trust besides the system's, for a server serving its own."""
 
     def __init__(self, url: str, token: str | None = None, *, unix_socket: str | None = None,
-                 ca: str | None = None, timeout: float = 30.0) -> None:
+                 ca: str | None = None, timeout: float = 30.0,
+                 object_hook: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.url = url.rstrip("/")
+        self._object_hook = object_hook  # what a JSON object is decoded as (the CLI's names a missing field)
         self.token = token
         self.ca = ca
         self.unix_socket = unix_socket
@@ -82,13 +84,14 @@ class Http:
     def send(self, method: str, path: str, body: Any = None, *, params: Mapping[str, Any] | None = None,
              timeout: float | None = None, retries: int = RETRIES) -> Answer:
         """The answer, whatever its status (a refusal is an answer too); a "not now" the
-        server says when to try again is tried again up to ``retries`` times."""
-        content = None if body is None else json.dumps(body, allow_nan=False).encode()
+        server says when to try again is tried again up to ``retries`` times. ``body``:
+        JSON to send (no NaN or Infinity: ``ValueError``), or bytes already encoded."""
+        content = body if isinstance(body, bytes) or body is None else json.dumps(body, allow_nan=False).encode()
         headers = {"Content-Type": "application/json"} if content is not None else {}
         query = {key: _query_value(value) for key, value in (params or {}).items() if value is not None}
         for attempt in range(retries + 1):
             try:
-                response = self._client.request(method, path, content=content, headers=headers, params=query,
+                response = self._client.request(method, path, content=content, headers=headers, params=query or None,
                                                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
             except httpx.InvalidURL as exc:
                 raise ValueError(f"{self.url}{path} is not an address ({exc})") from None
@@ -96,7 +99,7 @@ class Http:
                 raise self.unreachable(exc) from None
             wait = retry_after_s(response.headers.get("Retry-After"))
             if response.status_code != 503 or wait is None or attempt == retries:
-                return Answer(response.status_code, _decoded(response), response.headers)
+                return Answer(response.status_code, _decoded(response, self._object_hook), response.headers)
             time.sleep(min(MAX_RETRY_WAIT_S, max(wait, 0.1 * 2**attempt)))
         raise AssertionError("unreachable")  # the loop returns on its last attempt
 
@@ -121,11 +124,11 @@ class Http:
         query = {key: _query_value(value) for key, value in (params or {}).items() if value is not None}
         timeout = httpx.Timeout(self._client.timeout.connect, read=read_timeout)
         try:
-            with self._client.stream("GET", path, params=query, headers=headers, timeout=timeout) as response:
+            with self._client.stream("GET", path, params=query or None, headers=headers, timeout=timeout) as response:
                 if response.status_code != 200:
                     response.read()
                     raise error_from(response.status_code, _decoded(response), response.headers.get("Retry-After"))
-                yield from _server_events(response.iter_lines())
+                yield from _server_events(response.iter_lines(), self._object_hook)
         except httpx.ReadTimeout:
             raise TimeoutError(f"{self.url}{path} sent nothing for {read_timeout} s") from None
         except (httpx.RemoteProtocolError, httpx.ReadError):
@@ -152,9 +155,15 @@ class Http:
             partial.unlink(missing_ok=True)
 
     def unreachable(self, exc: BaseException) -> Unreachable:
-        cause = exc.__context__ if exc.__context__ is not None else exc
-        why = untrusted(cause) or untrusted(getattr(cause, "__context__", None) or cause)
-        return Unreachable(self.url, why or str(exc) or type(exc).__name__)
+        """``exc`` as said to a person: a certificate not trusted here is a server that
+        is there, and the words say how to trust it."""
+        found: BaseException | None = exc
+        while found is not None:
+            why = untrusted(found)
+            if why is not None:
+                return Unreachable(self.url, why, untrusted=True)
+            found = found.__cause__ or found.__context__
+        return Unreachable(self.url, str(exc) or type(exc).__name__)
 
 
 def _query_value(value: Any) -> str:
@@ -163,7 +172,7 @@ def _query_value(value: Any) -> str:
     return str(value)
 
 
-def _decoded(response: httpx.Response) -> Any:
+def _decoded(response: httpx.Response, object_hook: Callable[[dict[str, Any]], Any] | None = None) -> Any:
     """JSON as JSON, CSV and plain text as text; a body that is neither is kept as text
     (a proxy's error page), and the caller decides what a success of that means."""
     kind = response.headers.get("Content-Type", "")
@@ -173,18 +182,19 @@ def _decoded(response: httpx.Response) -> Any:
     if not data:
         return None
     try:
-        return json.loads(data)
+        return json.loads(data, object_hook=object_hook)
     except (ValueError, RecursionError):
         return data.decode(errors="replace")
 
 
-def _server_events(lines: Iterator[str]) -> Iterator[ServerEvent]:
+def _server_events(lines: Iterator[str], object_hook: Callable[[dict[str, Any]], Any] | None = None,
+                   ) -> Iterator[ServerEvent]:
     event, data, last_id = "message", list[str](), None
     for line in lines:
         if line == "":
             if data:
                 try:
-                    parsed = json.loads("\n".join(data))
+                    parsed = json.loads("\n".join(data), object_hook=object_hook)
                 except (ValueError, RecursionError) as exc:
                     raise BadAnswer(f"the event stream sent a {event!r} event that is not JSON: {exc}") from None
                 yield ServerEvent(event, parsed, last_id)
