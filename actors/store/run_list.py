@@ -106,7 +106,7 @@ class EditRun:
 # SQL ---------------------------------------------------------------------------
 
 
-def _filters(query: ListRuns | ListGroups | GroupRuns) -> tuple[list[str], list[Any]]:
+def _filters(conn: apsw.Connection, query: ListRuns | ListGroups | GroupRuns) -> tuple[list[str], list[Any]]:
     where: list[str] = []
     args: list[Any] = []
     if query.status is not None:  # one status, or several joined by commas
@@ -123,18 +123,23 @@ def _filters(query: ListRuns | ListGroups | GroupRuns) -> tuple[list[str], list[
         args.append(query.tag)
     if query.search:
         like = "%" + query.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        # What the run's record says (its name, id, note and tags), never its graph's text:
-        # runs of a sweep share a base of many MB, and a search that walked it for each
-        # run held every other read of the store for seconds.
+        # What the run's record says (its name, id, note and tags) and, from the run index,
+        # its node types and param values; never its graph's text: runs of a sweep share a
+        # base of many MB, and a search that walked it for each run held every other read
+        # of the store for seconds.
         matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.note")]
         matches.append("EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id AND t.tag LIKE ? ESCAPE '\\')")
-        # Its node types and param values, from the run index (a few rows a run).
-        matches.append("EXISTS (SELECT 1 FROM run_types y WHERE y.seq = r.enqueue_seq AND y.key IN "
-                       "(SELECT id FROM index_keys WHERE kind = 'type' AND name LIKE ? ESCAPE '\\'))")
         matches.append("EXISTS (SELECT 1 FROM run_params p WHERE p.seq = r.enqueue_seq AND p.value LIKE ? "
                        "ESCAPE '\\')")
+        args.extend([like] * 5)
+        # The types it names are read once (a few dozen keys), not once a run.
+        types = [k for (k,) in conn.execute("SELECT id FROM index_keys WHERE kind = 'type' AND runs > 0 AND "
+                                            "name LIKE ? ESCAPE '\\'", (like,))]
+        if types:
+            matches.append(f"EXISTS (SELECT 1 FROM run_types y WHERE y.seq = r.enqueue_seq AND y.key IN "
+                           f"({', '.join('?' for _ in types)}))")
+            args.extend(types)
         where.append(f"({' OR '.join(matches)})")
-        args.extend([like] * 6)
     return where, args
 
 
@@ -155,7 +160,7 @@ def _rows(conn: apsw.Connection, graphs: bool, tail: str, args: Any) -> list[dic
 
 def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, Any]], int | None]:
     """Newest first; returns the rows and the enqueue_seq to continue before, if any."""
-    where, args = _filters(query)
+    where, args = _filters(conn, query)
     if query.where is not None and query.sort is None:
         return _where_runs(conn, query, where, args)
     if query.where is not None:
@@ -218,7 +223,7 @@ _GROUP = "COALESCE('sweep:' || r.sweep_id, 'study:' || r.study_id, 'run:' || r.i
 
 
 def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str, Any]], int | None]:
-    where, args = _filters(query)
+    where, args = _filters(conn, query)
     if query.where is not None:
         _add_where(conn, query.where, where, args)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
@@ -244,7 +249,7 @@ def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str
 
 
 def group_runs(conn: apsw.Connection, query: GroupRuns) -> tuple[list[dict[str, Any]], int | None]:
-    where, args = _filters(query)
+    where, args = _filters(conn, query)
     if query.where is not None:
         _add_where(conn, query.where, where, args)
     return group_rows(conn, query.group_by, query.metric, where, args, query.limit, query.offset)

@@ -144,7 +144,7 @@ CASES = [
     ("by ~ 'AN'", {"r4"}),
     ("sweep = 'acc sweep'", {"up", "down"}),
     ("created < '2000-01-01'", set()),
-    ("created >= '2000-01-01T00:00:00Z'", {"r1", "r2", "r3", "r4", "r5", "cmd", "up", "down"}),
+    ("created >= '2000-01-01T00:00:00Z' and status = 'failed'", {"r5"}),
     # and, or, parentheses (and binds tighter)
     ("adam.value = 0.01 and metric.val_loss < 0.5", {"r3"}),
     ("adam.value = 0.01 or metric.val_loss < 0.3", {"r2", "r3", "r4"}),
@@ -382,3 +382,19 @@ def test_the_python_client_finds_runs_and_groups_them_in_a_frame(lab):
         with pytest.raises(troupe.ApiError) as refused:
             client.runs(where="metric.nope > 1")
         assert (refused.value.code, refused.value.details["key"]) == ("where_unknown_key", "metric.nope")
+
+
+def test_a_secret_param_is_no_key_and_never_searched(make_server, tmp_path):
+    from tests.integration.test_find_runs_functional import SECRET_PACK
+
+    home = tmp_path / "home"
+    (home / "packs").mkdir(parents=True)
+    (home / "packs" / "labkeys.py").write_text(SECRET_PACK)
+    server = make_server(home=home)
+    run_id = server.submit(graph(node("f", "labkeys.Fetch", api_key="sk-PRIVATE", url="https://lab")))["run_id"]
+    server.events_until_finished(run_id)
+    assert [r["id"] for r in server.get("/api/runs?where=f.url%20~%20'lab'")["runs"]] == [run_id]
+    status, reply = server.client.request("GET", "/api/runs?where=f.api_key%20~%20'sk'")
+    assert (status, reply["error"]["code"]) == (400, "where_unknown_key")
+    assert server.get("/api/runs?q=PRIVATE")["runs"] == []
+    assert "f.api_key" not in {k["key"] for k in server.get("/api/runs/keys")["keys"]}
