@@ -30,6 +30,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from subprocess_runner.node_scope import current_node_id
+
 CONSOLE = "console"  # the event: {"stream": "stdout" | "stderr", "text"} or {"skipped": bytes}
 FLUSH_S = 0.1
 PARTIAL_S = 1.0
@@ -182,8 +184,6 @@ class _RoutedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         console = getattr(_route, "console", None)
         if console is not None:
-            from subprocess_runner.context import current_node_id  # (context imports this module)
-
             console.write(self._name, text, current_node_id())
         else:
             self._real.write(text)

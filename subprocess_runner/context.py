@@ -7,7 +7,6 @@ scripts (DESIGN invariant 2): their signatures only grow.
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import json
 import tempfile
@@ -19,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from subprocess_runner.digest import file_sha256
 from subprocess_runner.errors import RunCancelled
+from subprocess_runner.node_scope import current_node_id
+
+# current_node_id lives in node_scope; exported scripts import it from here, as they always did.
+__all__ = ["ExecutionContext", "Sinks", "current_node_id", "derive_seed"]
 
 if TYPE_CHECKING:
     from subprocess_runner.artifacts import Shipper
@@ -28,8 +31,6 @@ if TYPE_CHECKING:
 # emit(type, node_id, payload): where a node's events go; the control plane turns them
 # into persisted events, ``troupe exec`` prints them.
 Emit = Callable[[str, str | None, dict[str, Any]], None]
-
-_current_node: contextvars.ContextVar[str | None] = contextvars.ContextVar("troupe_node_id", default=None)
 
 SEED_MODULUS = 2**32
 
@@ -43,11 +44,6 @@ def derive_seed(seed: int, node_id: str) -> int:
 def _print_event(kind: str, node_id: str | None, payload: dict[str, Any]) -> None:
     """The sink of a context made without one (an exported script): JSON lines."""
     print(json.dumps({"type": kind, "node_id": node_id, "payload": payload}, default=str), flush=True)
-
-
-def current_node_id() -> str | None:
-    """The id of the node executing in this thread, for helpers that log on its behalf."""
-    return _current_node.get()
 
 
 class Sinks:

@@ -23,10 +23,11 @@ from protocol import events as ev
 from protocol.graph import Graph
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.console import routed
-from subprocess_runner.context import ExecutionContext, _current_node, derive_seed
+from subprocess_runner.context import ExecutionContext, derive_seed
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.executable import ExecutableGraph, ExecutableNode
 from subprocess_runner.node_cache import SessionCache, graph_keys, private_copy
+from subprocess_runner.node_scope import running_node
 from subprocess_runner.seeding import node_threads, seed_everything
 from subprocess_runner.validation import validate_graph
 
@@ -151,7 +152,7 @@ def invoke_node(
 ) -> dict[str, Any]:
     """Runs one node's ``execute`` with ``ctx`` bound to it; seeds first when the run is
     seeded, so the same seed gives the same node results whatever ran before."""
-    token = _current_node.set(node.id)
+    token = running_node.set(node.id)
     try:
         if ctx.seed is not None:
             seed_everything(derive_seed(ctx.seed, node.id), deterministic)
@@ -159,7 +160,7 @@ def invoke_node(
         result = node.node_type.execute(ctx, inputs, dict(node.params))
         return dict(result or {})
     finally:
-        _current_node.reset(token)
+        running_node.reset(token)
 
 
 _SUMMARY_DEPTH = 32  # lists and dicts nested deeper are shown by a short repr
