@@ -52,9 +52,10 @@ from protocol import jsonsafe
 from protocol import worker as wire
 from protocol.run_record import Adoption, RunRecord
 from protocol.settings import Settings
+from subprocess_runner import pack_watch
 from subprocess_runner.engine import ExecutableGraph
 from subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
-from subprocess_runner.node_cache import NodeCache, SessionCache
+from subprocess_runner.node_cache import NodeCache
 
 log = logging.getLogger("troupe.run")
 
@@ -160,7 +161,8 @@ class RunActor(Actor):
             case Cancel(reason):
                 return self._request_stop(ev.CANCELLED, reason)
             case ArtifactArrived(worker, node_id, kind, path, size, sha256):
-                if worker != self._worker or self._status not in (ev.RUNNING, ev.DISCONNECTED):
+                if worker != self._worker or self._status not in (ev.RUNNING, ev.DISCONNECTED) or \
+                        self._effects.was_removed(path):  # (a removed one: the store refuses it)
                     return None
                 self._on_node_event(ev.ARTIFACT, node_id, {"kind": kind, "path": path, "backend": "transfer",
                                                            "label": None, "size": size, "sha256": sha256})
@@ -226,6 +228,9 @@ class RunActor(Actor):
     def _start(self, worker: str | None, device: str | None, holds: tuple[tuple[str, str], ...] = ()) -> None:
         if self._status != ev.QUEUED:
             return  # cancelled while the grant was on its way; the slot is already back
+        changed = pack_watch.changed(self._graph.folder_packs())  # in-process or on a worker alike (pack_watch)
+        if changed is not None:
+            return self._finish(ev.FAILED, changed, None, reason="pack_changed")
         self._status = ev.RUNNING
         fields: dict[str, Any] = {"status": ev.RUNNING, "started_at": ev.utc_now()}
         if holds:
@@ -247,10 +252,10 @@ class RunActor(Actor):
             self._send_to_worker("assign")
             return
         # This process executes it (a worker's child reports its own facts).
-        fields["execution_facts"] = execution_facts(CONTROL_PLANE, self._graph.folder_packs())
+        fields["execution_facts"] = self._effects.took(execution_facts(CONTROL_PLANE, self._graph.folder_packs()))
         self._emit(ev.RUN_STARTED, None, started)
         execute = local_execute(self._record, self._graph, self._settings, self._executor_cancel(), self._node_pool,
-                                self._cpu_gate(), self._editor_cache())
+                                self._cpu_gate(), self._node_cache)
         walked = executor.start(self._executor_pool, execute, asyncio.get_running_loop(), self.ref)
         if walked is None:
             self._write(UpdateRun(self.run_id, fields))
@@ -261,15 +266,6 @@ class RunActor(Actor):
         self._row_ahead = fields
         self._dispatch(NodeEvents(walked.events))
         self._dispatch(GraphEnded(walked.outcome))
-
-    def _editor_cache(self) -> SessionCache | None:
-        """The editor session's cache, for an interactive run only: a queued run is a
-        record of its own, computed from scratch whoever submitted it."""
-        session = self._record.editor_session
-        cache = self._node_cache
-        if self._record.lane != ev.LANE_INTERACTIVE or not session or cache is None or not cache.enabled:
-            return None
-        return cache.session(session)
 
     def _send_to_worker(self, what: str) -> None:
         connection = self._registry.lookup(f"workers/{self._worker}")
@@ -439,8 +435,8 @@ class RunActor(Actor):
     # Events ------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool = False,
                        text: str | None = None) -> None:
-        if kind == ev.ENVIRONMENT and remote:  # a fact of the run, not an event of its log
-            self._write(UpdateRun(self.run_id, {"execution_facts": payload}))
+        if kind == ev.CODE or (kind == ev.ENVIRONMENT and remote):  # facts of the run, not events of its log
+            self._write(self._effects.fact_row(kind, node_id, payload))
             return
         payload, encoded, refused = ev.admit_event(kind, payload, text)
         if refused is None and remote and kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING):

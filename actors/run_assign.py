@@ -12,16 +12,17 @@ from typing import Any
 
 from actors.executor import Execute
 from protocol import worker as wire
+from protocol.events import LANE_INTERACTIVE
 from protocol.run_record import RunRecord
 from protocol.settings import Settings
 from subprocess_runner.context import NodeLimits
 from subprocess_runner.devices import torch_device
 from subprocess_runner.engine import CpuGate, ExecutableGraph
-from subprocess_runner.node_cache import SessionCache
+from subprocess_runner.node_cache import NodeCache, SessionCache
 
 
 def local_execute(record: RunRecord, graph: ExecutableGraph, settings: Settings, cancel: threading.Event,
-                  node_pool: Executor | None, cpu_gate: CpuGate | None, cache: SessionCache | None) -> Execute:
+                  node_pool: Executor | None, cpu_gate: CpuGate | None, node_cache: NodeCache | None) -> Execute:
     """An in-process run's graph walk, on the device it was admitted to."""
     return Execute(
         graph=graph,
@@ -34,12 +35,21 @@ def local_execute(record: RunRecord, graph: ExecutableGraph, settings: Settings,
         pool=node_pool,
         run_dir=settings.home.joinpath("runs", record.id),
         cpu_gate=cpu_gate,
-        cache=cache,
+        cache=_editor_cache(record, node_cache),
         provenance=record.provenance,
         resume=_local_resume(record.resumed_from),
         console_cap_bytes=settings.run_console_cap_bytes,
         limits=NodeLimits(kill_grace_s=settings.command_kill_grace_s, readable=settings.readable_roots),
     )
+
+
+def _editor_cache(record: RunRecord, cache: NodeCache | None) -> SessionCache | None:
+    """The editor session's cache, for an interactive run only: a queued run is a
+    record of its own, computed from scratch whoever submitted it."""
+    session = record.editor_session
+    if record.lane != LANE_INTERACTIVE or not session or cache is None or not cache.enabled:
+        return None
+    return cache.session(session)
 
 
 def _local_resume(resumed: Mapping[str, Any] | None) -> dict[str, dict[str, str]] | None:

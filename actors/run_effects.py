@@ -1,7 +1,7 @@
 """What a run's events mean beyond its log: the rows some of them write beside it (a
 node's recorded outputs, a training's epoch as the run's progress, an artifact listed
-stored, pending or failed), the peak a run's end records for the next budget, and the
-events a queued run opens its log with. The RunActor owns the order of writes; this
+stored, pending or failed, the params and tags a script logged), the peak a run's end
+records for the next budget, and the events a queued run opens its log with. The RunActor owns the order of writes; this
 module only says which."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact
+from actors.store.artifacts import FAILED, PENDING, STORED, RecordArtifact, RemoveArtifact
 from actors.store.events import RecordOutputs
+from actors.store.logged import RecordLogged
 from actors.store.memory import RecordPeak
 from actors.store.runs import UpdateRun
 from protocol import events as ev
 from protocol.run_record import RunRecord
+from subprocess_runner.fingerprint import with_code, with_pack_versions
 
 
 class EventRows:
@@ -27,6 +29,31 @@ class EventRows:
         self._outputs_keep = outputs_keep
         self._epoch: Any = None  # the training epoch last written as the run's progress
         self._first_epoch: tuple[Any, str] | None = None  # the first epoch seen ended, and when (for an ETA)
+        self._facts: dict[str, Any] | None = None  # what executed the run, as last written
+        self._removed: set[str] = set()  # paths of files the run let go of (``artifact_removed``)
+
+    def took(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """The facts this process took of itself when it starts the run (kept, so the
+        code its commands ran joins them)."""
+        self._facts = facts
+        return facts
+
+    def fact_row(self, kind: str, node_id: str | None, payload: dict[str, Any]) -> UpdateRun:
+        """A fact of the run, not an event of its log: a worker's environment (with the
+        folder packs' versions, which its child names by digest alone), or the code a
+        command node ran, joined to the fingerprint (the digest taken again). Code whose
+        run's facts this actor never saw (a run adopted after a restart, whose facts
+        came before it) is not recorded (an update of nothing)."""
+        if kind == ev.ENVIRONMENT:
+            self._facts = with_pack_versions(payload)
+        elif self._facts is not None and node_id is not None and isinstance(payload.get("files"), list):
+            self._facts = with_code(self._facts, node_id, payload)
+        else:
+            return UpdateRun(self._run_id, {})
+        return UpdateRun(self._run_id, {"execution_facts": self._facts})
+
+    def was_removed(self, path: str) -> bool:
+        return path in self._removed
 
     def row_for(self, kind: str, node_id: str | None, payload: dict[str, Any], remote: bool,
                 worker: str | None) -> Any | None:
@@ -40,6 +67,11 @@ class EventRows:
             return RecordArtifact(self._run_id, node_id, str(payload.get("kind")), payload["path"],
                                   payload["backend"], payload.get("label"), payload["size"], payload["sha256"],
                                   PENDING if kind == ev.ARTIFACT_PENDING else STORED)
+        if kind == ev.PARAMS:  # what the script logged (MLflow): each name's newest value, on the run
+            return RecordLogged(self._run_id, payload.get("params") or {}, payload.get("tags") or {})
+        if kind == ev.ARTIFACT_REMOVED:
+            self._removed.add(payload["path"])
+            return RemoveArtifact(self._run_id, payload["path"])
         if kind == ev.WARNING and str(payload.get("code", "")).startswith("artifact_") and payload.get("path"):
             # A file the run wrote that could not be kept is listed failed, never lost silently.
             return RecordArtifact(self._run_id, node_id, str(payload.get("kind") or "file"), str(payload["path"]),

@@ -28,9 +28,11 @@ from protocol.queue_key import ONE_SHOT_POOL as ONE_SHOT
 from protocol.queue_key import QueueKey
 from protocol.run_record import RunRecord, SharedGraph
 from protocol.settings import UPLOAD_LABEL, Settings
+from subprocess_runner import pack_watch
 from subprocess_runner.catalog import Catalog
 from subprocess_runner.devices import parse_device, resolve_device
 from subprocess_runner.engine import ExecutableGraph, prepare_executable_graph
+from subprocess_runner.errors import PackChanged
 from subprocess_runner.mounts import FILE_PARAMS, PathNotAllowed, confine, labels_of
 from subprocess_runner.mounts import resolve as resolve_mounts
 from subprocess_runner.transfer import upload_ids
@@ -146,6 +148,9 @@ def _after_device(settings: Settings, catalog: Catalog, submission: Submission, 
     if worker is not None:
         _check_mounts(worker, graph_doc, prefix, settings)
     graph, graph_json, digest = _prepared(engine_doc, catalog, prefix)
+    changed = pack_watch.changed(graph.folder_packs())
+    if changed is not None:  # refused wherever it would run, until a restart loads the edit (pack_watch)
+        raise PackChanged(changed)
     if engine_doc is not graph_doc:  # stored as submitted: the next run reads its flavors and mounts again
         graph_json = graph_doc.model_dump(mode="json", exclude_none=True)
         digest = graph_digest(graph_json)

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from cli import code_facts
 from cli.client import Client
 from cli.errors import EXIT_OK, BadOption, CliError
 from cli.runs_cmd import answer, get_run, table
@@ -58,8 +59,9 @@ def compare(client: Client, run_ids: Sequence[str], as_json: bool) -> int:
     differing: dict[str, list[Any]] = {key: [p.get(key) for p in params] for key in differ}
     summaries: dict[str, list[dict[str, Any]]] = {name: [_summary(name, s.get(name) or []) for s in series]
                                                   for name in names}
+    ran = _ran(runs)
     found = {"runs": [{"id": run["id"], "name": run.get("name"), "status": run["status"]} for run in runs],
-             "params": differing, "series": summaries}
+             "params": differing, "series": summaries, "code": ran}
     if as_json:
         print(json.dumps(found, indent=2))
         return EXIT_OK
@@ -72,7 +74,20 @@ def compare(client: Client, run_ids: Sequence[str], as_json: bool) -> int:
     print(table(rows, header))
     if not differ:
         print("(their params are the same)")
+    for run_id, items in ran.items():
+        print(f"\n  What {run_id[:8]} ran, against {ids[0][:8]}")
+        print("\n".join(f"    {code_facts.difference_text(item)}" for item in items) or "    the same code and packs")
     return EXIT_OK
+
+
+def _ran(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each later run's differences from the first in the code it ran: a file, a commit,
+    a diff or a folder pack (runs not started yet have no record and are left out)."""
+    first = (runs[0].get("execution_facts") or {}).get("fingerprint")
+    if first is None:
+        return {}
+    return {run["id"]: code_facts.differences(first, run["execution_facts"]["fingerprint"])
+            for run in runs[1:] if run.get("execution_facts")}
 
 
 def _params(run: dict[str, Any]) -> dict[str, Any]:

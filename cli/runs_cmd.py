@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from cli import code_facts
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BadOption, CliError
 from cli.render import printable
@@ -234,7 +235,8 @@ def get_run(client: Client, run_id: str) -> dict[str, Any]:
     return answer(client.request("GET", f"/api/runs/{run_id}"), f"run {run_id}")
 
 
-def show_run(client: Client, run_id: str, as_json: bool) -> int:
+def show_run(client: Client, run_id: str, as_json: bool, all_artifacts: bool = False) -> int:
+    """``all_artifacts``: every file it keeps, checkpoints too (else they are one line)."""
     run_id = client.full_id("runs", run_id)
     run = get_run(client, run_id)
     if as_json:
@@ -270,18 +272,27 @@ def show_run(client: Client, run_id: str, as_json: bool) -> int:
         facts.append(("Resumes", _chain(client, run)))
     if run.get("resume_point"):
         facts.append(("Can be resumed", f"from epoch {run['resume_point']['epoch']}, {run['resume_point']['until']}"))
+    facts += code_facts.code_lines(run.get("execution_facts"))  # the files its commands ran, its folder packs
+    if (checkpoints := code_facts.checkpoint_line(run.get("checkpoints"))) is not None:
+        facts.append(("Checkpoints", checkpoints))
     width = max(len(k) for k, _ in facts)
     print("\n".join(f"  {k.ljust(width)}  {_fact(v)}" for k, v in facts))
     params = [(n["id"], n["type"], json.dumps(n.get("params") or {})) for n in run.get("graph", {}).get("nodes", [])]
     if params:
         print("\n  Nodes\n" + _indent(table([list(p) for p in params], ["ID", "TYPE", "PARAMS"])))
+    logged = [[kind, key, value] for kind, field in (("param", "logged_params"), ("tag", "logged_tags"))
+              for key, value in (run.get(field) or {}).items()]
+    if logged:  # what the script logged itself (MLflow's log_param, set_tag)
+        print("\n  Logged by the script\n" + _indent(table(logged, ["KIND", "NAME", "VALUE"])))
     if metrics:
         rows = [[name, str(len(points)), _last(points)] for name, points in metrics.items()]
         title = "Metrics, with the runs it resumes" if lineage else "Metrics"
         print(f"\n  {title}\n" + _indent(table(rows, ["SERIES", "POINTS", "LAST"])))
-    if run.get("artifacts"):
+    listed = [a for a in run.get("artifacts") or ()
+              if all_artifacts or a.get("kind") not in code_facts.CHECKPOINT_KINDS]
+    if listed:
         rows = [[a.get("kind", ""), a["path"], a.get("state", "stored"), _size(a.get("size")),
-                 (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in run["artifacts"]]
+                 (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in listed]
         print("\n  Artifacts\n" + _indent(table(rows, ["KIND", "PATH", "STATE", "SIZE", "SHA256"])))
     return EXIT_OK
 

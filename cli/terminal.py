@@ -116,9 +116,11 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             done(lambda: runs_cmd.list_runs(client(host, port), asked))
 
     @app.command()
-    def show(run_id: RunId, as_json: AsJson = False, host: Host = None, port: Port = None) -> None:
-        """Everything about one run: status, where it ran, params, metrics, artifacts."""
-        done(lambda: runs_cmd.show_run(client(host, port), run_id, as_json))
+    def show(run_id: RunId, as_json: AsJson = False, artifacts: Annotated[bool, typer.Option(
+                 "--artifacts", help="list every file it keeps, each checkpoint too (else they are one line)")] = False,
+             host: Host = None, port: Port = None) -> None:
+        """Everything about one run: status, where it ran, the code it ran, params, metrics, artifacts."""
+        done(lambda: runs_cmd.show_run(client(host, port), run_id, as_json, artifacts))
 
     @app.command()
     def attach(run_id: RunId, timeout: Annotated[float | None, typer.Option(

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from protocol.flavors import FLAVOR_NAME
 from protocol.graph import Graph
 from protocol.numbers import INTEGRAL, Integer
+from protocol.replies_code import CheckpointSummary
 from protocol.replies_runs import (
     ArtifactRow,
     ExecutionFacts,
@@ -227,6 +228,12 @@ class RunDetail(RunRow):
     reruns: list[str] = Field(default_factory=list, description="the runs made again from this one, oldest first")
     resumed_from: ResumedFrom | None = Field(default=None, description="the checkpoint this run continues from")
     resume_point: ResumePoint | None = Field(default=None, description="an ended run's newest complete checkpoint")
+    checkpoints: CheckpointSummary | None = Field(default=None, description=(
+        "its checkpoints in a few words (count, newest, best, size); artifacts lists them"))
+    logged_params: dict[str, str] = Field(default_factory=dict, description=(
+        "the params its script logged (MLflow's log_param), name -> value as text"))
+    logged_tags: dict[str, str] = Field(default_factory=dict, description=(
+        "the tags its script set (MLflow's set_tag), name -> value; not the run's own tags"))
 
 
 class RerunRequest(BaseModel):

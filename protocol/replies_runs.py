@@ -3,7 +3,8 @@ artifacts, what executed it, where it resumed from and can resume from, why it w
 and the pages beside it (fingerprint, provenance, outputs). Named so that the OpenAPI
 document, and a client generated from it, has a type for each instead of a bare
 ``object``. ``protocol.api``'s run rows are made of them, and ``protocol.replies``
-(every other answer) builds on the base here: this module imports nothing of ours.
+(every other answer) builds on the base here: this module imports nothing of ours but
+``protocol.replies_code`` (the code a run ran, its checkpoints).
 
 Open to fields they do not name (``extra="allow"``): an answer may grow a field without
 breaking a generated client, which keeps the extra in its additional properties. The
@@ -15,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.replies_code import CodeRecord
 
 
 class _Reply(BaseModel):
@@ -52,7 +55,7 @@ class ArtifactRow(_Reply):
     size: int | None = None
     sha256: str | None = None
     created_at: str
-    state: str | None = Field(default=None, description="stored, pending or failed")
+    state: str | None = Field(default=None, description="stored, pending, failed or removed")
     reason: str | None = Field(default=None, description="why it failed")
 
 
@@ -85,6 +88,8 @@ class EnvironmentFingerprint(_Reply):
     packs: list[PackFingerprint]
     accelerators: list[str]
     env: dict[str, str | None]
+    code: dict[str, CodeRecord] | None = Field(default=None, description=(
+        "the code each command node ran (script.Command), by node id"))
 
 
 class ExecutionFacts(_Reply):

@@ -84,16 +84,18 @@ class Shipper:
         self._folder_kept = folder_kept  # a worker run's folder is removed when its process ends
         self._where = where
         self._emit = emit
-        self._queue: queue.SimpleQueue[tuple[str | None, str, Path] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str | None, str, Path, bool] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, node_id: str | None, kind: str, path: Path) -> None:
+    def submit(self, node_id: str | None, kind: str, path: Path, remove: bool = False) -> None:
+        """Stores the file; ``remove``: lets go of one stored before (after its store, in
+        the order asked), wherever its copies are (``checkpoint_bounds``)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"artifacts-{self._run_id[:8]}", daemon=True)
                 self._thread.start()
-        self._queue.put((node_id, kind, path))
+        self._queue.put((node_id, kind, path, remove))
 
     def close(self) -> None:
         """Waits for every store announced so far (the run ends after them)."""
@@ -105,7 +107,10 @@ class Shipper:
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            node_id, kind, path = item
+            node_id, kind, path, remove = item
+            if remove:
+                self._remove(node_id, kind, path)
+                continue
             try:
                 stored = self._store(node_id, kind, path)
             except Exception as exc:  # one artifact that fails never fails the run
@@ -150,6 +155,22 @@ class Shipper:
             self._transfer(path, {"path": shown, "kind": kind, "node": node_id or ""}, size, sha256)
             return None
         return {"path": shown, "backend": "local", "label": None, "size": size, "sha256": sha256}
+
+    def _remove(self, node_id: str | None, kind: str, path: Path) -> None:
+        """Deletes the run's file and the copy its backend made (the label's, the
+        bucket's, the outbox's while it waits there), then says so: the control plane
+        marks its row removed and deletes the copy it holds (one a worker sent)."""
+        from subprocess_runner.artifact_removal import remove_copies
+
+        relative = _relative(path, self._run_dir)
+        try:
+            remove_copies(self._run_id, path, relative, self._where)
+        except Exception as exc:  # a copy that stays is a warning, never a failed run
+            log.warning("run %s: artifact %s was not removed everywhere: %s", self._run_id, path, exc)
+            self._emit("warning", node_id, {"message": f"artifact {path.name} was not removed everywhere: {exc}",
+                                            "code": "checkpoint_not_removed"})
+        if relative is not None:
+            self._emit("artifact_removed", node_id, {"kind": kind, "path": relative, "backend": self._where.backend})
 
     def _check_size(self, size: int) -> None:
         limit = self._where.max_bytes

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from subprocess_runner import pack_loader, pack_probe
+from subprocess_runner import pack_loader, pack_probe, pack_watch
 from subprocess_runner.errors import PackLoadError
 from subprocess_runner.node_types import PARAM_TYPES, Execute, NodeType, Pack, Param, Port, lazy
 from subprocess_runner.pack_files import pack_name
@@ -169,5 +169,6 @@ def with_folder_packs(catalog: Catalog, paths: Iterable[Path], limits: ImportLim
         names.append(pack.name)
         types.update({t.type: t for t in pack.node_types})
         folder_packs[pack.name] = found
+        pack_watch.remember(found.name, found.path, found.digest, found.version)  # a later edit is seen (pack_watch)
     return Catalog(types=types, packs=tuple(names), broken_packs=broken, pack_sources=catalog.pack_sources,
                    folder_packs=folder_packs)

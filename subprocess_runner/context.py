@@ -60,6 +60,9 @@ class Sinks:
         self.artifacts = artifacts
         self._steps: dict[str, int] = {}
         self._lock = threading.Lock()
+        # Told each metric point a node logs (node id, series, step, value): a node that
+        # keeps its best checkpoint by a series hears it (checkpoint_bounds).
+        self.metric_listeners: list[Callable[[str | None, str, int, float], None]] = []
 
     def next_step(self, series: str) -> int:
         with self._lock:
@@ -179,6 +182,15 @@ class ExecutionContext:
         else:
             self.sinks.emit("artifact", self.node_id, {"kind": kind, "path": str(path)})
 
+    def remove_artifact(self, kind: str, path: Path | str) -> None:
+        """Lets go of a file announced before (a checkpoint past its node's bounds): it
+        leaves the run's folder and wherever it was stored, after its store finished."""
+        if self.sinks.artifacts is not None:
+            self.sinks.artifacts.submit(self.node_id, kind, Path(path), remove=True)
+        else:
+            Path(path).unlink(missing_ok=True)
+            self.sinks.emit("artifact_removed", self.node_id, {"kind": kind, "path": str(path)})
+
     @property
     def cancelled(self) -> bool:
         return self.cancel.is_set()
@@ -206,3 +218,5 @@ class ExecutionContext:
         if step is None:
             step = self.sinks.next_step(name)
         self.sinks.emit("metric", self.node_id, {"name": name, "step": step, "value": float(value), **extra})
+        for listener in self.sinks.metric_listeners:
+            listener(self.node_id, name, step, float(value))

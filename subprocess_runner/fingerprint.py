@@ -19,6 +19,7 @@ from typing import Any
 
 from protocol.settings import FINGERPRINT_ENV
 from protocol.version import __version__
+from subprocess_runner import pack_watch
 from subprocess_runner.catalog import load_catalog
 from subprocess_runner.devices import probe_accelerators
 from subprocess_runner.seeding import process_env
@@ -52,11 +53,41 @@ def _facts(source: str, folder_packs: tuple[tuple[str, str], ...],
     values = dict(env)
     found = {**static_facts(), "accelerators": list(probe_accelerators(values["CUDA_VISIBLE_DEVICES"])),
              "env": values}
-    found["packs"] = [*found["packs"], *({"name": name, "digest": digest, "source": "folder"}
-                                         for name, digest in folder_packs)]
-    body = json.dumps(found, sort_keys=True, separators=(",", ":"))
-    return {"fingerprint": found, "fingerprint_digest": hashlib.sha256(body.encode()).hexdigest()[:16],
-            "fingerprint_source": source}
+    found["packs"] = [*found["packs"], *({"name": name, "version": pack_watch.version_of(digest), "digest": digest,
+                                          "source": "folder"} for name, digest in folder_packs)]
+    return {"fingerprint": found, "fingerprint_digest": digest_of(found), "fingerprint_source": source}
+
+
+def digest_of(fingerprint: Mapping[str, Any]) -> str:
+    """Equal digests: equal fingerprints (the code a command ran included)."""
+    body = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def with_code(facts: Mapping[str, Any], node_id: str, code: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's facts with the code a command node ran (``code_record``) in its
+    fingerprint (``fingerprint.code.<node id>``), and the digest taken again over both:
+    two runs of an edited script differ."""
+    found = {**facts["fingerprint"], "code": {**(facts["fingerprint"].get("code") or {}),
+                                              node_id: {"files": list(code.get("files") or ()),
+                                                        "repos": list(code.get("repos") or ())}}}
+    return {**facts, "fingerprint": found, "fingerprint_digest": digest_of(found)}
+
+
+def with_pack_versions(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's facts with the version of each folder pack the server loaded at that
+    digest (the run's child takes its facts before it loads its packs, so it names them
+    by digest alone), and the digest taken again."""
+    fingerprint = facts.get("fingerprint")
+    if not isinstance(fingerprint, dict) or not isinstance(fingerprint.get("packs"), list):
+        return dict(facts)
+    packs = [{**pack, "version": pack_watch.version_of(str(pack.get("digest")))}
+             if isinstance(pack, dict) and pack.get("source") == "folder" and pack.get("version") is None else pack
+             for pack in fingerprint["packs"]]
+    if packs == fingerprint["packs"]:
+        return dict(facts)
+    found = {**fingerprint, "packs": packs}
+    return {**facts, "fingerprint": found, "fingerprint_digest": digest_of(found)}
 
 
 @functools.lru_cache(maxsize=1)

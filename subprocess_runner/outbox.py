@@ -104,6 +104,24 @@ def entries(outbox: Path) -> list[Entry]:
     return [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
 
 
+def drop(outbox: Path, run_id: str, relative: str) -> int:
+    """Removes the run's entries of ``relative`` that wait in the outbox (a checkpoint its
+    run let go before it was uploaded); how many. One being uploaded now goes on from
+    its open file, and the control plane refuses it (its row says removed)."""
+    dropped = 0
+    for index in (outbox / run_id).glob(f"*/{INDEX}"):
+        if index.parent.name.startswith("."):
+            continue
+        try:
+            if json.loads(index.read_text()).get("path") != relative:
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(index.parent, ignore_errors=True)
+        dropped += 1
+    return dropped
+
+
 def remove(entry: Entry) -> None:
     folder = Path(entry.folder)
     shutil.rmtree(folder, ignore_errors=True)

@@ -58,6 +58,12 @@ async def put_file(bucket: S3Bucket, path: Path, key: str, sha256: str) -> None:
                              ExtraArgs={"Metadata": {"sha256": sha256}})
 
 
+async def delete_key(bucket: S3Bucket, key: str) -> None:
+    """Removes the object (S3 answers a delete of a missing key with success too)."""
+    async with _client(bucket) as s3:
+        await s3.delete_object(Bucket=bucket.bucket, Key=key)
+
+
 async def get_file(bucket: S3Bucket, key: str, dest: Path, sha256_head: str | None = None) -> bool:
     """Fetches ``key`` into ``dest`` (whole, by a rename); False when there is no such
     object. What arrived is hashed as it streams in and must match the object's recorded

@@ -22,6 +22,7 @@ from protocol import events as ev
 from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph, node_file_stem
+from web import checkpoints
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -52,12 +53,14 @@ def detail_row(row: dict[str, Any], keep_last: int = -1) -> dict[str, Any]:
     detail = public_row(row)
     detail.update(
         seed=row["seed"], deterministic=row["deterministic"], record_outputs=row["record_outputs"],
-        error_detail=row["error_detail"], warnings=warning_texts(row["warnings"]), artifacts=row["artifacts"],
+        error_detail=row["error_detail"], warnings=warning_texts(row["warnings"]),
+        artifacts=checkpoints.kept(row["artifacts"]),
         graph=row["graph"], options=row.get("options") or {},
         worker=row.get("worker"), **{k: row.get(k) for k in _MEMORY_FIELDS},
         rerun_of=row.get("rerun_of"), reruns=row.get("reruns") or [],
         resumed_from=_public_resume(row.get("resumed_from")),
         resume_point=_resume_point(row, keep_last),
+        logged_params=row.get("logged_params") or {}, logged_tags=row.get("logged_tags") or {},
     )
     return detail
 
@@ -221,7 +224,7 @@ def console_lines(event: dict[str, Any]) -> str:
 async def run_detail(svc: Services, run_id: str) -> dict[str, Any]:
     """What ``GET /api/runs/{id}`` answers."""
     row = (await with_queue_reasons(svc, [await _get_row(svc, run_id)]))[0]
-    return detail_row(row, svc.settings.run_retention_keep_last)
+    return {**detail_row(row, svc.settings.run_retention_keep_last), "checkpoints": await checkpoints.summary(svc, row)}
 
 
 @routes.get("/api/runs/{run_id}")

@@ -3,22 +3,25 @@ where the bytes live (``local``/``transfer``: under the run's folder here; ``mou
 storage label's folder; ``s3``: the bucket), its path relative to there, size and
 sha256, and its state: ``stored`` once its file is whole where it lives (only then can
 it be read), ``pending`` while a worker's outbox still holds it, ``failed`` with the
-reason when it could not be kept. Called only from the store's thread."""
+reason when it could not be kept, ``removed`` once its run let it go (a checkpoint past
+its node's ``keep_checkpoints``: the row stays, so a copy that arrives late is refused
+rather than stored again). Called only from the store's thread."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
-from actors.errors import RunNotFound
+from actors.errors import ArtifactNotFound, RunNotFound
 from actors.store.events import append_events
 from actors.store.table import Session, Table
 from protocol import events as ev
 
 _COLUMNS = ("id", "node_id", "kind", "path", "backend", "label", "size", "sha256", "created_at", "state", "reason")
-STORED, PENDING, FAILED = "stored", "pending", "failed"
+STORED, PENDING, FAILED, REMOVED = "stored", "pending", "failed", "removed"
 
 # Messages ----------------------------------------------------------------------
 
@@ -44,6 +47,17 @@ class RecordLateArtifact:
     with the next seq, here, since no RunActor holds the run any more. Replies the event."""
 
     artifact: RecordArtifact
+
+
+@dataclass(frozen=True)
+class RemoveArtifact:
+    """A file the run let go of (its ``artifact_removed`` event): the row says ``removed``,
+    and the copy this server holds in the run's folder (one a worker sent) is deleted;
+    the run's own process deleted its copy, the outbox's, and the label's or the
+    bucket's."""
+
+    run_id: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,9 @@ def _record(s: Session, op: RecordArtifact) -> int:
         raise RunNotFound(f"no run {op.run_id} (it was removed while its file {op.path} arrived)")
     for found, state in s.conn.execute("SELECT id, state FROM artifacts WHERE run_id = ? AND path = ? "
                                        "ORDER BY id DESC LIMIT 1", (op.run_id, op.path)):
+        if state == REMOVED and op.state != REMOVED:  # a worker's copy that arrived after its run let it go
+            raise ArtifactNotFound(f"run {op.run_id} removed {op.path} (past its node's keep_checkpoints)",
+                                   code="artifact_removed")
         if state != STORED or op.state == STORED:
             s.conn.execute("UPDATE artifacts SET node_id = ?, kind = ?, backend = ?, label = ?, size = ?, sha256 = ?, "
                            "state = ?, reason = ? WHERE id = ?",
@@ -99,10 +116,23 @@ def _record_late(s: Session, op: RecordLateArtifact) -> dict[str, Any]:
     return event
 
 
+def _remove(s: Session, op: RemoveArtifact) -> None:
+    rows = s.conn.execute("SELECT id, backend FROM artifacts WHERE run_id = ? AND path = ?",
+                          (op.run_id, op.path)).fetchall()
+    s.conn.execute("UPDATE artifacts SET state = ?, reason = NULL WHERE run_id = ? AND path = ?",
+                   (REMOVED, op.run_id, op.path))
+    if any(backend in ("local", "transfer") for _, backend in rows) and ev.outside_run_dir(op.path) is None:
+        run_dir = s.runs_dir / op.run_id
+        where = run_dir / op.path
+        with contextlib.suppress(OSError):
+            if where.resolve().is_relative_to(run_dir.resolve()) and not where.is_symlink():
+                where.unlink(missing_ok=True)
+
+
 def _get(s: Session, m: GetArtifact) -> dict[str, Any] | None:
     found = artifacts(s.conn, m.run_id, m.artifact_id)
     return found[0] if found else None
 
 
-WRITES: Table = {RecordArtifact: _record, RecordLateArtifact: _record_late}
+WRITES: Table = {RecordArtifact: _record, RecordLateArtifact: _record_late, RemoveArtifact: _remove}
 READS: Table = {GetArtifact: _get}

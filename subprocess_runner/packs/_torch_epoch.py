@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from protocol.graph import node_file_stem
+from subprocess_runner import checkpoint_bounds
 from subprocess_runner.packs._torch_data import Loader
 from subprocess_runner.packs._torch_runtime import model_device
 
@@ -53,6 +54,7 @@ def end_epoch(ctx: Any, model: torch.nn.Module, val: Loader | None, loss_fn: tor
     training draws from), each written under a temporary name and renamed. ``board``:
     the loop's TensorBoard writer (``_torch_board``), given the same points."""
     epochs = params["epochs"]
+    bounds = checkpoint_bounds.for_node(ctx, params)  # made before the first points: keep_best hears them
     ctx.metric("train_loss", train_loss, step=epoch, epoch=epoch, epochs=epochs, **extra)
     points = {"train_loss": train_loss}
     if val is not None:
@@ -77,6 +79,8 @@ def end_epoch(ctx: Any, model: torch.nn.Module, val: Loader | None, loss_fn: tor
             _save({"format": 1, "epoch": epoch, "train_loss": train_loss, "optimizer": optimizer.state_dict(),
                    "rng": capture_rng(train)}, state)
             ctx.artifact("training_state", state)
+        if bounds is not None:  # keep_checkpoints / keep_best: the older ones are let go
+            bounds.kept([("checkpoint", weights), *([("training_state", state)] if optimizer is not None else [])])
 
 
 def _save(value: Any, path: Path) -> None:

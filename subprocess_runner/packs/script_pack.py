@@ -76,7 +76,7 @@ def _check(params: Mapping[str, Any]) -> tuple[str, str] | None:
         if isinstance(text, str) and "\0" in text:
             return where, (f"{where.split('/')[0]} holds a NUL character, which no program's argument or "
                            "environment variable can hold")
-    return _names(variables, env) or _placeholders(argv, variables) or _size(argv, variables, env)
+    return _names(variables, env) or _placeholders(argv, variables) or _size(argv, variables, env) or _warm(params)
 
 
 def _names(variables: Mapping[str, Any], env: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -139,6 +139,26 @@ def _size(argv: list[Any], variables: Mapping[str, Any], env: Mapping[str, Any])
     return None
 
 
+def _warm(params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``warm`` runs a Python script in a fork of an interpreter that started long ago:
+    ``{python} SCRIPT ...`` or ``{python} -m MODULE ...`` (``-u`` allowed, output is
+    unbuffered anyway), never another program or an interpreter option."""
+    if not params.get("warm"):
+        return None
+    argv = list(params.get("argv") or [])
+    if argv[0] != "{python}":
+        return "argv/0", "warm runs a Python script: argv starts with {python}, then the script (or -m MODULE)"
+    at = 1
+    while at < len(argv) and argv[at] == "-u":
+        at += 1
+    if at >= len(argv) or (argv[at] == "-m" and at + 1 >= len(argv)):
+        return "argv", "warm needs the script to run after {python} (or -m and a module)"
+    if isinstance(argv[at], str) and argv[at].startswith("-") and argv[at] != "-m":
+        return f"argv/{at}", (f"warm runs {{python}} SCRIPT or {{python}} -m MODULE: the option {argv[at]!r} cannot "
+                              "apply to a process forked from an interpreter already started (set warm: false)")
+    return None
+
+
 def var_text(value: Any) -> str:
     """A var as its placeholder writes it (a flag as JSON's true or false)."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
@@ -167,6 +187,14 @@ PACK = Pack(
                 Param("env", "mapping", default={}, description="extra environment variables"),
                 Param("timeout_s", "float", default=0.0, min=0.0,
                       description="stop it (and fail the run) after this many seconds; 0: no limit"),
+                Param("warm", "bool", default=False,
+                      description="run the Python script ({python} SCRIPT) forked from the worker's zygote, torch "
+                                  "already imported (troupe agent start --warm N); elsewhere a fresh interpreter, "
+                                  "with a warning"),
+                Param("keep_checkpoints", "int", default=0, min=0,
+                      description="keep the newest N checkpoints it writes (the rest are let go); 0: all"),
+                Param("keep_best", "string", default="",
+                      description="also keep the best checkpoint by this series (val_loss; max:reward)"),
             ),
             description="Runs a program: its prints are the run's console, its JSON lines with a metric or "
                         "progress key are metrics and progress, files it renames into TROUPE_CHECKPOINT_DIR "
