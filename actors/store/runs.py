@@ -18,6 +18,7 @@ import apsw
 from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store.artifacts import artifacts
 from actors.store.events import EventRow, append_events, event_rows
+from actors.store.logged import logged_of
 from actors.store.run_index import forget_runs, index_run
 from actors.store.studies import insert_attempt
 from actors.store.table import Session, Table
@@ -278,6 +279,7 @@ def get_run(conn: apsw.Connection, run_id: str) -> dict[str, Any] | None:
     row = whole_graph(conn, run_row(found[0]))
     row["artifacts"] = artifacts(conn, run_id)
     row["tags"] = tags_of(conn, [run_id])[run_id]
+    row.update(logged_of(conn, run_id))  # logged_params, logged_tags
     row["reruns"] = [str(r) for (r,) in conn.execute("SELECT id FROM runs WHERE rerun_of = ? ORDER BY enqueue_seq",
                                                      (run_id,))]
     return row

@@ -45,6 +45,11 @@ function facts(run) {
     rows.push(["Made again as", el("span", {}, ...run.reruns.flatMap((id) => [el("a", { href: `#/runs/${id}` }, id.slice(0, 8)), " "]))]);
   }
   if (run.resume_point) rows.push(["Can be resumed", `from epoch ${run.resume_point.epoch}, ${run.resume_point.until}`]);
+  // What the script logged itself (MLflow's log_param and set_tag), beside troupe's own facts.
+  for (const [label, logged] of [["Logged params", run.logged_params], ["Logged tags", run.logged_tags]]) {
+    const entries = Object.entries(logged || {});
+    if (entries.length) rows.push([label, el("span", { "data-logged": label }, entries.map(([k, v]) => `${k}=${v}`).join(", "))]);
+  }
   if (run.memory_budget_mib) rows.push(["Memory budget", `${run.memory_budget_mib} MiB (${run.memory_budget_source})`]);
   if (run.peak_memory_mib !== null && run.peak_memory_mib !== undefined) {
     rows.push(["Peak memory", `${run.peak_memory_mib} MiB${run.peak_memory_exact ? "" : " (shared process: not exact)"}`
@@ -109,6 +114,18 @@ function labels(run, refresh) {
 
 function artifacts(run) {
   if (!run.artifacts.length) return el("p", { class: "muted" }, "No artifacts.");
+  const files = artifactTable(run);
+  const c = run.checkpoints;  // a run's checkpoints in one line; every file on demand
+  if (!c) return files;
+  const name = (ref) => ref.path.split("/").pop();
+  const best = c.best ? `; best ${name(c.best)} (${c.best.series} ${Number(c.best.value).toPrecision(4)})` : "";
+  return el("div", {}, el("p", { class: "checkpoints", "data-checkpoints": String(c.count) },
+    `Checkpoints: ${c.count} kept, ${sizeText(c.total_size)}${c.newest ? `; newest ${name(c.newest)}` : ""}${best}`
+    + `${c.removed ? `; ${c.removed} let go (keep_checkpoints)` : ""}`),
+  el("details", {}, el("summary", {}, `All ${run.artifacts.length} files`), files));
+}
+
+function artifactTable(run) {
   return el("table", { class: "runs" }, el("thead", {}, el("tr", {}, ...["Kind", "Path", "Where", "Size", "sha256", "State", ""]
     .map((h) => el("th", {}, h)))),
   el("tbody", {}, ...run.artifacts.map((a) => el("tr", { class: "artifact", "data-state": a.state || "stored" },
@@ -126,7 +143,12 @@ function environment(run) {
   const rows = [["Digest", facts.fingerprint_digest], ["Taken by", facts.fingerprint_source === "run_process"
     ? "the run's own process" : "this server's process"], ["troupe", `${fp.troupe.version}${fp.troupe.commit ? ` (${fp.troupe.commit})` : ""}`],
   ["Python", fp.python], ["Platform", fp.platform], ["torch", fp.torch.version || "not installed"],
-  ["Packs", (fp.packs || []).map((p) => `${p.name} ${p.version}`).join(", ")]];
+  ["Packs", (fp.packs || []).map((p) => `${p.name} ${p.version}${p.source === "folder" ? ` (${(p.digest || "").slice(0, 12)})` : ""}`).join(", ")],
+  ...Object.entries(fp.code || {}).flatMap(([node, code]) => code.files.map((f) => {  // the files a command ran
+    const repo = code.repos.find((r) => r.name === f.repo);
+    const git = repo ? ` (git ${repo.branch || "detached"} ${(repo.commit || "no commit").slice(0, 12)}${repo.dirty ? ", uncommitted changes" : ""})` : "";
+    return ["Code", `${node}: ${f.name} sha256 ${(f.sha256 || "-").slice(0, 12)}${git}`];
+  }))];
   return el("div", {}, el("dl", { class: "facts" }, ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
     el("a", { href: `/api/runs/${run.id}/provenance` }, "What it read (provenance)"));
 }
@@ -317,7 +339,7 @@ function follow(runId, after, log, console_, refresh, showEnd) {
       }
     }
     soon();
-    if (["run_started", "run_finished"].includes(event.type)) facts();
+    if (["run_started", "run_finished", "params"].includes(event.type)) facts();
     if (event.type === "run_finished") {
       showEnd(event.payload);  // at once: the header's read may fail (a server stopping right after)
       source.close();

@@ -28,6 +28,7 @@ export class ApiError extends Error {
     super(error ? `${error.code}: ${error.message}` : `HTTP ${status}`);
     this.status = status;
     this.code = error ? error.code : null;
+    this.error = error || {};  // the whole error: a where's offset and expected, a pointer
   }
 }
 
@@ -250,6 +251,7 @@ export function eventText(e) {
   else if (e.type === "run_finished") says = `${p.status}${p.reason ? ` (${p.reason})` : ""}${p.error ? `: ${p.error}` : ""}`;
   else if (e.type === "node_failed") says = p.error || "";
   else if (e.type === "artifact" || e.type === "artifact_pending") says = `${p.kind} ${p.path}`;
+  else if (e.type === "params") says = [...Object.entries(p.params || {}), ...Object.entries(p.tags || {})].map(([k, v]) => `${k}=${v}`).join(" ");
   else {
     says = Object.entries(p).filter(([, v]) => v === null || ["string", "number", "boolean"].includes(typeof v))
       .map(([k, v]) => `${k}=${v}`).join(" ");
