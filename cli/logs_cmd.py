@@ -219,8 +219,8 @@ def _event_line(event: dict[str, Any]) -> str:
         return f"[node] {node} waits: {payload.get('reason') or ''}"
     if kind == ev.RUN_QUEUED:
         return f"[run] queued on {payload.get('queue_key')}"
-    if kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING):
-        state = "stored" if kind == ev.ARTIFACT else "waits on its worker"
+    if kind in (ev.ARTIFACT, ev.ARTIFACT_PENDING, ev.ARTIFACT_REMOVED):
+        state = {ev.ARTIFACT: "stored", ev.ARTIFACT_PENDING: "waits on its worker"}.get(kind, "let go (bounds)")
         return f"[artifact] {node} {payload.get('kind') or 'file'} {payload.get('path')} {state}"
     if kind == ev.PROVENANCE:
         return f"[read] {node} {payload.get('kind') or 'file'} {payload.get('ref')}"

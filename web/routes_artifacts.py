@@ -28,7 +28,7 @@ from actors.errors import (
 )
 from actors.placer.book import INSTANCE_MARK
 from actors.run_messages import ArtifactArrived
-from actors.store.artifacts import FAILED, GetArtifact, RecordArtifact, RecordLateArtifact
+from actors.store.artifacts import FAILED, REMOVED, GetArtifact, RecordArtifact, RecordLateArtifact
 from actors.store.runs import GetRun
 from protocol import events as ev
 from protocol.errors import InvalidRequest, PayloadTooLarge, StateConflict, Unauthorized
@@ -197,6 +197,9 @@ async def read_artifact(request: web.Request) -> web.StreamResponse:
     found = await svc.store.read(GetArtifact(run_id, int(raw)))
     if found is None:
         raise ArtifactNotFound(f"run {run_id} has no artifact {raw}")
+    if found.get("state") == REMOVED:
+        raise ArtifactNotFound(f"artifact {raw} of run {run_id} was let go (past its node's keep_checkpoints)",
+                               code="artifact_removed")
     name = Path(found["path"]).name
     headers = {"Content-Disposition": f'attachment; filename="{_quoted(name)}"',
                "Content-Type": "application/octet-stream"}

@@ -83,6 +83,9 @@ def test_keep_checkpoints_and_keep_best_in_process(make_server, lab):
     removed = [e["payload"]["path"] for e in server.get(f"/api/runs/{run_id}/events?tail=1000")["events"]
                if e["type"] == "artifact_removed"]
     assert removed == ["checkpoints/epoch-1.pt", "checkpoints/epoch-3.pt"]
+    gone = min(a["id"] for a in row["artifacts"]) - 1  # epoch-1's row: stored first, then let go
+    status, reply = server.client.request("GET", f"/api/runs/{run_id}/artifacts/{gone}")
+    assert (status, reply["error"]["code"]) == (404, "artifact_removed"), reply
     shown = cli(server, "show", run_id)
     assert "3 kept" in shown.stdout and "best epoch-2.pt (val_loss 0.2)" in shown.stdout, shown.stdout
     assert "checkpoints/epoch-4.pt" not in shown.stdout  # one line, not a row per file
