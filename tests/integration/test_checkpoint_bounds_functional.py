@@ -1,7 +1,8 @@
 """Checkpoints in bounds (issue 65, section 4), through the real server, a real agent and
 the CLI: a script that saves each epoch with ``keep_checkpoints: 2`` keeps two files in
-its run's folder, in the worker's outbox and on the server, the others let go (their
-rows say removed, a late copy is refused), and a resume still goes on from the newest;
+its run's folder, in the worker's outbox and on the server (or in the S3 bucket), the
+others let go (their rows say removed, their bytes 404), and a resume still goes on
+from the newest;
 ``keep_best`` keeps the best by its series beside them; a TrainingLoop keeps its newest
 weights and training state and resumes from them; ``show`` says it in one line."""
 
@@ -20,7 +21,8 @@ from tests.integration.test_cli_functional import cli
 from tests.integration.test_rerun_resume_functional import _cancel_after_epoch
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_worker_faults_functional import agent_through, wait_event
-from tests.integration.test_workers_functional import worker_state
+from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
+from tests.s3_server import client, s3_server
 
 # Five epochs, val_loss best at the second; then it waits until its checkpoint folder
 # holds as many files as it was told to expect, says which, and exits as told.
@@ -156,3 +158,24 @@ def test_a_training_loop_keeps_its_newest_two_epochs_and_resumes_from_them(make_
     assert status == 201, resumed
     assert server.events_until_finished(resumed["run_id"], timeout=240)[-1]["payload"]["status"] == "succeeded"
     assert server.get(f"/api/runs/{resumed['run_id']}")["resumed_from"]["epoch"] == newest
+
+
+def test_keep_checkpoints_leaves_two_in_the_bucket(make_server, lab, tmp_path):
+    with s3_server() as s3:
+        server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_DATA_ROOTS=str(lab.parent), **s3)
+        agent = start_agent(server, tmp_path, enroll(server, name="gpu-a")["command"],
+                            TROUPE_DATA_ROOTS=str(lab.parent))
+        try:
+            read_until(agent, "connected as gpu-a")
+            run_id = server.submit(_command(lab, 2, "ok", keep_checkpoints=2), target={"worker": "gpu-a"})["run_id"]
+            assert server.wait_status(run_id, "succeeded", timeout=90)["status"] == "succeeded"
+        finally:
+            agent.terminate()
+            agent.wait(30)
+        listed = client(s3).list_objects_v2(Bucket="troupe-lab", Prefix=f"lab/artifacts/{run_id}/")
+        assert sorted(item["Key"].rsplit("/", 1)[1] for item in listed.get("Contents", [])) == \
+            ["epoch-4.pt", "epoch-5.pt"]
+        row = server.get(f"/api/runs/{run_id}")
+        assert {(a["path"], a["backend"]) for a in row["artifacts"]} == \
+            {("checkpoints/epoch-4.pt", "s3"), ("checkpoints/epoch-5.pt", "s3")}
+        assert row["checkpoints"]["removed"] == 3
