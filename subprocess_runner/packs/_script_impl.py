@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from protocol.events import STEP_MAX
+from subprocess_runner import checkpoint_bounds, code_record
 from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
+from subprocess_runner.mlflow_endpoint import URI_VAR, MlflowEndpoint
 from subprocess_runner.packs._command_process import CommandProcess
 from subprocess_runner.packs.script_pack import THREAD_CAPS, var_text
 from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
@@ -42,17 +44,29 @@ _CHECKPOINT_POLL_S = 0.5
 
 
 def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The command, with an MLflow endpoint of its run for as long as it runs, unless its
+    env points MLflow elsewhere (a lab's own tracking server)."""
+    if URI_VAR in params["env"]:
+        return _command(ctx, params, {})
+    with MlflowEndpoint(ctx, ctx.files("checkpoints").parent) as mlflow:
+        return _command(ctx, params, mlflow.env)
+
+
+def _command(ctx: Any, params: dict[str, Any], mlflow_env: dict[str, str]) -> dict[str, Any]:
     checkpoints = ctx.files("checkpoints")
     outputs = ctx.files("outputs")
     cwd = Path(params.get("cwd") or checkpoints.parent)  # the run's folder, unless it names one
     argv = [_filled(text, params, ctx) for text in params["argv"]]
     # The program gets the environment it would get from a shell here (not a setting
     # troupe reads), then the run's own variables, then the node's.
-    env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **{k: str(v) for k, v in params["env"].items()}}
+    env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **mlflow_env,
+           **{k: str(v) for k, v in params["env"].items()}}
     board, board_folders = command_folders(checkpoints.parent, cwd, ctx.node_id)
     env[FOLDER_VAR] = str(board)
     if not cwd.is_dir():
         raise RuntimeError(f"cannot start {argv[0]!r}: its folder {str(cwd)!r} (cwd) is not a folder here")
+    # What it runs, recorded before it starts (the files argv names, their git state): a fact of the run.
+    ctx.sinks.emit("code", ctx.node_id, code_record.take(argv, cwd, ctx.limits.readable or ()))
     grace = ctx.limits.kill_grace_s
     try:
         command = CommandProcess(argv, cwd, env, grace)
@@ -64,7 +78,7 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
                threading.Thread(target=lines.read, args=(command.process.stderr, "stderr", ended), daemon=True)]
     for reader in readers:
         reader.start()
-    watched = _Checkpoints(ctx, checkpoints)
+    watched = _Checkpoints(ctx, checkpoints, checkpoint_bounds.for_node(ctx, params))
     tensorboard = TensorBoardFiles(ctx, board_folders)
     try:
         _wait(command, ctx, watched, _Limits(ctx, argv[0], float(params.get("timeout_s") or 0)), tensorboard)
@@ -313,9 +327,10 @@ class _Checkpoints:
     """Files that appear, whole, in the checkpoint folder (a script writes a temporary
     name and renames it into place): each announced once as the run's checkpoint."""
 
-    def __init__(self, ctx: Any, folder: Path) -> None:
+    def __init__(self, ctx: Any, folder: Path, bounds: checkpoint_bounds.Bounds | None = None) -> None:
         self._ctx, self._folder = ctx, folder
         self._seen: set[str] = set()
+        self._bounds = bounds  # keep_checkpoints / keep_best: the older ones are let go
 
     def look(self) -> None:
         found = []
@@ -332,3 +347,5 @@ class _Checkpoints:
         for _, path in sorted(found):
             self._seen.add(path.name)
             self._ctx.artifact("checkpoint", path)
+            if self._bounds is not None:
+                self._bounds.kept([("checkpoint", path)])

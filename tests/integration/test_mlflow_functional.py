@@ -1,0 +1,195 @@
+"""A lab's MLflow script, unchanged, run by ``script.Command`` through the real server and
+a real agent with the real MLflow client (``mlflow-skinny``): its metrics are the run's
+series with their steps, its params and tags are recorded on the run (the API, ``troupe
+show``, the Python client), the file it logs is a stored artifact; on a worker whose link
+is cut while the script logs, nothing is lost. A call that is not the run's own (another
+run's id, no token) is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+
+import pytest
+
+import troupe
+from tests.faultproxy import FaultProxy
+from tests.helpers import graph, node
+from tests.integration.test_cli_functional import cli
+from tests.integration.test_worker_faults_functional import agent_through, wait_event
+from tests.integration.test_workers_functional import worker_state
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                reason="the MLflow client is not installed (pip install mlflow-skinny: the test extra)")
+
+# Written as a lab writes it for an MLflow server. The gate (a file the test makes) only
+# holds it half way, so that the link can be cut while it logs the rest.
+SCRIPT = r'''
+import os, sys, time
+import mlflow
+
+gate = sys.argv[1]
+mlflow.log_param("lr", 0.1)
+mlflow.set_tag("team", "a")
+for step in range(5):
+    mlflow.log_metric("loss", 1 / (step + 1), step=step)
+if gate != "-":
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+for step in range(5, 40):
+    mlflow.log_metric("loss", 1 / (step + 1), step=step)
+mlflow.log_metrics({"acc": 0.9, "f1": 0.75}, step=39)
+mlflow.log_params({"epochs": 40, "optimizer": "adam"})
+mlflow.set_tags({"stage": "smoke"})
+with open("out.txt", "w") as out:
+    out.write("what the script made")
+mlflow.log_artifact("out.txt", artifact_path="results")
+print("logged", flush=True)
+if gate != "-":
+    open(gate + ".done", "w").close()
+'''
+LOSS = [1 / (step + 1) for step in range(40)]
+CONTENT = b"what the script made"
+
+
+def mlflow_graph(gate: str = "-") -> dict:
+    return graph(node("train", "script.Command", argv=["{python}", "train.py", "{gate}"], vars={"gate": gate}),
+                 name="mlflow")
+
+
+@pytest.fixture
+def script(tmp_path):
+    """The script in a folder of its own; the graph runs it there (cwd)."""
+    folder = tmp_path / "lab"
+    folder.mkdir()
+    (folder / "train.py").write_text(SCRIPT)
+    return folder
+
+
+def with_cwd(doc: dict, folder) -> dict:
+    doc["nodes"][0]["params"]["cwd"] = str(folder)
+    return doc
+
+
+def check_logged(server, run_id: str) -> dict:
+    series = server.get(f"/api/runs/{run_id}/metrics")["series"]
+    assert [(p["step"], p["value"]) for p in series["loss"]] == list(enumerate(LOSS))  # each point once, in order
+    assert [(p["step"], p["value"]) for p in series["acc"]] == [(39, 0.9)]
+    assert [(p["step"], p["value"]) for p in series["f1"]] == [(39, 0.75)]
+    run = server.get(f"/api/runs/{run_id}")
+    assert run["logged_params"] == {"lr": "0.1", "epochs": "40", "optimizer": "adam"}, run["logged_params"]
+    assert run["logged_tags"] == {"team": "a", "stage": "smoke"}, run["logged_tags"]
+    assert run["tags"] == []  # the run's own tags are a person's, not the script's
+    return run
+
+
+def stored_file(server, run: dict) -> dict:
+    (found,) = [a for a in run["artifacts"] if a["path"] == "mlflow/results/out.txt"]
+    return found
+
+
+def test_an_unchanged_mlflow_script_logs_into_its_run_in_process(make_server, script):
+    server = make_server(TROUPE_DATA_ROOTS=str(script.parent))
+    run_id = server.submit(with_cwd(mlflow_graph(), script))["run_id"]
+    row = server.wait_status(run_id, "succeeded", timeout=90)
+    assert row["status"] == "succeeded", row
+    run = check_logged(server, run_id)
+    artifact = stored_file(server, run)
+    assert artifact["kind"] == "mlflow" and artifact["state"] == "stored", artifact
+    assert artifact["sha256"] == hashlib.sha256(CONTENT).hexdigest()
+    assert server.download(f"/api/runs/{run_id}/artifacts/{artifact['id']}") == CONTENT
+    metric = next(e for e in server.get(f"/api/runs/{run_id}/events?tail=1000")["events"] if e["type"] == "metric")
+    assert isinstance(metric["payload"]["wall_time"], float)  # the time the script logged it, as MLflow has it
+
+    shown = cli(server, "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "  Logged by the script" in lines, shown.stdout
+    for kind, name, value in (("param", "lr", "0.1"), ("param", "optimizer", "adam"), ("tag", "team", "a")):
+        assert any(line.split() == [kind, name, value] for line in lines), shown.stdout
+    as_json = json.loads(cli(server, "show", run_id, "--json").stdout)
+    assert as_json["logged_params"]["epochs"] == "40"
+
+    with troupe.Client(server.url, token=server.token) as client:
+        detail = client.get(run_id).detail()
+    assert detail.logged_params == {"lr": "0.1", "epochs": "40", "optimizer": "adam"}
+    assert detail.logged_tags == {"team": "a", "stage": "smoke"}
+
+
+def test_a_worker_runs_it_with_its_link_cut_while_it_logs_and_nothing_is_lost(make_server, script, tmp_path):
+    server = make_server(TROUPE_WORKER_HEARTBEAT_S="1", TROUPE_WORKER_RESUME_GRACE_S="90")
+    proxy = FaultProxy(int(server.url.rsplit(":", 1)[1])).start()
+    agent = agent_through(server, proxy, tmp_path, TROUPE_DATA_ROOTS=str(script.parent))
+    gate = script / "gate"
+    try:
+        run_id = server.submit(with_cwd(mlflow_graph(str(gate)), script), target={"worker": "gpu-a"})["run_id"]
+        wait_event(server, run_id, "metric")  # it logs, through the link
+        proxy.cut()
+        server.wait_status(run_id, "disconnected", timeout=60)
+        gate.touch()  # the rest is logged while the control plane cannot be reached
+        server.poll_until(lambda: (script / "gate.done").exists(), timeout=90)
+        assert worker_state(server, "gpu-a")["state"] == "disconnected"
+        proxy.restore()
+        row = server.wait_status(run_id, "succeeded", timeout=90)
+        assert row["status"] == "succeeded", row
+        run = check_logged(server, run_id)
+        events = server.get(f"/api/runs/{run_id}/events?tail=1000")["events"]
+        assert [e["seq"] for e in events] == list(range(events[0]["seq"], events[0]["seq"] + len(events)))
+        server.poll_until(lambda: stored_file(server, server.get(f"/api/runs/{run_id}"))["state"] == "stored",
+                          timeout=60)  # sent from the agent's outbox once the link was back
+        artifact = stored_file(server, server.get(f"/api/runs/{run_id}"))
+        assert artifact["sha256"] == hashlib.sha256(CONTENT).hexdigest()
+        assert server.download(f"/api/runs/{run_id}/artifacts/{artifact['id']}") == CONTENT
+        assert run["worker"] == "gpu-a"
+    finally:
+        agent.terminate()
+        agent.wait(30)
+        proxy.close()
+
+
+REFUSED = r'''
+import json, os, urllib.request
+
+def call(path, body, token):
+    request = urllib.request.Request(os.environ["MLFLOW_TRACKING_URI"] + "/api/2.0/mlflow/" + path,
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+run, token = os.environ["MLFLOW_RUN_ID"], os.environ["MLFLOW_TRACKING_TOKEN"]
+found = {
+    "no_token": call("runs/log-parameter", {"run_id": run, "key": "x", "value": "1"}, "wrong"),
+    "other_run": call("runs/log-parameter", {"run_id": "f" * 32, "key": "x", "value": "1"}, token),
+    "new_run": call("runs/create", {"experiment_id": "0"}, token),
+    "first": call("runs/log-parameter", {"run_id": run, "key": "lr", "value": "0.1"}, token),
+    "changed": call("runs/log-parameter", {"run_id": run, "key": "lr", "value": "0.2"}, token),
+    "negative_step": call("runs/log-metric", {"run_id": run, "key": "loss", "value": 1, "timestamp": 0, "step": -1},
+                          token),
+}
+print(json.dumps({k: [status, body.get("error_code")] for k, (status, body) in found.items()}), flush=True)
+'''
+
+
+def test_calls_that_are_not_the_runs_own_are_refused_as_mlflow_refuses_them(make_server, script):
+    (script / "refused.py").write_text(REFUSED)
+    server = make_server(TROUPE_DATA_ROOTS=str(script.parent))
+    doc = graph(node("probe", "script.Command", argv=["{python}", "refused.py"], cwd=str(script)), name="refused")
+    run_id = server.submit(doc)["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"
+    events = server.get(f"/api/runs/{run_id}/events?tail=1000")["events"]
+    printed = "".join(e["payload"].get("text", "") for e in events if e["type"] == "console")
+    found = json.loads(next(line for line in printed.splitlines() if line.startswith("{")))
+    assert found == {"no_token": [401, "UNAUTHENTICATED"], "other_run": [404, "RESOURCE_DOES_NOT_EXIST"],
+                     "new_run": [404, "ENDPOINT_NOT_FOUND"], "first": [200, None],
+                     "changed": [400, "INVALID_PARAMETER_VALUE"], "negative_step": [200, None]}, found
+    run = server.get(f"/api/runs/{run_id}")
+    assert run["logged_params"] == {"lr": "0.1"}  # the first value stays, as in MLflow
+    codes = [e["payload"].get("code") for e in events if e["type"] == "warning"]
+    assert codes.count("mlflow_not_recorded") == 2, codes  # runs/create, and the point no series holds
+    assert "loss" not in server.get(f"/api/runs/{run_id}/metrics")["series"]
