@@ -102,9 +102,10 @@ class _Courier:
     holds a producing thread back while ``MAX_UNSETTLED_EVENTS`` of its run's events are
     on their way to the store."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, run: ActorRef) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, run: ActorRef, cancel: threading.Event) -> None:
         self._loop = loop
         self._run = run
+        self._cancel = cancel
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._events: list[NodeEvent] = []
@@ -114,8 +115,10 @@ class _Courier:
         with self._lock:
             # Never on the loop's own thread (a graph walked at once is a few quick nodes:
             # the loop is what settles them), nor for a run whose actor is gone (nothing
-            # settles its events any more).
-            while self._unsettled >= MAX_UNSETTLED_EVENTS and self._run.is_alive and not self._on_loop():
+            # settles its events any more), nor once the run is cancelled (a run held by a
+            # full disk, whose events settle only once there is room, still stops).
+            while self._unsettled >= MAX_UNSETTLED_EVENTS and self._run.is_alive and not self._cancel.is_set() \
+                    and not self._on_loop():
                 self._room.wait(0.5)
             self._events.append(NodeEvent(kind, node_id, payload))
             self._unsettled += 1
@@ -193,7 +196,7 @@ def start(pool: Executor, message: Execute, loop: asyncio.AbstractEventLoop, run
         gathered = _Gathered()
         _execute(message, gathered)
         return Walked(tuple(gathered.events), gathered.outcome)
-    pool.submit(_execute, message, _Courier(loop, run))
+    pool.submit(_execute, message, _Courier(loop, run, message.cancel))
     return None
 
 

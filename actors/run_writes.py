@@ -1,7 +1,10 @@
 """A run's writes to the store, in the order its RunActor makes them. A write a full
-disk refused is tried again, with a growing pause, until it is stored; a finished run
-stops only once every write it made has been (a run is never left active without an
-owner). A committed change of status is told to the run's study, if it has one."""
+disk refused is tried again as soon as a write is stored again (the store's ``Room``
+says when), until it is stored; meanwhile the run's producer waits (its events settle
+only once stored), so a run hit by a full disk pauses, keeps nothing but what is
+waiting, loses nothing, and carries on once there is room. A finished run stops only
+once every write it made has been (a run is never left active without an owner). A
+committed change of status is told to the run's study, if it has one."""
 
 from __future__ import annotations
 
@@ -17,9 +20,6 @@ from actors.store import StoreClient
 from actors.store.runs import UpdateRun
 from protocol.errors import DiskFull
 
-_RETRY_FIRST_S = 0.5
-_RETRY_MAX_S = 30.0
-
 
 @dataclass(frozen=True)
 class Unwritten:
@@ -30,7 +30,8 @@ class Unwritten:
 
 @dataclass(frozen=True)
 class RetryWrites:
-    """To the RunActor itself: time to try the writes that did not fit again."""
+    """To the RunActor itself: a write was stored since its writes did not fit; time to
+    try them again."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class RunWrites:
         self.last: asyncio.Future[Any] | None = None  # the newest write's outcome
         self._unwritten: list[Any] = []
         self._retry_scheduled = False
-        self._backoff = _RETRY_FIRST_S
+        self._held: list[Callable[[], None]] = []  # producers' settles, held while writes are unwritten
         self._done: Callable[[], None] | None = None  # what to do once all is written
         self._discarded = False
 
@@ -71,6 +72,7 @@ class RunWrites:
     def discard(self) -> None:
         """The run's row was never stored: nothing more of it is written."""
         self._discarded = True
+        self._release_held()
 
     def after_committed(self, done: Callable[[], None]) -> None:
         """Calls ``done`` once the newest write made so far is committed (at once when
@@ -83,13 +85,32 @@ class RunWrites:
             last.add_done_callback(functools.partial(_if_committed, done))
 
     def after_settled(self, done: Callable[[], None]) -> None:
-        """Calls ``done`` once the newest write made so far has an outcome, stored or not
-        (at once when none is on its way, or once the run stops writing)."""
+        """Calls ``done`` once the newest write made so far is stored, or will never be
+        (it failed otherwise than for a full disk, or the run stops writing); at once when
+        none is on its way. One a full disk refused holds ``done`` until the writes it
+        left unwritten are stored: a run's producer then waits (its events in flight are
+        bounded) instead of piling up what the disk has no room for."""
         last = self.last
-        if last is None or last.done() or self._discarded:
+        if last is None or self._discarded:
             done()
+        elif not last.done():
+            last.add_done_callback(functools.partial(self._settle, done))
+        elif _refused(last) and (self._unwritten or self._retry_scheduled):
+            self._held.append(done)
         else:
-            last.add_done_callback(lambda _: done())
+            done()
+
+    def _settle(self, done: Callable[[], None], future: asyncio.Future[Any]) -> None:
+        # After ``_retry_if_full`` of the same write: its ``Unwritten`` is on its way.
+        if _refused(future) and not self._discarded:
+            self._held.append(done)
+        else:
+            done()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for settle in held:
+            settle()
 
     def then(self, done: Callable[[], None]) -> None:
         """Calls ``done`` once every write made so far (and retried) is stored."""
@@ -102,25 +123,28 @@ class RunWrites:
                 self._unwritten.append(op)
                 if not self._retry_scheduled:
                     self._retry_scheduled = True
-                    asyncio.get_running_loop().call_later(self._backoff, self._ref.tell, RetryWrites())
-                    self._backoff = min(_RETRY_MAX_S, self._backoff * 2)
+                    self._store.room.when_room(functools.partial(self._ref.tell, RetryWrites()))
             case RetryWrites():
                 ops, self._unwritten = self._unwritten, []
                 self._retry_scheduled = False
                 for op in ops:
                     self.send(op)
-                if self._done is not None:
-                    self._when_written()
+                self._when_written()
             case Written():
                 if self.last is not None and not self.last.done():
                     return  # a retried write is still on its way; its own Written follows
-                if self._done is not None and not self._unwritten and not self._retry_scheduled:
-                    self._done()
+                if not self._unwritten and not self._retry_scheduled:
+                    self._release_held()
+                    done, self._done = self._done, None
+                    if done is not None:
+                        done()
 
     def _when_written(self) -> None:
         if self.last is None:
-            if self._done is not None:
-                self._done()
+            self._release_held()
+            done, self._done = self._done, None
+            if done is not None:
+                done()
             return
         self.last.add_done_callback(lambda _: self._ref.tell(Written()))
 
@@ -130,8 +154,13 @@ def _if_committed(done: Callable[[], None], future: asyncio.Future[Any]) -> None
         done()
 
 
+def _refused(future: asyncio.Future[Any]) -> bool:
+    """Whether a done write was refused for a full disk."""
+    return not future.cancelled() and isinstance(future.exception(), DiskFull)
+
+
 def _retry_if_full(ref: ActorRef, op: Any, future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and isinstance(future.exception(), DiskFull):
+    if _refused(future):
         ref.tell(Unwritten(op))
 
 

@@ -11,6 +11,7 @@ the reads from the merged tables.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,9 @@ class StoreActor(ThreadActor):
         if isinstance(message, Commit):
             return self.writer.commit(message.ops)
         if isinstance(message, Checkpoint):
-            self.writer.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            # No room to copy the log into: it stays whole, and the next one copies it.
+            with contextlib.suppress(apsw.FullError):
+                self.writer.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
             return None
         if Writer.reads(message):
             return self.writer.read(message)

@@ -14,7 +14,7 @@ than the commit. A large batch, or any other write (retention, recovery, deletes
 may take long), goes to the store's thread as a ``Commit``, and SQLite works there while
 the loop goes on. The loop's connection never
 copies the write-ahead log into the database (that ends with an fsync): every
-``CHECKPOINT_EVERY`` of its commits, the store's thread is told to.
+``CHECKPOINT_EVERY`` of its commits, the store's thread does, between two batches.
 
 A few reads that an index and a limit keep small (the run list without a search, the
 workers, card policies, a graph's last peak, a stream's first page of a run's events)
@@ -41,6 +41,7 @@ from actors.errors import StoreUnavailable
 from actors.store.actor import Checkpoint, Commit
 from actors.store.events import AppendEvents, EventRow
 from actors.store.memory import CardPolicies, LastPeak
+from actors.store.room import Room
 from actors.store.run_list import ListRuns
 from actors.store.runs import InsertRun, ReadStream, UpdateRun
 from actors.store.sweeps import CreateSweep, created_runs
@@ -158,9 +159,12 @@ class StoreClient:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     # run id -> its log as stored, every row from the first, while it is small
     _logs: OrderedDict[str, _Log] = field(default_factory=OrderedDict)
+    # Whether the disk had room at the last write, and who waits for it to have some.
+    room: Room = field(init=False)
 
     def __post_init__(self) -> None:
         self._idle.set()
+        self.room = Room(self.write, lambda: self.ref is not None and self.ref.is_alive)
 
     def bind(self, ref: ThreadActorRef) -> None:
         """The store's actor (again, after a restart: the loop's connection opens again
@@ -249,6 +253,7 @@ class StoreClient:
                     continue
                 committed = tuple((p.op, outcome) for p, outcome in zip(batch, outcomes, strict=True)
                                   if not isinstance(outcome, Exception))
+                self.room.saw(outcomes, bool(committed))
                 self._follow_logs(committed)
                 if committed:
                     try:
@@ -301,6 +306,9 @@ class StoreClient:
 
     async def _commit(self, ops: tuple[Any, ...]) -> list[Any]:
         """One outcome per op: its result, or the exception it raised alone."""
+        if self._since_checkpoint >= CHECKPOINT_EVERY:
+            self._since_checkpoint = 0
+            await self._checkpoint()
         here = self._commit_here(ops)
         if here is not None:
             return here
@@ -322,10 +330,19 @@ class StoreClient:
         if outcomes is _THREAD:
             return None
         self._since_checkpoint += 1
-        if self._since_checkpoint >= CHECKPOINT_EVERY:
-            self._since_checkpoint = 0
-            self._store().tell(Checkpoint())
         return outcomes
+
+    async def _checkpoint(self) -> None:
+        """The write-ahead log copied into the database by the store's thread, between two
+        batches: no write of the loop's runs beside the copy, so it copies every frame, and the
+        next write starts the log again from its beginning. Told beside the loop's writes,
+        it never caught up with them, and the log was never started again: a Ticker at
+        interval 0 grew it by 100 MB a second (1.6 GB for a database of 15 MB), which
+        filled a small disk in a second and took back any room a full one was given."""
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._store().submit(Checkpoint())), WRITE_TIMEOUT_S)
+        except Exception as exc:  # the next one copies what this one did not
+            log.warning("copying the store's write-ahead log failed: %s: %s", type(exc).__name__, exc)
 
     def _here(self, work: Callable[[Writer], Any]) -> Any:
         """``work`` done with the loop's connection; ``_THREAD`` when the thread is to do

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import hello, sleeper
+from tests.helpers import graph, hello, node, sleeper
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 24 MB tmpfs, or a skip saying why there is none (CI runs as root: there is)."""
-    mount = tmp_path / "small"
+@contextlib.contextmanager
+def _tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size``, or a skip saying why there is none (CI runs as root: there is)."""
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True,
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
                           text=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill (needs root): {made.stderr.strip() or made.returncode}")
@@ -31,6 +30,20 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MB tmpfs."""
+    with _tmpfs(tmp_path / "small", "24m") as mount:
+        yield mount
+
+
+@pytest.fixture
+def roomy_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MB tmpfs: room for a run of 40,000 points (about 12 MB stored) once the filler is gone."""
+    with _tmpfs(tmp_path / "roomy", "32m") as mount:
+        yield mount
 
 
 def _fill(disk: Path) -> Path:
@@ -100,3 +113,55 @@ def test_a_full_disk_refuses_what_does_not_fit_and_strands_no_run(make_server, s
     assert server.submit(hello())["status"] == "queued"  # and the server goes on
     log = "".join(server.output)
     assert "Traceback" not in log and "cannot rollback" not in log, log[-3000:]
+
+
+FULL_LINE = "is full:"  # the store's warning, said at most once per 30 s while writes are refused
+
+
+@pytest.mark.timeout(180)
+def test_a_full_disk_ends_cleanly_once_there_is_room(make_server, roomy_disk):
+    """Issue 62: a run hit by a full disk waits (its producer held, nothing dropped) and
+    carries on the moment there is room again; the first write stored after the full disk
+    (here, a submission) is what says so, not a pause of the run's own. The disk stays full
+    past 30 s, the longest pause a run's retries once grew to: a Ticker run was still
+    ``running`` long after the room came back."""
+    server = make_server(home=roomy_disk / "home")
+    count = 40_000
+    ticker = server.submit(graph(node("t", "core.Ticker", count=count, interval=0.0001)))["run_id"]
+    server.wait_status(ticker, "running")
+    filler = _fill(roomy_disk)
+    try:
+        server.poll_until(lambda: "".join(server.output).count(FULL_LINE) >= 1, timeout=30)
+        server.submit(hello(), expect=507)
+        # Refused writes for 30 s and more: the second line of the store's warning.
+        server.poll_until(lambda: "".join(server.output).count(FULL_LINE) >= 2, timeout=90)
+        assert server.get(f"/api/runs/{ticker}")["status"] == "running"  # waiting for room, not ended
+    finally:
+        filler.unlink()
+    # The very next submission is stored, and the waiting run carries on at once.
+    assert server.submit(hello())["status"] == "queued"
+    server.poll_until(lambda: server.get(f"/api/runs/{ticker}")["status"] != "running", timeout=15)
+    assert server.get(f"/api/runs/{ticker}")["status"] == "succeeded"
+    points = server.get(f"/api/runs/{ticker}/metrics")["series"]["tick"]
+    assert [p["step"] for p in points] == list(range(1, count + 1))  # nothing dropped while it waited
+    events = server.events_until_finished(ticker, timeout=60)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert server.submit(hello())["status"] == "queued"  # what it wrote left room, as it does on a roomy disk
+    log = "".join(server.output)
+    assert "Traceback" not in log and "while handling Checkpoint" not in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_busy_run_fits_on_a_disk_its_points_fit_on(make_server, roomy_disk):
+    """The store's write-ahead log starts again from its beginning as a run writes: 40,000
+    points (about 12 MB stored) fit on a 32 MB disk. The log used to grow by every commit
+    of a busy run (1.6 GB for a database of 15 MB), filled this disk within a second and
+    could never be copied back into the database: every later write was refused."""
+    server = make_server(home=roomy_disk / "home")
+    count = 40_000
+    ticker = server.submit(graph(node("t", "core.Ticker", count=count, interval=0.0002)))["run_id"]
+    server.poll_until(lambda: server.get(f"/api/runs/{ticker}")["status"] != "running", timeout=90)
+    assert server.get(f"/api/runs/{ticker}")["status"] == "succeeded"
+    assert len(server.get(f"/api/runs/{ticker}/metrics")["series"]["tick"]) == count
+    assert server.submit(hello())["status"] == "queued"
+    assert FULL_LINE not in "".join(server.output)
