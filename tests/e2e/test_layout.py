@@ -81,12 +81,15 @@ def _content(server, tmp_path) -> dict[str, Any]:
 
 def _views(content: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(name, address, what shows it is drawn)."""
-    return [("run page", f"#/runs/{content['run']}", "#run-artifacts table"),
+    return [("run page", f"#/runs/{content['run']}", "#run-params table"),
             ("run page with a console and events", f"#/runs/{content['talker']}", "#run-console:not(:empty)"),
             ("compare", f"#/compare/{content['compare']}", "table.compare"),
             ("sweep", f"#/sweeps/{content['sweep']}", "#sweep-charts .chart.parallel"),
             ("study", f"#/studies/{content['study']}", "#study h2"),
             ("runs list", "#/runs", "#rows tr"),
+            ("runs list filtered and grouped",
+             "#/runs?where=status%20!%3D%20'failed'&group_by=job.vars.steps&metric=loss",
+             "#run-groups figure.chart.bands"),
             ("workers", "#/workers", "#worker-rows tr"),
             ("editor", "#/editor", "#exec-log-lines")]
 

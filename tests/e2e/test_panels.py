@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON, confirm, screenshot
+from tests.e2e.conftest import MISSING, REASON, confirm, screenshot, show
 from tests.helpers import hello
 from tests.integration.test_studies_functional import post, study_body, variants, wait_state
 from tests.integration.test_workers_functional import read_until, start_agent
@@ -130,6 +130,7 @@ def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(o
         expect(row).to_contain_text("cuda:0 shared: 0.0 of 23.0 GiB promised (0 runs)")
         screenshot(tab, "workers-shared-card.png")
 
+        show(tab, "#/editor")  # Queue on… is the editor's: a results view leaves it out
         tab.get_by_role("button", name="Queue on…").click()
         dialog = tab.locator("dialog[open]")
         dialog.locator('select[name="device"]').select_option("auto")
@@ -143,7 +144,7 @@ def test_share_a_card_by_memory_and_queue_a_run_on_it_with_an_estimated_budget(o
         server.events_until_finished(run["id"])
         detail = server.get(f"/api/runs/{run['id']}")
         assert detail["memory_budget_source"] == "declared" and detail["worker"] == "gpu-a"
-        tab.get_by_role("button", name="Runs").click()
+        show(tab, "#/runs")
         tab.locator(f'tr[data-run="{run["id"]}"]').click()
         expect(tab.locator("#run-head .facts")).to_contain_text(f"{detail['memory_budget_mib']} MiB (declared)")
         expect(tab.locator("#run-head .facts")).to_contain_text("Peak memory")
@@ -161,6 +162,7 @@ def test_queue_a_run_on_the_one_shot_pool_and_the_batch_agent_exits_after_it(ope
         read_until(agent, "connected as batch-a")
         tab.get_by_role("button", name="Workers").click()
         expect(tab.locator('tr[data-worker="batch-a"]')).to_contain_text("one-shot: takes one run, then exits")
+        show(tab, "#/editor")
         tab.get_by_role("button", name="Queue on…").click()
         dialog = tab.locator("dialog[open]")
         dialog.locator('select[name="target"]').select_option("one-shot")
@@ -235,9 +237,9 @@ def test_the_inspector_reads_a_worker_runs_outputs_through_its_connection(open_p
 
 
 def test_the_new_sweep_dialog_offers_string_params_and_a_range_a_log_scale_takes(open_page):
-    _, tab, errors = open_page()
+    _, tab, errors = open_page(view="#/editor")
     tab.locator("#examples").select_option("digits_mlp")
-    tab.get_by_role("button", name="Sweeps").click()
+    show(tab, "#/sweeps")
     tab.get_by_role("button", name="New sweep…").click()
     dialog = tab.locator("dialog[open]")
     dialog.locator("[data-field=param]").select_option(label="mlp.hidden (string)")

@@ -5,7 +5,7 @@ import { closeCompare, openCompare } from "./compare.js";
 import { initEditor } from "./editor.js";
 import { classLinkDialog, refreshPeople } from "./people.js";
 import { closeRunPage, openRunPage } from "./runpage.js";
-import { initRunList, refreshRuns } from "./runs.js";
+import { initRunList, listFromAddress, refreshRuns } from "./runs.js";
 import { refreshStudies, showStudy } from "./studies.js";
 import { newSweepDialog, refreshSweeps, showSweep } from "./sweeps.js";
 import { api, el, login, openDialog, session, sessionName, showMessage, visit, visiting } from "./util.js";
@@ -59,7 +59,9 @@ async function route() {
     history.replaceState(null, "", "#/runs");
   }
   const here = visit();
-  const [kind, arg] = location.hash.replace(/^#\/?/, "").split("/");
+  // #/runs?where=...: the Runs list's filters ride after a "?" (a where may hold a "/").
+  const [path, said = ""] = location.hash.replace(/^#\/?/, "").split(/\?(.*)/s);
+  const [kind, arg] = path.split("/");
   resultsOnly(RESULTS.has(kind) || kind === "compare");
   if (RESULTS.has(kind) && !arg && kind !== current && !["sweeps", "studies"].includes(kind)) showTab(kind);
   closeRunPage();
@@ -90,6 +92,7 @@ async function route() {
     showTab("studies");
     await showStudy(arg || null);
   } else {
+    if (kind === "runs") listFromAddress(said);
     await refreshRuns();
   }
   if (kind === "editor") window.dispatchEvent(new Event("resize"));  // the canvas takes its room back
@@ -158,8 +161,19 @@ function switchView(event) {
   if (to && location.hash !== to) location.hash = to;
 }
 
+// A login link opened in a browser that has a session: the server sent the page on without
+// the token, the link unspent; the page says so and drops the mark from the address bar.
+function linkKept() {
+  if (!new URLSearchParams(location.search).has("link-unspent")) return;
+  history.replaceState(null, "", "/" + location.hash);
+  document.body.prepend(el("div", { class: "login-banner", role: "status", id: "link-unspent" },
+    "This browser is logged in already, so the login link you opened was not used: it still opens a session in "
+    + "another browser. To use it here, log out first."));
+}
+
 async function start() {
   if (login === "link") return redeemLink();
+  linkKept();
   const info = await api("GET", "/api/info");
   document.body.classList.add(`session-${login === "in" ? session : "none"}`);
   if (login !== "in" && info.login.reads_need_session) return loginWall();
@@ -179,7 +193,7 @@ async function start() {
   myName.textContent = myName.title = `You: ${sessionName}`; // the title: the whole name, cut short in the toolbar
   myName.addEventListener("click", () => openDialog("Your name", (form) => form.append(
     el("label", { for: "my-name-input" }, "The name your teacher sees in who is connected"),
-    el("input", { id: "my-name-input", name: "name", maxlength: 60, required: true, value: sessionName.startsWith("guest ") ? "" : sessionName })), {
+    el("input", { id: "my-name-input", name: "name", maxlength: 40, required: true, value: sessionName.startsWith("guest ") ? "" : sessionName })), {
     submitLabel: "Save",
     submit: async (form) => {
       const { label } = await api("PUT", "/api/sessions/me", { name: form.elements.name.value });

@@ -2,11 +2,15 @@
 // study's runs folded into one row that opens; filter chips, a search box (name, id,
 // tags, note), tags on each row and the param and metric columns a person picked; Stop,
 // Watch (into the editor's execution log), CSV and Delete; tick two to eight runs to
-// compare them. A run opens as its own page (#/runs/ID, runpage.js).
+// compare them; a filter box (a where expression, where_box.js) and Group by (groups.js).
+// What narrows or folds the list is in its address (#/runs?status=...&where=...), so a
+// reload or a shared link keeps it. A run opens as its own page (#/runs/ID, runpage.js).
 
 import { columnCells, columnHeaders, columnId, columnValue, columnsDialog, pickedColumns } from "./columns.js";
 import { follow } from "./execlog.js";
+import { showGroups } from "./groups.js";
 import { api, age, confirmDialog, duration, el, progressText, showMessage } from "./util.js";
+import { initWhereBox, knownKeys, loadKeys, showWhere, whereError } from "./where_box.js";
 
 const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Succeeded", "succeeded"],
   ["Failed", "failed"], ["Cancelled", "cancelled"], ["Interrupted", "interrupted"]];
@@ -14,6 +18,9 @@ export const ACTIVE = new Set(["queued", "running", "disconnected"]);
 const MAX_COMPARE = 8;
 let filter = "";
 let search = "";
+let where = "";  // a where expression, as typed (the server reads it)
+let groupBy = "";  // a key: the list folded into a row per value
+let groupMetric = "";  // the series each group's row sums up
 const opened = new Set(); // "sweep:ID" / "study:ID": the groups shown open
 const picked = new Set(); // run ids ticked for Compare
 let loaded = []; // the run rows listed, whose params and series the Columns dialog offers
@@ -143,7 +150,47 @@ function query(extra) {
   const params = new URLSearchParams(extra);
   if (filter) params.set("status", filter);
   if (search) params.set("q", search);
+  if (where) params.set("where", where);
   return params;
+}
+
+// The list's state as its address says it: #/runs?status=failed&q=...&where=...&group_by=KEY&metric=SERIES.
+function listAddress() {
+  const params = query({});
+  if (groupBy) params.set("group_by", groupBy);
+  if (groupBy && groupMetric) params.set("metric", groupMetric);
+  const said = params.toString().replace(/\+/g, "%20");
+  return `#/runs${said ? `?${said}` : ""}`;
+}
+
+function keepAddress() {
+  if (/^#\/runs(\?|$)/.test(location.hash) && location.hash !== listAddress()) history.replaceState(null, "", listAddress());
+}
+
+// #/runs with a query sets the list's state (a reload, a shared link); #/runs alone (the
+// tab, ← Runs) keeps what the list had and writes it back into the address.
+export function listFromAddress(said) {
+  const params = new URLSearchParams(said);
+  if ([...params.keys()].length) {
+    filter = params.get("status") || "";
+    search = params.get("q") || "";
+    where = params.get("where") || "";
+    groupBy = params.get("group_by") || "";
+    groupMetric = params.get("metric") || "";
+    shown = PAGE;
+  }
+  document.getElementById("run-search").value = search;
+  showWhere(where);
+  renderChips();
+  renderGroupBy();
+}
+
+// A where the server refused (malformed, an unknown key): said by the box, the list empty.
+function refused(error) {
+  const whose = (error.error || {}).pointer;
+  if (!where || error.status !== 400 || !String(error.code || "").startsWith("where_") || whose === "?group_by") throw error;
+  whereError(error, where);
+  return { rows: [], more: false, refused: true };
 }
 
 async function listRows() {
@@ -219,8 +266,16 @@ let refreshes = 0;  // the newest refresh draws: an older answer that lands late
 
 export async function refreshRuns() {
   const mine = ++refreshes;
+  keepAddress();
+  loadKeys().then(renderGroupBy);
+  const grouped = document.getElementById("run-groups");
+  grouped.hidden = !groupBy;
+  document.getElementById("run-list").hidden = Boolean(groupBy);
   const [unsorted, running, queues] = await Promise.all([
-    listRows(), api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
+    groupBy ? showGroups(grouped, { key: groupBy, metric: groupMetric, filters: query({}), where, narrow,
+      current: () => mine === refreshes }).then(() => ({ rows: [], more: false }), refused) : listRows().catch(refused),
+    api("GET", "/api/runs?status=running&limit=500"), api("GET", "/api/queues")]);
+  if (mine === refreshes && !unsorted.refused) whereError(null);
   const list = { ...unsorted, rows: sorted(unsorted.rows) };
   const openGroups = list.rows.filter((r) => r.kind && opened.has(`${r.kind}:${r.id}`));
   const members = new Map(await Promise.all(openGroups.map(async (g) => [`${g.kind}:${g.id}`, await groupMembers(g)])));
@@ -231,7 +286,7 @@ export async function refreshRuns() {
     const key = `${row.kind}:${row.id}`;
     return [groupRow(row), ...sorted(members.get(key) || []).map((member) => renderRow(member, true))];
   }), list.rows));
-  const narrowed = Boolean(search || filter);
+  const narrowed = Boolean(search || filter || where);
   document.getElementById("empty").hidden = list.rows.length > 0 || narrowed;
   document.getElementById("no-match").hidden = list.rows.length > 0 || !narrowed;
   const more = document.getElementById("more");
@@ -253,7 +308,48 @@ export function renderChips() {
   }, label)));
 }
 
+// A where typed into the box (Enter): the list narrows to it.
+function applyWhere(text) {
+  if (text === where) return;
+  where = text;
+  shown = PAGE;
+  refreshRuns().catch((e) => showMessage(e.message));
+}
+
+// A group's row: the filter box takes its condition, the list unfolds to those runs.
+function narrow(cond) {
+  groupBy = "";
+  renderGroupBy();
+  const text = where ? `(${where}) and ${cond}` : cond;
+  document.getElementById("run-where").value = text;
+  applyWhere(text);
+}
+
+// Group by offers the keys that exist but a series (fixed ones first, as the server
+// lists them), and once grouped the series to sum up.
+function fillSelect(select, values, chosen, none) {
+  const all = [...new Set([...values, ...(chosen ? [chosen] : [])])];
+  const have = [...select.options].slice(1).map((o) => o.value);
+  if (have.join("\n") !== all.join("\n")) {
+    select.replaceChildren(el("option", { value: "" }, none), ...all.map((v) => el("option", { value: v }, v)));
+  }
+  select.value = chosen;
+}
+
+function renderGroupBy() {
+  const keys = knownKeys();
+  const series = (k) => ["metric", "best"].includes(k.kind);
+  fillSelect(document.getElementById("group-by"), keys.filter((k) => !series(k)).map((k) => k.key), groupBy, "nothing");
+  fillSelect(document.getElementById("group-metric"), keys.filter((k) => k.kind === "metric")
+    .map((k) => k.key.replace(/^metric\./, "").replace(/^`(.*)`$/, "$1")), groupMetric, "none");
+  document.getElementById("group-metric-box").hidden = !groupBy;
+}
+
 export function initRunList() {
+  initWhereBox(applyWhere);
+  const again = () => { shown = PAGE; renderGroupBy(); refreshRuns().catch((e) => showMessage(e.message)); };
+  document.getElementById("group-by").addEventListener("change", (e) => { groupBy = e.target.value; again(); });
+  document.getElementById("group-metric").addEventListener("change", (e) => { groupMetric = e.target.value; again(); });
   let pending = null;
   document.getElementById("run-search").addEventListener("input", (event) => {
     clearTimeout(pending);
