@@ -152,7 +152,7 @@ class RunActor(Actor):
             case NodeEvents(events, settled):
                 for event in events:
                     self._on_node_event(event.type, event.node_id, event.payload)
-                if settled is not None:  # their producer goes on once they are stored (or refused)
+                if settled is not None:  # their producer goes on once they are stored (held while the disk is full)
                     self._flush_events()
                     self._writes.after_settled(functools.partial(settled, len(events)))
             case GraphEnded(outcome):
