@@ -370,6 +370,14 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     # 24: the params and tags a run's script logged (MLflow's log_param, set_tag):
     # actors/store/logged.py.
     logged.SCHEMA,
+    # 25: who started each sweep (a session's id, or "server"), as its runs record it:
+    # a class session cancels only its own sweeps. An older sweep takes its runs'
+    # submitter; one with none left has none (the teacher's).
+    """
+    ALTER TABLE sweeps ADD COLUMN submitted_by TEXT;
+    UPDATE sweeps SET submitted_by = (SELECT r.submitted_by FROM sweep_variants v JOIN runs r ON r.id = v.run_id
+                                      WHERE v.sweep_id = sweeps.id AND r.submitted_by IS NOT NULL LIMIT 1);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

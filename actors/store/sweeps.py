@@ -67,9 +67,10 @@ def created_runs(op: object) -> tuple[RunRecord, ...]:
 def create_sweep(conn: apsw.Connection, sweep: Mapping[str, Any], variants: Sequence[Mapping[str, Any]],
                  runs: Sequence[RunRecord]) -> None:
     conn.execute(
-        "INSERT INTO sweeps(id, name, state, spec, objective, domains, total, created_at) VALUES (?,?,?,?,?,?,?,?)",
+        "INSERT INTO sweeps(id, name, state, spec, objective, domains, total, created_at, submitted_by) "
+        "VALUES (?,?,?,?,?,?,?,?,?)",
         (sweep["id"], sweep["name"], "running", json.dumps(sweep["spec"]), json.dumps(sweep["objective"]),
-         json.dumps(sweep["domains"]), sweep["total"], sweep["created_at"]),
+         json.dumps(sweep["domains"]), sweep["total"], sweep["created_at"], sweep.get("submitted_by")),
     )
     note_direction(conn, sweep["objective"])
     for row in runs:
@@ -102,11 +103,11 @@ def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
 
 def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
     found = conn.execute(
-        "SELECT id, name, state, spec, objective, domains, total, created_at FROM sweeps WHERE id = ?", (sweep_id,)
-    ).fetchall()
+        "SELECT id, name, state, spec, objective, domains, total, created_at, submitted_by FROM sweeps WHERE id = ?",
+        (sweep_id,)).fetchall()
     if not found:
         return None
-    sid, name, state, spec, objective, domains, total, created_at = found[0]
+    sid, name, state, spec, objective, domains, total, created_at, submitted_by = found[0]
     variants = []
     for idx, run_id, params, seed, kept_status, value, finals, live_status in conn.execute(
         "SELECT v.idx, v.run_id, v.params, v.seed, v.status, v.objective_value, v.final_metrics, r.status "
@@ -128,7 +129,7 @@ def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
         })
     return {"id": sid, "name": name, "state": state, "spec": json.loads(str(spec)),
             "objective": json.loads(str(objective)), "domains": json.loads(str(domains)), "total": total,
-            "created_at": created_at, "variants": variants}
+            "created_at": created_at, "submitted_by": submitted_by, "variants": variants}
 
 
 def set_state(conn: apsw.Connection, sweep_id: str, state: str) -> None:
@@ -137,10 +138,12 @@ def set_state(conn: apsw.Connection, sweep_id: str, state: str) -> None:
 
 def list_sweeps(conn: apsw.Connection) -> list[dict[str, Any]]:
     # A sweep none of whose runs is active is finished, as a read of it would settle.
-    return [{"id": i, "name": n, "state": s, "total": t, "created_at": c} for i, n, s, t, c in conn.execute(
+    return [{"id": i, "name": n, "state": s, "total": t, "created_at": c, "submitted_by": b}
+            for i, n, s, t, c, b in conn.execute(
         "SELECT id, name, CASE WHEN state IN ('running', 'cancelling') AND NOT EXISTS ("
         "  SELECT 1 FROM sweep_variants v JOIN runs r ON r.id = v.run_id WHERE v.sweep_id = sweeps.id"
-        "  AND r.status IN ('queued', 'running', 'disconnected')) THEN 'finished' ELSE state END, total, created_at "
+        "  AND r.status IN ('queued', 'running', 'disconnected')) THEN 'finished' ELSE state END, total, created_at, "
+        "submitted_by "
         "FROM sweeps ORDER BY created_at DESC, rowid DESC")]
 
 
