@@ -15,7 +15,8 @@ import apsw
 
 from actors.errors import RunNotFound
 from actors.store.run_groups import group_rows, run_keys
-from actors.store.run_where import compile_node, conjuncts, page
+from actors.store.run_page import page
+from actors.store.run_where import compile_node, conjuncts, search_params
 from actors.store.runs import SELECT_LISTED, SELECT_RUNS, listed_row, run_row, tags_of, whole_graph
 from actors.store.table import Table
 from protocol.where import Key, Node
@@ -129,9 +130,11 @@ def _filters(conn: apsw.Connection, query: ListRuns | ListGroups | GroupRuns) ->
         # of the store for seconds.
         matches = [f"{column} LIKE ? ESCAPE '\\'" for column in ("r.name", "r.id", "r.note")]
         matches.append("EXISTS (SELECT 1 FROM run_tags t WHERE t.run_id = r.id AND t.tag LIKE ? ESCAPE '\\')")
-        matches.append("EXISTS (SELECT 1 FROM run_params p WHERE p.seq = r.enqueue_seq AND p.value LIKE ? "
-                       "ESCAPE '\\')")
-        args.extend([like] * 5)
+        args.extend([like] * 4)
+        in_params = search_params(conn, query.search)
+        if in_params is not None:
+            matches.append(in_params[0])
+            args.extend(in_params[1])
         # The types it names are read once (a few dozen keys), not once a run.
         types = [k for (k,) in conn.execute("SELECT id FROM index_keys WHERE kind = 'type' AND runs > 0 AND "
                                             "name LIKE ? ESCAPE '\\'", (like,))]

@@ -1,18 +1,10 @@
 """``where`` as SQL: a parsed filter (``protocol/where.py``) compiled against the run
 index (``run_index.py``) into parameterised SQL (no value is ever written into the text),
-and the plan that finds a page of it, newest first, without walking a year of runs.
+which ``run_page.py`` plans a page of.
 
 Each condition compiles to a predicate on a run row ``r`` (``EXISTS`` in the index, or a
 column of ``runs``) and, where an index holds it, to a source: a ``SELECT seq`` over that
-index alone. A page is found one of three ways (``page``):
-
-* by the narrowest source when it holds few runs (counted, at most ``FEW``): its runs
-  are read, checked against the rest and sorted; a param that few runs have, a metric
-  range near the best;
-* by a source that an index hands over newest first (a param's, a type's or a status'
-  equality): walked from the newest until the page is full;
-* else by the runs themselves, newest first, each checked: every condition holds for
-  many runs, so a page is near.
+index alone (an index range: a param's equality or range, a metric's range).
 
 Called only from the store's thread.
 """
@@ -28,10 +20,8 @@ import apsw
 from protocol.errors import WhereUnknownKey
 from protocol.where import Cond, Junction, Key, Node, Span, Value
 
-FEW = 10_000  # a source with at most this many runs is read whole and sorted
 
-
-@dataclass
+@dataclass(eq=False)  # each part is itself (the planner keeps them in a dict)
 class Part:
     """One compiled condition: ``pred`` (SQL true of a run row ``r``) and, when an
     index holds it, ``source`` (SQL whose rows are the ``seq`` of the runs it holds);
@@ -231,40 +221,61 @@ def conjuncts(conn: apsw.Connection, node: Node) -> list[Part]:
     return [compile_node(conn, node)]
 
 
-def _count(conn: apsw.Connection, part: Part, before: int | None, cap: int) -> int:
-    bound, args = ("WHERE seq < ?", [before]) if before is not None else ("", [])
-    return int(conn.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM ({part.source}) {bound} LIMIT ?)",  # type: ignore[arg-type]  # COUNT: an integer
-                            (*part.source_args, *args, cap + 1)).fetchall()[0][0])
+DISTINCT_TEXTS = 200  # a param's distinct text values read for a search; past them, its values are matched run by run
 
 
-def page(conn: apsw.Connection, parts: list[Part], others: list[str], other_args: list[Any], before: int | None,
-         limit: int) -> list[int]:
-    """The enqueue_seqs of the newest ``limit`` runs (before ``before``) that every part
-    and every other condition (``others``, on ``r``) holds for."""
-    cap, few, ordered = FEW, None, None
-    for part in parts:
-        if part.source is None:
-            continue
-        found = _count(conn, part, before, cap)
-        if found <= cap:
-            cap, few = found, part
-        if part.ordered and ordered is None:
-            ordered = part
-    lead = few or ordered
-    if lead is None:  # the runs themselves, newest first
-        checks = " AND ".join([*(["r.enqueue_seq < ?"] if before is not None else []),
-                               *(f"({p.pred})" for p in parts), *others]) or "1"
-        sql = f"SELECT r.enqueue_seq FROM runs r WHERE {checks} ORDER BY r.enqueue_seq DESC LIMIT ?"
-        args = [*([before] if before is not None else []), *(a for p in parts for a in p.args), *other_args, limit]
-    else:
-        rest = [p for p in parts if p is not lead]
-        checks = " AND ".join([*(["d.seq < ?"] if before is not None else []), *(f"({p.pred})" for p in rest),
-                               *others]) or "1"
-        # An equality's index hands its runs over newest first: no sort, the walk stops
-        # with the page. A few runs of any source are read whole (once each) and sorted.
-        source = lead.source if lead.ordered else f"SELECT DISTINCT seq FROM ({lead.source})"
-        sql = (f"SELECT r.enqueue_seq FROM ({source}) d CROSS JOIN runs r ON r.enqueue_seq = d.seq "
-               f"WHERE {checks} ORDER BY d.seq DESC LIMIT ?")
-        args = [*lead.source_args, *([before] if before is not None else []), *(a for p in rest for a in p.args),
-                *other_args, limit]
-    return [int(seq) for (seq,) in conn.execute(sql, args)]
+def search_params(conn: apsw.Connection, text: str) -> tuple[str, list[Any]] | None:
+    """``q`` among param values, as a predicate on ``r``: a text value that contains the
+    text (ignoring case), a number equal to it. The values that match are found first,
+    among each param's distinct values (a few, read by the value index: not once a run),
+    so each run is then one or two look-ups; None when no value can match. A param with
+    more distinct texts than ``DISTINCT_TEXTS`` (a per-run path) is matched run by run."""
+    needle = text.casefold()
+    number = _number(text)
+    pairs: list[Any] = []
+    wide: list[int] = []
+    for (key,) in conn.execute("SELECT id FROM index_keys WHERE kind = 'param' AND runs > 0").fetchall():
+        values, more = _texts(conn, int(key))  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
+        if more:
+            wide.append(int(key))  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
+        pairs += [(key, value) for value in values if needle in value.casefold()]
+        if number is not None and conn.execute("SELECT 1 FROM run_params WHERE key = ? AND value = ? LIMIT 1",
+                                               (key, number)).fetchall():
+            pairs.append((key, number))
+    tests, args = [], []
+    if pairs:
+        keys = sorted({key for key, _ in pairs})
+        tests.append(f"(p.key IN ({', '.join('?' for _ in keys)}) AND (p.key, p.value) IN "
+                     f"(VALUES {', '.join('(?, ?)' for _ in pairs)}))")
+        args += [*keys, *(x for pair in pairs for x in pair)]
+    if wide:
+        tests.append(f"(p.key IN ({', '.join('?' for _ in wide)}) AND p.value LIKE ? ESCAPE '\\')")
+        args += [*wide, _like(text)]
+    if not tests:
+        return None
+    return f"EXISTS (SELECT 1 FROM run_params p WHERE p.seq = r.enqueue_seq AND ({' OR '.join(tests)}))", args
+
+
+def _texts(conn: apsw.Connection, key: int) -> tuple[list[str], bool]:
+    """A param's distinct text values (at most ``DISTINCT_TEXTS``), one index seek each,
+    and whether it has more."""
+    found: list[str] = []
+    row = conn.execute("SELECT value FROM run_params WHERE key = ? AND value >= '' ORDER BY value LIMIT 1",
+                       (key,)).fetchall()
+    while row and isinstance(row[0][0], str):
+        if len(found) == DISTINCT_TEXTS:
+            return found, True
+        found.append(row[0][0])
+        row = conn.execute("SELECT value FROM run_params WHERE key = ? AND value > ? ORDER BY value LIMIT 1",
+                           (key, found[-1])).fetchall()
+    return found, False
+
+
+def _number(text: str) -> int | float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(number):
+        return None
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number

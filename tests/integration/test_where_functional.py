@@ -276,9 +276,10 @@ def test_the_keys_that_exist_are_listed_with_counts(lab):
 
 def test_retention_and_delete_take_a_runs_index_rows(make_server):
     server = make_server(TROUPE_RUN_RETENTION_KEEP_LAST="2")
-    ids = [server.submit(trial(lr, 0.5, 0.0))["run_id"] for lr in (0.1, 0.2, 0.3)]
-    for run_id in ids:
-        server.events_until_finished(run_id)
+    ids = []
+    for lr in (0.1, 0.2, 0.3):  # each followed to its end before the next (the first is pruned at the third's)
+        ids.append(server.submit(trial(lr, 0.5, 0.0))["run_id"])
+        server.events_until_finished(ids[-1])
     server.poll_until(lambda: len(server.get("/api/runs")["runs"]) == 2)
     keys = {k["key"]: k["runs"] for k in server.get("/api/runs/keys")["keys"]}
     assert (keys["adam.value"], keys["metric.val_loss"]) == (2, 2)
