@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import troupe
 from tests.helpers import graph, node
 from tests.integration.test_cli_functional import cli
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
@@ -87,6 +88,9 @@ def test_an_edited_script_gives_two_fingerprints_that_name_its_file_and_diff(mak
     assert compared.returncode == 0, compared.stderr
     assert "train: file train.py: sha256" in compared.stdout, compared.stdout
     assert "uncommitted diff (sha256)" in compared.stdout and "dirty False -> True" in compared.stdout
+    with troupe.Client(server.url, token=server.token) as client:  # a notebook asks the same
+        differs = client.get(second).fingerprint(against=first).against.differs  # type: ignore[union-attr]
+        assert differs["code.train.files.train.py.sha256"].other == _code(server, first)["files"][0]["sha256"]
     shown = cli(server, "show", second)
     assert "train.py  sha256 " in shown.stdout and "(git main " in shown.stdout and ", dirty" in shown.stdout
 

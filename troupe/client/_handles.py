@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.api import Event, RunDetail, RunRow
 from protocol.replies import MetricPoint, StudyDetail, SweepDetail
+from protocol.replies_runs import Fingerprint
 from troupe.client._errors import Timeout
 from troupe.client._follow import FINISHED, follow_run, run_events
 
@@ -163,6 +164,14 @@ class Run:
         """Its files (checkpoints, recorded outputs...): each with ``id``, ``path``,
         ``kind``, ``size`` and ``sha256``, as the run's record lists them."""
         return list(self.detail().artifacts)
+
+    def fingerprint(self, against: Run | str | None = None) -> Fingerprint:
+        """What executed it (the code its commands ran, its packs, the interpreter...);
+        ``against`` another run: also ``against.differs``, each field that differs
+        (``code.train.files.train.py.sha256`` -> this and other)."""
+        params = {"against": str(getattr(against, "id", against))} if against is not None else None
+        return Fingerprint.model_validate(self._client.http.request("GET", f"/api/runs/{self.id}/fingerprint",
+                                                                    params=params))
 
     def download(self, artifact: Any, to: str | Path) -> Path:
         """Writes one artifact (its id, or an entry of ``artifacts()``) to ``to`` (a
