@@ -69,6 +69,15 @@ class Forbidden(TroupeError):
     http_status = 403
 
 
+class NotYours(Forbidden):
+    """Raised when a class session would change what another session submitted (cancel,
+    delete, rename, retag or note a run; cancel a sweep; cancel or resume a study): that
+    is its submitter's and the teacher's to change. The code names what it was:
+    ``not_your_run``, ``not_your_sweep``, ``not_your_study``."""
+
+    code = "not_your_run"
+
+
 class HostNotAllowed(TroupeError):
     """Raised when the request's Host is not one this server answers to."""
 

@@ -48,6 +48,8 @@ class SweepSummary(_Reply):
     state: str
     total: int
     created_at: str
+    submitted_by: str | None = Field(default=None, description="the session that started it (server: the server's "
+                                                               "token; null: not recorded, the teacher's)")
 
 
 class SweepList(_Reply):
@@ -80,6 +82,8 @@ class SweepDetail(_Reply):
     created_at: str
     objective_warning: str | None = Field(default=None, description="a finished sweep whose runs never recorded "
                                                                     "the objective: what each recorded")
+    submitted_by: str | None = Field(default=None, description="the session that started it (server: the server's "
+                                                               "token; null: not recorded, the teacher's)")
 
 
 class SweepVariantState(_Reply):
@@ -104,6 +108,8 @@ class StudySummary(_Reply):
     halt_reason: str | None = None
     budget: Budget
     created_at: str
+    submitted_by: str | None = Field(default=None, description="the session that started it (server: the server's "
+                                                               "token; null: not recorded, the teacher's)")
 
 
 class StudyList(_Reply):

@@ -20,7 +20,7 @@ from web.errors import json_reply
 from web.login import submitter_of
 from web.queue_state import with_queue_reasons
 from web.requests import int_query, one_query, read_model, run_id_from
-from web.routes_runs import public_row, run_detail
+from web.routes_runs import own_run, public_row, run_detail
 
 routes = web.RouteTableDef()
 CURSOR_PATTERN = r"^([0-9]{1,18})?$"
@@ -228,6 +228,7 @@ async def edit_run(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     body = await read_model(request, RunEdit)
+    await own_run(svc, request, run_id, "rename, retag or note")
     given = body.model_fields_set
     await svc.store.write(EditRun(
         run_id, name=body.name, note=body.note,

@@ -23,6 +23,7 @@ from protocol.api import RunOptions, SubmitRun
 from protocol.errors import InvalidRequest, NotFound, StateConflict
 from protocol.graph import Graph, node_file_stem
 from web import checkpoints
+from web.change_rights import refuse_theirs
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -281,10 +282,19 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
+async def own_run(svc: Services, request: web.Request, run_id: str, doing: str) -> None:
+    """403 ``not_your_run`` unless the session may ``doing`` the run (``change_rights``:
+    a class session changes only its own); no such run is left to the route to say."""
+    row = await svc.store.read(GetRun(run_id))
+    if row is not None:
+        await refuse_theirs(svc, svc.login.who(request), "run", run_id, row.get("submitted_by"), doing)
+
+
 @routes.post("/api/runs/{run_id}/cancel")
 async def cancel_run(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
+    await own_run(svc, request, run_id, "cancel")
     run = svc.registry.lookup(f"runs/{run_id}")
     if run is not None:
         reply = await run.ask(Cancel())
@@ -297,6 +307,7 @@ async def cancel_run(request: web.Request) -> web.Response:
 async def delete_run(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
+    await own_run(svc, request, run_id, "delete")
     await svc.store.write(DeleteRun(run_id))
     return json_reply({"run_id": run_id, "deleted": True})
 

@@ -24,6 +24,7 @@ from protocol.graph import Graph
 from protocol.studies import ResumeStudy, SubmitStudy
 from subprocess_runner.studies import compile_variants, rank
 from subprocess_runner.validation import validate_graph
+from web.change_rights import refuse_theirs
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -50,7 +51,7 @@ def study_reply(study: dict[str, Any]) -> dict[str, Any]:
                       "run_id": a["run_id"], "status": a["status"], "objective_value": a["objective_value"]}
                      for a in study["attempts"]],
         "ranking": ranking, "unranked": unranked, "plugin_id": study["plugin_id"], "created_at": study["created_at"],
-        "notes": _notes(spec, study["budget"]),
+        "notes": _notes(spec, study["budget"]), "submitted_by": spec.get("submitted_by"),
     }
 
 
@@ -156,7 +157,8 @@ async def load(svc: Services, study_id: str) -> dict[str, Any]:
 async def list_studies(request: web.Request) -> web.Response:
     rows = await services(request).store.read(ListStudies())
     return json_reply({"studies": [
-        {k: r[k] for k in ("id", "name", "state", "halt_reason", "budget", "created_at")} for r in rows]})
+        {**{k: r[k] for k in ("id", "name", "state", "halt_reason", "budget", "created_at")},
+         "submitted_by": r["spec"].get("submitted_by")} for r in rows]})
 
 
 @routes.get("/api/studies/{study_id}")
@@ -181,6 +183,7 @@ async def get_study(request: web.Request) -> web.Response:
 async def cancel_study(request: web.Request) -> web.Response:
     svc = services(request)
     study = await load(svc, hex_id(request, "study"))
+    await refuse_theirs(svc, svc.login.who(request), "study", study["id"], study["spec"].get("submitted_by"), "cancel")
     # Only from running or halted, in the write itself: the study's own finish (or a
     # resume) committed meanwhile is not overwritten, and a second cancel changes nothing.
     if await svc.store.write(UpdateStudy(study["id"], {"state": "cancelled"}, ("running", "halted"))):
@@ -204,6 +207,8 @@ async def resume_study(request: web.Request) -> web.Response:
     # What resumes is the stored study's graph: whoever started it, the resumer must be
     # one who may run it.
     refuse_privileged(svc, svc.login.who(request), study["spec"].get("base_graph") or {}, None)
+    # And its budget is its starter's to raise (or the teacher's), as its runs count as theirs.
+    await refuse_theirs(svc, svc.login.who(request), "study", study_id, study["spec"].get("submitted_by"), "resume")
     budget = {**study["budget"], **body.budget.model_dump(mode="json", exclude_unset=True)}
     # Never from finished or cancelled, in the write itself: a cancel committed since the
     # read above wins.

@@ -20,6 +20,7 @@ from protocol.graph import Graph
 from protocol.sweeps import SubmitSweep
 from subprocess_runner.sweeps import SweepLimits, compile_sweep
 from subprocess_runner.validation import validate_graph
+from web.change_rights import refuse_theirs
 from web.context import Services, services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -57,7 +58,8 @@ async def submit_sweep(request: web.Request) -> web.Response:
     variants = tuple({"index": v.index, "params": v.params, "seed": v.seed} for v in compiled.variants)
     sweep = {"id": sweep_id, "name": name, "spec": body.sweep_spec.model_dump(mode="json"),
              "objective": body.objective.model_dump(mode="json"), "domains": compiled.domains,
-             "total": compiled.total_combinations, "created_at": ev.utc_now()}
+             "total": compiled.total_combinations, "created_at": ev.utc_now(),
+             "submitted_by": submitter_of(who) if who is not None else None}
     async with within_quota(svc, who, len(submissions), declared_mib(body.options) * len(submissions)):
         records, committed = await svc.actor("placer").ask(PlacerSubmitSweep(sweep, variants, submissions))
         await committed
@@ -96,7 +98,8 @@ def _ranked(sweep: dict[str, Any]) -> dict[str, Any]:
         counts[v["status"]] = counts.get(v["status"], 0) + 1
     reply = {"sweep_id": sweep["id"], "name": sweep["name"], "state": sweep["state"], "objective": sweep["objective"],
              "total_combinations": sweep["total"], "counts": counts, "params": sweep["domains"], "variants": rows,
-             "best": rows[0] if rows and rows[0]["rank"] == 1 else None, "created_at": sweep["created_at"]}
+             "best": rows[0] if rows and rows[0]["rank"] == 1 else None, "created_at": sweep["created_at"],
+             "submitted_by": sweep.get("submitted_by")}
     if sweep["state"] == "finished" and not done:
         # 002: only once the sweep finished, per run, from what the variant rows kept (the
         # final value of each series), so it outlives the pruning of the runs.
@@ -135,6 +138,7 @@ async def cancel_sweep(request: web.Request) -> web.Response:
     svc = services(request)
     sweep_id = hex_id(request, "sweep")
     sweep = await _load(svc, sweep_id)
+    await refuse_theirs(svc, svc.login.who(request), "sweep", sweep_id, sweep.get("submitted_by"), "cancel")
     cancelled = already = active = 0
     for variant in sweep["variants"]:
         run = svc.registry.lookup(f"runs/{variant['run_id']}")

@@ -69,13 +69,17 @@ def test_a_resumed_study_is_checked_as_a_new_one(make_server):
     status, made = student.request("POST", "/api/studies", study(20, max_runs=0))  # admitted: it runs nothing
     assert status == 201, made
     server.poll_until(lambda: server.get(f"/api/studies/{made['id']}")["state"] == "halted")
-    # Its runs count for its submitter whoever resumes it: another student (no runs of
-    # their own) and the teacher are held to the submitter's limits too.
-    for resumer in (student, server.session(uses=1, **LIMITS), server.client):
+    # Its runs count for its submitter whoever resumes it: the teacher is held to the
+    # submitter's limits too. Another student may not resume it at all (its budget is its
+    # submitter's and the teacher's to raise: web/change_rights.py).
+    for resumer in (student, server.client):
         status, reply = resumer.request("POST", f"/api/studies/{made['id']}/resume", {"budget": {"max_runs": None}})
         assert status == 429 and reply["error"]["code"] == "quota_exceeded", reply
+    status, reply = server.session(uses=1, **LIMITS).request("POST", f"/api/studies/{made['id']}/resume",
+                                                             {"budget": {"max_runs": None}})
+    assert status == 403 and reply["error"]["code"] == "not_your_study", reply
     assert server.get(f"/api/studies/{made['id']}")["state"] == "halted" and session_runs(server, student) == []
-    # Within them, anyone may resume it.
+    # Within them, the teacher may resume it.
     status, reply = server.client.request("POST", f"/api/studies/{made['id']}/resume", {"budget": {
         "max_runs": 21, "max_parallel_runs": 1}})
     assert status == 200 and reply["state"] == "running", reply

@@ -1,0 +1,67 @@
+"""What a session may change: the one rule every route that changes a run, a sweep or a
+study asks (``run_rights`` beside it says what a session may run).
+
+A class is thirty people on one server with no accounts, so what protects one student's
+work from another is the session that submitted it (``submitted_by``: a session's id, or
+``server`` for the server's own token):
+
+* the teacher's sessions and the server's token change everything;
+* a class session changes only what it submitted itself: it cancels, deletes, renames,
+  retags and notes its own runs, cancels its own sweeps, cancels and resumes its own
+  studies. Anyone else's is refused 403 ``not_your_run`` / ``not_your_sweep`` /
+  ``not_your_study``, saying whose it is and who may. Without it, one loop of ``DELETE
+  /api/runs/{id}`` erased a class's work, and untagging the teacher's ``keep`` run handed
+  it to retention;
+* a read session changes nothing (the guard in ``web/errors.py`` refuses it first).
+
+What was stored without a submitter (by a troupe older than the column) is the
+teacher's. Making a new run from another's stays open to a class session (a rerun, a
+resume from a checkpoint): the new run is its own, and ``run_rights`` decides whether it
+may run that graph. A new login is a new session: what an earlier session of the same
+student submitted is no longer theirs to change (the teacher's still).
+
+The routes that ask it: ``POST /api/runs/{id}/cancel``, ``DELETE /api/runs/{id}``,
+``PATCH /api/runs/{id}``, ``POST /api/sweeps/{id}/cancel``, ``POST
+/api/studies/{id}/cancel`` and ``POST /api/studies/{id}/resume``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.store.logins import ListSessions
+from protocol.errors import NotYours
+from web.login import SERVER_SUBMITTER, TEACHER, Who
+
+_CODES = {"run": "not_your_run", "sweep": "not_your_sweep", "study": "not_your_study"}
+_MADE = {"run": "submitted", "sweep": "started", "study": "started"}
+_PLURAL = {"run": "runs", "sweep": "sweeps", "study": "studies"}
+
+
+async def refuse_theirs(svc: Any, who: Who | None, what: str, thing_id: str, owner: str | None,
+                        doing: str) -> None:
+    """403 (``not_your_<what>``) unless ``who`` may ``doing`` the ``what`` (run, sweep,
+    study) ``thing_id`` that ``owner`` submitted: a teacher always, a class session when
+    it is its own. ``doing``: the verb, as the refusal says it (``cancel``)."""
+    if who is not None and (who.kind == TEACHER or (owner is not None and owner == who.session_id)):
+        return
+    whose, by = await _whose(svc, owner)
+    rerun = " (running it again is open to you: the new run is your own)" if what == "run" else ""
+    asker = f"a {who.kind} session" if who is not None else "a request without a session"
+    raise NotYours(f"{what} {thing_id} is {whose}: {asker} may {doing} only the {_PLURAL[what]} it "
+                   f"{_MADE[what]} itself; {by} the teacher may {doing} it{rerun}", pointer="", code=_CODES[what])
+
+
+async def _whose(svc: Any, owner: str | None) -> tuple[str, str]:
+    """Whose it is in words, and who besides the teacher may change it."""
+    if owner is None:
+        return "the teacher's (it was stored without a submitter)", "only"
+    if owner == SERVER_SUBMITTER:
+        return "the teacher's (submitted with the server's token)", "only"
+    for row in await svc.store.read(ListSessions()):
+        if row["id"] == owner:
+            if row["kind"] == TEACHER:
+                return f"the teacher's (session {row['label'] or owner})", "only"
+            name = row["label"] or f"session {owner}"
+            return f"{name}'s", f"only {name} and"
+    return f"session {owner}'s", f"only session {owner} and"
