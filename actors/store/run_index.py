@@ -23,6 +23,7 @@ Called only from a store connection's writer (the thread's or the loop's).
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -73,8 +74,27 @@ SCHEMA = """
     CREATE INDEX run_metrics_high ON run_metrics(key, high, seq);
 """
 
-_COUNT_KEY = ("INSERT INTO index_keys(kind, name, runs) VALUES (?, ?, 1) "
-              "ON CONFLICT(kind, name) DO UPDATE SET runs = runs + 1 RETURNING id")
+
+class _Known:
+    """A connection's ids of the keys a committed transaction made, by (kind, name): a
+    key is never removed (a count of 0 only hides it), so a committed id holds for good.
+    A key made in the transaction still open (``made``) is not kept until it is read again
+    after that transaction ended: a rollback, or a savepoint's within a batch (the writer's
+    op that fails alone), may take it back. Looking every key up again cost a run's insert
+    about 40 us of the server's CPU."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.ids: dict[tuple[str, str], int] = {}
+        self.made: set[tuple[str, str]] = set()
+        conn.set_commit_hook(self._committed)
+        conn.set_rollback_hook(self.made.clear)
+
+    def _committed(self) -> bool:
+        self.made.clear()
+        return False  # a commit hook's False: the commit goes on
+
+
+_KNOWN: weakref.WeakKeyDictionary[apsw.Connection, _Known] = weakref.WeakKeyDictionary()
 
 
 def flat_params(graph: Mapping[str, Any], secret: Iterable[str] = (), strings: bool = True) -> dict[str, Any]:
@@ -120,23 +140,34 @@ def index_run(conn: apsw.Connection, seq: int, graph: Mapping[str, Any], secret:
               strings: bool = True) -> None:
     """A newly stored run's params and node types (call once per run: the keys count it)."""
     params = flat_params(graph, secret, strings)
-    rows = [(seq, _counted(conn, "param", name), value) for name, value in params.items()]
-    if rows:
-        conn.executemany("INSERT OR REPLACE INTO run_params(seq, key, value) VALUES (?, ?, ?)", rows)
-    types = [(seq, _counted(conn, "type", name)) for name in sorted(node_types(graph))]
+    types = sorted(node_types(graph))
+    param_ids = [key_id(conn, "param", name) for name in params]
+    type_ids = [key_id(conn, "type", name) for name in types]
+    counted = param_ids + type_ids
+    if counted:
+        conn.execute(f"UPDATE index_keys SET runs = runs + 1 WHERE id IN ({', '.join('?' for _ in counted)})", counted)
+    if params:
+        conn.executemany("INSERT OR REPLACE INTO run_params(seq, key, value) VALUES (?, ?, ?)",
+                         [(seq, key, value) for key, value in zip(param_ids, params.values(), strict=True)])
     if types:
-        conn.executemany("INSERT OR REPLACE INTO run_types(seq, key) VALUES (?, ?)", types)
-
-
-def _counted(conn: apsw.Connection, kind: str, name: str) -> int:
-    return int(conn.execute(_COUNT_KEY, (kind, name)).fetchall()[0][0])  # type: ignore[arg-type]  # RETURNING id: an integer
+        conn.executemany("INSERT OR REPLACE INTO run_types(seq, key) VALUES (?, ?)", [(seq, key) for key in type_ids])
 
 
 def key_id(conn: apsw.Connection, kind: str, name: str) -> int:
     """The key's id, made (counting no run) when it is new."""
-    found = conn.execute("SELECT id FROM index_keys WHERE kind = ? AND name = ?", (kind, name)).fetchall()
-    if found:
-        return int(found[0][0])  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
+    known = _KNOWN.get(conn)
+    if known is None:
+        known = _KNOWN[conn] = _Known(conn)
+    found = known.ids.get((kind, name))
+    if found is not None:
+        return found
+    row = conn.execute("SELECT id FROM index_keys WHERE kind = ? AND name = ?", (kind, name)).fetchall()
+    if row:
+        key = int(row[0][0])  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
+        if (kind, name) not in known.made:  # made before this transaction: committed
+            known.ids[kind, name] = key
+        return key
+    known.made.add((kind, name))
     return int(conn.execute("INSERT INTO index_keys(kind, name, runs) VALUES (?, ?, 0) RETURNING id",
                             (kind, name)).fetchall()[0][0])  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
 
