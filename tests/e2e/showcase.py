@@ -114,6 +114,8 @@ def _views(tab: Page, server: Server, content: dict[str, Any], images: Path) -> 
     tab.locator("#rows tr.child").first.wait_for()
     tab.wait_for_timeout(400)
     tab.screenshot(path=str(images / "runs-panel.png"))
+    _shoot(tab, server, "#/runs?group_by=adam.lr&metric=val_loss", "#run-groups figure.chart.bands .u-over",
+           images / "runs-grouped.png")
     _shoot(tab, server, f"#/runs/{trained[0]}", '#run-metrics figure.chart[data-series="val_loss"] .u-over',
            images / "run-page.png")
     _hover(tab, '#run-metrics figure.chart[data-series="val_loss"] .u-over')
@@ -131,6 +133,10 @@ def _views(tab: Page, server: Server, content: dict[str, Any], images: Path) -> 
     tab.wait_for_timeout(400)
     tab.screenshot(path=str(images / "sweep-charts.png"))
     _shoot(tab, server, f"#/studies/{content['study']}", "#study h2", images / "studies-panel.png")
+    tab.locator("#study .study-curves figure.chart.bands .u-over").wait_for()
+    tab.locator("#study .study-curves").scroll_into_view_if_needed()
+    tab.wait_for_timeout(400)
+    tab.screenshot(path=str(images / "study-bands.png"))
     _shoot(tab, server, "#/workers", 'tr[data-worker="gpu-a"]', images / "workers-panel.png")
     tab.goto(f"{server.url}/#/editor")
     tab.locator("#examples").select_option("digits_mlp")

@@ -9,6 +9,7 @@ import { COLOURS, padded, readable, tooltipPlugin } from "./charts.js";
 import { el } from "./util.js";
 
 const HEIGHT = 240;
+const WHOLE_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6];  // ticks at steps, not between
 
 // runs: [[{step, value}]] -> steps ascending, and at each the mean, min, max and how many
 // runs had a finite value there (a run that stopped early leaves the later steps).
@@ -81,7 +82,8 @@ export function bandChart(name, groups, caption) {
       plugins: [tooltipPlugin("step")], legend: { show: false }, bands,
       cursor: { drag: { x: true, y: false } },
       scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi) }, y: { range: (u, lo, hi) => padded(lo, hi) } },
-      axes: [{ label: "step" }, { size: 64, values: (u, splits) => splits.map(readable) }],
+      axes: [{ label: "step", ...(xs.every(Number.isInteger) ? { incrs: WHOLE_STEPS } : {}) },
+        { size: 64, values: (u, splits) => splits.map(readable) }],
       series,
     }, data, plotBox);
     figure.plot = plot;  // what was drawn: its series and bands, for a test to read
