@@ -23,6 +23,7 @@ Called only from a store connection's writer (the thread's or the loop's).
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ import apsw
 
 from subprocess_runner.sweeps import with_params
 
+log = logging.getLogger("troupe.store")
 MAX_TEXT = 120  # a longer text param (a script's source, a prompt) is no filter value
 # The packs troupe ships declare no secret param; a stored run's string params of any
 # other pack are left out when an older database is indexed (its record did not say
@@ -239,15 +241,24 @@ def fill(conn: apsw.Connection) -> None:
     """The migration that made the index: every stored run's params, types and series,
     and the directions of the stored sweeps' and studies' objectives."""
     conn.execute(SCHEMA)
+    stored = int(conn.execute("SELECT COUNT(*) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]  # COUNT: an integer
+    if stored > 10_000:
+        log.info("indexing the %d stored runs for where (once; about a minute a million)", stored)
     bases: dict[str, dict[str, Any]] = {}
-    for seq, graph, base in conn.execute("SELECT enqueue_seq, graph, graph_base FROM runs").fetchall():
-        document = json.loads(str(graph))
-        if base is not None:
-            if base not in bases:
-                text = conn.execute("SELECT graph FROM graph_bases WHERE digest = ?", (base,)).fetchall()
-                bases[str(base)] = json.loads(str(text[0][0])) if text else {"nodes": []}
-            document = with_params(bases[str(base)], document)
-        index_run(conn, int(seq), document, strings=False)  # type: ignore[arg-type]  # enqueue_seq: an integer
+    after = -1
+    while rows := conn.execute("SELECT enqueue_seq, graph, graph_base FROM runs WHERE enqueue_seq > ? "
+                               "ORDER BY enqueue_seq LIMIT 1000", (after,)).fetchall():  # a thousand graphs at a time
+        for seq, graph, base in rows:
+            document = json.loads(str(graph))
+            if base is not None:
+                if base not in bases:  # a sweep's runs come together: a few bases are enough
+                    if len(bases) >= 8:
+                        bases.pop(next(iter(bases)))
+                    text = conn.execute("SELECT graph FROM graph_bases WHERE digest = ?", (base,)).fetchall()
+                    bases[str(base)] = json.loads(str(text[0][0])) if text else {"nodes": []}
+                document = with_params(bases[str(base)], document)
+            index_run(conn, int(seq), document, strings=False)  # type: ignore[arg-type]  # enqueue_seq: an integer
+        after = int(rows[-1][0])  # type: ignore[arg-type]  # enqueue_seq: an integer
     conn.execute("INSERT OR IGNORE INTO index_keys(kind, name, runs) SELECT DISTINCT 'metric', series, 0 FROM metrics")
     conn.execute("""
         INSERT INTO run_metrics(seq, key, newest, newest_seq, low, high)
