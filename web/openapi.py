@@ -18,7 +18,7 @@ from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
 from protocol.where import MAX_WHERE
 from web.openapi_streams import stream_operations
-from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, SEARCH_PATTERN, SORT_PATTERN
+from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, METRIC_PATTERN, SEARCH_PATTERN, SORT_PATTERN
 from web.routes_login import Login, NewLoginLink, SessionName
 from web.routes_runs import MAX_TAIL
 
@@ -233,7 +233,7 @@ def _run_paths() -> dict[str, Any]:
                                                    "(adam.lr = 0.01 and metric.val_loss < 0.1); docs/runs.md"}),
                 ("group_by", "query", {"type": "string", "maxLength": MAX_WHERE,
                                        "description": "a key of where: the answer is a RunGroupList, a row per value"}),
-                ("metric", "query", {"type": "string", "pattern": SORT_PATTERN.replace("^-?", "^"),
+                ("metric", "query", {"type": "string", "pattern": METRIC_PATTERN,
                                      "description": "with group_by: each group's statistics of this series"})))),
         },
         "/api/runs/keys": {"get": _op("The keys where and group_by can name, with how many runs have each",

@@ -42,6 +42,8 @@ def _decode_cursor(raw: str | None) -> int | None:
 
 SORT_PATTERN = r"^-?[A-Za-z0-9_.:/\-]{1,128}$"
 _SORT = re.compile(SORT_PATTERN)
+METRIC_PATTERN = SORT_PATTERN.replace("^-?", "^")  # a series' name, as sort names it without its -
+_METRIC = re.compile(METRIC_PATTERN)
 
 
 def _sort_query(request: web.Request) -> str | None:
@@ -161,7 +163,7 @@ async def _grouped_by(request: web.Request, group_by: str | None, other_shape: b
         exc.pointer = "?group_by"
         raise
     metric = one_query(request, "metric") or None
-    if metric is not None and not _SORT.fullmatch(metric.lstrip("-")):
+    if metric is not None and not _METRIC.fullmatch(metric):
         raise InvalidRequest("metric is a series' name", pointer="?metric")
     rows, next_offset = await services(request).store.read(GroupRuns(key, metric, **filters))
     return json_reply({"groups": rows, "group_by": key.text, "metric": metric,
