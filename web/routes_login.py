@@ -89,7 +89,10 @@ async def index(request: web.Request) -> web.StreamResponse:
     html = (STATIC / "index.html").read_text().replace(
         '<meta name="troupe-login" content="">', f'<meta name="troupe-login" content="{html_escape(state)}">'
         f'<meta name="troupe-session" content="{html_escape(kind or "")}">'
-        f'<meta name="troupe-name" content="{html_escape(who.label if who else "")}">')
+        f'<meta name="troupe-name" content="{html_escape(who.label if who else "")}">'
+        # Its id, as runs, sweeps and studies record their submitter: the page offers a
+        # class session changes only to its own (web/change_rights.py).
+        f'<meta name="troupe-me" content="{html_escape((who.session_id if who else None) or "")}">')
     return web.Response(text=html, content_type="text/html", headers=PAGE_HEADERS)
 
 

@@ -6,7 +6,7 @@ import { ChartSet, chartControls } from "./charts.js";
 import { loadGraph, secretParams } from "./editor.js";
 import { ACTIVE, act, deleteRun } from "./runs.js";
 import {
-  api, copyButton, duration, el, eventText, progressText, showMessage, sizeText, visiting, when,
+  api, copyButton, duration, el, eventText, mayChange, progressText, session, showMessage, sizeText, visiting, when,
 } from "./util.js";
 
 let page = null; // {runId, source, charts, timers}
@@ -67,14 +67,20 @@ function errorBox(run) {
 
 function actions(run, refresh) {
   const box = el("div", { class: "actions" });
+  const mine = mayChange(run.submitted_by);  // a class session stops, deletes and labels its own runs only
   if (ACTIVE.has(run.status)) {
-    box.append(el("button", { class: "acts", onclick: () => act("Stop", () => api("POST", `/api/runs/${run.id}/cancel`)).then(refresh) }, "Stop"));
+    if (mine) box.append(el("button", { class: "acts", onclick: () => act("Stop", () => api("POST", `/api/runs/${run.id}/cancel`)).then(refresh) }, "Stop"));
   } else {
     box.append(el("button", { class: "acts", onclick: () => again(run.id, false) }, "Run again"));
     if (run.resume_point) box.append(el("button", { class: "acts", onclick: () => again(run.id, true) }, `Resume from epoch ${run.resume_point.epoch}`));
-    box.append(el("button", { class: "acts danger", onclick: () => deleteRun(run, async () => { location.hash = "#/runs"; }) }, "Delete"));
+    if (mine) box.append(el("button", { class: "acts danger", onclick: () => deleteRun(run, async () => { location.hash = "#/runs"; }) }, "Delete"));
   }
   box.append(el("a", { href: `/api/runs/${run.id}/metrics?format=csv` }, "Metrics as CSV"));
+  if (session === "class" && !mine) {
+    const whose = run.submitted_by && run.submitted_by !== "server" && run.submitted_label ? `${run.submitted_label}'s` : "the teacher's";
+    box.append(el("p", { class: "muted", "data-not-yours": "" }, `This run is ${whose}: only they and the teacher may stop, `
+      + "delete, rename, tag or note it. Run again makes a run of your own."));
+  }
   return box;
 }
 
@@ -107,9 +113,11 @@ function labels(run, refresh) {
   tagInput);
   const note = el("textarea", { rows: 2, "aria-label": "Note", class: "acts", placeholder: "a note" }, run.note || "");
   note.addEventListener("change", () => save({ note: note.value.trim() || null }));
-  const readOnly = document.body.classList.contains("session-read") || document.body.classList.contains("session-none");
-  return el("div", { class: "labels" }, el("label", {}, "Name ", name), tags,
-    readOnly && run.note ? el("p", { class: "note" }, run.note) : note);
+  if (!mayChange(run.submitted_by)) {  // read only: what was added, no field to change it
+    return el("div", { class: "labels" }, el("div", { class: "tags", "data-tags": "" },
+      ...run.tags.map((tag) => el("span", { class: "tag" }, tag))), run.note ? el("p", { class: "note" }, run.note) : "");
+  }
+  return el("div", { class: "labels" }, el("label", {}, "Name ", name), tags, note);
 }
 
 function artifacts(run) {

@@ -9,7 +9,7 @@
 import { columnCells, columnHeaders, columnId, columnValue, columnsDialog, pickedColumns } from "./columns.js";
 import { follow } from "./execlog.js";
 import { showGroups } from "./groups.js";
-import { api, age, confirmDialog, duration, el, progressText, showMessage } from "./util.js";
+import { api, age, confirmDialog, duration, el, mayChange, progressText, showMessage } from "./util.js";
 import { initWhereBox, knownKeys, loadKeys, showWhere, whereError } from "./where_box.js";
 
 const FILTERS = [["All", ""], ["Running", "running"], ["Queued", "queued"], ["Succeeded", "succeeded"],
@@ -48,7 +48,8 @@ export function deleteRun(row, after) {
 function actions(row) {
   const cell = el("td", { class: "actions" });
   const quiet = (handler) => (event) => { event.stopPropagation(); handler(); };
-  if (ACTIVE.has(row.status)) {
+  const mine = mayChange(row.submitted_by);  // a class session stops and deletes its own runs only
+  if (ACTIVE.has(row.status) && mine) {
     cell.append(el("button", { class: "acts", onclick: quiet(() => act("Stop", () => api("POST", `/api/runs/${row.id}/cancel`))) }, "Stop"));
   }
   cell.append(el("button", { title: "Follow its events in the editor's execution log, from the first", onclick: quiet(() => {
@@ -56,7 +57,7 @@ function actions(row) {
     location.hash = "#/editor";
   }) }, "Watch"));
   cell.append(el("a", { href: `/api/runs/${row.id}/metrics?format=csv`, title: "Its metrics as CSV", onclick: (e) => e.stopPropagation() }, "CSV"));
-  if (!ACTIVE.has(row.status)) {
+  if (!ACTIVE.has(row.status) && mine) {
     cell.append(el("button", { class: "acts", onclick: quiet(() => deleteRun(row)) }, "Delete"));
   }
   return cell;

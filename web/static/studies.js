@@ -3,7 +3,7 @@
 
 import { bandChart } from "./bands.js";
 import { scatterChart } from "./param_charts.js";
-import { api, confirmDialog, el, openDialog, reasonText, seconds, time } from "./util.js";
+import { api, confirmDialog, el, mayChange, openDialog, reasonText, seconds, time } from "./util.js";
 
 let openStudy = null;
 
@@ -84,7 +84,8 @@ function renderStudy(box, study) {
     el("td", {}, String(a.attempt)), el("td", {}, el("span", { class: `status ${a.status}` }, a.status)),
     el("td", {}, a.objective_value === null ? "" : a.objective_value.toPrecision(4))))));
   const buttons = el("p", {});
-  if (["running", "halted"].includes(study.state)) {
+  const mine = mayChange(study.submitted_by);  // a class session cancels and resumes its own studies only
+  if (["running", "halted"].includes(study.state) && mine) {
     buttons.append(el("button", { class: "danger acts", onclick: () => confirmDialog(`Cancel study ${study.name}?`,
       "Its queued and running attempts are cancelled now and no new attempt starts. The ranking so far stays; "
       + "a cancelled study cannot be resumed.", "Cancel the study", async () => {
@@ -92,7 +93,7 @@ function renderStudy(box, study) {
         await refreshStudies();
       }) }, "Cancel"));
   }
-  if (study.state === "halted") buttons.append(" ", el("button", { class: "acts", onclick: () => resumeDialog(study) }, "Resume…"));
+  if (study.state === "halted" && mine) buttons.append(" ", el("button", { class: "acts", onclick: () => resumeDialog(study) }, "Resume…"));
   box.replaceChildren(el("h2", {}, `${study.name} — ${study.state}`),
     study.halt_reason ? el("p", { class: "message", "data-halt": study.halt_reason }, `Halted: ${reasonText(study.halt_reason)}.`) : "",
     ...(study.notes || []).map((note) => el("p", { class: "explain", "data-note": note.code }, note.message)),

@@ -10,6 +10,13 @@ export const session = document.querySelector('meta[name="troupe-session"]')?.co
 // What this browser's session is called in the teacher's "who is connected" (a class's
 // student: a generated guest name until they give their own).
 export const sessionName = document.querySelector('meta[name="troupe-name"]')?.content || "";
+// This browser's session id, as a run's, a sweep's or a study's submitted_by says it.
+export const me = document.querySelector('meta[name="troupe-me"]')?.content || "";
+// Whether this session may stop, delete or label what ``owner`` submitted: a teacher
+// anything, a class session its own only (the server refuses the rest: not_your_run).
+export function mayChange(owner) {
+  return session === "teacher" || (session === "class" && Boolean(me) && owner === me);
+}
 // Sent with every mutation beside the cookie: a cross-site form cannot send a header.
 export const MUTATION_HEADERS = { "X-Troupe-Request": "1" };
 
