@@ -31,7 +31,11 @@ from datetime import UTC, date, datetime, timedelta
 from protocol.errors import WhereInvalid, WhereUnknownKey
 from protocol.events import ALL_STATES
 
-MAX_WHERE = 2000  # characters; a longer filter is refused, never cut short
+# Characters; a longer filter is refused, never cut short. Bounded so that a request line
+# with the list's other parameters at their own bounds, every character percent-encoded
+# (12 bytes for one of 4 UTF-8 bytes), stays under the 8,190 bytes a server reads of it.
+MAX_WHERE = 300
+MAX_KEY = 120  # a key alone (group_by)
 MAX_DEPTH = 32  # parentheses within parentheses
 MAX_IN = 200  # values in one ``in (...)``
 
@@ -117,6 +121,9 @@ def keys_of(node: Node) -> list[Key]:
 
 def key_of(text: str, offset: int = 0) -> Key:
     """One key alone (``group_by``), read as the grammar reads a key."""
+    if len(text) > MAX_KEY:
+        raise WhereInvalid(f"a key is at most {MAX_KEY} characters, got {len(text)}", offset=MAX_KEY + offset,
+                           expected=("a shorter key",))
     parser = _Parser(text)
     parser.skip()
     key = parser.key()

@@ -27,7 +27,9 @@ MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "invalid_device", "
                            "artifact_refused",
                            # a where filter's grammar nests (no pattern says it), a key no stored run has, and
                            # the list's parameters that do not go together (group_by with sort)
-                           "where_invalid", "where_unknown_key", "query_conflict"})
+                           "where_invalid", "where_unknown_key", "query_conflict",
+                           # a device this server does not have, with options.require_device refusing the cpu
+                           "device_unavailable"})
 
 
 # "Not now" answers, documented as 503 on every mutation: a busy lane, an offline worker,

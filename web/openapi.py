@@ -16,7 +16,7 @@ from protocol.events import ALL_STATES
 from protocol.flavors import Flavor, FlavorUpdate
 from protocol.studies import PluginJob, ResumeStudy, SubmitStudy
 from protocol.sweeps import SubmitSweep
-from protocol.where import MAX_WHERE
+from protocol.where import MAX_KEY, MAX_WHERE
 from web.openapi_streams import stream_operations
 from web.routes_find import CURSOR_PATTERN, MAX_SEARCH, METRIC_PATTERN, SEARCH_PATTERN, SORT_PATTERN
 from web.routes_login import Login, NewLoginLink, SessionName
@@ -231,7 +231,7 @@ def _run_paths() -> dict[str, Any]:
                 ("where", "query", {"type": "string", "maxLength": MAX_WHERE,
                                     "description": "a filter: KEY OP VALUE joined by and / or with parentheses "
                                                    "(adam.lr = 0.01 and metric.val_loss < 0.1); docs/runs.md"}),
-                ("group_by", "query", {"type": "string", "maxLength": MAX_WHERE,
+                ("group_by", "query", {"type": "string", "maxLength": MAX_KEY,
                                        "description": "a key of where: the answer is a RunGroupList, a row per value"}),
                 ("metric", "query", {"type": "string", "pattern": METRIC_PATTERN,
                                      "description": "with group_by: each group's statistics of this series"})))),
