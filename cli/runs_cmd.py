@@ -44,8 +44,8 @@ def answer(reply: tuple[int, Any], what: str) -> Any:
     if 200 <= status < 300:
         return body
     error = body.get("error", {}) if isinstance(body, dict) else {}
-    if error.get("code") in USAGE_CODES:
-        raise BadOption(f"{what}: {error.get('message')}")
+    if error.get("code") in USAGE_CODES:  # the terminal's own way to list the keys
+        raise BadOption(f"{what}: {str(error.get('message')).replace('GET /api/runs/keys', 'troupe ls --keys')}")
     raise CliError(f"{what}: the server answered {status} {error.get('code', '')}: {error.get('message', body)}")
 
 
