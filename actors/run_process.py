@@ -31,7 +31,7 @@ from actors.artifact_outbox import Flush, Wake
 from actors.base import Actor, ActorRef
 from actors.recorded_outputs import OutputsShelf
 from actors.threaded import ThreadActorRef
-from actors.warm_pool import Take
+from actors.warm_pool import Take, WhyCold
 from protocol import events as ev
 from protocol import jsonsafe, pipe
 from protocol import worker as wire
@@ -132,6 +132,7 @@ class RunProcess(Actor):
                 warm.conn.close()
                 warm = None
         if warm is None:
+            assign["cold_because"] = await self._cold_because(assign)  # said by a warm script of its run
             context = multiprocessing.get_context("spawn")
             parent, child_end = context.Pipe()
             self._conn = parent
@@ -145,6 +146,14 @@ class RunProcess(Actor):
         sock = socket.socket(fileno=os.dup(self._conn.fileno()))
         reader = self._pipe = _ChildPipe(self._may_hand_on, self._from_pipe, self._pipe_ended)
         await asyncio.get_running_loop().connect_accepted_socket(lambda: reader, sock)
+
+    async def _cold_because(self, assign: dict[str, Any]) -> str:
+        """Why this run's process is not forked from the zygote, in words for its warm scripts."""
+        if self._pool is None:
+            return "the agent keeps no zygote (it was started without --warm N)"
+        if _sets_env(assign):
+            return "the run sets resources.env, which its interpreter must have before it imports anything"
+        return str(await self._pool.ask(WhyCold()))
 
     async def on_failure(self, error: BaseException) -> None:
         """A fault of this actor (not of the run's code) still ends the run, and its

@@ -66,6 +66,11 @@ class Take:
 
 
 @dataclass(frozen=True)
+class WhyCold:
+    """Ask: why a run found no child (words for its warm scripts, which start cold)."""
+
+
+@dataclass(frozen=True)
 class Stats:
     """Ask: the pool as a heartbeat reports it (``wire.WarmPool``)."""
 
@@ -73,6 +78,7 @@ class Stats:
 @dataclass(frozen=True)
 class _ZygoteReady:
     zygote: Zygote | None
+    refusal: str | None = None  # the zygote's own words when it would not fork
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class WarmPool(Actor):
         self._waiting: deque[asyncio.Future[WarmChild | None]] = deque()  # runs that found none ready
         self._deaths: list[float] = []  # when zygotes were lost, the newest last
         self._closed = threading.Event()  # seen by the threads that start and fork
+        self._refusal: str | None = None  # why the last zygote would not fork
 
     async def on_start(self) -> None:
         if not FORKS:
@@ -142,8 +149,9 @@ class WarmPool(Actor):
                 return answer
             case _Refill():
                 self._fill()
-            case _ZygoteReady(zygote):
+            case _ZygoteReady(zygote, refusal):
                 self._starting = False
+                self._refusal = refusal
                 if zygote is None:
                     self._lost()
                 else:
@@ -163,12 +171,25 @@ class WarmPool(Actor):
                     self._lost()
                     while self._waiting and len(self._waiting) > self._forking:
                         self._serve(None)  # nothing will be forked for them: they start cold
+            case WhyCold():
+                return self._why_cold()
             case Stats():
                 self._drop_dead()
                 return wire.WarmPool(size=self._size, ready=len(self._ready), rss_mib=_rss_mib(self._ready))
             case _:
                 raise TypeError(f"{self.name} got an unknown message {message!r}")
         return None
+
+    def _why_cold(self) -> str:
+        if not FORKS:
+            return "this platform offers no safe fork (the zygote is Linux only)"
+        if self._refusal:
+            return f"the agent's zygote refused to fork: {self._refusal}"
+        if self._zygote is None and len(self._deaths) > _RESTARTS:
+            return "the agent's zygote was lost too often; its runs start cold"
+        if self._zygote is None:
+            return "the agent's zygote is not ready yet"
+        return "no forked child was free"
 
     def _take(self) -> WarmChild | None:
         self._drop_dead()
@@ -227,7 +248,8 @@ class WarmPool(Actor):
         zygote = Zygote(on_lost=lost)
         started = asyncio.get_running_loop().run_in_executor(None, zygote.start, self._closed)
         started.add_done_callback(lambda future: self.ref.tell(_ZygoteReady(
-            zygote if not future.cancelled() and not future.exception() and future.result() else None)))
+            zygote if not future.cancelled() and not future.exception() and future.result() else None,
+            zygote.refusal)))
 
     def _lost(self) -> None:
         """The zygote died or never became ready: another, unless they keep dying."""

@@ -41,13 +41,15 @@ ORPHAN_GRACE_S = 5.0
 
 # What the zygote imports before it forks children: the run child's own modules, torch
 # and the torch pack's code, torch._dynamo (which an optimizer imports when it is made)
-# and the digits example's data loader (about 2.5 s on a small CPU, once per agent).
+# and the digits example's data loader (about 2.5 s on a small CPU, once per agent), and
+# script.Command's code with what a warm script's process runs (issue 65).
 PRELOAD_MODULES = ("torch", "torch.nn", "torch.optim", "protocol.worker", "subprocess_runner.engine",
                    "subprocess_runner.catalog", "subprocess_runner.context", "subprocess_runner.fingerprint",
                    "subprocess_runner.artifacts", "subprocess_runner.transfer", "subprocess_runner.memory",
                    "subprocess_runner.mounts", "subprocess_runner.ddp", "subprocess_runner.packs._torch_train",
                    "subprocess_runner.packs._torch_data", "subprocess_runner.console", "subprocess_runner.seeding",
-                   "torch._dynamo", "sklearn.datasets")
+                   "torch._dynamo", "sklearn.datasets", "subprocess_runner.packs._script_impl",
+                   "subprocess_runner.warm_exec")
 # What a run imports once its cards are set (nothing may read CUDA_VISIBLE_DEVICES
 # earlier) and before the thread cap, in this order; its steps then take names from them.
 _RUN_MODULES = ("protocol.worker", "subprocess_runner.artifacts", "subprocess_runner.console",
@@ -233,6 +235,10 @@ def main(conn: Connection, assign: dict[str, Any], warm_catalog: Any = None, ahe
     cap_threads()
     from subprocess_runner.fingerprint import RUN_PROCESS, execution_facts
 
+    if warm_catalog is None:  # its warm scripts start cold, and say why
+        from subprocess_runner import warm_script
+
+        warm_script.started_cold(assign.get("cold_because"))
     run = _Run(conn, assign, devices, ahead)
     # This process is what executes the run (``pid``); ``started_warm``: forked from the zygote.
     # Facts nobody waits for: they go up with the first node's start.

@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 _STOP = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -41,10 +42,7 @@ def main(args: list[str]) -> int:
     status_fd, grace_s, argv = int(args[0]), float(args[1]), args[3:]
     os.set_inheritable(status_fd, False)  # the command's tree never holds the parent's pipe open
     parent = os.getppid()
-    _become_subreaper()
-    for sig in (*_STOP, signal.SIGCHLD):  # whatever the parent ignored: an ignored SIGCHLD leaves no status to wait for
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP | {signal.SIGCHLD})
+    hold()
     try:
         # The command, in a group of its own, gets no blocked signal and the default
         # action for SIGPIPE and SIGXFSZ, which Python ignores (as subprocess's
@@ -52,13 +50,29 @@ def main(args: list[str]) -> int:
         command = os.posix_spawnp(argv[0], argv, dict(os.environ), setpgroup=0, setsigmask=(),
                                   setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     except OSError as exc:
-        _tell(status_fd, "error", exc.strerror or str(exc))
+        tell(status_fd, "error", exc.strerror or str(exc))
         return 0
-    _tell(status_fd, "started", command)
+    tell(status_fd, "started", command)
+    watch(command, status_fd, grace_s, lambda: os.getppid() != parent)
+    return 0
+
+
+def hold() -> None:
+    """Makes this process the subreaper of what it starts next, its stop signals and
+    SIGCHLD kept for ``watch`` (blocked: a process it forks unblocks them)."""
+    _become_subreaper()
+    for sig in (*_STOP, signal.SIGCHLD):  # whatever the parent ignored: an ignored SIGCHLD leaves no status to wait for
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP | {signal.SIGCHLD})
+
+
+def watch(command: int, status_fd: int, grace_s: float, gone: Callable[[], bool]) -> None:
+    """Until no child is left: tells the command's exit, and stops the whole tree once the
+    command ended, a stop signal came or ``gone()`` says the run that waits is gone."""
     tree = _Tree(command, status_fd)
     stop_at: float | None = None  # when what is left gets SIGKILL
     while not tree.reaped():  # until no child is left: the command and all it started are gone
-        if stop_at is None and (tree.ended or os.getppid() != parent):
+        if stop_at is None and (tree.ended or gone()):
             stop_at = tree.stop(grace_s)
         if stop_at is not None and time.monotonic() >= stop_at:
             tree.signal(signal.SIGKILL)
@@ -68,7 +82,6 @@ def main(args: list[str]) -> int:
         received = signal.sigtimedwait(_STOP | {signal.SIGCHLD}, timeout)
         if received is not None and received.si_signo in _STOP and stop_at is None:
             stop_at = tree.stop(grace_s)
-    return 0
 
 
 def _become_subreaper() -> None:
@@ -99,7 +112,7 @@ class _Tree:
                 return False
             if pid == self._command:
                 self.ended = True
-                _tell(self._status_fd, "exit", os.waitstatus_to_exitcode(status))
+                tell(self._status_fd, "exit", os.waitstatus_to_exitcode(status))
 
     def stop(self, grace_s: float) -> float:
         """SIGTERM once to every descendant; returns when SIGKILL is due."""
@@ -140,7 +153,7 @@ def _descendants() -> list[int] | None:
     return found
 
 
-def _tell(fd: int, key: str, value: object) -> None:
+def tell(fd: int, key: str, value: object) -> None:
     """One line of JSON, written by hand: the json module and the re it imports cost a
     few milliseconds of every command's start."""
     text = '"' + "".join(c if c.isalnum() or c in " .,:-_'()/" else f"\\u{ord(c):04x}" for c in value) + '"' \

@@ -13,7 +13,8 @@ for children, learns when they exit) and ``serve`` in the zygote. Their channel 
 socket pair: down, ``Fork`` followed by the child's end of its own run pipe, passed as a
 descriptor, or ``Dismiss`` (the pool closes); up, ``Ready``/``Unfit`` once, then
 ``Forked(pid)`` for each fork and ``Exited(pid, code)`` when a child ends (the zygote is
-its parent and reaps it, woken by SIGCHLD).
+its parent and reaps it, woken by SIGCHLD). Each child it forks also gets a channel back
+to it, over which the child's warm scripts are forked (``subprocess_runner.warm_script``).
 
 What needs a fresh interpreter still gets one (``actors.run_process``): a run that sets
 environment variables of its own (read at import), and every run where fork is not
@@ -40,6 +41,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from protocol import pipe
+from subprocess_runner import warm_script
 
 log = logging.getLogger("troupe.agent")
 FORK_REPLY_S = 10.0  # how long a fork may take before the zygote counts as lost
@@ -106,6 +108,7 @@ class Zygote:
         self._children: dict[int, ForkedChild] = {}
         self._forked: queue.Queue[ForkedChild | None] = queue.Queue()
         self._lock = threading.Lock()  # one fork at a time: its reply is the next Forked
+        self.refusal: str | None = None  # the zygote's own words when it would not fork (pipe.Unfit)
 
     def start(self, closed: threading.Event) -> bool:
         """Starts the zygote and waits until it has imported everything (or ``closed``)."""
@@ -123,6 +126,7 @@ class Zygote:
         if not isinstance(said, pipe.Ready) or closed.is_set():
             if isinstance(said, pipe.Unfit):
                 log.warning("the zygote cannot fork run children: %s", said.problem)
+                self.refusal = said.problem
             ours.close()
             if closed.is_set() and self._process.is_alive():  # the agent stops: no wait for its imports
                 self._process.kill()
@@ -233,27 +237,42 @@ def serve(conn: Connection) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the wait below
+    channels: list[Connection] = []  # each run child's, for its warm scripts (subprocess_runner.warm_script)
+
+    def close_ours() -> None:  # in a fork: what is the zygote's is not the fork's
+        for own in (wake_r, wake_w):
+            os.close(own)
+        for held in (conn, *channels):
+            held.close()
+
     try:
         while True:
-            ready = wait([conn, wake_r])
+            ready = wait([conn, wake_r, *channels])
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
                 _reap(conn)
-            if conn in ready and not _answer(conn, catalog, (wake_r, wake_w)):
+            for channel in [c for c in channels if c in ready]:
+                if not warm_script.answer(channel, close_ours):  # its run child is gone
+                    channels.remove(channel)
+                    channel.close()
+            if conn in ready and not _answer(conn, catalog, close_ours, channels):
                 return
     except (EOFError, OSError):  # the agent is gone: the zygote leaves, its children go on
         return
 
 
-def _answer(conn: Connection, catalog: Any, wake: tuple[int, int]) -> bool:
+def _answer(conn: Connection, catalog: Any, close_ours: Callable[[], None], channels: list[Connection]) -> bool:
     match frame := conn.recv():
         case Fork(prime):
             fd = reduction.recv_handle(conn)
+            ours, theirs = multiprocessing.Pipe()  # the child's channel back here, for its warm scripts
             pid = os.fork()
             if pid == 0:
-                _child(conn, fd, catalog, wake, prime)
+                _child(fd, catalog, close_ours, prime, theirs)
             os.close(fd)
+            theirs.close()
+            channels.append(ours)
             conn.send(Forked(pid))
             return True
         case pipe.Dismiss():
@@ -262,17 +281,17 @@ def _answer(conn: Connection, catalog: Any, wake: tuple[int, int]) -> bool:
             raise TypeError(f"the zygote got an unknown frame {frame!r}")
 
 
-def _child(zygote: Connection, fd: int, catalog: Any, wake: tuple[int, int], prime: bool) -> None:
-    """In the forked child: drops what is the zygote's, runs its one run, and exits."""
+def _child(fd: int, catalog: Any, close_ours: Callable[[], None], prime: bool, scripts: Connection) -> None:
+    """In the forked child: drops what is the zygote's (the other children's channels
+    too), runs its one run, and exits. ``scripts``: its own channel to the zygote."""
     code = 0
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgrp()  # out of the agent's terminal group, as a cold child (child.main): the agent ends its runs
-        for own in wake:
-            os.close(own)
-        zygote.close()
+        close_ours()
+        warm_script.attach(scripts)
         # The zygote is a daemon (the agent's exit takes it along); a run is not, and may
         # start processes of its own (DDP ranks, a data loader's workers).
         multiprocessing.current_process().daemon = False

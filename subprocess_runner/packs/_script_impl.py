@@ -31,6 +31,7 @@ from subprocess_runner.errors import RunCancelled
 from subprocess_runner.memory import group_card_mib
 from subprocess_runner.mlflow_endpoint import URI_VAR, MlflowEndpoint
 from subprocess_runner.packs._command_process import CommandProcess
+from subprocess_runner.packs._warm_command import start_command
 from subprocess_runner.packs.script_pack import THREAD_CAPS, var_text
 from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
 from subprocess_runner.tensorboard_reader import FOLDER_VAR, TensorBoardFiles, command_folders
@@ -69,7 +70,7 @@ def _command(ctx: Any, params: dict[str, Any], mlflow_env: dict[str, str]) -> di
     ctx.sinks.emit("code", ctx.node_id, code_record.take(argv, cwd, ctx.limits.readable or ()))
     grace = ctx.limits.kill_grace_s
     try:
-        command = CommandProcess(argv, cwd, env, grace)
+        command = start_command(ctx, params, argv, cwd, env, grace)  # warm: forked from the zygote, where it can be
     except OSError as exc:
         raise RuntimeError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     lines = _Lines(ctx)
