@@ -26,12 +26,22 @@ RESERVED = ("server", "server token", "teacher")
 # and joiners, the byte-order mark, soft hyphens), line and paragraph separators, halves
 # of surrogate pairs.
 _HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+# The rest of Unicode's default-ignorable code points, which a page or a terminal draws as
+# nothing though their category is a mark or a letter: the combining grapheme joiner,
+# the Hangul fillers, the Mongolian and Khmer invisible vowels, the variation selectors
+# (``ann\ufe0f`` reads as ``ann``), and the reserved ranges Unicode keeps ignorable.
+_IGNORABLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2065, 0x2065),
+              (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0xE0000, 0xE0FFF))
 POINTER = "/name"
 
 
 def folded(name: str) -> str:
     """The form two names are compared in."""
     return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
+
+
+def _ignorable(char: str) -> bool:
+    return any(low <= ord(char) <= high for low, high in _IGNORABLE)
 
 
 def check_name(name: str, teacher: bool, taken: Iterable[str]) -> str:
@@ -41,7 +51,7 @@ def check_name(name: str, teacher: bool, taken: Iterable[str]) -> str:
     own session, which may call itself the teacher."""
     shown = name.strip()
     for char in shown:
-        if unicodedata.category(char) in _HIDDEN:
+        if unicodedata.category(char) in _HIDDEN or _ignorable(char):
             what = unicodedata.name(char, "a control character")
             raise InvalidRequest(f"a name may not hold U+{ord(char):04X} ({what}): a control, bidi or zero-width "
                                  "character makes a name show as something else", pointer=POINTER,

@@ -34,7 +34,9 @@ def test_a_name_cannot_pass_for_the_teacher_or_a_live_session_nor_hide_character
         assert refused(rename(bob, taken)) == (409, "name_taken", "/name"), taken
     for reserved in ("teacher", "Server", "server token", "ｔｅａｃｈｅｒ"):
         assert refused(rename(bob, reserved)) == (400, "name_reserved", "/name"), reserved
-    for hidden in ("Bob\u202egnp.exe", "Bo\u200bb", "\u2066Bob\u2069", "Bob\ufeff", "Bob\u2028Lee"):
+    for hidden in ("Bob\u202egnp.exe", "Bo\u200bb", "\u2066Bob\u2069", "Bob\ufeff", "Bob\u2028Lee",
+                   # default-ignorable marks and letters: a variation selector, the grapheme joiner, a Hangul filler
+                   "Ann Lee\ufe0f", "Ann\u034f Lee", "\u3164", "Ann\U000e0041 Lee"):
         assert refused(rename(bob, hidden)) == (400, "name_hidden_character", "/name"), hidden
     assert refused(rename(bob, "x" * 41)) == (400, "name_too_long", "/name")
     assert rename(bob, " " + "x" * 40 + " ")[0] == 200  # 40 once trimmed
