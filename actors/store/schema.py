@@ -378,6 +378,12 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     UPDATE sweeps SET submitted_by = (SELECT r.submitted_by FROM sweep_variants v JOIN runs r ON r.id = v.run_id
                                       WHERE v.sweep_id = sweeps.id AND r.submitted_by IS NOT NULL LIMIT 1);
     """,
+    # 26: who uploaded each file (a session's id, or "server"), as runs record their
+    # submitter: a class session deletes only its own uploads. A file stored before has
+    # none (the teacher's).
+    """
+    ALTER TABLE files ADD COLUMN uploaded_by TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
