@@ -7,7 +7,7 @@
 * ``max_memory_mib``: memory budgets (``target.memory_gib``) of its running and waiting
   runs together;
 * ``max_submits_per_minute``: runs submitted in the last 60 seconds, finished or not (a
-  sweep's every variant, a study's first attempts, a rerun, a resume). The limits above
+  sweep's every variant, every run a study may start, a rerun, a resume). The limits above
   count only what is active: a flood of quick runs passes them all. On for class links
   unless the teacher says otherwise (``TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE``, 30). Counted
   in memory: a restart of the server starts every session's minute afresh.
@@ -57,11 +57,14 @@ def declared_mib(options: RunOptions) -> int:
 
 @asynccontextmanager
 async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: int,
-                       at_once: bool = False) -> AsyncIterator[None]:
+                       at_once: bool = False, submits: int | None = None) -> AsyncIterator[None]:
     """Holds the session's turn while ``runs`` more (with ``memory_mib`` of budgets in
     all) are checked and stored; raises ``QuotaExceeded`` when they would pass a limit.
     ``at_once``: they start as they are stored (the interactive lane), held back by no
-    queue, so ``max_running`` is checked here."""
+    queue, so ``max_running`` is checked here. ``submits``: the runs the per-minute limit
+    counts, when more than ``runs`` (a study starts all it may run over time, ``runs`` of
+    them at once: every one is a run this submission makes)."""
+    submits = runs if submits is None else submits
     quotas = who.quotas if who is not None else None
     if not quotas or who is None or who.session_id is None:
         yield
@@ -71,10 +74,10 @@ async def within_quota(svc: Services, who: Who | None, runs: int, memory_mib: in
         _check(quotas, load, runs, memory_mib, at_once)
         submitted = svc.login.submitted(who.session_id) if quotas.get(RATE) else None
         if submitted is not None:
-            _check_rate(quotas, load, submitted, runs, time.monotonic())
+            _check_rate(quotas, load, submitted, submits, time.monotonic())
         yield
         if submitted is not None:  # stored: they count (a refusal further on counts nothing)
-            submitted.extend([time.monotonic()] * runs)
+            submitted.extend([time.monotonic()] * submits)
 
 
 def _check(quotas: Mapping[str, int], load: Mapping[str, int], runs: int, memory_mib: int,

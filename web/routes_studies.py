@@ -119,31 +119,36 @@ async def submit_study(request: web.Request) -> web.Response:
     who = svc.login.who(request)
     refuse_privileged(svc, who, body.base_graph, "/base_graph")
     study = await create_study(svc, body, submitted_by=submitter_of(who) if who is not None else None)
-    # Its runs start over time, as many at once as its budget lets: those are what a quota sees.
-    at_once = _runs_at_once(body, len(study["spec"]["variants"]))
-    async with within_quota(svc, who, at_once, declared_mib(body.options) * at_once):
+    # Its runs start over time, as many at once as its budget lets: those are what the
+    # running and waiting limits see; the per-minute limit counts every run it may start
+    # (a study of 1000 quick repeats is 1000 runs submitted, not 1 a minute).
+    planned = _runs_planned(body, len(study["spec"]["variants"]))
+    at_once = min(planned, body.budget.max_parallel_runs or planned)
+    async with within_quota(svc, who, at_once, declared_mib(body.options) * at_once, submits=planned):
         return json_reply(await store_and_start(svc, study), status=201)
 
 
-def _owed_at_once(study: dict[str, Any], budget: dict[str, Any]) -> int:
-    """How many attempts a resumed study may start at once: those it still owes, within
-    what its budget leaves (its attempts in flight are counted already, as runs)."""
+def _owed(study: dict[str, Any], budget: dict[str, Any]) -> tuple[int, int]:
+    """The attempts a resumed study still owes within what its budget leaves, and how
+    many of them it may start at once (its attempts in flight are counted already, as
+    runs)."""
     spec, attempts = study["spec"], study["attempts"]
     done = {(a["variant"], a["repeat"]) for a in attempts if a["status"] not in (ev.INTERRUPTED,)}
     owed = len(spec["variants"]) * spec["repeats"] - len(done)
     if budget.get("max_runs") is not None:
         owed = min(owed, budget["max_runs"] - len(attempts))
+    owed = max(owed, 0)
     in_flight = sum(1 for a in attempts if a["status"] in ev.ACTIVE_STATES)
     if budget.get("max_parallel_runs") is not None:
-        owed = min(owed, budget["max_parallel_runs"] - in_flight)
-    return max(owed, 0)
+        return owed, max(min(owed, budget["max_parallel_runs"] - in_flight), 0)
+    return owed, owed
 
 
-def _runs_at_once(body: SubmitStudy, variants: int) -> int:
+def _runs_planned(body: SubmitStudy, variants: int) -> int:
     total = variants * body.repeats
     if body.budget.max_runs is not None:
         total = min(total, body.budget.max_runs)
-    return min(total, body.budget.max_parallel_runs or total)
+    return total
 
 
 async def load(svc: Services, study_id: str) -> dict[str, Any]:
@@ -221,9 +226,9 @@ async def resume_study(request: web.Request) -> web.Response:
     # of the session its runs count for: its submitter's, whoever resumes it.
     owner = study["spec"].get("submitted_by")
     who = svc.login.session_who(owner) if owner else None
-    at_once = _owed_at_once(study, budget)
+    owed, at_once = _owed(study, budget)
     async with within_quota(svc, who, at_once, declared_mib(RunOptions.model_validate(
-            study["spec"].get("options") or {})) * at_once):
+            study["spec"].get("options") or {})) * at_once, submits=owed):
         if not await svc.store.write(resumed):
             state = (await load(svc, study_id))["state"]
             raise StateConflict(f"study {study_id} is {state}; only a halted study resumes",

@@ -164,3 +164,30 @@ def test_a_class_link_limits_the_runs_a_session_submits_a_minute(make_server, tm
     assert ran.returncode != 0 and "quota_exceeded" in ran.stderr and "runs a minute" in ran.stderr, ran.stderr
     for _ in range(6):
         server.submit(hello())
+
+
+def _study(repeats: int, **budget: int) -> dict[str, Any]:
+    return {"name": "repeats", "base_graph": hello(), "repeats": repeats, "budget": {"max_parallel_runs": 1, **budget},
+            "variants": [{"name": "one", "params": [{"node_id": "a", "param": "value", "value": 1}]}],
+            "objective": {"metric": "val_loss", "direction": "minimize"}}
+
+
+def test_a_study_counts_every_run_it_may_start_against_the_minute(make_server):
+    """A study starts its runs over time, one at a time here: the per-minute limit counts
+    every run it may start all the same, or a study of quick repeats floods the server
+    at whatever pace the queue allows (1000 runs in 30 s) past a limit of 5 a minute."""
+    server = make_server()
+    ann = server.session(uses=1, max_submits_per_minute=5)
+    status, reply = ann.request("POST", "/api/studies", _study(20))
+    assert status == 429 and reply["error"]["details"]["asked"] == 20, reply
+    assert server.get("/api/studies")["studies"] == []
+    # max_runs bounds what it may start: one run counted.
+    status, halted = ann.request("POST", "/api/studies", _study(2, max_runs=1))
+    assert status == 201, halted
+    server.wait_until(lambda: server.get(f"/api/studies/{halted['id']}")["state"] == "halted")
+    status, reply = ann.request("POST", "/api/studies", _study(4))
+    assert status == 201, reply
+    # Five counted: resuming the first, which owes one more run, would make six.
+    status, reply = ann.request("POST", f"/api/studies/{halted['id']}/resume", {"budget": {"max_runs": 2}})
+    assert status == 429 and reply["error"]["details"]["submitted_last_minute"] == 5, reply
+    assert reply["error"]["details"]["asked"] == 1, reply
