@@ -20,6 +20,8 @@ class FaultProxy:
         self.upstream_port = upstream_port  # may change: a restarted server binds anew
         self.port = 0
         self.connections = 0  # accepted while not cut, over the proxy's life
+        self.refused = 0  # closed at once while cut
+        self._refusals = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._cut = False
         self._held = asyncio.Event()
@@ -48,6 +50,13 @@ class FaultProxy:
 
     def restore(self) -> None:
         self._call(self._do_restore)
+
+    def wait_refused(self, count: int, timeout: float = 60.0) -> None:
+        """Returns once ``count`` connections in all were refused while cut: a client
+        that tries again has tried that many times."""
+        with self._refusals:
+            if not self._refusals.wait_for(lambda: self.refused >= count, timeout):
+                raise TimeoutError(f"{self.refused} connections refused, not {count}")
 
     def close(self) -> None:
         self._call(self._do_cut)
@@ -85,6 +94,9 @@ class FaultProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._cut:
             writer.transport.abort()
+            with self._refusals:
+                self.refused += 1
+                self._refusals.notify_all()
             return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)

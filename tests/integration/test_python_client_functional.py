@@ -151,3 +151,22 @@ def test_the_terminal_finds_a_server_by_troupe_url_and_enrolls_a_worker(make_ser
     finally:
         agent.terminate()
         agent.wait(30)
+
+
+def test_wait_outlasts_a_server_away_for_a_restart(shared_server):
+    """A server away for longer than a few reopenings (a restart takes seconds; a laptop
+    rejoins its network later still) is waited for: the wait ends with the run's end, not
+    with Unreachable after eight tries (about 7 s)."""
+    server = shared_server
+    port = int(server.url.rsplit(":", 1)[1])
+    proxy = FaultProxy(port).start()
+    try:
+        client = troupe.Client(proxy.url, token=server.token)
+        run = client.run(graph(node("t", "core.Ticker", count=30, interval=0.1, name="tick")), wait=False)
+        proxy.cut()
+        waited = threading.Thread(target=lambda: proxy.wait_refused(12) or proxy.restore(), daemon=True)
+        waited.start()
+        assert run.wait(timeout=90).ok
+        assert proxy.refused >= 12
+    finally:
+        proxy.close()

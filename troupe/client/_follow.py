@@ -2,7 +2,8 @@
 stream that is cut (a proxy, a restarted server, a dropped connection) is opened again
 with the last event's id as ``Last-Event-ID``, so the reader sees every event once; one
 that keeps ending with nothing new is checked against the run's record, and given up
-with ``Unreachable`` only when the run has not ended."""
+with ``StreamStalled`` only when the run has not ended; a server that answers nothing is
+waited for (a restart) and given up with ``Unreachable`` after ``AWAY_FOR_S``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from troupe.client._http import Http
 FINISHED = "run_finished"
 REOPENS = 8  # streams in a row that brought nothing new before the follow gives up
 REOPEN_PAUSE_S = 0.25
+# A server that answers nothing is waited for this long before the follow says so: a
+# restart (`troupe stop`, then `troupe start`, or a start after a crash) takes several
+# seconds, and a laptop waking from sleep rejoins its network later still.
+AWAY_FOR_S = 60.0
+AWAY_PAUSE_MAX_S = 2.0
 
 
 class StreamStalled(TroupeError):
@@ -34,10 +40,13 @@ def follow_run(http: Http, run_id: str, after: int = 0, deadline: float | None =
 def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None = None) -> Iterator[dict[str, Any]]:
     """``follow_run``'s events as the JSON objects they came as: a caller that only waits
     for the end pays for no model per event."""
-    last, fruitless = after, 0
+    last, fruitless, away_since = after, 0, None
     path = f"/api/runs/{run_id}/stream"
     while not _past(deadline):
         progressed = False
+        if away_since is not None:  # a server away for a moment (a restart) is waited for
+            away = time.monotonic() - away_since
+            time.sleep(min(AWAY_PAUSE_MAX_S, REOPEN_PAUSE_S + away / 4, _left(deadline) or AWAY_PAUSE_MAX_S))
         try:
             for item in http.events(path, params={"after": last}, last_event_id=str(last) if last else None,
                                     read_timeout=_left(deadline)):
@@ -58,17 +67,32 @@ def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None =
                     return
         except TimeoutError:
             continue  # silence until the deadline: the loop's condition ends it
-        except Unreachable:
-            if fruitless + 1 >= REOPENS:
-                raise  # the server stayed away: said as it is
+        except Unreachable as exc:
+            away_since = _away(exc, away_since)
+            continue
         fruitless = 0 if progressed else fruitless + 1
+        away_since = None if progressed else away_since
         if fruitless >= REOPENS:
-            status = http.request("GET", f"/api/runs/{run_id}")["status"]
+            try:
+                status = http.request("GET", f"/api/runs/{run_id}")["status"]
+            except Unreachable as exc:  # a stream cut at once, and no answer either: the server is away
+                away_since = _away(exc, away_since)
+                continue
+            away_since = None
             if status in ("succeeded", "failed", "cancelled", "interrupted"):
                 return
             raise StreamStalled(f"run {run_id}'s stream ended {fruitless} times with nothing new while it is "
                                 f"{status}; it goes on: follow it again later")
-        time.sleep(REOPEN_PAUSE_S * fruitless)  # a server away for a moment (a restart) is waited for
+        time.sleep(REOPEN_PAUSE_S * fruitless)  # a stream that ends at once is not opened in a tight loop
+
+
+def _away(exc: Unreachable, since: float | None) -> float:
+    """When the server was first found away; ``exc`` is raised once it has been away for
+    ``AWAY_FOR_S``, or at once for a certificate not trusted here (no wait mends that)."""
+    since = time.monotonic() if since is None else since
+    if exc.untrusted or time.monotonic() - since >= AWAY_FOR_S:
+        raise exc
+    return since
 
 
 def _left(deadline: float | None) -> float | None:
