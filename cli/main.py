@@ -18,25 +18,9 @@ import typer
 
 from cli import connect, terminal
 from cli.errors import EXIT_FAILED, EXIT_USAGE, BadOption, CliError, NoServer
+from cli.flags import flag
 from cli.render import output_form, printable
 
-
-def _no_type_beside_flags() -> None:
-    """typer prints ``<bool>`` beside every flag, as if ``--detach`` took a value: a
-    flag's help line says what it does, nothing more."""
-    from typer.core import TyperOption
-
-    shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is None:  # a typer that prints no type column has nothing to take away
-        return
-
-    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
-
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-
-
-_no_type_beside_flags()
 app = typer.Typer(
     no_args_is_help=True, pretty_exceptions_enable=False,
     help="troupe: a run control plane for ML graphs.",
@@ -52,7 +36,7 @@ def _print_version(asked: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option(
+def _root(version: Annotated[bool, flag(
         "--version", is_eager=True, callback=_print_version,
         help="print troupe's version and exit (a server and its agents must run the same)")] = False) -> None:
     """troupe: a run control plane for ML graphs."""
@@ -97,7 +81,7 @@ def start(
 @app.command()
 def stop(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the graceful stop")] = 60.0,
-    leave_worker_runs: Annotated[bool, typer.Option(
+    leave_worker_runs: Annotated[bool, flag(
         "--leave-worker-runs", help="keep runs on workers executing and queued runs queued; the next "
         "`troupe start` adopts them (for updating the server under a long training)")] = False,
 ) -> None:
@@ -118,18 +102,18 @@ def run(
     device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     seed: Annotated[int | None, typer.Option(help="seed every node for a reproducible run", min=0,
                                              max=2**32 - 1)] = None,
-    deterministic: Annotated[bool, typer.Option("--deterministic", help="ask for deterministic kernels")] = False,
-    record_outputs: Annotated[bool, typer.Option("--record-outputs", help="keep node outputs")] = False,
-    wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
+    deterministic: Annotated[bool, flag("--deterministic", help="ask for deterministic kernels")] = False,
+    record_outputs: Annotated[bool, flag("--record-outputs", help="keep node outputs")] = False,
+    wait: Annotated[bool, flag("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     target: Annotated[str | None, typer.Option(help="a worker to run on")] = None,
-    require_device: Annotated[bool, typer.Option(
+    require_device: Annotated[bool, flag(
         "--require-device", help="refuse the run (exit 1, device_unavailable) rather than fall back to cpu when "
                                  "the device is not there")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    quiet: Annotated[bool, flag("-q", "--quiet", help=QUIET_HELP)] = False,
+    as_json: Annotated[bool, flag("--json", help=JSON_HELP)] = False,
     host: terminal.Host = None,
     port: terminal.Port = None,
 ) -> None:
@@ -152,13 +136,13 @@ def run(
 @app.command()
 def rerun(
     run_id: Annotated[str, typer.Argument(help="the run to queue again")],
-    resume: Annotated[bool, typer.Option("--resume", help=RESUME_HELP)] = False,
-    wait: Annotated[bool, typer.Option("--wait/--detach", help="follow the run (default) or detach")] = True,
+    resume: Annotated[bool, flag("--resume", help=RESUME_HELP)] = False,
+    wait: Annotated[bool, flag("--wait/--detach", help="follow the run (default) or detach")] = True,
     timeout: Annotated[float | None, typer.Option(help="stop waiting after S seconds", min=0)] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help=QUIET_HELP)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
+    quiet: Annotated[bool, flag("-q", "--quiet", help=QUIET_HELP)] = False,
+    as_json: Annotated[bool, flag("--json", help=JSON_HELP)] = False,
     host: terminal.Host = None,
     port: terminal.Port = None,
 ) -> None:
@@ -181,7 +165,7 @@ def exec_(
     = None,
     device: Annotated[str | None, typer.Option(help=DEVICE_HELP)] = None,
     max_parallel: Annotated[int, typer.Option(min=1, help="nodes executing at once")] = 4,
-    events_json: Annotated[bool, typer.Option("--events-json", help="print every event as a JSON line")] = False,
+    events_json: Annotated[bool, flag("--events-json", help="print every event as a JSON line")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
     packs: Annotated[list[Path] | None, typer.Option("--packs", exists=True, file_okay=False, help=PACKS_HELP)] = None,
@@ -201,7 +185,7 @@ def export(
     graph: Annotated[str, typer.Argument(help="a saved graph (JSON)")],
     output: Annotated[str | None, typer.Option("-o", "--output", help="the script to write (default: NAME.py)")] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=2**32 - 1, help="seed the script's run")] = None,
-    deterministic: Annotated[bool, typer.Option("--deterministic", help="ask for deterministic kernels")] = False,
+    deterministic: Annotated[bool, flag("--deterministic", help="ask for deterministic kernels")] = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="change a param: NODE.PARAM=VALUE (repeatable)")]
     = None,
 ) -> None:
@@ -223,12 +207,12 @@ def export(
 
 @app.command(name="open")
 def open_(
-    browser: Annotated[bool | None, typer.Option("--browser/--no-browser", help="open it in this machine's browser "
+    browser: Annotated[bool | None, flag("--browser/--no-browser", help="open it in this machine's browser "
                                                  "(default: for a teacher's one-time link only)")] = None,
     uses: Annotated[int | None, typer.Option(min=1, max=10_000, help="a class link, good for N browsers or "
                                                                       "terminals")] = None,
     expires: Annotated[str, typer.Option(help="how long it is good for: 90s, 30m, 2h, 1d")] = "12h",
-    read_only: Annotated[bool, typer.Option("--read-only", help="a link for a projector or a guest: reads only")]
+    read_only: Annotated[bool, flag("--read-only", help="a link for a projector or a guest: reads only")]
     = False,
     max_running: Annotated[int | None, typer.Option(min=1, help="each session it opens runs at most N runs at "
                                                                  "once; the others wait")] = None,
@@ -305,7 +289,7 @@ def links(revoke: Annotated[str | None, typer.Option(
 
 
 @app.command()
-def packs(as_json: Annotated[bool, typer.Option("--json", help="the server's answer as JSON")] = False) -> None:
+def packs(as_json: Annotated[bool, flag("--json", help="the server's answer as JSON")] = False) -> None:
     """The packs the server loaded (version, digest, node types), then the broken ones with their error."""
     from cli.runs_cmd import answer, table
 
@@ -374,7 +358,7 @@ def agent_start(
     url: Annotated[str, typer.Option(help="the control plane, as the join command gives it")],
     token: Annotated[str | None, typer.Option(help="a one-time enrollment token (first start only)")] = None,
     name: Annotated[str | None, typer.Option(help="this worker's name")] = None,
-    one_shot: Annotated[bool, typer.Option(
+    one_shot: Annotated[bool, flag(
         "--one-shot", help="take one run, report it, exit with its outcome (0 succeeded, 1 failed, 2 cancelled, "
                            "3 interrupted, 4 no run came): for a batch job")] = False,
     idle_timeout: Annotated[float, typer.Option(
@@ -388,7 +372,7 @@ def agent_start(
     unix_socket: Annotated[str | None, typer.Option(
         help="dial the control plane through this Unix socket (an ssh -R forward; the control plane's SSH "
              "sessions set it)")] = None,
-    foreground: Annotated[bool, typer.Option(
+    foreground: Annotated[bool, flag(
         "--foreground", help="stay attached to this terminal (a one-shot agent always does)")] = False,
     mount: Annotated[list[str] | None, typer.Option(
         help="LABEL=PATH, repeatable: storage this machine has, reported to the control plane")] = None,
@@ -399,7 +383,7 @@ def agent_start(
         "--ca", help="trust this certificate (or authority) for an https control plane with a self-signed "
                      "certificate; kept with the credential")] = None,
     packs: Annotated[list[Path] | None, typer.Option("--packs", exists=True, file_okay=False, help=PACKS_HELP)] = None,
-    accept_packs: Annotated[bool, typer.Option(
+    accept_packs: Annotated[bool, flag(
         "--accept-packs", help="fetch the control plane's packs (code) as its runs need them, checked by digest; "
                                "off: a run needing a pack this machine lacks is not sent here")] = False,
 ) -> None:

@@ -13,6 +13,7 @@ import typer
 
 from cli import connect
 from cli.errors import CliError
+from cli.flags import flag
 from cli.render import output_form
 
 Client = Callable[[str | None, int | None], Any]
@@ -33,8 +34,8 @@ RunIds = Annotated[list[str], typer.Argument(help="run ids (or unique prefixes, 
                                              autocompletion=_run_ids)]
 SweepId = Annotated[str, typer.Argument(help="a sweep id, or a unique prefix of it (4+ characters)")]
 StudyId = Annotated[str, typer.Argument(help="a study id, or a unique prefix of it (4+ characters)")]
-AsJson = Annotated[bool, typer.Option("--json", help="print the API's own objects, for scripts")]
-Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
+AsJson = Annotated[bool, flag("--json", help="print the API's own objects, for scripts")]
+Quiet = Annotated[bool, flag("-q", "--quiet", help="ids only, one a line, newest first (for scripts)")]
 Limit = Annotated[int | None, typer.Option(min=1, help="only the newest N")]
 Host = Annotated[str | None, typer.Option(help="server host (default: the last `troupe start`)")]
 Port = Annotated[int | None, typer.Option(min=1, max=65535, help="server port (default: the last `troupe start`)")]
@@ -81,12 +82,12 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             limit: Annotated[int, typer.Option(min=1, max=500, help="how many runs, newest first")] = 50,
             cursor: Annotated[str | None, typer.Option(help="the page after an earlier one (it prints the cursor "
                                                             "to use on stderr)")] = None,
-            full: Annotated[bool, typer.Option("--full", help="whole ids (the table shows 8 characters)")] = False,
+            full: Annotated[bool, flag("--full", help="whole ids (the table shows 8 characters)")] = False,
             sort: Annotated[str | None, typer.Option(help="order by a metric's newest value, lowest first")] = None,
-            desc: Annotated[bool, typer.Option("--desc", help="with --sort: highest first")] = False,
-            params: Annotated[bool, typer.Option("--params", help="a column per swept param (a sweep's runs)")]
+            desc: Annotated[bool, flag("--desc", help="with --sort: highest first")] = False,
+            params: Annotated[bool, flag("--params", help="a column per swept param (a sweep's runs)")]
             = False,
-            mine: Annotated[bool, typer.Option("--mine", help="only the runs this login submitted (its sweeps' "
+            mine: Annotated[bool, flag("--mine", help="only the runs this login submitted (its sweeps' "
                                                               "and studies' runs too)")] = False,
             where: Annotated[str | None, typer.Option(help="a filter: KEY OP VALUE joined by and / or, e.g. "
                                                            "\"adam.lr = 0.01 and metric.val_loss < 0.1\" "
@@ -96,7 +97,7 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             = None,
             metric: Annotated[str | None, typer.Option(help="with --group-by: each group's mean, min, max and std of "
                                                             "this series' newest values")] = None,
-            keys: Annotated[bool, typer.Option("--keys", help="the keys --where and --group-by can name, with how "
+            keys: Annotated[bool, flag("--keys", help="the keys --where and --group-by can name, with how "
                                                               "many runs have each")] = False,
             as_json: AsJson = False, quiet: Quiet = False, host: Host = None, port: Port = None) -> None:
         """List runs, newest first, with who submitted each; find them by what they were (--where), fold
@@ -116,7 +117,7 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             done(lambda: runs_cmd.list_runs(client(host, port), asked))
 
     @app.command()
-    def show(run_id: RunId, as_json: AsJson = False, artifacts: Annotated[bool, typer.Option(
+    def show(run_id: RunId, as_json: AsJson = False, artifacts: Annotated[bool, flag(
                  "--artifacts", help="list every file it keeps, each checkpoint too (else they are one line)")] = False,
              host: Host = None, port: Port = None) -> None:
         """Everything about one run: status, where it ran, the code it ran, params, metrics, artifacts."""
@@ -131,15 +132,15 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
 
     @app.command()
     def logs(run_id: RunId,
-             follow: Annotated[bool, typer.Option("-f", "--follow", help="stream live until the run ends")] = False,
+             follow: Annotated[bool, flag("-f", "--follow", help="stream live until the run ends")] = False,
              tail: Annotated[int | None, typer.Option(min=1, help="the last N entries")] = None,
-             console: Annotated[bool, typer.Option("--console", help="only what the run printed")] = False,
-             metrics: Annotated[bool, typer.Option("--metrics", help="every metric point (else 20 a series, or one "
+             console: Annotated[bool, flag("--console", help="only what the run printed")] = False,
+             metrics: Annotated[bool, flag("--metrics", help="every metric point (else 20 a series, or one "
                                                                      "a second live)")] = False,
-             every: Annotated[bool, typer.Option("--all", help="every event the run has, every metric point "
+             every: Annotated[bool, flag("--all", help="every event the run has, every metric point "
                                                                "among them")] = False,
-             as_json: Annotated[bool, typer.Option("--json", help=LOGS_JSON_HELP)] = False,
-             debug: Annotated[bool, typer.Option("--debug", help="tracebacks with troupe's own frames too")] = False,
+             as_json: Annotated[bool, flag("--json", help=LOGS_JSON_HELP)] = False,
+             debug: Annotated[bool, flag("--debug", help="tracebacks with troupe's own frames too")] = False,
              host: Host = None, port: Port = None) -> None:
         """What happened to a run: its nodes' starts and ends, failures with their traceback, logs,
         warnings, metric points and console lines, in order (--all: every event)."""
@@ -154,7 +155,7 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
     @app.command()
     def wait(run_ids: RunIds, timeout: Annotated[float | None, typer.Option(
                  min=0, help="stop waiting after S seconds: exit 1, as the runs have not succeeded yet")] = None,
-             as_json: Annotated[bool, typer.Option("--json", help="print each run's id and status at the end "
+             as_json: Annotated[bool, flag("--json", help="print each run's id and status at the end "
                                                                   "(running, when the wait timed out)")] = False,
              host: Host = None, port: Port = None) -> None:
         """Wait for runs to end; exit 0 only when all succeeded."""
@@ -218,7 +219,7 @@ def _sweeps(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]]
     from cli import sweeps_cmd
 
     @app.command("start")
-    def start(spec: Spec, wait: Annotated[bool, typer.Option(
+    def start(spec: Spec, wait: Annotated[bool, flag(
                   "--wait/--detach", help="follow it to its end (exit 0 when every run succeeded), or detach")] = True,
               as_json: AsJson = False,
               sets: Sets = None, host: Host = None, port: Port = None) -> None:
@@ -253,7 +254,7 @@ def _studies(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]
     from cli import sweeps_cmd
 
     @app.command("start")
-    def start(spec: Spec, wait: Annotated[bool, typer.Option(
+    def start(spec: Spec, wait: Annotated[bool, flag(
                   "--wait/--detach",
                   help="follow it until it finishes or its budget halts it (exit 0; 1 if cancelled), or detach")]
               = True, as_json: AsJson = False, sets: Sets = None, host: Host = None, port: Port = None) -> None:
