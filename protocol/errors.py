@@ -71,9 +71,10 @@ class Forbidden(TroupeError):
 
 class NotYours(Forbidden):
     """Raised when a class session would change what another session submitted (cancel,
-    delete, rename, retag or note a run; cancel a sweep; cancel or resume a study): that
-    is its submitter's and the teacher's to change. The code names what it was:
-    ``not_your_run``, ``not_your_sweep``, ``not_your_study``."""
+    delete, rename, retag or note a run; cancel a sweep; cancel or resume a study; delete
+    an uploaded file): that is its submitter's and the teacher's to change. The code names
+    what it was: ``not_your_run``, ``not_your_sweep``, ``not_your_study``,
+    ``not_your_file``."""
 
     code = "not_your_run"
 

@@ -343,6 +343,8 @@ class FileRow(_Reply):
     size: int
     sha256: str
     created_at: str
+    uploaded_by: str | None = Field(default=None, description="the session that uploaded it (server: the server's "
+                                                              "token; null: not recorded, the teacher's)")
 
 
 class FileList(_Reply):
@@ -355,6 +357,9 @@ class FileStored(_Reply):
     size: int
     sha256: str
     ref: str = Field(description="how a run's param names it: upload:ID")
+    uploaded_by: str | None = Field(default=None, description="whose file it is: this session, or whoever uploaded "
+                                                              "the same content first (server: the server's token; "
+                                                              "null: not recorded, the teacher's)")
 
 
 class FlavorList(_Reply):

@@ -1,5 +1,5 @@
-"""What a session may change: the one rule every route that changes a run, a sweep or a
-study asks (``run_rights`` beside it says what a session may run).
+"""What a session may change: the one rule every route that changes a run, a sweep, a
+study or an uploaded file asks (``run_rights`` beside it says what a session may run).
 
 A class is thirty people on one server with no accounts, so what protects one student's
 work from another is the session that submitted it (``submitted_by``: a session's id, or
@@ -8,10 +8,11 @@ work from another is the session that submitted it (``submitted_by``: a session'
 * the teacher's sessions and the server's token change everything;
 * a class session changes only what it submitted itself: it cancels, deletes, renames,
   retags and notes its own runs, cancels its own sweeps, cancels and resumes its own
-  studies. Anyone else's is refused 403 ``not_your_run`` / ``not_your_sweep`` /
-  ``not_your_study``, saying whose it is and who may. Without it, one loop of ``DELETE
-  /api/runs/{id}`` erased a class's work, and untagging the teacher's ``keep`` run handed
-  it to retention;
+  studies, deletes its own uploads. Anyone else's is refused 403 ``not_your_run`` /
+  ``not_your_sweep`` / ``not_your_study`` / ``not_your_file``, saying whose it is and who
+  may. Without it, one loop of ``DELETE /api/runs/{id}`` erased a class's work,
+  untagging the teacher's ``keep`` run handed it to retention, and deleting the
+  teacher's uploaded dataset failed every run that read it after;
 * a read session changes nothing (the guard in ``web/errors.py`` refuses it first).
 
 What was stored without a submitter (by a troupe older than the column) is the
@@ -22,7 +23,8 @@ student submitted is no longer theirs to change (the teacher's still).
 
 The routes that ask it: ``POST /api/runs/{id}/cancel``, ``DELETE /api/runs/{id}``,
 ``PATCH /api/runs/{id}``, ``POST /api/sweeps/{id}/cancel``, ``POST
-/api/studies/{id}/cancel`` and ``POST /api/studies/{id}/resume``.
+/api/studies/{id}/cancel``, ``POST /api/studies/{id}/resume`` and ``DELETE
+/api/files/{id}`` (a file's owner is its ``uploaded_by``).
 """
 
 from __future__ import annotations
@@ -33,31 +35,34 @@ from actors.store.logins import ListSessions
 from protocol.errors import NotYours
 from web.login import SERVER_SUBMITTER, TEACHER, Who
 
-_CODES = {"run": "not_your_run", "sweep": "not_your_sweep", "study": "not_your_study"}
-_MADE = {"run": "submitted", "sweep": "started", "study": "started"}
-_PLURAL = {"run": "runs", "sweep": "sweeps", "study": "studies"}
+_CODES = {"run": "not_your_run", "sweep": "not_your_sweep", "study": "not_your_study", "file": "not_your_file"}
+_MADE = {"run": "submitted", "sweep": "started", "study": "started", "file": "uploaded"}
+_PLURAL = {"run": "runs", "sweep": "sweeps", "study": "studies", "file": "files"}
 
 
 async def refuse_theirs(svc: Any, who: Who | None, what: str, thing_id: str, owner: str | None,
                         doing: str) -> None:
     """403 (``not_your_<what>``) unless ``who`` may ``doing`` the ``what`` (run, sweep,
-    study) ``thing_id`` that ``owner`` submitted: a teacher always, a class session when
-    it is its own. ``doing``: the verb, as the refusal says it (``cancel``)."""
+    study, file) ``thing_id`` that ``owner`` submitted (or uploaded): a teacher always, a
+    class session when it is its own. ``doing``: the verb, as the refusal says it
+    (``cancel``)."""
     if who is not None and (who.kind == TEACHER or (owner is not None and owner == who.session_id)):
         return
-    whose, by = await _whose(svc, owner)
+    whose, by = await _whose(svc, owner, "uploaded" if what == "file" else "submitted")
     rerun = " (running it again is open to you: the new run is your own)" if what == "run" else ""
     asker = f"a {who.kind} session" if who is not None else "a request without a session"
     raise NotYours(f"{what} {thing_id} is {whose}: {asker} may {doing} only the {_PLURAL[what]} it "
                    f"{_MADE[what]} itself; {by} the teacher may {doing} it{rerun}", pointer="", code=_CODES[what])
 
 
-async def _whose(svc: Any, owner: str | None) -> tuple[str, str]:
-    """Whose it is in words, and who besides the teacher may change it."""
+async def _whose(svc: Any, owner: str | None, made: str) -> tuple[str, str]:
+    """Whose it is in words, and who besides the teacher may change it. ``made``: how
+    its owner made it (submitted, uploaded)."""
     if owner is None:
-        return "the teacher's (it was stored without a submitter)", "only"
+        unrecorded = "a submitter" if made == "submitted" else f"a record of who {made} it"
+        return f"the teacher's (it was stored without {unrecorded})", "only"
     if owner == SERVER_SUBMITTER:
-        return "the teacher's (submitted with the server's token)", "only"
+        return f"the teacher's ({made} with the server's token)", "only"
     for row in await svc.store.read(ListSessions()):
         if row["id"] == owner:
             if row["kind"] == TEACHER:

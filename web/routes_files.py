@@ -1,7 +1,11 @@
 """``/api/files``: files uploaded for runs to read as ``upload:<file id>``. The bytes are
 streamed to ``TROUPE_HOME/files`` and hashed on the way in; the file's id is the head of
 its sha256, so the same content uploaded twice is one file. With S3 on, each upload is
-also put in the bucket (before its row is written), where workers take it from."""
+also put in the bucket (before its row is written), where workers take it from.
+
+Each file records who uploaded it (``uploaded_by``, as a run's ``submitted_by``): a class
+session deletes only its own uploads (``web/change_rights.py``), so it cannot delete the
+teacher's dataset, nor another student's, under the runs that read it."""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from actors.store.files import AddFile, DeleteFile, ListFiles
 from protocol.errors import InvalidRequest, PayloadTooLarge
 from protocol.worker import S3Bucket
 from subprocess_runner.digest import CHUNK, pour_async
+from web.change_rights import refuse_theirs
 from web.context import services
 from web.errors import json_reply
 from web.limits import paced
+from web.login import TEACHER, submitter_of
 from web.requests import hex_id
 
 routes = web.RouteTableDef()
@@ -80,9 +86,12 @@ async def upload(request: web.Request) -> web.Response:
     # A name sent in bytes that are not UTF-8 is kept readable (U+FFFD for each), never
     # refused: the file is the point, its name only a label.
     name = Path(part.filename or "upload").name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")[:255]
-    row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256}))
+    who = svc.login.who(request)
+    row = await svc.store.write(AddFile({"id": file_id, "name": name, "size": size, "sha256": sha256},
+                                        uploaded_by=submitter_of(who) if who is not None else None,
+                                        takes_over=who is not None and who.kind == TEACHER))
     return json_reply({"file_id": row["id"], "name": row["name"], "size": row["size"], "sha256": row["sha256"],
-                       "ref": f"upload:{row['id']}"}, status=201)
+                       "ref": f"upload:{row['id']}", "uploaded_by": row["uploaded_by"]}, status=201)
 
 
 def _only_the_file(part: object) -> None:
@@ -123,6 +132,10 @@ async def file_content(request: web.Request) -> web.StreamResponse:
 
 @routes.delete("/api/files/{file_id}")
 async def delete_file(request: web.Request) -> web.Response:
+    svc = services(request)
     file_id = hex_id(request, "file")
-    await services(request).store.write(DeleteFile(file_id))
+    for row in await svc.store.read(ListFiles(file_id)):  # none: DeleteFile says there is no such file
+        await refuse_theirs(svc, svc.login.who(request), "file", f"{file_id} ({row['name']})", row["uploaded_by"],
+                            "delete")
+    await svc.store.write(DeleteFile(file_id))
     return json_reply({"file_id": file_id, "deleted": True})

@@ -1,7 +1,13 @@
 """Uploaded files: their rows. The bytes live under ``TROUPE_HOME/files``, named by id,
 written by the upload route before the row; a file still named by a run that is queued or
 executing cannot be deleted. Called only from the store's thread, which orders a row's
-writing and its deletion: a row is written only while its bytes are there."""
+writing and its deletion: a row is written only while its bytes are there.
+
+A row records who uploaded it (``uploaded_by``: a session's id, or ``server``; none for a
+file stored before the column, the teacher's), which decides who may delete it
+(``web/change_rights.py``). The same content uploaded again by someone else stays its
+first uploader's, name and all, unless the teacher's upload takes it over: otherwise a
+student could make the teacher's dataset theirs (and delete it) by uploading its bytes."""
 
 from __future__ import annotations
 
@@ -15,16 +21,20 @@ from actors.errors import FileInUse, FileNotFound, UploadDeleted
 from actors.store.table import Session, Table
 from protocol import events as ev
 
-_COLUMNS = ("id", "name", "size", "sha256", "created_at")
+_COLUMNS = ("id", "name", "size", "sha256", "created_at", "uploaded_by")
 
 # Messages ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class AddFile:
-    """The same content uploaded again is the same file (its id is its hash's head)."""
+    """The same content uploaded again is the same file (its id is its hash's head).
+    ``uploaded_by``: the uploader (None: a request without a session); ``takes_over``:
+    whether this upload makes an existing row its uploader's (the teacher's does)."""
 
     file: Mapping[str, Any]
+    uploaded_by: str | None = None
+    takes_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,19 +44,24 @@ class DeleteFile:
 
 @dataclass(frozen=True)
 class ListFiles:
-    pass
+    file_id: str | None = None  # one file's row (none: a list without it), or every file
 
 
 # SQL ---------------------------------------------------------------------------
 
 
-def add(session: Session, file: Mapping[str, Any]) -> dict[str, Any]:
+def add(session: Session, op: AddFile) -> dict[str, Any]:
+    file = op.file
     if not (session.runs_dir.parent / "files" / file["id"]).is_file():
         # The same content's DELETE came between the bytes' arrival and this row.
         raise UploadDeleted(f"file {file['id']} was deleted while it was uploaded; nothing was kept, send it again")
     conn = session.conn
-    conn.execute("INSERT OR REPLACE INTO files(id, name, size, sha256, created_at) VALUES (?, ?, ?, ?, ?)",
-                 (file["id"], file["name"], file["size"], file["sha256"], ev.utc_now()))
+    held = list_files(conn, file["id"])
+    if held and not op.takes_over and held[0]["uploaded_by"] != op.uploaded_by:
+        return held[0]  # another's upload of the same bytes: theirs it stays
+    conn.execute("INSERT OR REPLACE INTO files(id, name, size, sha256, created_at, uploaded_by) "
+                 "VALUES (?, ?, ?, ?, ?, ?)",
+                 (file["id"], file["name"], file["size"], file["sha256"], ev.utc_now(), op.uploaded_by))
     return list_files(conn, file["id"])[0]
 
 
@@ -69,9 +84,9 @@ def delete(session: Session, file_id: str) -> None:
 
 
 WRITES: Table = {
-    AddFile: lambda s, op: add(s, op.file),
+    AddFile: add,
     DeleteFile: lambda s, op: delete(s, op.file_id),
 }
 READS: Table = {
-    ListFiles: lambda s, m: list_files(s.conn),
+    ListFiles: lambda s, m: list_files(s.conn, m.file_id),
 }
