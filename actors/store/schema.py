@@ -12,7 +12,8 @@ from pathlib import Path
 
 import apsw
 
-from actors.store import logged, run_index
+from actors.store.logged import SCHEMA as LOGGED_SCHEMA
+from actors.store.run_index import fill as fill_run_index
 
 log = logging.getLogger("troupe.store")
 
@@ -366,10 +367,10 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     # 23: the index ``where`` reads (actors/store/run_index.py): each run's scalar params
     # and node types, each series' newest, lowest and highest value, the keys with their
     # counts; filled here from the runs already stored.
-    run_index.fill,
+    fill_run_index,
     # 24: the params and tags a run's script logged (MLflow's log_param, set_tag):
     # actors/store/logged.py.
-    logged.SCHEMA,
+    LOGGED_SCHEMA,
     # 25: who started each sweep (a session's id, or "server"), as its runs record it:
     # a class session cancels only its own sweeps. An older sweep takes its runs'
     # submitter; one with none left has none (the teacher's).
