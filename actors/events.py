@@ -26,7 +26,8 @@ from actors.base import Actor
 from actors.run_tally import RunTally
 from actors.store.artifacts import RecordLateArtifact
 from actors.store.events import AppendEvents
-from actors.store.runs import DeleteRun, Prune, Pruned, UpdateRun
+from actors.store.retention import Prune, Pruned
+from actors.store.runs import DeleteRun, UpdateRun
 from actors.store.studies import UpdateStudy
 from actors.store.sweeps import created_runs
 from protocol import events as ev

@@ -45,7 +45,8 @@ from actors.run_messages import (
 from actors.run_writes import RetryWrites, RunWrites, Unwritten, Written
 from actors.store import StoreClient
 from actors.store.events import AppendEvents
-from actors.store.runs import Prune, UpdateRun
+from actors.store.retention import Prune
+from actors.store.runs import UpdateRun
 from actors.worker import AssignRun, CancelOnWorker, Persisted
 from protocol import events as ev
 from protocol import jsonsafe

@@ -33,7 +33,8 @@ from actors.run_tally import RunTally
 from actors.ssh_session import SshSession, SshTarget
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents
-from actors.store.runs import KeepQueuedForNextStart, Prune, Recover, UpdateRun
+from actors.store.retention import Prune
+from actors.store.runs import KeepQueuedForNextStart, Recover, UpdateRun
 from actors.store.schema import check_writable
 from actors.store.studies import ListStudies, UpdateStudy
 from actors.store.workers import WorkerExited

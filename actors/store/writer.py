@@ -29,6 +29,7 @@ import actors.store.logged as logged
 import actors.store.logins as logins
 import actors.store.memory as memory
 import actors.store.metric_pages as metric_pages
+import actors.store.retention as retention
 import actors.store.room as room
 import actors.store.run_list as run_list
 import actors.store.runs as runs
@@ -44,8 +45,8 @@ log = logging.getLogger("troupe.store")
 FULL_LOG_S = 30.0
 _FULL_SAID: dict[str, list[float]] = {}  # database path -> [when the last line was, writes since]
 
-CONCERNS = (runs, run_list, events, metric_pages, artifacts, sweeps, studies, workers, memory, flavors, files, logins,
-            submitters, logged, room)
+CONCERNS = (runs, retention, run_list, events, metric_pages, artifacts, sweeps, studies, workers, memory, flavors,
+            files, logins, submitters, logged, room)
 _WRITES: Table = {kind: handler for module in CONCERNS for kind, handler in module.WRITES.items()}
 _READS: Table = {kind: handler for module in CONCERNS for kind, handler in module.READS.items()}
 # What outlives a run copies its result from it when it ends or before it is deleted:

@@ -13,8 +13,9 @@ from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
 from actors.store import StoreActor, StoreClient
 from actors.store.events import AppendEvents, GetEvents
 from actors.store.memory import LastPeak
+from actors.store.retention import Prune, Pruned
 from actors.store.run_list import EditRun, ListRuns
-from actors.store.runs import DeleteRun, GetRun, Prune, Pruned, ReadStream, Recover, UpdateRun, insert_run
+from actors.store.runs import DeleteRun, GetRun, ReadStream, Recover, UpdateRun, insert_run
 from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
 from actors.store.studies import CreateStudy, GetStudy, UpdateStudy
 from actors.store.workers import ListWorkers
