@@ -293,9 +293,11 @@ class _Lines:
                     raise TypeError(f"a metric's name is text, got {json.dumps(name)[:40]}")
                 if isinstance(value, _PastFloat):
                     raise OverflowError(f"its value {value.text[:40]} is past what a float holds")
-                self._ctx.metric(name, float(value), step=int(step) if isinstance(step, int | float) else None)
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise TypeError(f"a metric's value is a JSON number, got {json.dumps(value)[:40]}")
+                self._ctx.metric(name, float(value), step=None if step is None else _whole(step, "its step"))
             elif "progress" in found and found.get("total"):
-                done, total = int(found["progress"]), int(found["total"])
+                done, total = _whole(found["progress"], "progress"), _whole(found["total"], "total")
                 if not 0 <= done <= STEP_MAX or not 0 < total <= STEP_MAX:
                     raise ValueError(f"progress and total must be counts up to 2**53, got {done!s:.40} of "
                                      f"{total!s:.40}")
@@ -305,6 +307,16 @@ class _Lines:
                               code="line_not_read")
         if "result" in found:
             self.result = found["result"]
+
+
+def _whole(value: Any, what: str) -> int:
+    """A step or a count as the line wrote it: a JSON integer (``3``, or ``3.0``). Text, a
+    flag or a fraction is refused, not read as some other step (``"3"`` was charted at the
+    next step, ``1.5`` at step 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise TypeError(f"{what} is a whole number, got {json.dumps(value)[:40]}")
+    return int(value)
 
 
 class _PastFloat(float):

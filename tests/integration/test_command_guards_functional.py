@@ -199,3 +199,34 @@ def test_a_metric_line_with_a_name_not_text_or_a_value_past_a_float_is_a_warning
     assert [w["code"] for w in warnings] == ["line_not_read"] * 3, warnings
     assert "name is text, got 123" in warnings[0]["message"], warnings
     assert "1e999 is past what a float holds" in warnings[1]["message"], warnings
+
+
+ODD_TYPES = r'''
+print('{"metric": "loss", "value": "0.25", "step": 1}', flush=True)  # text, not a number
+print('{"metric": "loss", "value": true, "step": 2}', flush=True)  # a flag
+print('{"metric": "loss", "value": 0.5, "step": "7"}', flush=True)  # a step as text
+print('{"metric": "loss", "value": 0.5, "step": 1.5}', flush=True)  # a step between steps
+print('{"progress": "3", "total": 10}', flush=True)
+print('{"progress": 2.5, "total": 10}', flush=True)
+print('{"metric": "loss", "value": 4, "step": 9.0}', flush=True)  # a whole step written as a float
+print('{"progress": 4, "total": 10}', flush=True)
+'''
+
+
+def test_a_metric_line_whose_value_or_step_is_not_a_json_number_is_a_warning(make_server, tmp_path):
+    """A point is charted where the line says, or not at all: a value or a step given as
+    text, a flag, or a step between two steps is a warning, never read as another
+    number (the value "0.25" was charted as 0.25, the step "7" at the next step, 1.5 at 1)."""
+    (tmp_path / "odd.py").write_text(ODD_TYPES)
+    server = make_server()
+    run_id = server.submit(graph(node("job", "script.Command", argv=[sys.executable, str(tmp_path / "odd.py")]),
+                                 name="odd"))["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"
+    series = server.get(f"/api/runs/{run_id}/metrics")["series"]
+    assert [(p["step"], p["value"]) for p in series["loss"]] == [(9, 4.0)], series
+    assert [(p["step"], p["value"]) for p in series["progress"]] == [(4, 0.4)], series
+    events = server.get(f"/api/runs/{run_id}/events?tail=1000")["events"]
+    warnings = [e["payload"] for e in events if e["type"] == "warning"]
+    assert [w["code"] for w in warnings] == ["line_not_read"] * 6, warnings
+    assert 'value is a JSON number, got "0.25"' in warnings[0]["message"], warnings
+    assert 'step is a whole number, got "7"' in warnings[2]["message"], warnings
