@@ -59,6 +59,7 @@ def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None])
         raise typer.Exit(code)
 
     _runs(app, client, done)
+    _follow(app, client, done)
     _inspect(app, client, done)
     sweep_app = typer.Typer(no_args_is_help=True, help="Sweeps: one graph queued as many runs, ranked.")
     study_app = typer.Typer(no_args_is_help=True, help="Studies: variants x repeats under a server-kept budget.")
@@ -69,7 +70,7 @@ def register(app: typer.Typer, client: Client, fail: Callable[[CliError], None])
 
 
 def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
-    from cli import logs_cmd, runs_cmd
+    from cli import runs_cmd
 
     @app.command(name="ls")
     def ls_(status: Annotated[str | None, typer.Option(
@@ -115,6 +116,10 @@ def _runs(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], 
             done(lambda: find_cmd.group_runs(client(host, port), asked, group_by, metric))
         else:
             done(lambda: runs_cmd.list_runs(client(host, port), asked))
+
+
+def _follow(app: typer.Typer, client: Client, done: Callable[[Callable[[], int]], None]) -> None:
+    from cli import logs_cmd, runs_cmd
 
     @app.command()
     def show(run_id: RunId, as_json: AsJson = False, artifacts: Annotated[bool, flag(
