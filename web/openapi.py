@@ -206,6 +206,32 @@ def _name_operations(paths: dict[str, Any]) -> None:
             op.setdefault("tags", [tag])
 
 
+# GET /api/runs's query: each one the route takes (any other is refused: unknown_parameter).
+_RUN_LIST_PARAMS = (
+    ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
+    ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
+    ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
+    ("q", "query", {"type": "string", "maxLength": MAX_SEARCH, "pattern": SEARCH_PATTERN}),
+    ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
+                      "description": "empty: any tag"}),
+    ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
+    ("mine", "query", {"type": "string", "enum": ["true", "false"],
+                       "description": "true: the runs the asking session submitted"}),
+    ("values", "query", {"type": "string", "enum": ["true", "false"],
+                         "description": "true: each run with its params and newest metric values"}),
+    ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
+                       "description": "by a series' newest value, lowest first (-name: highest); "
+                                      "its next_cursor pages on"}),
+    ("where", "query", {"type": "string", "maxLength": MAX_WHERE,
+                        "description": "a filter: KEY OP VALUE joined by and / or with parentheses "
+                                       "(adam.lr = 0.01 and metric.val_loss < 0.1); docs/runs.md"}),
+    ("group_by", "query", {"type": "string", "maxLength": MAX_KEY,
+                           "description": "a key of where: the answer is a RunGroupList, a row per value"}),
+    ("metric", "query", {"type": "string", "pattern": METRIC_PATTERN,
+                         "description": "with group_by: each group's statistics of this series"}),
+)
+
+
 def _run_paths() -> dict[str, Any]:
     """A run's routes: submit, list, read, follow, rerun, and what it made."""
     return {
@@ -213,28 +239,7 @@ def _run_paths() -> dict[str, Any]:
             "post": _op("Submit a graph as a run", api.RunCreated, status="201", body=api.SubmitRun, mutation=True),
             "get": _or(rr.RunGroupList, _op(
                 "List runs, newest first (grouped: a row per sweep and study; group_by: a row per value of a key)",
-                api.RunList, params=(
-                ("status", "query", _STATUS), ("sweep_id", "query", "string"), ("study_id", "query", "string"),
-                ("limit", "query", {"type": "integer", "minimum": 1, "maximum": 500}),
-                ("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN}),
-                ("q", "query", {"type": "string", "maxLength": MAX_SEARCH, "pattern": SEARCH_PATTERN}),
-                ("tag", "query", {"type": "string", "pattern": "^(" + api.TAG_PATTERN[1:-1] + ")?$",
-                                  "description": "empty: any tag"}),
-                ("grouped", "query", {"type": "string", "enum": ["true", "false"]}),
-                ("mine", "query", {"type": "string", "enum": ["true", "false"],
-                                   "description": "true: the runs the asking session submitted"}),
-                ("values", "query", {"type": "string", "enum": ["true", "false"],
-                                     "description": "true: each run with its params and newest metric values"}),
-                ("sort", "query", {"type": "string", "pattern": SORT_PATTERN,
-                                   "description": "by a series' newest value, lowest first (-name: highest); "
-                                                  "its next_cursor pages on"}),
-                ("where", "query", {"type": "string", "maxLength": MAX_WHERE,
-                                    "description": "a filter: KEY OP VALUE joined by and / or with parentheses "
-                                                   "(adam.lr = 0.01 and metric.val_loss < 0.1); docs/runs.md"}),
-                ("group_by", "query", {"type": "string", "maxLength": MAX_KEY,
-                                       "description": "a key of where: the answer is a RunGroupList, a row per value"}),
-                ("metric", "query", {"type": "string", "pattern": METRIC_PATTERN,
-                                     "description": "with group_by: each group's statistics of this series"})))),
+                api.RunList, params=_RUN_LIST_PARAMS)),
         },
         "/api/runs/keys": {"get": _op("The keys where and group_by can name, with how many runs have each",
                                       rr.RunKeyList)},
