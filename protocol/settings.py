@@ -224,9 +224,7 @@ class Settings:
             stream_write_timeout_s=reader.number("TROUPE_STREAM_WRITE_TIMEOUT_S", 30.0) or 30.0,
             editor_cache_mb=reader.integer("TROUPE_EDITOR_CACHE_MB", 512, minimum=0),
             stop_grace_s=reader.number("TROUPE_STOP_GRACE_S", 10.0),
-            allowed_hosts=tuple(
-                h.strip().lower() for h in environ.get("TROUPE_ALLOWED_HOSTS", "").split(",") if h.strip()
-            ),
+            allowed_hosts=tuple(h.lower() for h in reader.words("TROUPE_ALLOWED_HOSTS", ",")),
             public_url=environ.get("TROUPE_PUBLIC_URL") or None,
             tls_cert=tls_cert or _path(environ.get("TROUPE_TLS_CERT")),
             tls_key=tls_key or _path(environ.get("TROUPE_TLS_KEY")),
@@ -237,20 +235,16 @@ class Settings:
             mount_label=environ.get("TROUPE_MOUNT_LABEL", "data").strip() or "data",
             mount_path=Path(environ["TROUPE_MOUNT_PATH"]).expanduser() if environ.get("TROUPE_MOUNT_PATH") else None,
             upload_max_mb=reader.integer("TROUPE_UPLOAD_MAX_MB", 1024, minimum=1),
-            data_roots=tuple(Path(p).expanduser() for p in environ.get("TROUPE_DATA_ROOTS", "").split(os.pathsep)
-                             if p.strip()),
+            data_roots=tuple(Path(p).expanduser() for p in reader.words("TROUPE_DATA_ROOTS", os.pathsep)),
             class_privileged_nodes=reader.flag("TROUPE_CLASS_PRIVILEGED_NODES", False),
-            pack_dirs=(home / "packs", *(Path(p).expanduser() for p in environ.get("TROUPE_PACKS", "").split(os.pathsep)
-                                         if p.strip()), *(p.expanduser().resolve() for p in packs)),
+            pack_dirs=(home / "packs", *(Path(p).expanduser() for p in reader.words("TROUPE_PACKS", os.pathsep)),
+                       *(p.expanduser().resolve() for p in packs)),
             pack_import_timeout_s=reader.number("TROUPE_PACK_IMPORT_TIMEOUT_S", 10.0, maximum=86400.0),
             pack_import_memory_mib=reader.integer("TROUPE_PACK_IMPORT_MEMORY_MIB", 2048, minimum=0, maximum=2**40),
             session_max_s=reader.integer("TROUPE_SESSION_MAX_S", 30 * 86400, minimum=1),
             queue_order=reader.choice("TROUPE_QUEUE_ORDER", ("fair", "fifo")),
             fair_share_half_life_s=reader.number("TROUPE_FAIR_SHARE_HALF_LIFE_S", 3600.0) or 3600.0,
-            class_quotas={key: value for key, value in (
-                ("max_running", reader.integer("TROUPE_CLASS_MAX_RUNNING", 0, minimum=0)),
-                ("max_waiting", reader.integer("TROUPE_CLASS_MAX_WAITING", 0, minimum=0)),
-                ("max_memory_mib", math.ceil(reader.number("TROUPE_CLASS_MAX_MEMORY_GIB", 0.0) * 1024))) if value},
+            class_quotas=reader.class_quotas(),
             class_max_submits_per_minute=reader.integer("TROUPE_CLASS_MAX_SUBMITS_PER_MINUTE", 30, minimum=0),
             event_loop=reader.choice("TROUPE_EVENT_LOOP", ("uvloop", "asyncio")),
             transfer_max_mb=reader.integer("TROUPE_TRANSFER_MAX_MB", 256, minimum=0),
@@ -269,6 +263,17 @@ class _Reader:
     def __init__(self, environ: Mapping[str, str], warnings: list[str]) -> None:
         self._env = environ
         self._warnings = warnings
+
+    def words(self, name: str, separator: str) -> list[str]:
+        """The non-blank items of a list (hosts by comma, folders by the path separator)."""
+        return [item.strip() for item in self._env.get(name, "").split(separator) if item.strip()]
+
+    def class_quotas(self) -> dict[str, int]:
+        """A class link's default limits, those set (a 0 is no limit)."""
+        found = (("max_running", self.integer("TROUPE_CLASS_MAX_RUNNING", 0, minimum=0)),
+                 ("max_waiting", self.integer("TROUPE_CLASS_MAX_WAITING", 0, minimum=0)),
+                 ("max_memory_mib", math.ceil(self.number("TROUPE_CLASS_MAX_MEMORY_GIB", 0.0) * 1024)))
+        return {key: value for key, value in found if value}
 
     def integer(self, name: str, default: int, *, minimum: int = -INTEGER_MAX, maximum: int = INTEGER_MAX) -> int:
         """Bounded even where a setting names no bound: it reaches SQLite (a LIMIT) and
