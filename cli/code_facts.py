@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cli.render import size_text
+
 CHECKPOINT_KINDS = ("checkpoint", "training_state")
 
 
@@ -52,17 +54,6 @@ def checkpoint_line(summary: Mapping[str, Any] | None) -> str | None:
     if summary.get("removed"):
         text += f"; {summary['removed']} let go (keep_checkpoints)"
     return text + " (troupe show ID --artifacts lists them)"
-
-
-def size_text(size: int | None) -> str:
-    if size is None:
-        return "-"
-    value, unit = float(size), "B"
-    for bigger in ("KB", "MB", "GB"):
-        if value < 1000:
-            break
-        value, unit = value / 1000, bigger
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -92,3 +92,15 @@ def render_event(event: dict[str, Any]) -> str | None:
             return "  ✓ run complete"
         return f"  ✗ run {status}: {payload.get('error') or ''}".rstrip(": ")
     return None
+
+
+def size_text(size: int | None) -> str:
+    """A file's size as a person reads it (decimal units: 1.5 MB); ``-`` for none known."""
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for bigger in ("KB", "MB", "GB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

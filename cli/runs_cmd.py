@@ -22,7 +22,7 @@ from typing import Any
 from cli import code_facts
 from cli.client import Client
 from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, BadOption, CliError
-from cli.render import printable
+from cli.render import printable, size_text
 from cli.run_cmd import follow
 from protocol import events as ev
 from protocol.errors import WhereInvalid
@@ -291,7 +291,7 @@ def show_run(client: Client, run_id: str, as_json: bool, all_artifacts: bool = F
     listed = [a for a in run.get("artifacts") or ()
               if all_artifacts or a.get("kind") not in code_facts.CHECKPOINT_KINDS]
     if listed:
-        rows = [[a.get("kind", ""), a["path"], a.get("state", "stored"), _size(a.get("size")),
+        rows = [[a.get("kind", ""), a["path"], a.get("state", "stored"), size_text(a.get("size")),
                  (a.get("sha256") or "")[:16] or (a.get("reason") or "")] for a in listed]
         print("\n  Artifacts\n" + _indent(table(rows, ["KIND", "PATH", "STATE", "SIZE", "SHA256"])))
     return EXIT_OK
@@ -323,17 +323,6 @@ def _last(points: list[dict[str, Any]]) -> str:
     last = points[-1]
     value = last.get("value")
     return f"{value:.6g} (step {last['step']})" if value is not None else f"{last.get('non_finite')}"
-
-
-def _size(size: int | None) -> str:
-    if size is None:
-        return "-"
-    value, unit = float(size), "B"
-    for bigger in ("KB", "MB", "GB"):
-        if value < 1000:
-            break
-        value, unit = value / 1000, bigger
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def attach(client: Client, run_id: str, timeout: float | None) -> int:
