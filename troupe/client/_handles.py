@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from protocol.api import Event, RunDetail, RunRow
 from protocol.replies import MetricPoint, StudyDetail, SweepDetail
@@ -190,14 +190,16 @@ class _Group:
 
     _path = ""
     _what = ""
+    _model: type[SweepDetail] | type[StudyDetail]
     _going: frozenset[str] = frozenset({"running"})
 
     def __init__(self, client: Client, record: Any) -> None:
         self._client = client
         self.record = record
 
-    def refresh(self) -> Any:
-        raise NotImplementedError
+    def refresh(self) -> Self:
+        self.record = self._model.model_validate(self._client.http.request("GET", f"/api/{self._path}/{self.id}"))
+        return self
 
     @property
     def id(self) -> str:
@@ -211,7 +213,7 @@ class _Group:
     def done(self) -> bool:
         return self.state not in self._going
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> Self:
         """Returns once it has ended; raises ``troupe.Timeout`` past ``timeout``."""
         deadline = _deadline(timeout)
         pace = iter(_POLL_S)
@@ -223,15 +225,24 @@ class _Group:
             time.sleep(pause if left is None else min(pause, left))
         return self
 
-    def cancel(self) -> Any:
+    def cancel(self) -> Self:
         self._client.http.request("POST", f"/api/{self._path}/{self.id}/cancel")
         return self.refresh()
+
+    @property
+    def ranking(self) -> list[Any]:
+        raise NotImplementedError
+
+    @property
+    def best(self) -> Any:
+        """The first of ``ranking``: the best variant so far, or None."""
+        return next(iter(self.ranking), None)
 
 
 class Sweep(_Group):
     """One sweep. ``ranking``: its variants best first (by its objective); ``best``: the first."""
 
-    _path, _what = "sweeps", "sweep"
+    _path, _what, _model = "sweeps", "sweep", SweepDetail
     _going = frozenset({"running", "cancelling"})
     record: SweepDetail
 
@@ -242,10 +253,6 @@ class Sweep(_Group):
     def id(self) -> str:
         return self.record.sweep_id
 
-    def refresh(self) -> Sweep:
-        self.record = SweepDetail.model_validate(self._client.http.request("GET", f"/api/sweeps/{self.id}"))
-        return self
-
     def runs(self) -> list[Run]:
         return self._client.runs(sweep=self.id)
 
@@ -254,16 +261,12 @@ class Sweep(_Group):
         ranked = [v for v in self.record.variants if v.rank is not None]
         return sorted(ranked, key=lambda v: v.rank)
 
-    @property
-    def best(self) -> Any:
-        return next(iter(self.ranking), None)
-
 
 class Study(_Group):
     """One study. ``ranking``: its variants best first (mean of their repeats, by its
     objective); ``best``: the first; ``resume(budget)`` raises a halted study's budget."""
 
-    _path, _what = "studies", "study"
+    _path, _what, _model = "studies", "study", StudyDetail
     record: StudyDetail
 
     def __repr__(self) -> str:
@@ -273,20 +276,12 @@ class Study(_Group):
     def id(self) -> str:
         return self.record.id
 
-    def refresh(self) -> Study:
-        self.record = StudyDetail.model_validate(self._client.http.request("GET", f"/api/studies/{self.id}"))
-        return self
-
     def runs(self) -> list[Run]:
         return self._client.runs(study=self.id)
 
     @property
     def ranking(self) -> list[Any]:
         return list(self.record.ranking)
-
-    @property
-    def best(self) -> Any:
-        return next(iter(self.ranking), None)
 
     def resume(self, budget: Mapping[str, Any]) -> Study:
         """Goes on with a raised budget (``{"max_runs": 12}``...)."""
