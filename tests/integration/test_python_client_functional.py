@@ -170,3 +170,24 @@ def test_wait_outlasts_a_server_away_for_a_restart(shared_server):
         assert proxy.refused >= 12
     finally:
         proxy.close()
+
+
+def test_troupe_url_without_a_token_takes_the_login_this_terminal_holds_for_it(make_server, tmp_path):
+    """A student logged in with ``troupe login`` who names the class server in TROUPE_URL
+    (copied from the address bar, with its slash) submits as that login, from the
+    terminal and from Python, as ``Client(url)`` does: not as no one (401)."""
+    server = make_server()
+    status, made = server.client.request("POST", "/api/login-links", {"uses": 1})
+    assert status == 201, made
+    env = {**base_env(tmp_path / "laptop"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    logged = subprocess.run(troupe_cmd("login", made["login_url"], "--name", "ann"), cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert logged.returncode == 0, logged.stderr
+    env["TROUPE_URL"] = server.url + "/"
+    ran = subprocess.run(troupe_cmd("run", str(REPO / "examples" / "hello.json")), cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    code = "import troupe; r = troupe.Client().run({'version': 1, 'nodes': [], 'edges': []}); print(r.ok)"
+    found = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert found.stdout.split() == ["True"], found.stderr
+    assert {r["submitted_label"] for r in server.get("/api/runs")["runs"]} == {"ann"}

@@ -6,9 +6,9 @@
 4. the server ``troupe login`` chose last (``logins.json`` in the user's config folder);
 5. ``http://127.0.0.1:8765`` with no token (reads work; changes are refused).
 
-An address given without a token takes the token this machine holds for it (the
-running server's, or the login's), so ``Client("http://127.0.0.1:8765")`` can submit to
-the server started here."""
+An address given without a token (to ``Client`` or in ``TROUPE_URL``) takes the token
+this machine holds for it (the running server's, or the login's), so
+``Client("http://127.0.0.1:8765")`` can submit to the server started here."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def locate(url: str | None = None, token: str | None = None,
     if url:
         return Place(url.rstrip("/"), token if token is not None else _token_for(url.rstrip("/"), environ))
     if environ.get("TROUPE_URL"):
-        return Place(environ["TROUPE_URL"].rstrip("/"), token or environ.get("TROUPE_TOKEN") or None,
+        named = environ["TROUPE_URL"].rstrip("/")
+        return Place(named, token or environ.get("TROUPE_TOKEN") or _token_for(named, environ),
                      found_by="TROUPE_URL")
     session = read_session(home(environ))
     if session:
