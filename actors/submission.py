@@ -172,7 +172,7 @@ def _after_device(settings: Settings, catalog: Catalog, submission: Submission, 
         graph=graph_json,
         options=dumped,
         created_at=ev.utc_now(),
-        editor_session=options.editor_session,
+        editor_session=editor_key(submission.submitted_by, options.editor_session),
         seed=submission.seed if submission.seed is not None else options.seed,
         deterministic=options.deterministic,
         record_outputs=options.record_outputs,
@@ -327,3 +327,13 @@ def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:
             f"the run asks for {len(devices)} devices ({', '.join(devices)}); worker {worker.name} offers "
             f"{len(cards)} card{'s' if len(cards) != 1 else ''} ({', '.join(cards) or 'none'}) and lacks "
             f"{', '.join(lacking)}", pointer="/options/target/devices", code="worker_cannot_grant")
+
+
+def editor_key(submitted_by: str | None, editor_session: str | None) -> str | None:
+    """The editor session as the interactive lane and the node cache know it: the one a
+    page names, within its submitter's. An editor's session name is public (every run
+    lists its options), and another session using it would hold that editor's lane
+    (``editor_session_busy``), read its cached outputs or drop them."""
+    if editor_session is None or submitted_by is None:
+        return editor_session
+    return f"{submitted_by}/{editor_session}"

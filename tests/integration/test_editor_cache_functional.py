@@ -178,3 +178,26 @@ def test_retraining_starts_from_the_untrained_cached_model(shared_server):
     again = _click(shared_server, _training(epochs=3), session, seed=5)
     assert "mlp" in _cached(again) and "trainer" not in _cached(again)
     assert _series(again, "train_loss") == pytest.approx(_series(fresh, "train_loss")[:3], rel=1e-6)
+
+
+def test_an_editor_session_is_its_submitters_own(make_server):
+    """An editor's session name is public (each run's options show it). A class session
+    that names it gets an editor session of its own: it does not hold the teacher's
+    editor busy (503 editor_session_busy), nor read or drop the teacher's cached nodes."""
+    server = make_server()
+    bob = server.session(uses=1)
+    session = _session()
+    _click(server, _chain(), session)
+    assert server.get(f"/api/editor-sessions/{session}")["entries"] == 4
+    status, reply = bob.request("DELETE", f"/api/editor-sessions/{session}")
+    assert (status, reply["dropped_entries"]) == (200, 0), reply
+    status, reply = bob.request("GET", f"/api/editor-sessions/{session}")
+    assert (status, reply["entries"]) == (200, 0), reply
+    assert server.get(f"/api/editor-sessions/{session}")["entries"] == 4
+    status, held = bob.request("POST", "/api/runs", {"graph": graph(node("z", "core.Sleep", seconds=60)),
+                                                     "options": {"lane": "interactive", "editor_session": session}})
+    assert status == 201, held
+    try:
+        assert _cached(_click(server, _chain(), session)) == {"a", "b", "s", "m"}  # the teacher's, not busy
+    finally:
+        server.client.request("POST", f"/api/runs/{held['run_id']}/cancel")
