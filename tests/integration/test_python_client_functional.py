@@ -191,3 +191,21 @@ def test_troupe_url_without_a_token_takes_the_login_this_terminal_holds_for_it(m
     found = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert found.stdout.split() == ["True"], found.stderr
     assert {r["submitted_label"] for r in server.get("/api/runs")["runs"]} == {"ann"}
+
+
+def test_a_sweeps_wait_outlasts_a_server_away_for_a_restart(shared_server):
+    """A sweep's (and a study's) wait reads its state again and again: a server that
+    answers nothing for a while is waited for, as a run's wait does, not an Unreachable
+    at the first read that finds it away."""
+    server = shared_server
+    port = int(server.url.rsplit(":", 1)[1])
+    proxy = FaultProxy(port).start()
+    try:
+        client = troupe.Client(proxy.url, token=server.token)
+        sweep = client.sweep(_sweep_spec(), wait=False)
+        proxy.cut()
+        threading.Thread(target=lambda: proxy.wait_refused(3) or proxy.restore(), daemon=True).start()
+        assert sweep.wait(timeout=90).state == "finished"
+        assert proxy.refused >= 3
+    finally:
+        proxy.close()

@@ -45,8 +45,8 @@ def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None =
     while not _past(deadline):
         progressed = False
         if away_since is not None:  # a server away for a moment (a restart) is waited for
-            away = time.monotonic() - away_since
-            time.sleep(min(AWAY_PAUSE_MAX_S, REOPEN_PAUSE_S + away / 4, _left(deadline) or AWAY_PAUSE_MAX_S))
+            gone = time.monotonic() - away_since
+            time.sleep(min(AWAY_PAUSE_MAX_S, REOPEN_PAUSE_S + gone / 4, _left(deadline) or AWAY_PAUSE_MAX_S))
         try:
             for item in http.events(path, params={"after": last}, last_event_id=str(last) if last else None,
                                     read_timeout=_left(deadline)):
@@ -68,7 +68,7 @@ def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None =
         except TimeoutError:
             continue  # silence until the deadline: the loop's condition ends it
         except Unreachable as exc:
-            away_since = _away(exc, away_since)
+            away_since = away(exc, away_since)
             continue
         fruitless = 0 if progressed else fruitless + 1
         away_since = None if progressed else away_since
@@ -76,7 +76,7 @@ def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None =
             try:
                 status = http.request("GET", f"/api/runs/{run_id}")["status"]
             except Unreachable as exc:  # a stream cut at once, and no answer either: the server is away
-                away_since = _away(exc, away_since)
+                away_since = away(exc, away_since)
                 continue
             away_since = None
             if status in ("succeeded", "failed", "cancelled", "interrupted"):
@@ -86,7 +86,7 @@ def run_events(http: Http, run_id: str, after: int = 0, deadline: float | None =
         time.sleep(REOPEN_PAUSE_S * fruitless)  # a stream that ends at once is not opened in a tight loop
 
 
-def _away(exc: Unreachable, since: float | None) -> float:
+def away(exc: Unreachable, since: float | None) -> float:
     """When the server was first found away; ``exc`` is raised once it has been away for
     ``AWAY_FOR_S``, or at once for a certificate not trusted here (no wait mends that)."""
     since = time.monotonic() if since is None else since

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Self
 from protocol.api import Event, RunDetail, RunRow
 from protocol.replies import MetricPoint, StudyDetail, SweepDetail
 from protocol.replies_runs import Fingerprint
-from troupe.client._errors import Timeout
-from troupe.client._follow import FINISHED, follow_run, run_events
+from troupe.client._errors import Timeout, Unreachable
+from troupe.client._follow import FINISHED, away, follow_run, run_events
 
 if TYPE_CHECKING:
     from troupe.client._client import Client
@@ -214,16 +214,23 @@ class _Group:
         return self.state not in self._going
 
     def wait(self, timeout: float | None = None) -> Self:
-        """Returns once it has ended; raises ``troupe.Timeout`` past ``timeout``."""
+        """Returns once it has ended; raises ``troupe.Timeout`` past ``timeout``. A server
+        that answers nothing (a restart) is waited for as a run's wait waits for it."""
         deadline = _deadline(timeout)
         pace = iter(_POLL_S)
-        while not self.refresh().done:
+        away_since: float | None = None
+        while True:
+            try:
+                if self.refresh().done:
+                    return self
+                away_since = None
+            except Unreachable as exc:
+                away_since = away(exc, away_since)
             left = _left(deadline)
             if left == 0.0:
                 raise Timeout(f"{self._what} {self.id}", float(timeout or 0), self.state)
             pause = next(pace, _POLL_S[-1])
             time.sleep(pause if left is None else min(pause, left))
-        return self
 
     def cancel(self) -> Self:
         self._client.http.request("POST", f"/api/{self._path}/{self.id}/cancel")
