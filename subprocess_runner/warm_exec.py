@@ -193,6 +193,7 @@ def _interpreter(args: list[str]) -> None:
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
     tempfile.tempdir = None  # the command's TMPDIR, if it sets one
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     # The zygote is a multiprocessing child; the script is a main process of its own,
     # with none of the zygote's finalizers.
     multiprocessing.util._finalizer_registry.clear()  # type: ignore[attr-defined]
