@@ -209,3 +209,17 @@ def test_a_sweeps_wait_outlasts_a_server_away_for_a_restart(shared_server):
         assert proxy.refused >= 3
     finally:
         proxy.close()
+
+
+def test_a_run_with_tags_the_server_would_refuse_is_not_submitted(make_server):
+    """Tags go in a second request after the run's: a tag the server refuses must be
+    found before the run is made, or the caller is told it failed while it runs (and
+    submits it again)."""
+    server = make_server()
+    client = troupe.Client(server.url, token=server.token)
+    for tags in (["a b"], ["x" * 41], ["ok"] * 1 + [f"t{i}" for i in range(20)]):
+        with pytest.raises(ValueError, match="nothing was submitted"):
+            client.run(hello(), tags=tags, wait=False)
+    assert server.get("/api/runs")["runs"] == []
+    run = client.run(hello(), tags=["best", "best", "v1"])
+    assert run.ok and run.detail().tags == ["best", "v1"]

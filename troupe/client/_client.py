@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from protocol.api import RunDetail, RunRow
+from pydantic import ValidationError
+
+from protocol.api import RunDetail, RunEdit, RunRow
 from protocol.replies import StudyDetail, SweepDetail
 from troupe.client._config import locate
 from troupe.client._errors import NotFound
@@ -64,6 +66,7 @@ class Client:
         ``"NODE.vars.NAME"`` -> value); ``target``: a worker's name, or the target
         object (``{"worker": "gpu-a", "devices": ["cuda:1"]}``)."""
         document = _graph_document(graph)
+        tagged = _tags(tags)
         chosen: dict[str, Any] = dict(options or {})
         if set:
             chosen["params_set"] = self._apply_sets(document, set)
@@ -78,8 +81,8 @@ class Client:
             body["name"] = name
         created = self.http.request("POST", "/api/runs", body)
         run = Run(self, run_id=created["run_id"], status=created["status"])
-        if tags:
-            self.http.request("PATCH", f"/api/runs/{run.id}", {"tags": sorted({*tags})})
+        if tagged:
+            self.http.request("PATCH", f"/api/runs/{run.id}", {"tags": tagged})
         return run.wait(timeout) if wait else run
 
     def get(self, id_or_prefix: str) -> Run:
@@ -266,3 +269,19 @@ def _json_object(path: Path) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise ValueError(f"{path} holds no JSON object")
     return found
+
+
+def _tags(tags: Sequence[str] | None) -> list[str] | None:
+    """The tags a run will be given, checked before it is submitted: they go in a second
+    request, and a refusal there would leave a run the caller was told had failed (and
+    would submit again)."""
+    if not tags:
+        return None
+    tagged = sorted({*tags}) if all(isinstance(tag, str) for tag in tags) else list(tags)
+    try:
+        RunEdit.model_validate({"tags": tagged})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        raise ValueError(f"tags {tagged}: {problem['msg']} ({'/'.join(map(str, problem['loc']))}); nothing was "
+                         "submitted") from None
+    return tagged
