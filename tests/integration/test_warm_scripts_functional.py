@@ -42,6 +42,7 @@ sys.modules["_warm_test_marker"] = helper
 said = {"warm": warm, "argv": sys.argv, "cwd": os.getcwd(), "name": __name__, "path0": sys.path[0],
         "env": os.environ.get("WARM_TEST"), "run_id": os.environ.get("TROUPE_RUN_ID"),
         "checkpoints": os.environ.get("TROUPE_CHECKPOINT_DIR"), "own_group": os.getpgrp() == os.getpid(),
+        "mlflow_run": os.environ.get("MLFLOW_RUN_ID"), "board": os.environ.get("TROUPE_TENSORBOARD_DIR"),
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")), "seen": seen,
         "stdin": sys.stdin.read(), "loss": float(torch.ones(2).sum())}
 print(json.dumps({"metric": "loss", "value": said["loss"], "step": 1}))
@@ -123,6 +124,7 @@ def test_a_warm_script_runs_with_its_argv_cwd_and_env_and_sees_no_previous_runs_
         assert seen["argv"] == [str(lab / "probe.py"), str(said), "--lr", "0.5"]
         assert seen["cwd"] == str(lab / "work") and seen["path0"] == str(lab) and seen["name"] == "__main__"
         assert seen["env"] == "yes" and seen["run_id"] == run_id and seen["checkpoints"]
+        assert seen["mlflow_run"] == run_id and seen["board"]  # what a cold command is given, readers and all
         assert seen["own_group"] is True and seen["stdin"] == ""
         assert seen["fds"] == [0, 1, 2, 3]  # 3: the folder listdir read; nothing of the zygote's or the agent's
         assert seen["seen"] == {"torch_mark": None, "helper_runs": [], "marker": False}, turn
