@@ -8,11 +8,17 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.errors import BadAddress, BadOption, CliError, NoServer, ReplyShape
-from troupe.client._errors import ApiError, Unreachable
-from troupe.client._http import BadAnswer, Http
+
+# troupe.client (httpx, and through it rich; the API's reply models) is imported at the
+# first request, not with this module: every process that imports cli.main would pay
+# it, ~150 ms of CPU, the server, an agent, and each run child an agent spawns (which
+# imports cli.main again) included.
+if TYPE_CHECKING:
+    from troupe.client._errors import Unreachable
+    from troupe.client._http import Http
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
 _WHOLE = re.compile(r"^[0-9a-f]{32}$")
@@ -43,6 +49,8 @@ class Client:
     @property
     def http(self) -> Http:
         if self._http is None:  # made on first use: a command that never asks pays nothing
+            from troupe.client._http import Http
+
             try:
                 self._http = Http(self.url, self.token, unix_socket=self._unix_socket, ca=self.ca,
                                   object_hook=_Reply)
@@ -63,6 +71,8 @@ class Client:
             raw = json.dumps(body, allow_nan=False).encode() if body is not None else None
         except ValueError as exc:
             raise BadOption(f"a value given is not a finite number ({exc})") from None
+        from troupe.client._errors import Unreachable
+
         try:
             answer = self.http.send(method, path, raw, timeout=timeout, retries=0)
         except Unreachable as exc:
@@ -137,6 +147,9 @@ class Client:
 
     def _stream_once(self, path: str, read_timeout: float | None,
                      deadline: float | None = None) -> Iterator[tuple[str, Any]]:
+        from troupe.client._errors import ApiError, Unreachable
+        from troupe.client._http import BadAnswer
+
         try:
             for item in self.http.events(path, read_timeout=_wait_s(read_timeout, deadline)):
                 _wait_s(read_timeout, deadline)  # past the deadline: TimeoutError, however busy the stream
