@@ -79,6 +79,14 @@ class NotYours(Forbidden):
     code = "not_your_run"
 
 
+class KeepIsTheTeachers(Forbidden):
+    """Raised when a class session would tag a run ``keep`` (its own too): retention never
+    removes such a run, so the tag is the teacher's to give, or one session's kept runs
+    would grow without bound past the retention every other session is held to."""
+
+    code = "keep_is_the_teachers"
+
+
 class HostNotAllowed(TroupeError):
     """Raised when the request's Host is not one this server answers to."""
 

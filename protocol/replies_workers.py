@@ -153,6 +153,8 @@ class ServerLimits(_Reply):
 
 class LoginRule(_Reply):
     reads_need_session: bool
+    session: Literal["teacher", "class", "read"] | None = Field(
+        default=None, description="the kind of session the request came with (the server's token: teacher); null: none")
 
 
 class EditorCacheStats(_Reply):

@@ -21,6 +21,12 @@ resume from a checkpoint): the new run is its own, and ``run_rights`` decides wh
 may run that graph. A new login is a new session: what an earlier session of the same
 student submitted is no longer theirs to change (the teacher's still).
 
+One tag is the teacher's alone: ``keep``. Retention never removes a run tagged so, so a
+class session that could give it (even to its own runs) would keep as many as it liked
+past the retention every session is held to (a student at 30 runs a minute, her storage
+without bound). ``refuse_keep``: a class session may take ``keep`` off its own run, never
+put it on one; it asks the teacher (403 ``keep_is_the_teachers``).
+
 The routes that ask it: ``POST /api/runs/{id}/cancel``, ``DELETE /api/runs/{id}``,
 ``PATCH /api/runs/{id}``, ``POST /api/sweeps/{id}/cancel``, ``POST
 /api/studies/{id}/cancel``, ``POST /api/studies/{id}/resume`` and ``DELETE
@@ -29,10 +35,12 @@ The routes that ask it: ``POST /api/runs/{id}/cancel``, ``DELETE /api/runs/{id}`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from actors.store.logins import ListSessions
-from protocol.errors import NotYours
+from actors.store.retention import KEEP_TAG
+from protocol.errors import KeepIsTheTeachers, NotYours
 from web.login import SERVER_SUBMITTER, TEACHER, Who
 
 _CODES = {"run": "not_your_run", "sweep": "not_your_sweep", "study": "not_your_study", "file": "not_your_file"}
@@ -53,6 +61,19 @@ async def refuse_theirs(svc: Any, who: Who | None, what: str, thing_id: str, own
     asker = f"a {who.kind} session" if who is not None else "a request without a session"
     raise NotYours(f"{what} {thing_id} is {whose}: {asker} may {doing} only the {_PLURAL[what]} it "
                    f"{_MADE[what]} itself; {by} the teacher may {doing} it{rerun}", pointer="", code=_CODES[what])
+
+
+def refuse_keep(who: Who | None, run_id: str, before: Iterable[str], after: Iterable[str]) -> None:
+    """403 ``keep_is_the_teachers`` when a session other than the teacher's (or the
+    server's token) would put ``keep`` on run ``run_id`` (``before``: its tags now,
+    ``after``: those asked for); keeping one already there, or taking it off, passes."""
+    if KEEP_TAG not in after or KEEP_TAG in before or (who is not None and who.kind == TEACHER):
+        return
+    asker = f"a {who.kind} session" if who is not None else "a request without a session"
+    raise KeepIsTheTeachers(
+        f"the tag {KEEP_TAG} is the teacher's to give: retention never removes a run tagged {KEEP_TAG}, so {asker} "
+        f"may not put it on a run, its own included (it may take it off its own). Ask the teacher to tag run "
+        f"{run_id} {KEEP_TAG} if it should outlive retention", pointer="/tags")
 
 
 async def _whose(svc: Any, owner: str | None, made: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from protocol.api import TAG_PATTERN, RunEdit
 from protocol.errors import InvalidRequest, WhereInvalid
 from protocol.where import Node, key_of
 from protocol.where import parse as parse_where
+from web.change_rights import refuse_keep
 from web.context import services
 from web.errors import json_reply
 from web.login import submitter_of
@@ -230,8 +231,10 @@ async def edit_run(request: web.Request) -> web.Response:
     svc = services(request)
     run_id = run_id_from(request)
     body = await read_model(request, RunEdit)
-    await own_run(svc, request, run_id, "rename, retag or note")
+    row = await own_run(svc, request, run_id, "rename, retag or note")
     given = body.model_fields_set
+    if row is not None and "tags" in given:  # keep is the teacher's to give (change_rights)
+        refuse_keep(svc.login.who(request), run_id, row.get("tags") or (), body.tags or ())
     await svc.store.write(EditRun(
         run_id, name=body.name, note=body.note,
         tags=tuple(sorted(set(body.tags or ()))) if "tags" in given else None,

@@ -104,7 +104,10 @@ async def info(request: web.Request) -> web.Response:
                 "cpus": settings.cpus,
             },
             "public_url": svc.public_url,
-            "login": {"reads_need_session": bool(svc.lan_hosts)},
+            # The kind of session this request came with (a notebook's client asks before
+            # tagging keep, the teacher's to give), or None: none.
+            "login": {"reads_need_session": bool(svc.lan_hosts),
+                      "session": getattr(svc.login.who(request), "kind", None)},
             # An agent reporting this machine id shares this server's cpu (one quota).
             "machine_id": host_machine_id(),
             # Node outputs kept between the interactive runs of editor sessions.

@@ -282,12 +282,14 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-async def own_run(svc: Services, request: web.Request, run_id: str, doing: str) -> None:
+async def own_run(svc: Services, request: web.Request, run_id: str, doing: str) -> dict[str, Any] | None:
     """403 ``not_your_run`` unless the session may ``doing`` the run (``change_rights``:
-    a class session changes only its own); no such run is left to the route to say."""
+    a class session changes only its own); no such run is left to the route to say.
+    Returns the run's row as read (None: no such run)."""
     row = await svc.store.read(GetRun(run_id))
     if row is not None:
         await refuse_theirs(svc, svc.login.who(request), "run", run_id, row.get("submitted_by"), doing)
+    return row
 
 
 @routes.post("/api/runs/{run_id}/cancel")

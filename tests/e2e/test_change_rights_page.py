@@ -63,6 +63,12 @@ def test_a_student_is_offered_changes_to_her_own_work_only(open_page):
     ann.get_by_label("Add a tag").press("Enter")
     expect(ann.locator("[data-tags]")).to_contain_text("mine")
     assert server.get(f"/api/runs/{own}")["tags"] == ["mine"]
+    # keep is the teacher's to give: typed on her own run, the page says so and keeps none.
+    ann.get_by_label("Add a tag").fill("keep")
+    ann.get_by_label("Add a tag").press("Enter")
+    expect(ann.locator("#message")).to_contain_text("keep_is_the_teachers")
+    expect(ann.locator("#message")).to_contain_text("Ask the teacher")
+    assert server.get(f"/api/runs/{own}")["tags"] == ["mine"]
     ann.locator(".actions").get_by_role("button", name="Delete").click()
     ann.locator("dialog[open]").get_by_role("button", name="Delete").click()
     expect(ann.locator(f'tr[data-run="{own}"]')).to_have_count(0)

@@ -12,6 +12,7 @@ from pathlib import Path
 import apsw
 import pytest
 
+import troupe
 from cli.client import Client
 from tests.helpers import REPO, Server, base_env, hello, sleeper, troupe_cmd
 
@@ -108,6 +109,44 @@ def test_a_class_session_changes_its_own_runs_only_and_the_teacher_anyones(make_
     assert server.session().request("DELETE", f"/api/runs/{bobs_nap}")[0] == 200
 
 
+def test_keep_is_the_teachers_to_give(make_server):
+    """Retention never removes a run tagged keep: a class session that could tag its own
+    kept as many as it liked (7 of 11 runs past a retention of 5). Only the teacher and
+    the server's token put it on; a class session takes it off its own run."""
+    server = make_server()
+    ann = server.session(uses=1)
+    own = finished(server, ann, hello())
+    for tags in (["keep"], ["keep", "mine"]):
+        message = refused(ann.request("PATCH", f"/api/runs/{own}", {"tags": tags}), "keep_is_the_teachers")
+        assert "Ask the teacher" in message and own in message, message
+    assert server.get(f"/api/runs/{own}")["tags"] == []
+    assert ann.request("PATCH", f"/api/runs/{own}", {"tags": ["mine"]})[0] == 200
+    # The teacher's token and a teacher's session put it on; beside it she adds her own tags,
+    # and she may take it off her own run, not put it back.
+    assert server.client.request("PATCH", f"/api/runs/{own}", {"tags": ["keep", "mine"]})[0] == 200
+    assert ann.request("PATCH", f"/api/runs/{own}", {"tags": ["best", "keep", "mine"]})[0] == 200
+    assert ann.request("PATCH", f"/api/runs/{own}", {"tags": ["best"]})[0] == 200
+    refused(ann.request("PATCH", f"/api/runs/{own}", {"tags": ["best", "keep"]}), "keep_is_the_teachers")
+    assert server.session().request("PATCH", f"/api/runs/{own}", {"tags": ["keep"]})[0] == 200
+    assert server.get(f"/api/runs/{own}")["tags"] == ["keep"]
+    # A notebook's client: Run.tag is refused with the code, and run(tags=["keep"]) before
+    # it submits anything; the teacher's client tags as it likes.
+    assert ann.request("PATCH", f"/api/runs/{own}", {"tags": []})[0] == 200
+    with troupe.Client(server.url, token=ann.token) as notebook:
+        with pytest.raises(troupe.Refused) as said:
+            notebook.get(own).tag("keep")
+        assert said.value.code == "keep_is_the_teachers" and said.value.status == 403
+        assert notebook.get(own).tag("mine").detail().tags == ["mine"]
+        before = len(server.get("/api/runs?limit=100")["runs"])
+        with pytest.raises(troupe.Refused) as said:
+            notebook.run(hello(), tags=["keep"])
+        assert said.value.code == "keep_is_the_teachers"
+        assert len(server.get("/api/runs?limit=100")["runs"]) == before
+    with troupe.Client(server.url, token=server.token) as teacher:
+        assert "keep" in teacher.get(own).tag("keep").detail().tags
+        assert teacher.run(hello(), tags=["keep"]).detail().tags == ["keep"]
+
+
 def test_a_run_stored_without_a_submitter_is_the_teachers(make_server, tmp_path):
     home = tmp_path / "home"
     server = make_server(home)
@@ -182,8 +221,12 @@ def test_the_terminal_of_a_student_says_whose_it_is(make_server, tmp_path):
     ran = ann("run", str(Path(REPO) / "examples" / "hello.json"))
     assert ran.returncode == 0, ran.stderr
     own = next(r["id"] for r in server.get("/api/runs?limit=100")["runs"] if r["submitted_label"] == "Ann")
-    assert ann("tag", own, "+keep").returncode == 0 and ann("note", own, "mine").returncode == 0
-    assert server.get(f"/api/runs/{own}")["tags"] == ["keep"]
+    assert ann("tag", own, "+mine").returncode == 0 and ann("note", own, "mine").returncode == 0
+    assert server.get(f"/api/runs/{own}")["tags"] == ["mine"]
+    # keep is the teacher's to give, on her own run too: the terminal says to ask.
+    said = ann("tag", own, "+keep")
+    assert said.returncode == 1 and "keep_is_the_teachers" in said.stderr and "Ask the teacher" in said.stderr, said
+    assert server.get(f"/api/runs/{own}")["tags"] == ["mine"]
     assert ann("rm", own).returncode == 0 and not exists(server, own)
     for path in (f"/api/runs/{nap}/cancel", f"/api/sweeps/{demo_sweep}/cancel", f"/api/studies/{demo_study}/cancel"):
         server.client.request("POST", path)

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from protocol.api import RunDetail, RunEdit, RunRow
 from protocol.replies import StudyDetail, SweepDetail
 from troupe.client._config import locate
-from troupe.client._errors import NotFound
+from troupe.client._errors import NotFound, Refused
 from troupe.client._handles import Run, Study, Sweep
 from troupe.client._http import Http
 
@@ -67,6 +67,8 @@ class Client:
         object (``{"worker": "gpu-a", "devices": ["cuda:1"]}``)."""
         document = _graph_document(graph)
         tagged = _tags(tags)
+        if tagged and "keep" in tagged:
+            self._may_keep()
         chosen: dict[str, Any] = dict(options or {})
         if set:
             chosen["params_set"] = self._apply_sets(document, set)
@@ -84,6 +86,14 @@ class Client:
         if tagged:
             self.http.request("PATCH", f"/api/runs/{run.id}", {"tags": tagged})
         return run.wait(timeout) if wait else run
+
+    def _may_keep(self) -> None:
+        """The tag ``keep`` is the teacher's to give (retention never removes its runs): a
+        class session is refused it, so ``run(tags=["keep"])`` says so before submitting,
+        not after, when the run it made would run on."""
+        if self.info()["login"].get("session") == "class":
+            raise Refused(403, "keep_is_the_teachers", "the tag keep is the teacher's to give: a class session may "
+                          "not put it on a run, its own included; ask the teacher. Nothing was submitted", "/tags")
 
     def get(self, id_or_prefix: str) -> Run:
         """The run of that id, or of the one id that starts with it (4 or more characters)."""
