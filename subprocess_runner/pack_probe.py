@@ -8,6 +8,13 @@ ever binding its port; one that allocates gigabytes at import left the server ho
 them. Checked in a child first, such a pack is listed broken with the reason, and the
 process starts without it; a pack that passes is then imported in-process as before.
 
+Nothing the import starts outlives the check: the child is a child subreaper
+(``reaper.hold``, as a command's reaper is) and forks the import below it, so a process
+the pack starts in a new session, or by a double fork, is still its descendant, and it
+ends them all (``reaper.watch``) once the import has answered or the time is up. A
+signal to the child's process group, as before, missed a process in a session of its
+own: it ran on under init after every start.
+
 The check costs one interpreter start per pack, a few at a time (docs/packs.md has the
 figures: a tenth of a second or so for one pack). A run's own
 process (a worker run's child) loads its packs without this check: it is itself a
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from subprocess_runner import reaper
+
 # How many packs are checked at once: each is an interpreter starting and importing.
 PARALLEL = 8
 # The probe only imports, so the numeric libraries a pack may import get one thread
@@ -37,6 +46,7 @@ _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 _REASON_MAX = 2000  # characters of a pack's error kept: it is listed and sent in a 400
 _ANSWER_MAX = 16 * 1024  # the child's JSON answer at most (ASCII, so 6 bytes a character at worst)
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "failed to map segment", "std::bad_alloc")
+_STOP_MARGIN_S = 5.0  # how long the child may take to end what the import started, once stopped
 
 
 @dataclass(frozen=True)
@@ -68,33 +78,39 @@ def _check_one(path: Path, limits: ImportLimits) -> str | None:
     Its answer comes on a pipe of its own: what the pack prints is not read."""
     try:
         read_end, write_end = os.pipe()
+        status_read, status_write = os.pipe()
     except OSError as exc:
         return f"its import could not be checked in a process of its own: {exc.strerror or exc}"
-    args = {"pack": str(path), "fd": write_end, "memory_bytes": limits.memory_mib * 2**20,
+    args = {"pack": str(path), "fd": write_end, "status_fd": status_write, "memory_bytes": limits.memory_mib * 2**20,
             "path": list(sys.path), "loader": __name__, "parent": os.getpid()}
     code = "import json, sys; a = json.loads(sys.argv[1]); sys.path[:] = a['path']; " \
            "__import__(a['loader'], fromlist=['main']).main(a)"
-    try:  # its own session: the whole group is ended after it, whatever the pack started
+    try:  # its own session: out of the server's terminal and group
         child = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_end,),
-                                 start_new_session=True)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 pass_fds=(write_end, status_write), start_new_session=True)
     except OSError as exc:  # no process to spare: not imported here unchecked either
         os.close(read_end)
+        os.close(status_read)
         return f"its import could not be checked in a process of its own: {exc.strerror or exc}"
     finally:
         os.close(write_end)
+        os.close(status_write)
     try:
-        status = child.wait(limits.timeout_s)
+        child.wait(limits.timeout_s)
     except subprocess.TimeoutExpired:
+        _stop(child)
         os.close(read_end)
         return f"its import took longer than {limits.timeout_s:g} s (TROUPE_PACK_IMPORT_TIMEOUT_S)"
     finally:
-        _end_group(child)
+        status = _exit_code(status_read)
     answer = _answer(read_end)
     if answer is None:  # the import ended its process: a crash, os._exit, a kill
-        how = f"signal {_signal_name(-status)}" if status < 0 else f"exit status {status}"
+        how = "it was killed" if status is None else \
+            f"signal {_signal_name(-status)}" if status < 0 else f"exit status {status}"
         why = f"its import ended the process that imported it ({how})"
-        if status < 0 and limits.memory_mib:  # a library that cannot map what it needs may crash so
+        # A library that cannot map what it needs may crash so.
+        if status is not None and status < 0 and limits.memory_mib:
             why += f"; if it needs more than {limits.memory_mib} MiB of address space, raise " \
                    "TROUPE_PACK_IMPORT_MEMORY_MIB"
         return why
@@ -128,16 +144,41 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _end_group(child: subprocess.Popen[bytes]) -> None:
-    """Ends what the pack's import left running: its process and anything it started."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+def _exit_code(status_read: int) -> int | None:
+    """The import's exit code as the child told it (``reaper.watch``'s ``exit`` line;
+    negative: the signal that ended it); None when it could not say."""
+    try:
+        os.set_blocking(status_read, False)
+        lines = os.read(status_read, _ANSWER_MAX).decode().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(status_read)
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError):
+            told = json.loads(line)
+            if isinstance(told, dict) and isinstance(told.get("exit"), int):
+                return int(told["exit"])
+    return None
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """An import past its time: SIGTERM to the child, which ends the import and every
+    process below it (``reaper.watch``), then exits. A child not gone well after that is
+    killed with its group (what it held of the pack's processes then runs on)."""
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(_STOP_MARGIN_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def _end_with_parent(parent: int) -> None:
-    """A server or agent killed while it checks its packs leaves no import behind
-    (Linux's PR_SET_PDEATHSIG)."""
+    """A child killed while the import runs leaves no import behind (Linux's
+    PR_SET_PDEATHSIG); a server or agent killed meanwhile is the child's to see."""
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -147,13 +188,36 @@ def _end_with_parent(parent: int) -> None:
 
 
 def main(args: dict[str, Any]) -> None:
-    """The child's side: the limits first, then the import, then its answer as JSON on
+    """The child's side: a child subreaper that forks the import below it and, once the
+    import has ended (or at SIGTERM, or when its parent is gone), ends every process
+    below it, wherever they moved, then exits. It tells the import's exit on the status
+    pipe, as a command's reaper does."""
+    parent, status_fd = args["parent"], args["status_fd"]
+    reaper.hold()
+    keeper = os.getpid()
+    importer = os.fork()
+    if importer == 0:
+        try:
+            os.close(status_fd)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())  # the import (and what it starts) blocks nothing
+            _import(args, keeper)
+        finally:
+            os._exit(1)
+    os.close(args["fd"])  # only the import answers
+    try:
+        reaper.watch(importer, status_fd, 0.0, lambda: os.getppid() != parent)
+    finally:
+        os._exit(0)
+
+
+def _import(args: dict[str, Any], keeper: int) -> None:
+    """The import's side: the limits first, then the import, then its answer as JSON on
     the pipe it was given; it exits at once, so a thread the pack started cannot hold it."""
     import resource
 
     from subprocess_runner import pack_loader
 
-    _end_with_parent(args["parent"])
+    _end_with_parent(keeper)
     if args["memory_bytes"]:  # the hard limit too: the pack's code cannot raise it again
         with contextlib.suppress(ValueError, OSError):  # a system that has no such limit: the time limit holds
             resource.setrlimit(resource.RLIMIT_AS, (args["memory_bytes"], args["memory_bytes"]))

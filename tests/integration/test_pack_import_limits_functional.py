@@ -7,8 +7,12 @@ broken pack's node is refused with `pack_broken` and its error, as an in-process
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +111,59 @@ def test_an_agent_starts_without_its_hanging_pack_and_worker_runs_naming_broken_
         agent.kill()
         agent.wait(30)
         server.kill()
+
+
+def _starts_sleep(pids: Path, then: str = "") -> str:
+    """A pack that starts ``sleep 300`` in a session of its own at import and appends its
+    pid to ``pids`` (the check's import writes the first line, the server's the next)."""
+    return (f"import subprocess\n\n_sleep = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            f"with open({str(pids)!r}, 'a') as _pids:\n    _pids.write(f'{{_sleep.pid}}\\n')\n{then}{NODE}")
+
+
+def _double_forks(pids: Path) -> str:
+    """A pack that daemonizes ``sleep 300`` at import: fork, setsid, fork, and the middle
+    process exits (its pid goes to ``pids`` as above)."""
+    return ("import os\n\n_read, _write = os.pipe()\n_middle = os.fork()\nif _middle == 0:\n    os.setsid()\n"
+            "    _sleep = os.fork()\n    if _sleep == 0:\n        os.execvp('sleep', ['sleep', '300'])\n"
+            "    os.write(_write, f'{_sleep}\\n'.encode())\n    os._exit(0)\nos.close(_write)\n"
+            f"os.waitpid(_middle, 0)\nwith open({str(pids)!r}, 'a') as _pids:\n"
+            f"    _pids.write(os.read(_read, 64).decode())\n{NODE}")
+
+
+NODE = "\nfrom troupe import node\n\n\n@node\ndef f(x: float) -> float:\n    return x\n"
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.timeout(120)
+def test_nothing_a_packs_import_starts_outlives_its_check(tmp_path):
+    """A process the check's import started in a session of its own, by a double fork, or
+    before it hung, is ended with the check (the check's child is their subreaper):
+    before, only the child's process group was, and they ran on under init."""
+    home, pids = tmp_path / "home", {name: tmp_path / f"{name}.pids" for name in ("loner", "daemon", "stuck")}
+    (home / "packs").mkdir(parents=True)
+    (home / "packs" / "loner.py").write_text(_starts_sleep(pids["loner"]))
+    (home / "packs" / "daemon.py").write_text(_double_forks(pids["daemon"]))
+    (home / "packs" / "stuck.py").write_text(_starts_sleep(pids["stuck"], then="import time\n\ntime.sleep(3600)\n"))
+    server = Server(home, TROUPE_PACK_IMPORT_TIMEOUT_S=TIMEOUT_S)
+    try:
+        server.start(timeout=60)
+        listed = cli(server, "packs")
+        assert listed.returncode == 0, listed.stderr
+        names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+        assert "loner" in names and "daemon" in names, listed.stdout
+        assert f"stuck: its import took longer than {TIMEOUT_S} s" in listed.stdout, listed.stdout
+        checked = {name: int(path.read_text().split()[0]) for name, path in pids.items()}
+        server.poll_until(lambda: all(_gone(pid) for pid in checked.values()), timeout=20)
+        # The server's own import of the packs that passed started theirs: the pack's to run.
+        for name in ("loner", "daemon"):
+            own = pids[name].read_text().split()
+            assert len(own) == 2 and not _gone(int(own[1])), (name, own)
+    finally:
+        server.kill()
+        for path in pids.values():
+            for pid in path.read_text().split() if path.exists() else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
