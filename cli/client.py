@@ -92,9 +92,9 @@ class Client:
     def full_id(self, kind: str, given: str) -> str:
         """The id of the run, sweep or study (``kind``: runs, sweeps, studies) that
         ``given`` starts: any unique prefix of at least 4 hex characters names one, as
-        in git and docker. A whole id goes as it is, text that is no prefix as one
-        quoted path segment (the server says whether it knows it); none or several
-        matches are a CliError."""
+        in git and docker. A whole id goes as it is; text that is not hex, or too short,
+        is a usage mistake (BadOption, exit 2), said before anything is sent; none or
+        several matches are a CliError."""
         what = {"runs": "run", "sweeps": "sweep", "studies": "study"}[kind]
         text = given.strip().lower()
         if not text:
@@ -104,8 +104,9 @@ class Client:
         if _SHORT.fullmatch(text):  # hex, but too few characters to name one: said, not sent
             raise BadOption(f"{given.strip()!r} is too short: a {what} id, or the start of one, needs 4 or more "
                             "characters (troupe ls shows them)")
-        if not _PREFIX.fullmatch(text):  # sent as one path segment, whatever it holds: the server says it knows none
-            return urllib.parse.quote(given.strip(), safe="")
+        if not _PREFIX.fullmatch(text):  # no id at all (zzzz, ../x, x?y=1): said, not sent
+            raise BadOption(f"{given.strip()!r} is not a {what} id: an id is 32 hex characters (0-9, a-f), and 4 "
+                            "or more of its first name it (troupe ls shows them)")
         status, found = self.request("GET", f"/api/ids?prefix={text}")
         if status != 200:
             return given

@@ -257,8 +257,8 @@ def test_an_answer_without_a_troupe_servers_fields_or_a_cut_stream_is_one_line_n
 
 
 def test_ids_and_filters_are_sent_as_they_were_typed(shared_server, tmp_path):
-    _one_line(cli(shared_server, "show", "café"), 1, "'café' is not a run id")
-    _one_line(cli(shared_server, "cancel", "x?y=1"), 1, "'x?y=1' is not a run id")  # not the run x
+    _one_line(cli(shared_server, "show", "café"), 2, "'café' is not a run id")  # a usage mistake, said here
+    _one_line(cli(shared_server, "cancel", "x?y=1"), 2, "'x?y=1' is not a run id")  # not the run x
     _one_line(cli(shared_server, "rm", ""), 2, "an empty run id")
     _one_line(cli(shared_server, "links", "--revoke", "x?y"), 1, "no login link 'x?y'")  # not the link x
     whole = shared_server.submit(graph(node("a", "core.Constant", value=1)))["run_id"]

@@ -39,7 +39,10 @@ def test_usage_mistakes_exit_2_before_anything_is_asked(shared_server):
                 ("run", str(EXAMPLES / "hello.json"), "-q", "--json"): "give one of them",
                 ("rerun", done, "-q", "--json"): "give one of them",
                 ("show", done[:3]): "needs 4 or more characters",
-                ("cancel", done[:2]): "needs 4 or more characters"}
+                ("cancel", done[:2]): "needs 4 or more characters",
+                ("show", "zzzz"): "'zzzz' is not a run id: an id is 32 hex characters",
+                ("sweep", "show", "not-hex"): "is not a sweep id",
+                ("rm", done + "0"): "is not a run id"}
     for args, words in mistakes.items():
         result = troupe(shared_server, *args)
         assert result.returncode == 2 and words in result.stderr, (args, result.returncode, result.stderr)
