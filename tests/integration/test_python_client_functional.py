@@ -79,6 +79,19 @@ def test_errors_are_typed(shared_server):
         troupe.Client("http://127.0.0.1:9", token="x").info()
 
 
+def test_a_list_limit_below_zero_is_a_value_error(shared_server):
+    """limit=-1 returned [] as if no run matched; 0 asks for none and gets none."""
+    server = shared_server
+    server.wait_status(server.submit(hello())["run_id"], "succeeded")
+    client = troupe.Client(server.url, token=server.token)
+    for limit in (-1, -500, 1.5, True):
+        with pytest.raises(ValueError, match="limit is how many at most: 1 or more"):
+            client.runs(limit=limit)
+        with pytest.raises(ValueError, match="limit is how many at most"):
+            client.runs_frame(limit=limit, group_by="status")
+    assert client.runs(limit=0) == [] and len(client.runs(limit=1)) == 1
+
+
 def test_wait_past_its_timeout_raises_timeout_and_the_run_goes_on(shared_server):
     server = shared_server
     client = troupe.Client(server.url, token=server.token)

@@ -132,6 +132,7 @@ class Client:
 
     def _groups(self, group_by: str, metric: str | None, *, limit: int | None, sweep: str | None,
                 study: str | None, **query: Any) -> list[dict[str, Any]]:
+        _check_limit(limit)
         params = {**query, "group_by": group_by, "metric": metric, "sweep_id": sweep and self.full_id("sweeps", sweep),
                   "study_id": study and self.full_id("studies", study)}
         groups: list[dict[str, Any]] = []
@@ -146,6 +147,7 @@ class Client:
         return groups
 
     def _rows(self, *, limit: int | None, sweep: str | None, study: str | None, **query: Any) -> list[dict[str, Any]]:
+        _check_limit(limit)
         params = {**query, "sweep_id": sweep and self.full_id("sweeps", sweep),
                   "study_id": study and self.full_id("studies", study)}
         rows: list[dict[str, Any]] = []
@@ -279,6 +281,13 @@ def _json_object(path: Path) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise ValueError(f"{path} holds no JSON object")
     return found
+
+
+def _check_limit(limit: int | None) -> None:
+    """A list's ``limit``: None for every run (or group), else how many at most (0:
+    none, as a slice of none). A negative one was an empty list, as if nothing matched."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit is how many at most: 1 or more (0: none), or None for all; got {limit!r}")
 
 
 def _tags(tags: Sequence[str] | None) -> list[str] | None:
