@@ -143,7 +143,7 @@ def serve(home: Path, runs: int, samples: int, every: float, say: Any) -> dict[s
 
 def retention(store_dir: Path, runs: int, say: Any) -> dict[str, Any]:
     from actors.store.bulk import BulkStore
-    from actors.store.runs import Prune
+    from actors.store.retention import Prune
     from bench._history_build import Maker, capture_template
 
     home = store_dir / "home"
