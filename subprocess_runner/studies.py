@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from protocol.errors import InvalidRequest
 from protocol.studies import SubmitStudy
 from protocol.sweeps import Objective, SubmitSweep
 from subprocess_runner.catalog import Catalog
@@ -53,20 +54,36 @@ def _spread(values: list[float]) -> float:
 _REDUCE: dict[str, Callable[[list[float]], float]] = {"mean": _mean, "median": _median, "min": min, "max": max}
 
 
+class StudyInvalid(InvalidRequest):
+    """Raised when a study cannot be compiled (its variants, its sweep_spec, its repeats);
+    nothing has been stored or queued. A study's is its own code: a client that submitted
+    a study was told ``sweep_invalid``, about a sweep it never sent."""
+
+    code = "study_invalid"
+
+
 def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -> list[dict[str, Any]]:
-    """``[{"name", "params": {"node.param": value}, "graph"}]``; raises ``SweepInvalid``."""
+    """``[{"name", "params": {"node.param": value}, "graph"}]``; raises ``StudyInvalid``
+    (what the sweep's checks it shares refuse too, with their words and pointer)."""
+    try:
+        return _compile(body, catalog, limits)
+    except SweepInvalid as exc:
+        raise StudyInvalid(exc.message, pointer=exc.pointer, node_id=exc.node_id, details=exc.details) from None
+
+
+def _compile(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -> list[dict[str, Any]]:
     if body.options.seed is not None:
-        raise SweepInvalid("a study manages seeds; use its seed field", pointer="/options/seed")
+        raise StudyInvalid("a study manages seeds; use its seed field", pointer="/options/seed")
     if body.options.lane != "queued":
-        raise SweepInvalid("a study always queues; lane interactive is refused", pointer="/options/lane")
+        raise StudyInvalid("a study always queues; lane interactive is refused", pointer="/options/lane")
     if (body.variants is None) == (body.sweep_spec is None):
-        raise SweepInvalid("give either variants or a sweep_spec", pointer="/variants")
+        raise StudyInvalid("give either variants or a sweep_spec", pointer="/variants")
     if body.sweep_spec is not None:
         objective = Objective(metric=body.objective.metric, direction=body.objective.direction)
         sweep = SubmitSweep(base_graph=body.base_graph, sweep_spec=body.sweep_spec, objective=objective)
         compiled = compile_sweep(sweep, catalog, limits)
         if len(compiled.variants) * body.repeats > MAX_ATTEMPTS:
-            raise SweepInvalid(f"{len(compiled.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} "
+            raise StudyInvalid(f"{len(compiled.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} "
                                "runs", pointer="/repeats")
         return [{"name": ", ".join(f"{k}={v}" for k, v in v.params.items()), "params": v.params, "graph": v.graph}
                 for v in compiled.variants]
@@ -75,13 +92,13 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
     nodes = {n.id: n for n in body.base_graph.nodes}
     # One study may be large in variants and repeats, but never in attempts.
     if len(body.variants) * body.repeats > MAX_ATTEMPTS:
-        raise SweepInvalid(f"{len(body.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} runs",
+        raise StudyInvalid(f"{len(body.variants)} variants x {body.repeats} repeats is over {MAX_ATTEMPTS} runs",
                            pointer="/repeats")
     out, names = [], set()
     for i, variant in enumerate(body.variants):
         where = f"/variants/{i}"
         if variant.name in names:
-            raise SweepInvalid(f"variant name {variant.name!r} is used twice", pointer=f"{where}/name")
+            raise StudyInvalid(f"variant name {variant.name!r} is used twice", pointer=f"{where}/name")
         names.add(variant.name)
         params = {}
         for j, entry in enumerate(variant.params):
@@ -89,11 +106,11 @@ def compile_variants(body: SubmitStudy, catalog: Catalog, limits: SweepLimits) -
             node = nodes.get(entry.node_id)
             node_type = catalog.get(node.type) if node is not None else None
             if node is None or node_type is None:
-                raise SweepInvalid(f"the base graph has no node {entry.node_id!r}", pointer=f"{at}/node_id")
+                raise StudyInvalid(f"the base graph has no node {entry.node_id!r}", pointer=f"{at}/node_id")
             param = node_type.param(entry.param)
             mapped = param is None and (param := mapped_param(node_type, entry.param, [entry.value])) is not None
             if param is None or param.type == "secret":
-                raise SweepInvalid(f"node {entry.node_id} has no settable param {entry.param!r}",
+                raise StudyInvalid(f"node {entry.node_id} has no settable param {entry.param!r}",
                                    pointer=f"{at}/param", node_id=entry.node_id)
             value = check_param(param, entry.value, f"{at}/value", entry.node_id)
             if mapped:  # a name of a mapping param (vars.lr): one the node type takes

@@ -19,7 +19,7 @@ from typing import Any
 import schemathesis
 
 ANSWERS = frozenset({401, 404, 409})
-MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "invalid_device", "target_needs_worker",
+MEANING_CODES = frozenset({"graph_invalid", "sweep_invalid", "study_invalid", "invalid_device", "target_needs_worker",
                            "memory_budget_needs_worker", "unknown_target_option", "flavor_not_found",
                            "upload_not_found", "worker_cannot_grant", "too_many_cpus", "unknown_flavor",
                            "unknown_target", "one_shot_record_outputs",

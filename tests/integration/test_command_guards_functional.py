@@ -51,11 +51,17 @@ def test_a_var_no_placeholder_uses_is_refused_on_a_run_a_set_a_sweep_and_a_study
     error = refused(server, "/api/sweeps", {"base_graph": echo(), "sweep_spec": swept, "objective": objective})
     assert error["code"] == "sweep_invalid" and error["pointer"] == "/sweep_spec/params/0/param", error
     assert "argv uses epochs, lr" in error["message"], error
+    # A study's own code, whether its params come as a sweep_spec or as variants.
     error = refused(server, "/api/studies", {"base_graph": echo(), "sweep_spec": swept, "objective": objective})
-    assert error["pointer"] == "/sweep_spec/params/0/param" and "argv uses epochs, lr" in error["message"], error
+    assert error["code"] == "study_invalid" and error["pointer"] == "/sweep_spec/params/0/param", error
+    assert "argv uses epochs, lr" in error["message"], error
     variants = [{"name": "a", "params": [{"node_id": "train", "param": "vars.lrr", "value": 0.1}]}]
     error = refused(server, "/api/studies", {"base_graph": echo(), "variants": variants, "objective": objective})
-    assert error["pointer"] == "/variants/0/params/0/param" and "argv uses epochs, lr" in error["message"], error
+    assert error["code"] == "study_invalid" and error["pointer"] == "/variants/0/params/0/param", error
+    assert "argv uses epochs, lr" in error["message"], error
+    twice = [{"name": "a", "params": [{"node_id": "train", "param": "vars.lr", "value": 0.1}]}] * 2
+    error = refused(server, "/api/studies", {"base_graph": echo(), "variants": twice, "objective": objective})
+    assert error["code"] == "study_invalid" and error["pointer"] == "/variants/1/name", error
     assert server.get("/api/runs")["runs"] == [] and server.get("/api/sweeps")["sweeps"] == []
 
 
