@@ -32,7 +32,7 @@ from subprocess_runner.memory import group_card_mib
 from subprocess_runner.mlflow_endpoint import URI_VAR, MlflowEndpoint
 from subprocess_runner.packs._command_process import CommandProcess
 from subprocess_runner.packs._warm_command import start_command
-from subprocess_runner.packs.script_pack import THREAD_CAPS, var_text
+from subprocess_runner.packs.script_pack import MLFLOW_OWN, THREAD_CAPS, var_text
 from subprocess_runner.run_marker import RUN_ID_VAR, stop_carrying
 from subprocess_runner.tensorboard_reader import FOLDER_VAR, TensorBoardFiles, command_folders
 
@@ -53,6 +53,13 @@ def run_command(ctx: Any, inputs: dict[str, Any], params: dict[str, Any]) -> dic
         return _command(ctx, params, mlflow.env)
 
 
+def _inherited() -> dict[str, str]:
+    """This process's environment, less the MLflow run and secret: those are troupe's
+    endpoint's to give, and a command that logs to a lab's own server (its env's
+    MLFLOW_TRACKING_URI) gets neither, not one the server was started with."""
+    return {k: v for k, v in os.environ.items() if k not in MLFLOW_OWN}
+
+
 def _command(ctx: Any, params: dict[str, Any], mlflow_env: dict[str, str]) -> dict[str, Any]:
     checkpoints = ctx.files("checkpoints")
     outputs = ctx.files("outputs")
@@ -60,7 +67,7 @@ def _command(ctx: Any, params: dict[str, Any], mlflow_env: dict[str, str]) -> di
     argv = [_filled(text, params, ctx) for text in params["argv"]]
     # The program gets the environment it would get from a shell here (not a setting
     # troupe reads), then the run's own variables, then the node's.
-    env = {**os.environ, **_own_env(ctx, checkpoints, outputs), **mlflow_env,
+    env = {**_inherited(), **_own_env(ctx, checkpoints, outputs), **mlflow_env,
            **{k: str(v) for k, v in params["env"].items()}}
     board, board_folders = command_folders(checkpoints.parent, cwd, ctx.node_id)
     env[FOLDER_VAR] = str(board)

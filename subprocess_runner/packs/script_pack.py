@@ -22,12 +22,17 @@ BUILT_IN = ("seed", "run_id", "python")
 # What the numeric libraries a script may use read for their thread pools: set from the
 # node's declared cpus.
 THREAD_CAPS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+# What troupe's MLflow endpoint gives a command beside its address (mlflow_endpoint's
+# RUN_VAR and TOKEN_VAR): the run it logs into and that run's secret. A command that set
+# them would log into another run (or present another's secret). MLFLOW_TRACKING_URI
+# stays the command's to set: a lab's own tracking server, and then troupe sets neither.
+MLFLOW_OWN = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_TOKEN")
 # Variables troupe sets for a command, which its env may not replace: the run's mark and
-# folders (TROUPE_*, the prefix), unbuffered output, the thread caps, and the cards a
-# worker run was given. A command that set TROUPE_RUN_ID would carry another run's mark
-# (and be stopped with it); one that set CUDA_VISIBLE_DEVICES would use cards its run
-# was not given.
-RESERVED_ENV = frozenset({"PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", *THREAD_CAPS})
+# folders (TROUPE_*, the prefix), unbuffered output, the thread caps, the cards a worker
+# run was given, and MLflow's run and secret. A command that set TROUPE_RUN_ID would carry
+# another run's mark (and be stopped with it); one that set CUDA_VISIBLE_DEVICES would use
+# cards its run was not given.
+RESERVED_ENV = frozenset({"PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", *THREAD_CAPS, *MLFLOW_OWN})
 RESERVED_PREFIX = "TROUPE_"
 # Linux's limit on one argument or one environment string (MAX_ARG_STRLEN, 32 pages);
 # the total is the system's ARG_MAX.
@@ -85,8 +90,8 @@ def _names(variables: Mapping[str, Any], env: Mapping[str, Any]) -> tuple[str, s
         if name in RESERVED_ENV or name.startswith(RESERVED_PREFIX):
             return f"env/{_escaped(name)}", (f"env sets {name}, which troupe sets for the command itself "
                                               f"({RESERVED_PREFIX}*, PYTHONUNBUFFERED, the thread caps such as "
-                                              "OMP_NUM_THREADS, the cards' CUDA_VISIBLE_DEVICES): it may not be "
-                                              "replaced")
+                                              "OMP_NUM_THREADS, the cards' CUDA_VISIBLE_DEVICES, MLflow's "
+                                              "MLFLOW_RUN_ID and MLFLOW_TRACKING_TOKEN): it may not be replaced")
     for name in variables:
         if name in BUILT_IN:
             return f"vars/{_escaped(name)}", (f"vars may not be named {name}: {{{name}}} is filled by troupe "

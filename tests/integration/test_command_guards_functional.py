@@ -71,6 +71,8 @@ def test_a_var_no_placeholder_uses_is_refused_on_a_run_a_set_a_sweep_and_a_study
     ("env/PYTHONUNBUFFERED", {"env": {"PYTHONUNBUFFERED": "0"}}),
     ("env/OMP_NUM_THREADS", {"env": {"OMP_NUM_THREADS": "64"}}),
     ("env/CUDA_VISIBLE_DEVICES", {"env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}}),
+    ("env/MLFLOW_RUN_ID", {"env": {"MLFLOW_RUN_ID": "0" * 32}}),  # another run's MLflow run
+    ("env/MLFLOW_TRACKING_TOKEN", {"env": {"MLFLOW_TRACKING_TOKEN": "guessed"}}),
     ("vars/seed", {"argv": ["/bin/echo", "{seed}"], "vars": {"seed": 7}}),
     ("vars/run_id", {"argv": ["/bin/echo", "{run_id}"], "vars": {"run_id": "x"}}),
     ("vars/python", {"argv": ["{python}", "-V"], "vars": {"python": "/bin/true"}}),
@@ -81,6 +83,32 @@ def test_a_var_no_placeholder_uses_is_refused_on_a_run_a_set_a_sweep_and_a_study
 def test_what_troupe_sets_and_what_no_program_can_take_is_refused(shared_server, where, params):
     error = refused(shared_server, "/api/runs", {"graph": echo(**params)})
     assert error["code"] == "graph_invalid" and error["pointer"] == f"/graph/nodes/0/params/{where}", error
+
+
+_MLFLOW_ENV = "import os; print(sorted(k + '=' + v for k, v in os.environ.items() if k.startswith('MLFLOW_')))"
+
+
+def _mlflow_env(server, **params) -> tuple[str, list[str]]:
+    """The run's id and the MLFLOW_* variables its command saw."""
+    command = node("train", "script.Command", argv=[sys.executable, "-c", _MLFLOW_ENV], **params)
+    run_id = server.submit(graph(command, name="env"))["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=60)["status"] == "succeeded"
+    events = server.get(f"/api/runs/{run_id}/events?tail=1000")["events"]
+    (printed,) = [line for e in events if e["type"] == "console" for line in e["payload"].get("text", "").splitlines()]
+    return run_id, sorted(printed.strip("[]").replace("'", "").split(", "))
+
+
+def test_a_command_with_a_labs_own_tracking_server_gets_no_mlflow_run_or_secret(make_server):
+    """MLFLOW_TRACKING_URI stays the command's to set (a lab's own MLflow server): troupe
+    then starts no endpoint and gives no run or secret, not even those of the server's
+    own environment (a server started inside another MLflow run); without it, troupe's."""
+    server = make_server(MLFLOW_RUN_ID="f" * 32, MLFLOW_TRACKING_TOKEN="the-servers")
+    _, seen = _mlflow_env(server, env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert seen == ["MLFLOW_TRACKING_URI=http://127.0.0.1:9"], seen
+    run_id, seen = _mlflow_env(server)
+    given = dict(line.split("=", 1) for line in seen)
+    assert given["MLFLOW_RUN_ID"] == run_id and given["MLFLOW_TRACKING_TOKEN"] != "the-servers", given
+    assert given["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:"), given
 
 
 # Forks a child that leaves the session (setsid) and forks the grandchild, which clears
