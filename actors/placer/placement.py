@@ -18,6 +18,7 @@ from actors.base import ActorRef, Registry
 from actors.errors import MemoryBudgetRequired, MemoryBudgetTooLarge, MemoryBusy
 from actors.placer.book import INSTANCE_MARK, WorkerBook
 from actors.placer.fair_share import DeviceUse
+from actors.placer.holds import Holds
 from actors.placer.ledger import MEMORY, Adopt, Fits, Free, FreeMemory, Offer, Policy, TryHold, Withdraw
 from actors.placer.messages import Admit, Released
 from actors.placer.waiting import Anywhere, Line, Parked, in_time, parked_facts
@@ -43,7 +44,7 @@ class WorkerPlacement:
         self._names: dict[str, str] = {}  # physical -> as people name it (``_named``)
         if local:  # the server's own devices that a same-machine worker can share
             self._set_offer(LOCAL, local)
-        self._held: dict[str, list[tuple[str, str]]] = {}  # run -> [(provider, physical)]
+        self._held = Holds()  # run -> [(provider, physical)], and who holds each device
         self._budgets: dict[str, int | None] = {}  # run -> its memory budget, while it holds
         self._caps: dict[str, dict[str, int]] = {}  # run -> {device: card total} of the shared cards it holds
         self._cards: dict[str, tuple[int, int]] = {}  # physical -> (total, free) MiB, as last reported
@@ -267,7 +268,8 @@ class WorkerPlacement:
         physical = offered[0]
         # A run a restarted server adopted holds the device until its worker is back (its
         # agent will be, and its run is alive); a worker gone otherwise took its runs along.
-        adopted = any(p != LOCAL and on == physical for run in self._adopted for p, on in self._held.get(run, ()))
+        adopted = any(p != LOCAL and on == physical for run in self._held.on(physical) if run in self._adopted
+                      for p, on in self._held.get(run))
         if not self._shared_with_a_worker(physical) and not adopted:
             self._unshared[run_id] = physical
             return True
@@ -278,14 +280,14 @@ class WorkerPlacement:
         moved = tuple(run for run, on in self._unshared.items() if on == physical)
         for run_id in moved:
             del self._unshared[run_id]
-            self._held.setdefault(run_id, []).append((LOCAL, physical))
+            self._held.add(run_id, LOCAL, physical)
         if moved:
             self._ledger(physical).tell(Adopt(moved))
 
     def adopt(self, run_id: str, holds: tuple[tuple[str, str], ...], budget_mib: int | None = None) -> None:
         """A run the last server left executing on a worker holds its slots again, before
         anything is admitted (its providers come back online when its worker does)."""
-        self._held[run_id] = list(holds)
+        self._held.set(run_id, holds)
         self._adopted.add(run_id)
         self._budgets[run_id] = budget_mib
         for _, physical in holds:
@@ -353,7 +355,7 @@ class WorkerPlacement:
         return self._providers.get(worker, {}).get(first, (f"{worker}/{first}", 1))[0] == physical
 
     def _free_all(self, run_id: str) -> list[str]:
-        freed = [physical for _, physical in self._held.pop(run_id, [])]
+        freed = [physical for _, physical in self._held.pop(run_id)]
         self._adopted.discard(run_id)
         if self._use is not None:
             self._use.release(run_id, freed)
@@ -460,9 +462,7 @@ class WorkerPlacement:
             return False
         if hold.full:
             self._full.add(physical)
-        held = self._held.setdefault(run_id, [])
-        if (provider, physical) not in held:
-            held.append((provider, physical))
+        self._held.add(run_id, provider, physical)
         self._budgets[run_id] = budget_mib
         if hold.shared and hold.total_mib is not None:
             self._caps.setdefault(run_id, {})[device] = hold.total_mib
@@ -472,19 +472,19 @@ class WorkerPlacement:
         self._full.discard(physical)  # whatever is sent may free a slot
         ledger, fresh = self._ensure_ledger(physical)
         if fresh:  # a new (or restarted) ledger learns its providers, its policy and its holders
-            for provider in self._online_names():
-                for device, (held, limit) in self._providers.get(provider, {}).items():
-                    if held == physical:
-                        ledger.tell(self._offer(provider, device, physical, limit))
+            offered = ((p, device, limit) for p in self._offering.get(physical, ()) if self._is_online(p)
+                       for device, (on, limit) in self._providers.get(p, {}).items() if on == physical)
+            for provider, device, limit in offered:  # its providers only, not every device of every provider
+                ledger.tell(self._offer(provider, device, physical, limit))
             if physical in self._policies:
                 ledger.tell(self._policies[physical])
-            holders = tuple(run for run, held in self._held.items() if any(on == physical for _, on in held))
+            holders = self._held.on(physical)
             ledger.tell(Adopt(holders, {run: self._budgets.get(run) for run in holders}))
         return ledger
 
     def _start(self, run_id: str, start: Any) -> None:
         if self._use is not None:
-            self._use.hold([physical for _, physical in self._held.get(run_id, [])], run_id,
+            self._use.hold([physical for _, physical in self._held.get(run_id)], run_id,
                            self._whose.pop(run_id, ""))
         run = self._registry.lookup(f"runs/{run_id}")
         if run is not None:
