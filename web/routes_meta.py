@@ -18,7 +18,6 @@ from protocol.errors import InvalidRequest
 from subprocess_runner.devices import host_machine_id
 from web.context import Services, services
 from web.errors import json_reply
-from web.openapi import openapi_document
 from web.queue_state import QueueState, asker_limit, at_limit_reason, predicted_place
 from web.requests import one_query
 
@@ -146,6 +145,10 @@ async def nodes(request: web.Request) -> web.Response:
 
 @routes.get("/api/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
+    # The document's reply models are imported when it is first asked for, not at every
+    # start: they are a twentieth of the server's imports, and nothing else uses them.
+    from web.openapi import openapi_document
+
     svc = services(request)
     settings = svc.settings
     return json_reply(openapi_document(svc.version, (settings.max_sweep_runs, settings.max_sweep_params,
