@@ -9,7 +9,9 @@ from tests.helpers import hello, sleeper
 from tests.integration.test_training_functional import quick_digits, series
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 
-EPOCHS = 6
+# Enough epochs after the third that a cancel sent when its checkpoint is stored lands
+# before the last one on a loaded machine (an epoch of the quick digits is 30-150 ms).
+EPOCHS = 20
 
 
 def _cancel_after_epoch(server, run_id: str, epoch: int) -> None:
