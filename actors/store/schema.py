@@ -385,6 +385,15 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     """
     ALTER TABLE files ADD COLUMN uploaded_by TEXT;
     """,
+    # 27: a queued run's place (``runs._POSITION``: the queued-lane runs queued ahead on
+    # its key, counted for each POST's reply, each stream's start and each listed queued
+    # run) reads this index alone: with the lane in it, no run ahead is looked up in the
+    # table (a place behind 3,000 queued runs: 1.4 -> 0.3 ms). It serves every read the
+    # index it replaces served (a key's queued runs in order).
+    """
+    DROP INDEX runs_queue;
+    CREATE INDEX runs_queue ON runs(queue_key, status, lane, enqueue_seq);
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
