@@ -13,7 +13,8 @@ a fraction of the size a 32-character id would make it, and the list pages by it
                  "node.vars.NAME"), node type and series any stored run has, with how many
                  runs have it (the keys' suggestions, the unknown key's 400), and a
                  series' direction once an objective named it
-    run_params   (seq, key, value)  value: a number, 0/1 for a boolean, or text
+    run_params   (seq, key, value, boolean)  value: a number, 0/1 for a boolean (``boolean``
+                 1 then: the list's values read it back as true or false), or text
     run_types    (seq, key)
     run_metrics  (seq, key, newest, newest_seq, low, high)
 
@@ -149,8 +150,9 @@ def index_run(conn: apsw.Connection, seq: int, graph: Mapping[str, Any], secret:
     if counted:
         conn.execute(f"UPDATE index_keys SET runs = runs + 1 WHERE id IN ({', '.join('?' for _ in counted)})", counted)
     if params:
-        conn.executemany("INSERT OR REPLACE INTO run_params(seq, key, value) VALUES (?, ?, ?)",
-                         [(seq, key, value) for key, value in zip(param_ids, params.values(), strict=True)])
+        conn.executemany("INSERT OR REPLACE INTO run_params(seq, key, value, boolean) VALUES (?, ?, ?, ?)",
+                         [(seq, key, value, 1 if isinstance(value, bool) else None)
+                          for key, value in zip(param_ids, params.values(), strict=True)])
     if types:
         conn.executemany("INSERT OR REPLACE INTO run_types(seq, key) VALUES (?, ?)", [(seq, key) for key in type_ids])
 
@@ -221,10 +223,14 @@ def note_direction(conn: apsw.Connection, objective: Mapping[str, Any] | None) -
     conn.execute("UPDATE index_keys SET direction = ? WHERE id = ?", (objective.get("direction"), key))
 
 
+def _chunks(items: Sequence[str], size: int = 500) -> Iterable[tuple[str, ...]]:
+    for start in range(0, len(items), size):  # far below SQLite's limit of bound values
+        yield tuple(items[start:start + size])
+
+
 def forget_runs(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
     """Before runs are deleted: their index rows, and their place in the keys' counts."""
-    for start in range(0, len(run_ids), 500):  # far below SQLite's limit of bound values
-        chunk = tuple(run_ids[start:start + 500])
+    for chunk in _chunks(run_ids):
         seqs = [row[0] for row in conn.execute(
             f"SELECT enqueue_seq FROM runs WHERE id IN ({','.join('?' for _ in chunk)})", chunk)]
         if not seqs:
@@ -235,6 +241,74 @@ def forget_runs(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
                                   seqs).fetchall()
             conn.executemany("UPDATE index_keys SET runs = runs - ? WHERE id = ?", [(n, k) for k, n in counts])
             conn.execute(f"DELETE FROM {table} WHERE seq IN ({marks})", seqs)
+
+
+def params_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each run's params as the index holds them, by ``node.param`` (a boolean as true or
+    false): the list's param columns, with no graph read (a page of 200 runs decoded 200
+    graphs to flatten them again, most of the page's time)."""
+    found: dict[str, dict[str, Any]] = {run_id: {} for run_id in run_ids}
+    for chunk in _chunks(run_ids):
+        for run_id, name, value, boolean in conn.execute(
+                "SELECT r.id, k.name, p.value, p.boolean FROM runs r JOIN run_params p ON p.seq = r.enqueue_seq "
+                f"JOIN index_keys k ON k.id = p.key WHERE r.id IN ({', '.join('?' for _ in chunk)}) ORDER BY k.name",
+                chunk):
+            found[str(run_id)][str(name)] = bool(value) if boolean else value
+    return found
+
+
+def newest_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[str, float | str | None]]:
+    """Each run's newest value of every series it recorded, by name, from the index; a
+    diverged one (the index holds null) is its text ("nan", "inf", "-inf"), read from
+    its newest point."""
+    found: dict[str, dict[str, float | str | None]] = {run_id: {} for run_id in run_ids}
+    diverged: list[tuple[str, str]] = []
+    for chunk in _chunks(run_ids):
+        for run_id, name, newest in conn.execute(
+                "SELECT r.id, k.name, m.newest FROM runs r JOIN run_metrics m ON m.seq = r.enqueue_seq "
+                f"JOIN index_keys k ON k.id = m.key WHERE r.id IN ({', '.join('?' for _ in chunk)}) ORDER BY k.name",
+                chunk):
+            found[str(run_id)][str(name)] = newest  # a REAL or NULL
+            if newest is None:
+                diverged.append((str(run_id), str(name)))
+    for run_id, name in diverged:
+        for value, non_finite in conn.execute("SELECT value, non_finite FROM metrics WHERE run_id = ? AND series = ? "
+                                              "ORDER BY seq DESC LIMIT 1", (run_id, name)):
+            found[run_id][name] = non_finite if non_finite is not None else value
+    return found
+
+
+def mark_booleans(conn: apsw.Connection) -> None:
+    """The migration that says which indexed params are booleans (``boolean``): where a
+    key holds a 0 or a 1, the run's graph says whether it was true or false, a thousand
+    runs at a time (about a minute a million runs whose graphs hold a boolean)."""
+    conn.execute("ALTER TABLE run_params ADD COLUMN boolean INTEGER")
+    keys = {str(name): int(key) for key, name in conn.execute(
+        "SELECT id, name FROM index_keys WHERE kind = 'param'")
+        if conn.execute("SELECT 1 FROM run_params WHERE key = ? AND value IN (0, 1) LIMIT 1", (key,)).fetchall()}
+    if not keys:
+        return
+    marks = ", ".join("?" for _ in keys)
+    bases: dict[str, dict[str, Any]] = {}
+    after = -1
+    while seqs := [int(seq) for (seq,) in conn.execute(
+            f"SELECT DISTINCT seq FROM run_params WHERE seq > ? AND key IN ({marks}) AND value IN (0, 1) "
+            "ORDER BY seq LIMIT 1000", (after, *keys.values()))]:
+        found = []
+        for seq, graph, base in conn.execute("SELECT enqueue_seq, graph, graph_base FROM runs WHERE enqueue_seq IN "
+                                             f"({', '.join('?' for _ in seqs)})", seqs):
+            document = json.loads(str(graph))
+            if base is not None:
+                if base not in bases:
+                    if len(bases) >= 8:
+                        bases.pop(next(iter(bases)))
+                    text = conn.execute("SELECT graph FROM graph_bases WHERE digest = ?", (base,)).fetchall()
+                    bases[str(base)] = json.loads(str(text[0][0])) if text else {"nodes": []}
+                document = with_params(bases[str(base)], document)
+            found += [(seq, keys[name]) for name, value in flat_params(document).items()
+                      if isinstance(value, bool) and name in keys]
+        conn.executemany("UPDATE run_params SET boolean = 1 WHERE seq = ? AND key = ?", found)
+        after = seqs[-1]
 
 
 def fill(conn: apsw.Connection) -> None:

@@ -14,6 +14,7 @@ import apsw
 
 from actors.store.logged import SCHEMA as LOGGED_SCHEMA
 from actors.store.run_index import fill as fill_run_index
+from actors.store.run_index import mark_booleans
 
 log = logging.getLogger("troupe.store")
 
@@ -394,6 +395,10 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     DROP INDEX runs_queue;
     CREATE INDEX runs_queue ON runs(queue_key, status, lane, enqueue_seq);
     """,
+    # 28: which indexed params are booleans (run_params.boolean), so that the Runs list
+    # reads its rows' params from the run index as they were given (true, not 1) instead
+    # of decoding each row's graph (run_index.params_of).
+    mark_booleans,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
