@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.store.run_list import EditRun, GroupRuns, ListGroups, ListRuns, MatchIds, NewestValues, RunKeys
+from actors.store.run_list import EditRun, GroupRuns, ListGroups, ListRuns, MatchIds, RunKeys, RunValues
 from protocol import events as ev
 from protocol.api import TAG_PATTERN, RunEdit
 from protocol.errors import InvalidRequest, WhereInvalid
@@ -133,18 +133,17 @@ async def list_runs(request: web.Request) -> web.Response:
             "status": status, "sweep_id": sweep_id, "study_id": study_id, "search": search, "tag": tag,
             "submitted_by": mine, "where": where, "limit": limit, "offset": before or 0})
     if grouped == "true" and not (sweep_id or study_id):
-        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine,
-                                                          graphs=values == "true", where=where))
+        items, next_seq = await svc.store.read(ListGroups(status, limit, before, search, tag, mine, where=where))
         rows = await with_queue_reasons(svc, [item["run"] for item in items if item["kind"] == "run"])
         public = iter(public_row(r) for r in rows)
         found: list[dict[str, Any]] = [next(public) if item["kind"] == "run" else item for item in items]
     else:
         rows, next_seq = await svc.store.read(ListRuns(status, sweep_id, study_id, limit, before, search, tag, sort,
-                                                         mine, graphs=values == "true", where=where))
+                                                         mine, where=where))
         found = [{**public_row(r), **({"sort_value": r["sort_value"]} if sort else {})}
                  for r in await with_queue_reasons(svc, rows)]
     if values == "true":
-        found = await _with_values(svc, found, rows)
+        found = await _with_values(svc, found)
     return json_reply({"runs": found, "next_cursor": None if next_seq is None else str(next_seq)})
 
 
@@ -181,35 +180,13 @@ async def run_keys(request: web.Request) -> web.Response:
     return json_reply(await services(request).store.read(RunKeys()))
 
 
-async def _with_values(svc: Any, found: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _with_values(svc: Any, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``?values=true``: each run with its params (``node.param``, as ``--set`` names
-    them) and the newest value of each series, for the columns a person picks."""
-    graphs = {row["id"]: row.get("graph") or {} for row in rows}
-    newest = await svc.store.read(NewestValues(tuple(item["id"] for item in found if "kind" not in item)))
-    return [item if "kind" in item else {**item, "params": graph_params(graphs.get(item["id"], {}), svc.catalog),
-                                         "metrics": newest.get(item["id"], {})} for item in found]
-
-
-def graph_params(graph: dict[str, Any], catalog: Any) -> dict[str, Any]:
-    """A graph's scalar params by ``node.param`` (a script's ``node.vars.NAME``); never a
-    secret's value (an API key is no column anyone reading the list should see)."""
-    flat: dict[str, Any] = {}
-    for node in graph.get("nodes") or []:
-        spec = catalog.get(node.get("type")) if isinstance(node.get("type"), str) else None
-        secret = {param.name for param in spec.params if param.type == "secret"} if spec is not None else set()
-        for name, value in (node.get("params") or {}).items():
-            if name in secret:
-                continue
-            if isinstance(value, dict):
-                flat.update({f"{node['id']}.{name}.{k}": v for k, v in value.items() if _scalar(v)})
-            elif _scalar(value):
-                flat[f"{node['id']}.{name}"] = value
-    return flat
-
-
-def _scalar(value: Any) -> bool:
-    # A long text (a script's inline source, a prompt) is no column: it stays on the run's page.
-    return value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 120)
+    them; never a secret's, nor a long text) and the newest value of each series, for the
+    columns a person picks: read from the run index, as ``where`` reads them (one rule
+    flattens a graph's params, ``run_index.flat_params``), no graph decoded."""
+    values = await svc.store.read(RunValues(tuple(item["id"] for item in found if "kind" not in item)))
+    return [item if "kind" in item else {**item, **values[item["id"]]} for item in found]
 
 
 _PREFIX = re.compile(r"^[0-9a-f]{4,32}$")

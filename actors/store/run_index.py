@@ -76,6 +76,8 @@ SCHEMA = """
     CREATE INDEX run_metrics_low ON run_metrics(key, low, seq);
     CREATE INDEX run_metrics_high ON run_metrics(key, high, seq);
 """
+# Schema 28's column (``mark_booleans``); an index filled since (``fill``) has it from the start.
+BOOLEAN_COLUMN = "ALTER TABLE run_params ADD COLUMN boolean INTEGER"
 
 
 class _Known:
@@ -281,8 +283,11 @@ def newest_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[s
 def mark_booleans(conn: apsw.Connection) -> None:
     """The migration that says which indexed params are booleans (``boolean``): where a
     key holds a 0 or a 1, the run's graph says whether it was true or false, a thousand
-    runs at a time (about a minute a million runs whose graphs hold a boolean)."""
-    conn.execute("ALTER TABLE run_params ADD COLUMN boolean INTEGER")
+    runs at a time (about a minute a million runs whose graphs hold a boolean). An index
+    that schema 23 made after this code was written has the column, and marked them."""
+    if any(column[1] == "boolean" for column in conn.execute("PRAGMA table_info(run_params)")):
+        return
+    conn.execute(BOOLEAN_COLUMN)
     keys = {str(name): int(key) for key, name in conn.execute(
         "SELECT id, name FROM index_keys WHERE kind = 'param'")
         if conn.execute("SELECT 1 FROM run_params WHERE key = ? AND value IN (0, 1) LIMIT 1", (key,)).fetchall()}
@@ -315,6 +320,7 @@ def fill(conn: apsw.Connection) -> None:
     """The migration that made the index: every stored run's params, types and series,
     and the directions of the stored sweeps' and studies' objectives."""
     conn.execute(SCHEMA)
+    conn.execute(BOOLEAN_COLUMN)
     stored = int(conn.execute("SELECT COUNT(*) FROM runs").fetchall()[0][0])  # type: ignore[arg-type]  # COUNT: an integer
     if stored > 10_000:
         log.info("indexing the %d stored runs for where (once; about a minute a million)", stored)

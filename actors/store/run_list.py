@@ -15,9 +15,10 @@ import apsw
 
 from actors.errors import RunNotFound
 from actors.store.run_groups import group_rows, run_keys
+from actors.store.run_index import newest_of, params_of
 from actors.store.run_page import page
 from actors.store.run_where import compile_node, conjuncts, search_params
-from actors.store.runs import SELECT_LISTED, SELECT_RUNS, listed_row, run_row, tags_of, whole_graph
+from actors.store.runs import SELECT_LISTED, listed_row, tags_of
 from actors.store.table import Table
 from protocol.where import Key, Node
 
@@ -38,7 +39,6 @@ class ListRuns:
     # one last; one page only, each row with its ``sort_value``.
     sort: str | None = None
     submitted_by: str | None = None  # one submitter's runs (``?mine=true``)
-    graphs: bool = False  # each row with its whole graph (``?values=true``); a listed row has none
     where: Node | None = None  # a parsed ``where`` filter (protocol/where.py), read through the run index
 
 
@@ -55,7 +55,6 @@ class ListGroups:
     search: str | None = None
     tag: str | None = None
     submitted_by: str | None = None
-    graphs: bool = False  # as ListRuns'
     where: Node | None = None
 
 
@@ -83,10 +82,11 @@ class RunKeys:
 
 
 @dataclass(frozen=True)
-class NewestValues:
-    """Each run's newest value of every metric series it recorded, ``{run_id: {series:
-    value}}``; a diverged value is its text ("nan", "inf", "-inf"). The list's metric
-    columns, picked by a person from what the runs recorded."""
+class RunValues:
+    """What the list's own columns read of each run (``?values=true``), ``{run_id:
+    {"params": {node.param: value}, "metrics": {series: newest value}}}``, from the run
+    index alone: its params as the index holds them (never a secret's), a diverged newest
+    value as its text ("nan", "inf", "-inf")."""
 
     run_ids: tuple[str, ...]
 
@@ -153,11 +153,10 @@ def _with_tags(conn: apsw.Connection, rows: list[dict[str, Any]]) -> list[dict[s
     return rows
 
 
-def _rows(conn: apsw.Connection, graphs: bool, tail: str, args: Any) -> list[dict[str, Any]]:
-    """The runs ``tail`` (a WHERE, an ORDER) picks, as rows of the list or, with ``graphs``,
-    whole."""
-    if graphs:
-        return [whole_graph(conn, run_row(v)) for v in conn.execute(SELECT_RUNS + tail, args)]
+def _rows(conn: apsw.Connection, tail: str, args: Any) -> list[dict[str, Any]]:
+    """The runs ``tail`` (a WHERE, an ORDER) picks, as rows of the list: never a graph nor
+    the facts of an execution, which no row shows (``RunValues`` reads the params the
+    list's columns show from the run index)."""
     return [listed_row(v) for v in conn.execute(SELECT_LISTED + tail, args)]
 
 
@@ -174,7 +173,7 @@ def list_runs(conn: apsw.Connection, query: ListRuns) -> tuple[list[dict[str, An
         where.append("r.enqueue_seq < ?")
         args.append(query.before_seq)
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    rows = _rows(conn, query.graphs, f"{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
+    rows = _rows(conn, f"{clause} ORDER BY r.enqueue_seq DESC LIMIT ?", (*args, query.limit + 1))
     more = len(rows) > query.limit
     rows = _with_tags(conn, rows[: query.limit])
     return rows, (rows[-1]["enqueue_seq"] if more else None)
@@ -196,8 +195,8 @@ def _where_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
     seqs = seqs[: query.limit]
     if not seqs:
         return [], None
-    rows = _with_tags(conn, _rows(conn, query.graphs, f" WHERE r.enqueue_seq IN ({', '.join('?' for _ in seqs)}) "
-                                                      "ORDER BY r.enqueue_seq DESC", seqs))
+    rows = _with_tags(conn, _rows(conn, f" WHERE r.enqueue_seq IN ({', '.join('?' for _ in seqs)}) "
+                                        "ORDER BY r.enqueue_seq DESC", seqs))
     return rows, (seqs[-1] if more else None)
 
 
@@ -217,7 +216,7 @@ def _sorted_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
     values = {str(run_id): value for run_id, value in found}
     ids = list(values)
     rows = {row["id"]: row for row in _with_tags(conn, _rows(
-        conn, query.graphs, f" WHERE r.id IN ({', '.join('?' for _ in ids)})", ids))} if ids else {}
+        conn, f" WHERE r.id IN ({', '.join('?' for _ in ids)})", ids))} if ids else {}
     page = [{**rows[run_id], "sort_value": values[run_id]} for run_id in ids if run_id in rows]
     return page, (skip + query.limit if more else None)
 
@@ -234,7 +233,7 @@ def list_groups(conn: apsw.Connection, query: ListGroups) -> tuple[list[dict[str
     found = found[: query.limit]
     singles = [str(g)[4:] for g, _ in found if str(g).startswith("run:")]
     rows = {row["id"]: row for row in _with_tags(conn, _rows(
-        conn, query.graphs, f" WHERE r.id IN ({', '.join('?' for _ in singles)})", singles))} if singles else {}
+        conn, f" WHERE r.id IN ({', '.join('?' for _ in singles)})", singles))} if singles else {}
     items = []
     for group, top in found:
         kind, _, key = str(group).partition(":")
@@ -301,14 +300,15 @@ def _group(conn: apsw.Connection, kind: str, key: str, top: int, where: list[str
 
 
 def _best(conn: apsw.Connection, column: str, key: str, objective: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The best last value of the objective among the group's succeeded runs."""
+    """The best last value of the objective among the group's succeeded runs, read from
+    the run index (each series' newest value: null once it diverged, as a point's)."""
     if not objective:
         return None
     pick = "MIN" if objective.get("direction") == "minimize" else "MAX"
     found = conn.execute(
-        f"SELECT {pick}(v), run_id FROM (SELECT (SELECT m.value FROM metrics m WHERE m.run_id = r.id AND m.series = ? "
-        f"ORDER BY m.seq DESC LIMIT 1) AS v, r.id AS run_id FROM runs r WHERE r.{column} = ? "
-        "AND r.status = 'succeeded') WHERE v IS NOT NULL", (objective.get("metric"), key)).fetchall()
+        f"SELECT {pick}(m.newest), r.id FROM runs r JOIN run_metrics m ON m.seq = r.enqueue_seq AND m.key = "
+        f"(SELECT id FROM index_keys WHERE kind = 'metric' AND name = ?) WHERE r.{column} = ? "
+        "AND r.status = 'succeeded' AND m.newest IS NOT NULL", (objective.get("metric"), key)).fetchall()
     if not found or found[0][0] is None:
         return None
     return {"metric": objective.get("metric"), "value": float(str(found[0][0])), "run_id": str(found[0][1])}
@@ -337,29 +337,9 @@ class MatchIds:
     limit: int = 10
 
 
-# The series of one run, walked on the (run_id, series, seq) index a series at a time
-# (a loose index scan): a run of 20,000 epochs costs a few lookups per series, not a
-# pass over its 60,000 points.
-_NEWEST_OF_RUN = """
-    WITH RECURSIVE s(series) AS (
-        SELECT MIN(series) FROM metrics WHERE run_id = ?1
-        UNION ALL
-        SELECT (SELECT MIN(series) FROM metrics WHERE run_id = ?1 AND series > s.series) FROM s
-        WHERE s.series IS NOT NULL)
-    SELECT s.series, m.value, m.non_finite FROM s JOIN metrics m
-        ON m.run_id = ?1 AND m.seq = (SELECT MAX(seq) FROM metrics x WHERE x.run_id = ?1 AND x.series = s.series)
-    WHERE s.series IS NOT NULL
-"""
-
-
-def newest_values(conn: apsw.Connection, query: NewestValues) -> dict[str, dict[str, float | str | None]]:
-    found: dict[str, dict[str, float | str | None]] = {}
-    for run_id in query.run_ids:
-        values: dict[str, float | str | None] = {}
-        for series, value, non_finite in conn.execute(_NEWEST_OF_RUN, (run_id,)):
-            values[str(series)] = non_finite if non_finite is not None else value
-        found[run_id] = values
-    return found
+def run_values(conn: apsw.Connection, query: RunValues) -> dict[str, dict[str, Any]]:
+    params, newest = params_of(conn, query.run_ids), newest_of(conn, query.run_ids)
+    return {run_id: {"params": params[run_id], "metrics": newest[run_id]} for run_id in query.run_ids}
 
 
 def match_ids(conn: apsw.Connection, query: MatchIds) -> dict[str, list[str]]:
@@ -375,7 +355,7 @@ READS: Table = {
     ListRuns: lambda s, m: list_runs(s.conn, m),
     ListGroups: lambda s, m: list_groups(s.conn, m),
     MatchIds: lambda s, m: match_ids(s.conn, m),
-    NewestValues: lambda s, m: newest_values(s.conn, m),
+    RunValues: lambda s, m: run_values(s.conn, m),
     GroupRuns: lambda s, m: group_runs(s.conn, m),
     RunKeys: lambda s, m: run_keys(s.conn),
 }

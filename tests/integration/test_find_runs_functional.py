@@ -134,3 +134,41 @@ def test_a_secret_param_is_never_a_column(make_server, tmp_path):
     server.events_until_finished(run_id)
     row = next(r for r in server.get("/api/runs?values=true")["runs"] if r["id"] == run_id)
     assert row["params"] == {"f.url": "https://lab"}, row["params"]
+
+
+def test_values_are_the_run_index_s_as_the_runs_were_given(make_server):
+    """``?values=true`` reads the run index, never a graph: a boolean comes back true or
+    false (the index holds 0 or 1), a script's vars as ``node.vars.NAME``, a mapping's
+    entries as ``node.param.NAME``, a text past 120 characters left out, a diverged
+    series' newest value as its text; the same grouped, sorted, filtered and after a
+    restart."""
+    from tests.integration.test_hardening_functional import diverging
+
+    server = make_server()
+    command = graph(node("cmd", "script.Command", argv=["{python}", "-c", "pass", "{mode}", "{on}", "{n}", "{long}"],
+                         vars={"mode": "fast", "on": True, "n": 1, "long": "x" * 121}, env={"LAB": "a"},
+                         warm=False, timeout_s=0.0), name="command")
+    ran = server.submit(command)["run_id"]
+    diverged = server.submit(diverging())["run_id"]
+    server.wait_status(ran, "succeeded")
+    server.wait_status(diverged, "succeeded")
+    expected = {"cmd.vars.mode": "fast", "cmd.vars.on": True, "cmd.vars.n": 1, "cmd.env.LAB": "a", "cmd.warm": False,
+                "cmd.timeout_s": 0.0}
+
+    def check() -> None:
+        for query in ("values=true", "values=true&grouped=true", "values=true&sort=-val_loss",
+                      "values=true&where=cmd.vars.mode%20%3D%20%27fast%27"):
+            rows = {r["id"]: r for r in server.get(f"/api/runs?{query}")["runs"]}
+            params = rows[ran]["params"]
+            assert {k: params.get(k) for k in expected} == expected, (query, params)
+            assert (params["cmd.vars.on"] is True, params["cmd.warm"] is False, params["cmd.vars.n"] is True) == (
+                True, True, False), (query, params)  # true and false, not 1 and 0 (and 1 stays 1)
+            assert "cmd.vars.long" not in params and not any(k.startswith("cmd.argv") for k in params), query
+            if "where" not in query:
+                assert rows[diverged]["metrics"] == {"train_loss": "nan", "val_loss": "inf"}, query
+                assert rows[diverged]["params"]["a.value"] == 1e308, query
+
+    check()
+    server.stop()
+    server = make_server(server.home)
+    check()
