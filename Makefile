@@ -30,7 +30,7 @@ run: $(STAMP)
 	$(VENV)/bin/troupe start --host $(HOST) --port $(PORT) --examples examples
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check actors supervisors protocol subprocess_runner web cli troupe tests bench
+	$(VENV)/bin/ruff check troupe tests bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -54,7 +54,7 @@ screenshots: $(STAMP)
 # docs/cli.md's list of every command and option, rendered from the CLI (run by hand
 # after changing a command; a test says when it is out of date).
 cli-reference: $(STAMP)
-	$(PY) -m cli.reference docs/cli.md
+	$(PY) -m troupe.cli.reference docs/cli.md
 
 bench: $(STAMP)
 	$(PY) bench/queue.py

@@ -1,5 +1,5 @@
 """The troupe side of bench/history.py's build: a store of finished runs made through the
-store's own bulk path (actors/store/bulk.py: the writes a server commits over a run's
+store's own bulk path (troupe/actors/store/bulk.py: the writes a server commits over a run's
 life, through its ``Writer``), resumable, a chunk of runs a transaction.
 
 Each run copies a template: one real run of examples/digits_mlp.json trained 20 epochs
@@ -19,13 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from actors.store.bulk import BulkStore, FinishedRun, SweepOf
-from actors.submission import shared_base
 from bench._history_runs import BLOCK, DROPOUT, HIDDEN, LRS, SERIES, SWEEP, Run, run, sweep_batch, sweep_id
 from bench._measure import BenchError
 from bench._troupe import REPO, start_server, stop_server_proc
-from protocol.run_record import SharedGraph
-from subprocess_runner.sweeps import with_params
+from troupe.actors.store.bulk import BulkStore, FinishedRun, SweepOf
+from troupe.actors.submission import shared_base
+from troupe.protocol.run_record import SharedGraph
+from troupe.subprocess_runner.sweeps import with_params
 
 CHUNK = BLOCK * 10  # runs a transaction
 SWEPT = ("adam.lr", "mlp.hidden", "mlp.dropout")

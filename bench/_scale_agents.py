@@ -7,11 +7,11 @@ Why not real agents: a real agent is a process that spawns a fresh interpreter p
 measure this 2-core machine, not the control plane. These agents do what the control
 plane sees of a real one and nothing else:
 
-- enroll as the real agent does (``cli/agent_cmd.py``): trade a one-time join token for a
+- enroll as the real agent does (``troupe/cli/agent_cmd.py``): trade a one-time join token for a
   credential (``POST /api/workers/credentials``), then dial ``/ws/worker`` with it;
 - say hello (a simulated inventory of 1-8 cards, the server's catalog digest and node
   types), heartbeat at the interval the welcome names, reconnect with the real link's
-  backoff (``actors/link.py``), and report the runs they still hold after a reconnect;
+  backoff (``troupe/actors/link.py``), and report the runs they still hold after a reconnect;
 - play each assigned run as a real child would: ``node_started`` / ``node_finished`` per
   node, the points of a ``core.Ticker`` node one per ``interval`` (its real params), then
   ``ended``, every frame with the run's own gap-free counter; keep each frame until an
@@ -36,9 +36,9 @@ from typing import Any, Literal
 
 import aiohttp
 
-from actors.link import BACKOFF_S  # the agent-side constant, so the simulation reconnects as the real link does
-from protocol import worker as wire
-from protocol.version import __version__
+from troupe.actors.link import BACKOFF_S  # the agent-side constant, so the simulation reconnects as the real link does
+from troupe.protocol import worker as wire
+from troupe.protocol.version import __version__
 
 log = logging.getLogger("bench.scale.agents")
 FIRST_CONNECTS = 32  # handshakes at once when the agents first start (after a restart they all dial at once)
@@ -227,7 +227,7 @@ class SimAgent:
     async def _play(self, assign: wire.Assign) -> None:
         """Plays the graph as the run child would report it; the clock is a Ticker's own.
         Events of the same moment go in one ``events`` frame, as a real agent's child
-        sends a burst (``subprocess_runner.upstream``)."""
+        sends a burst (``troupe.subprocess_runner.upstream``)."""
         run_id, counter = assign.run_id, 0
         burst: list[tuple[str, str | None, str]] = []
 

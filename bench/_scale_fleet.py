@@ -33,12 +33,13 @@ def server_env(heartbeat_s: float) -> dict[str, str]:
 
 
 def serve(home: Path, port: int, cpu_slots: int, heartbeat_s: float, timeout: float = 60.0) -> Server:
-    """``troupe start`` on 127.0.0.1:``port`` (0: a free one) run as ``python -m cli.main``
+    """``troupe start`` on 127.0.0.1:``port`` (0: a free one) run as ``python -m troupe.cli.main``
     from the repository root, so that a git worktree's server runs the worktree's code
     (the ``troupe`` script beside the interpreter imports what the venv was installed from)."""
     argv = start_argv()
     argv[argv.index("--port") + 1] = str(port)
-    return start_server(home, cpu_slots, timeout, server_env(heartbeat_s), [sys.executable, "-m", "cli.main", *argv])
+    return start_server(home, cpu_slots, timeout, server_env(heartbeat_s),
+                        [sys.executable, "-m", "troupe.cli.main", *argv])
 
 
 def fleet_specs(agents: int, seed: int) -> list[dict[str, Any]]:

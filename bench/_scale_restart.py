@@ -7,7 +7,7 @@ Adoption is observed from both ends:
 
 - the server's: ``GET /api/workers`` of the new server lists the worker ``connected`` with
   the run in its ``running_runs`` (the new WorkerConnection rebound the run the agent
-  reported in its hello; ``actors/worker.py`` ``_attach``), or the run is listed
+  reported in its hello; ``troupe/actors/worker.py`` ``_attach``), or the run is listed
   ``succeeded`` (it ended on the new server, which it can only do once adopted; with
   ``/api/workers`` taking seconds at 800 workers, a run can be adopted and end between
   two polls);

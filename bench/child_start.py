@@ -3,7 +3,7 @@ agent's ``StartRun`` down the pipe and the child's answer coming back up it.
 
 This process does what the agent's zygote does (imports what runs need, loads the node
 catalog, freezes its objects out of the collector's reach), then for each sample forks a
-child that runs ``subprocess_runner.child.forked`` as a pool's child does: it primes
+child that runs ``troupe.subprocess_runner.child.forked`` as a pool's child does: it primes
 itself and waits. After ``--settle`` seconds the run is sent, as the agent sends it, and
 the time is taken until the child's end (``hello``) or its first epoch's ``train_loss``
 (the digits example) comes up the pipe. No server and no agent: the hops around the
@@ -33,9 +33,9 @@ sys.path[:] = [os.path.dirname(_HERE), *(p for p in sys.path if os.path.realpath
 _REPO = Path(_HERE).parent
 
 from bench._measure import percentile  # noqa: E402
-from protocol import pipe  # noqa: E402
-from protocol.worker import Assign  # noqa: E402
-from subprocess_runner import child  # noqa: E402
+from troupe.protocol import pipe  # noqa: E402
+from troupe.protocol.worker import Assign  # noqa: E402
+from troupe.subprocess_runner import child  # noqa: E402
 
 
 def _sample(catalog: Any, graph: dict[str, Any], until: Callable[[Any], bool], settle: float) -> float:

@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.base import Actor, Registry
-from actors.placer.queue import Enqueue, QueueActor, Release
-from actors.store import StoreActor, StoreClient
-from actors.threaded import start_thread_actor
 from bench._measure import percentile
+from troupe.actors.base import Actor, Registry
+from troupe.actors.placer.queue import Enqueue, QueueActor, Release
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.threaded import start_thread_actor
 
 _FAIR = "order" in inspect.signature(QueueActor.__init__).parameters  # this commit orders fairly
 _SUBMITTER = "submitter" in {f for f in getattr(Enqueue, "__dataclass_fields__", {})}

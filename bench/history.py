@@ -2,7 +2,7 @@
 lab; 40 points each), then what a person waits for against a live server.
 
 1. Build (bench/_history_build.py): the runs of bench/_history_runs.py written through the
-   store's own bulk path (actors/store/bulk.py) into ``--store-dir``/home, resumed where a
+   store's own bulk path (troupe/actors/store/bulk.py) into ``--store-dir``/home, resumed where a
    previous build stopped, with its throughput. A store folder is built once and grown:
    ``--runs 30000`` on a folder of 3,000 runs adds 27,000.
 2. Size: the database's bytes per run, and each table's share (SQLite's dbstat).
@@ -148,9 +148,9 @@ def serve(home: Path, runs: int, samples: int, every: float, say: Any, walk_samp
 
 
 def retention(store_dir: Path, runs: int, say: Any) -> dict[str, Any]:
-    from actors.store.bulk import BulkStore
-    from actors.store.retention import Prune
     from bench._history_build import Maker, capture_template
+    from troupe.actors.store.bulk import BulkStore
+    from troupe.actors.store.retention import Prune
 
     home = store_dir / "home"
     bulk = BulkStore(home / "troupe.db", home / "runs")

@@ -41,7 +41,7 @@ def array_to_first_start(server: Server, tmp: Path, tasks: int, index: int) -> f
     assert status == 201, enrollment
     runs = [server.submit(hello(), target={"pool": "one-shot"})["run_id"] for _ in range(tasks)]
     script = tmp / f"agent-{index}.sh"
-    command = [sys.executable, "-m", "cli.main", "agent", "start", "--url", server.url, "--token",
+    command = [sys.executable, "-m", "troupe.cli.main", "agent", "start", "--url", server.url, "--token",
                enrollment["token"], "--one-shot", "--idle-timeout", "60"]
     script.write_text("#!/bin/sh\n" f"exec {shlex.join(command)} --name a{index}-$SLURM_ARRAY_TASK_ID\n")
     env = agent_env(server, tmp / f"home-{index}")

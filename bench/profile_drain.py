@@ -49,9 +49,10 @@ STDLIB = ("asyncio", "json", "concurrent", "sqlite3", "email", "http", "importli
 
 def _where(frame_file: str) -> str:
     """A frame's file (py-spy names it from its package: ``aiohttp/web_app.py``,
-    ``actors/run.py``, ``threading.py``) as the family it belongs to: ours by module, a
+    ``troupe/actors/run.py``, ``threading.py``) as the family it belongs to: ours by module, a
     library by its top package, the standard library by package or module."""
     parts = Path(frame_file).parts
+    parts = parts[1:] if parts[:1] == ("troupe",) else parts  # our packages live under troupe/
     if len(parts) > 1 and parts[0] in OURS:
         return "/".join(parts[:2]).removesuffix(".py")
     if len(parts) == 1 or parts[0] in STDLIB:
@@ -68,7 +69,7 @@ def _summarise(collapsed: Path, top: int) -> list[tuple[str, float]]:
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
         files = [f[f.find("(") + 1:f.rfind(":")] for f in frames if "(" in f]
-        # py-spy names a file from its package's top (``actors/run.py``), or in full.
+        # py-spy names a file from its package's top (``troupe/actors/run.py``), or in full.
         ours = [f for f in files if any(f.startswith(f"{p}/") or f"/{p}/" in f for p in OURS)]
         key = _where(ours[-1]) if ours else (_where(files[-1]) if files else "?")
         counts[key] += int(n)

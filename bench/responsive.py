@@ -16,7 +16,7 @@ Each configuration gets its own server: ``on`` is the default (thread caps from
 TROUPE_CPUS, switch interval 0.5 ms); ``off`` runs with the caps off (OMP_NUM_THREADS and
 the other thread variables = nproc in the server's environment) and the switch interval
 at Python's default 5 ms, set by starting the server through a ``python -c`` wrapper that
-changes ``cli.start_cmd.SWITCH_INTERVAL_S`` first; ``caps-off`` and ``switch-off`` change
+changes ``troupe.cli.start_cmd.SWITCH_INTERVAL_S`` first; ``caps-off`` and ``switch-off`` change
 one of the two. The server's ``GET /api/info`` (runtime.switch_interval_s) is checked.
 
 Run it from the repository root: ``.venv/bin/python bench/responsive.py``. It talks only to
@@ -61,8 +61,8 @@ TARGET_P99_MS = 100.0
 PYTHON_SWITCH_INTERVAL_S = 0.005
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 WRAPPER = (
-    "import sys, cli.start_cmd as s; s.SWITCH_INTERVAL_S = {interval!r}; "
-    "from cli.main import main; sys.argv = ['troupe', *{argv!r}]; main()"
+    "import sys, troupe.cli.start_cmd as s; s.SWITCH_INTERVAL_S = {interval!r}; "
+    "from troupe.cli.main import main; sys.argv = ['troupe', *{argv!r}]; main()"
 )
 CONFIGS = {  # name: (thread caps on, switch interval left at troupe's)
     "on": (True, True),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the repository, not bench/, first
 
-from actors.placer.ledger import MEMORY, Free, LedgerActor, Offer, Policy, TryHold  # noqa: E402
+from troupe.actors.placer.ledger import MEMORY, Free, LedgerActor, Offer, Policy, TryHold  # noqa: E402
 
 CARD_MIB = 24 * 1024
 CONTEXT_MIB = 500

@@ -35,13 +35,13 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from protocol.worker import S3Bucket
-from subprocess_runner.artifacts import Destination, Shipper
-from subprocess_runner.s3 import _client, get_file, put_file
-from subprocess_runner.transfer import fetch_uploads
 from tests.helpers import Server, sleeper
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 from tests.s3_server import s3_server
+from troupe.protocol.worker import S3Bucket
+from troupe.subprocess_runner.artifacts import Destination, Shipper
+from troupe.subprocess_runner.s3 import _client, get_file, put_file
+from troupe.subprocess_runner.transfer import fetch_uploads
 
 
 def timed(repeat: int, action: Callable[[int], None]) -> list[float]:

@@ -58,7 +58,8 @@ from tests.faultproxy import FaultProxy
 
 WORKER = "bench"
 INVENTORY = {"machine_id": "bench-machine", "cpus": 2, "cards": []}
-CHILD_IMPORTS = "import cli.main, subprocess_runner.child, subprocess_runner.context, subprocess_runner.engine"
+CHILD_IMPORTS = ("import troupe.cli.main, troupe.subprocess_runner.child, troupe.subprocess_runner.context, "
+                 "troupe.subprocess_runner.engine")
 WARM = "bench-warm"
 MODES = ("worker", "warm", "in-process")
 
@@ -99,7 +100,7 @@ def start_agent(url: str, token: str, tmp: Path, timeout: float, name: str = WOR
     log = log_path.open("wb")
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "agent", "start", "--url", url, "--token", token, "--name", name,
+        [sys.executable, "-m", "troupe.cli.main", "agent", "start", "--url", url, "--token", token, "--name", name,
          "--foreground", *extra],
         cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )

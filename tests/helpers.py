@@ -14,15 +14,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any, cast
 
-from cli.client import Client
-from protocol import worker as wire
+from troupe.cli.client import Client
+from troupe.protocol import worker as wire
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 
 def troupe_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "troupe.cli.main", *args]
 
 
 def base_env(home: Path, **settings: str) -> dict[str, str]:

@@ -7,7 +7,7 @@ field). The docstring's first paragraph is the node's help. The function stays a
 function: a test or a notebook calls it as one.
 
 The pack is the file (or the folder) the function lives in; the loader
-(``subprocess_runner.pack_loader``) names the type ``<pack>.<function>``. Nothing heavy
+(``troupe.subprocess_runner.pack_loader``) names the type ``<pack>.<function>``. Nothing heavy
 is imported here: a pack imports torch inside its functions, so the catalog stays light."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from subprocess_runner.node_types import NODE_MARK, NodeType, Param, Port
+from troupe.subprocess_runner.node_types import NODE_MARK, NodeType, Param, Port
 
 # An argument with this name is handed the node's ExecutionContext (metrics, logs, files).
 CONTEXT_ARG = "ctx"

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from subprocess_runner.child import ORPHAN_GRACE_S
 from tests.helpers import REPO, graph, node, troupe_cmd
 from tests.integration.test_worker_runs_functional import wait_warm
 from tests.integration.test_workers_functional import agent_env, enroll, read_until
+from troupe.subprocess_runner.child import ORPHAN_GRACE_S
 
 pytestmark = pytest.mark.timeout(180)
 

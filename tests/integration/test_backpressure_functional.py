@@ -76,9 +76,9 @@ def test_a_worker_run_on_a_healthy_link_is_slowed_not_dropped(make_server, tmp_p
 
 
 async def test_events_dropped_across_an_outage_are_counted_in_the_runs_warnings(shared_server):
-    from protocol import worker as wire
     from tests.helpers import hello
     from tests.integration.test_hardening_functional import assigned, forger
+    from troupe.protocol import worker as wire
 
     session, ws = await forger(shared_server, "outage")
     try:

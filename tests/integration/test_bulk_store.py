@@ -1,4 +1,4 @@
-"""The bulk path (actors/store/bulk.py) bench/history.py builds a year of runs with: a run
+"""The bulk path (troupe/actors/store/bulk.py) bench/history.py builds a year of runs with: a run
 stored in bulk into another home reads back through the real server's API exactly as the
 submitted run it copies (its row, events, metrics, the run index ``where`` and the keys
 read), so a bulk-built database is what a server would have written."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from actors.store.bulk import BulkStore, FinishedRun
 from tests.helpers import Server, edge, graph, node
+from troupe.actors.store.bulk import BulkStore, FinishedRun
 
 pytestmark = pytest.mark.timeout(120)
 

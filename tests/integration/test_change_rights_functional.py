@@ -13,8 +13,8 @@ import apsw
 import pytest
 
 import troupe
-from cli.client import Client
 from tests.helpers import REPO, Server, base_env, hello, sleeper, troupe_cmd
+from troupe.cli.client import Client
 
 pytestmark = pytest.mark.timeout(180)
 ACTIVE = ("queued", "running")

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import sleeper
+from troupe.cli.client import Client
 
 pytestmark = pytest.mark.timeout(90)
 LIMITS = {"max_running": 1, "max_waiting": 1}
@@ -71,7 +71,7 @@ def test_a_resumed_study_is_checked_as_a_new_one(make_server):
     server.poll_until(lambda: server.get(f"/api/studies/{made['id']}")["state"] == "halted")
     # Its runs count for its submitter whoever resumes it: the teacher is held to the
     # submitter's limits too. Another student may not resume it at all (its budget is its
-    # submitter's and the teacher's to raise: web/change_rights.py).
+    # submitter's and the teacher's to raise: troupe/web/change_rights.py).
     for resumer in (student, server.client):
         status, reply = resumer.request("POST", f"/api/studies/{made['id']}/resume", {"budget": {"max_runs": None}})
         assert status == 429 and reply["error"]["code"] == "quota_exceeded", reply

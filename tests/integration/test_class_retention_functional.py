@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import REPO, base_env, graph, hello, node, troupe_cmd
+from troupe.cli.client import Client
 
 pytestmark = pytest.mark.timeout(120)
 CLASS = {"uses": 1, "max_running": 1, "max_waiting": 5}

@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-from subprocess_runner.memory import group_card_mib
 from tests.helpers import graph, node
 from tests.integration.test_command_node_functional import _alive
 from tests.integration.test_shared_cards_functional import CARD24, share
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
+from troupe.subprocess_runner.memory import group_card_mib
 
 STUBBORN = r'''
 import json, os, signal, subprocess, sys, time

@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cli.client import Client
 from tests.helpers import EXAMPLES, REPO, base_env, troupe_cmd
 from tests.integration.test_login_functional import browser_login
+from troupe.cli.client import Client
 
 
 def rename(client: Client, name: str) -> tuple[int, dict]:

@@ -84,7 +84,7 @@ def test_the_examples_of(path, make_server, tmp_path):
     (folder / "examples").symlink_to(REPO / "examples")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, target in (("troupe", f'{sys.executable} -m cli.main'), ("python", sys.executable),
+    for name, target in (("troupe", f'{sys.executable} -m troupe.cli.main'), ("python", sys.executable),
                          ("python3", sys.executable)):
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\nexec {target} "$@"\n')

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import REPO, Server, base_env, graph, hello, node, sleeper, troupe_cmd
 from tests.integration.test_shared_cards_functional import share, shared_card  # noqa: F401  # the fixture
+from troupe.cli.client import Client
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,8 +13,8 @@ import urllib.parse
 import apsw
 import pytest
 
-from cli.client import Client
 from tests.helpers import Server, graph, node
+from troupe.cli.client import Client
 
 pytestmark = pytest.mark.timeout(180)
 DATASET = ("a,b,y\n" + "".join(f"{i},{i * 5},{i % 2}\n" for i in range(30))).encode()

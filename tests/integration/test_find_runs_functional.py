@@ -110,7 +110,7 @@ def test_a_bad_sort_is_refused_on_a_grouped_list_too(shared_server):
 
 
 SECRET_PACK = '''"""A lab node with a secret param (an API key)."""
-from subprocess_runner.catalog import NodeType, Pack, Param
+from troupe.subprocess_runner.catalog import NodeType, Pack, Param
 
 __version__ = "1"
 

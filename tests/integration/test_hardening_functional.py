@@ -12,9 +12,9 @@ import sys
 import aiohttp
 import pytest
 
-from protocol import worker as wire
 from tests.helpers import edge, graph, hello, node, run_event, sleeper
 from tests.integration.test_workers_functional import hello as agent_hello
+from troupe.protocol import worker as wire
 
 
 def strict(text: str) -> object:

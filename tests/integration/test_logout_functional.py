@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import REPO, base_env, hello, troupe_cmd
+from troupe.cli.client import Client
 
 
 def terminal(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -21,9 +21,9 @@ from openapi_spec_validator import validate
 
 from tests.helpers import REPO, hello
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
-from web import streams
-from web.app import ROUTE_TABLES
-from web.openapi import openapi_document
+from troupe.web import streams
+from troupe.web.app import ROUTE_TABLES
+from troupe.web.openapi import openapi_document
 
 TOOL = REPO / ".venv-openapi" / "bin"
 
@@ -51,7 +51,7 @@ def test_every_route_is_in_the_document_with_an_operation_id_a_tag_and_its_answe
     for path, ops in document["paths"].items():
         for method, op in ops.items():
             assert op["operationId"] and op["tags"], (method, path)
-            if path == "/ws/worker":  # a websocket: it answers 101 and speaks protocol.worker's frames
+            if path == "/ws/worker":  # a websocket: it answers 101 and speaks troupe.protocol.worker's frames
                 assert "101" in op["responses"]
                 continue
             answers = [code for code in op["responses"] if code.startswith("2")]

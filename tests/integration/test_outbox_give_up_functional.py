@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from actors.artifact_outbox import ArtifactOutbox, Usage, Wake
-from subprocess_runner import outbox
 from tests.helpers import sleeper
 from tests.integration.test_hardening_functional import assigned, forger
+from troupe.actors.artifact_outbox import ArtifactOutbox, Usage, Wake
+from troupe.subprocess_runner import outbox
 
 
 async def _artifacts(server, run_id: str) -> dict[str, dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.helpers import graph, node
 
 PACK = '''
-from subprocess_runner.node_types import NodeType, Pack, Port
+from troupe.subprocess_runner.node_types import NodeType, Pack, Port
 
 
 def _shell(ctx, inputs, params):

@@ -1,5 +1,5 @@
 """Every route that makes runs asks one rule whether the session may run each node type
-of the graph that would execute (web/run_rights.py): the test walks every operation of
+of the graph that would execute (troupe/web/run_rights.py): the test walks every operation of
 the OpenAPI document that makes runs as a class session with a ``script.Command`` graph
 and expects 403 on each. Rerunning, resuming and resuming a study ask it of the stored
 graph: the teacher's run and halted study of a command are refused to a class session,

@@ -10,13 +10,13 @@ import os
 
 import pytest
 
-from protocol.worker import S3Bucket
-from subprocess_runner.s3 import MULTIPART_BYTES, get_file, put_file
 from tests.helpers import graph, node
 from tests.integration.test_artifacts_functional import trained_on
 from tests.integration.test_uploads_functional import upload
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
 from tests.s3_server import client, s3_server
+from troupe.protocol.worker import S3Bucket
+from troupe.subprocess_runner.s3 import MULTIPART_BYTES, get_file, put_file
 
 
 def test_uploads_and_worker_artifacts_live_in_the_bucket(make_server, tmp_path):

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from protocol import worker as wire
 from tests.helpers import graph, hello, node, sleeper
 from tests.integration.test_hardening_functional import closed_for_breaking_the_protocol, forger
 from tests.integration.test_workers_functional import CARD, enroll, read_until, start_agent
+from troupe.protocol import worker as wire
 
 GIB = 1024
 CARD24 = {**CARD, "uuid": "GPU-s24", "name": "Sim 24G", "memory_total_mib": 24 * GIB, "memory_free_mib": 24 * GIB}

@@ -37,7 +37,7 @@ def test_one_enrollment_serves_an_array_of_one_shot_instances_that_take_three_ru
     script = tmp_path / "agent.sh"
     command = [*enrollment["command"].split()[1:], "--one-shot", "--idle-timeout", "120"]
     script.write_text("#!/bin/sh\n"
-                      f"exec {shlex.join([sys.executable, '-m', 'cli.main', *command])} "
+                      f"exec {shlex.join([sys.executable, '-m', 'troupe.cli.main', *command])} "
                       "--instance $SLURM_ARRAY_TASK_ID\n")
     env = agent_env(server, tmp_path)  # the tasks share one home, as on a cluster
     submitted = subprocess.run(["sbatch", "--parsable", "--array=0-2", f"--chdir={REPO}",

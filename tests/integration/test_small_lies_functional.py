@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from protocol.version import __version__
 from tests.helpers import EXAMPLES, REPO, base_env, hello, sleeper, troupe_cmd
+from troupe.protocol.version import __version__
 
 
 def troupe(server, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

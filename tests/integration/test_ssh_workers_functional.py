@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from cli.client import Client
 from tests.helpers import REPO, hello
 from tests.integration.test_workers_functional import CARD
 from tests.lan import STUDENT_SIDE, in_namespace
 from tests.sshd import missing, start_sshd
+from troupe.cli.client import Client
 
 REASON = missing()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -34,7 +34,7 @@ def remote_troupe(tmp_path) -> str:
     inventory = json.dumps({"machine_id": "far-machine", "cpus": 2, "cards": [CARD]})
     return (f"cd {shlex.quote(str(REPO))} && env XDG_CONFIG_HOME={tmp_path}/far/config "
             f"XDG_STATE_HOME={tmp_path}/far/state TROUPE_SIMULATED_INVENTORY={shlex.quote(inventory)} "
-            f"{shlex.quote(sys.executable)} -m cli.main")
+            f"{shlex.quote(sys.executable)} -m troupe.cli.main")
 
 
 def body(sshd, tmp_path, key, **extra) -> dict:

@@ -7,10 +7,10 @@ import asyncio
 
 import aiohttp
 
-from protocol.settings import Settings
-from subprocess_runner.catalog import load_catalog
-from supervisors.root import ControlPlane
 from tests.helpers import hello, sleeper
+from troupe.protocol.settings import Settings
+from troupe.subprocess_runner.catalog import load_catalog
+from troupe.supervisors.root import ControlPlane
 
 
 class Garbage:

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from cli.errors import CliError
 from tests.helpers import REPO, base_env, edge, graph, hello, node, sleeper, troupe_cmd
 from tests.integration.test_workers_functional import enroll, read_until, start_agent
+from troupe.cli.errors import CliError
 
 
 def troupe(server, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -17,13 +17,13 @@ import tempfile
 import types
 from pathlib import Path
 
-from subprocess_runner.child import cuda_touched
-from subprocess_runner.run_dirs import pool_dir_prefix
 from tests.helpers import REPO, hello, sleeper, troupe_cmd
 from tests.integration.test_packs_functional import _restart
 from tests.integration.test_training_functional import quick_digits
 from tests.integration.test_worker_runs_functional import wait_warm
 from tests.integration.test_workers_functional import agent_env, enroll, read_until, start_agent, worker_state
+from troupe.subprocess_runner.child import cuda_touched
+from troupe.subprocess_runner.run_dirs import pool_dir_prefix
 
 # A pack node that counts its calls in a global of torch (a module the zygote imported):
 # a child that kept one run's state would answer 2 on the next.

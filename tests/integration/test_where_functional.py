@@ -293,7 +293,7 @@ def test_retention_and_delete_take_a_runs_index_rows(make_server):
 def _old_database(path: Any) -> None:
     """A database as schema 22 left it (before the run index): three ended runs, one of
     them a sweep's over a shared base graph, their points, and the sweep's objective."""
-    from actors.store.schema import MIGRATIONS
+    from troupe.actors.store.schema import MIGRATIONS
 
     conn = apsw.Connection(str(path))
     for step in MIGRATIONS[:22]:

@@ -10,11 +10,11 @@ import asyncio
 import aiohttp
 import pytest
 
-from protocol import worker as wire
 from tests.helpers import sleeper
 from tests.integration.test_hardening_functional import forger
 from tests.integration.test_workers_functional import enroll
 from tests.integration.test_workers_functional import hello as agent_hello
+from troupe.protocol import worker as wire
 
 
 async def next_frame(ws, kind):

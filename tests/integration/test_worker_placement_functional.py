@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.events import utc_now
 from tests.faultproxy import FaultProxy
 from tests.helpers import hello, sleeper
 from tests.integration.test_workers_functional import CARD, enroll, handshake, read_until, start_agent
 from tests.integration.test_workers_functional import hello as hello_frame
+from troupe.protocol.events import utc_now
 
 ANYWHERE = {"worker": "any"}
 
@@ -227,7 +227,7 @@ def test_an_agent_offers_the_cards_its_cuda_visible_devices_shows_and_plain_cuda
 async def test_any_never_places_a_run_on_a_connected_degraded_worker(make_server, tmp_path):
     import aiohttp
 
-    from protocol import worker as wire
+    from troupe.protocol import worker as wire
 
     server = make_server()
     old = hello_frame(name="aaa-old", catalog_digest="x", node_types=["core.Constant"],

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from protocol.events import utc_now
 from tests.helpers import graph, hello, node, sleeper
 from tests.integration.test_single_node_parity import canonical
 from tests.integration.test_workers_functional import enroll, read_until, start_agent, worker_state
+from troupe.protocol.events import utc_now
 
 
 @pytest.fixture

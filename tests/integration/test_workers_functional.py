@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from protocol import worker as wire
-from protocol.version import __version__
 from tests.helpers import REPO, base_env, run_event, troupe_cmd
+from troupe.protocol import worker as wire
+from troupe.protocol.version import __version__
 
 CARD = {"uuid": "GPU-aaaa", "name": "Fake 16G", "index": 0, "memory_total_mib": 16000, "memory_free_mib": 15000}
 
@@ -155,8 +155,8 @@ def test_revoking_a_worker_stops_its_agent(make_server, tmp_path):
 
 
 def hello(**overrides) -> str:
-    from subprocess_runner.catalog import load_catalog
-    from subprocess_runner.devices import host_machine_id
+    from troupe.subprocess_runner.catalog import load_catalog
+    from troupe.subprocess_runner.devices import host_machine_id
 
     catalog = load_catalog()
     # The server's own machine id: the session token is accepted only from this machine.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors.base import Actor
-from actors.store import StoreClient
-from actors.store.runs import InsertRun, UpdateRun
-from protocol.queue_key import QueueKey
-from protocol.run_record import RunRecord
+from troupe.actors.base import Actor
+from troupe.actors.store import StoreClient
+from troupe.actors.store.runs import InsertRun, UpdateRun
+from troupe.protocol.queue_key import QueueKey
+from troupe.protocol.run_record import RunRecord
 
 
 class Inbox(Actor):

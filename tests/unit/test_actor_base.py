@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from actors.base import Actor, Registry
-from actors.errors import ActorDeadError, AskTimeout
-from protocol.errors import StateConflict
+from troupe.actors.base import Actor, Registry
+from troupe.actors.errors import ActorDeadError, AskTimeout
+from troupe.protocol.errors import StateConflict
 
 
 @dataclass(frozen=True)

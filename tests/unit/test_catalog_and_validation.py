@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from protocol.graph import Graph
-from subprocess_runner.catalog import NodeType, Pack, Param, Port, build_catalog, load_catalog
-from subprocess_runner.errors import GraphInvalid, PackLoadError
-from subprocess_runner.packs import core
-from subprocess_runner.validation import validate_graph
 from tests.helpers import REPO, edge, graph, node
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import NodeType, Pack, Param, Port, build_catalog, load_catalog
+from troupe.subprocess_runner.errors import GraphInvalid, PackLoadError
+from troupe.subprocess_runner.packs import core
+from troupe.subprocess_runner.validation import validate_graph
 
 HEAVY = ("torch", "sklearn", "sacrebleu", "nltk", "numpy", "rouge_score")
 
@@ -20,8 +20,8 @@ HEAVY = ("torch", "sklearn", "sacrebleu", "nltk", "numpy", "rouge_score")
 def test_loading_the_catalog_and_the_control_plane_imports_no_heavy_library():
     code = (
         "import sys\n"
-        "from subprocess_runner.catalog import load_catalog\n"
-        "import supervisors.root, web.app, cli.main\n"
+        "from troupe.subprocess_runner.catalog import load_catalog\n"
+        "import troupe.supervisors.root, troupe.web.app, troupe.cli.main\n"
         "load_catalog()\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import subprocess
 
-from cli.main import app
-from cli.reference import END, START, commands, markdown, options
 from tests.helpers import REPO, troupe_cmd
+from troupe.cli.main import app
+from troupe.cli.reference import END, START, commands, markdown, options
 
 
 def test_docs_cli_md_lists_every_command_and_option_as_the_cli_has_them():

@@ -1,4 +1,4 @@
-"""The code record of a command (subprocess_runner.code_record) against a real git: a
+"""The code record of a command (troupe.subprocess_runner.code_record) against a real git: a
 diff past 64 KiB is kept cut, with the digest and size of all of it; a file outside the
 command's folders is not recorded; a folder with no git tree records the files alone;
 a machine without git records the files and no tree."""
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from subprocess_runner import code_record
+from troupe.subprocess_runner import code_record
 
 
 def _git(folder: Path, *args: str) -> bytes:

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = textwrap.dedent("""
     import json, os, subprocess, sys, threading
     sys.path.insert(0, sys.argv[1])
-    from subprocess_runner.console import Console, DescriptorCapture
+    from troupe.subprocess_runner.console import Console, DescriptorCapture
 
     got = []
     capture = DescriptorCapture()

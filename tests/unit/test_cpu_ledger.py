@@ -6,7 +6,7 @@ import concurrent.futures
 
 import pytest
 
-from actors.cpus import Acquire, CpuLedger, Release, Snapshot
+from troupe.actors.cpus import Acquire, CpuLedger, Release, Snapshot
 
 
 def ask_for(ledger, node, cpus, waits):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from subprocess_runner import ddp
-from subprocess_runner.ddp_plan import DdpPlan
 from tests.helpers import graph, node
+from troupe.subprocess_runner import ddp
+from troupe.subprocess_runner.ddp_plan import DdpPlan
 
 
 @pytest.mark.timeout(60)

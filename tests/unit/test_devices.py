@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from subprocess_runner.devices import resolve_device, torch_device, visible_cards
+from troupe.subprocess_runner.devices import resolve_device, torch_device, visible_cards
 
 CARDS = [(0, "GPU-0a1b"), (1, "GPU-77c2"), (2, "GPU-9f00"), (3, "GPU-9e11")]
 

@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from protocol.graph import Graph
-from subprocess_runner.catalog import NodeType, Pack, build_catalog, load_catalog
-from subprocess_runner.context import ExecutionContext, Sinks, derive_seed
-from subprocess_runner.engine import execute_graph, prepare_executable_graph, topological_sort
-from subprocess_runner.packs import core
 from tests.helpers import edge, graph, hello, node
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import NodeType, Pack, build_catalog, load_catalog
+from troupe.subprocess_runner.context import ExecutionContext, Sinks, derive_seed
+from troupe.subprocess_runner.engine import execute_graph, prepare_executable_graph, topological_sort
+from troupe.subprocess_runner.packs import core
 
 CATALOG = load_catalog()
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.graph import Graph
-from subprocess_runner.catalog import load_catalog
-from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.engine import execute_graph, prepare_executable_graph
-from subprocess_runner.packs._eval_impl import normalize_answer
 from tests.helpers import edge, graph, node
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import load_catalog
+from troupe.subprocess_runner.context import ExecutionContext, Sinks
+from troupe.subprocess_runner.engine import execute_graph, prepare_executable_graph
+from troupe.subprocess_runner.packs._eval_impl import normalize_answer
 
 HYPOTHESES = "the cat sat on the mat\na quick brown fox jumps"
 REFERENCES = "the cat sat on a mat\nthe quick brown fox jumped"
@@ -67,8 +67,8 @@ def test_mismatched_lengths_fail_the_node():
 
 
 def test_batch_inference_takes_generation_settings_from_the_model_and_overrides():
-    from subprocess_runner.catalog import NodeType, Pack, Port, build_catalog
-    from subprocess_runner.packs import core, eval_pack, torch_pack
+    from troupe.subprocess_runner.catalog import NodeType, Pack, Port, build_catalog
+    from troupe.subprocess_runner.packs import core, eval_pack, torch_pack
 
     seen = []
 

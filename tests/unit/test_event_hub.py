@@ -4,9 +4,18 @@ nothing more is put in a feed nobody reads."""
 
 from __future__ import annotations
 
-from actors.base import Registry
-from actors.events import CHANGE_WINDOW, LAGGED, MAX_BACKLOG_BYTES, Committed, EventHub, Feed, Subscribe, Unsubscribe
-from actors.store.runs import UpdateRun
+from troupe.actors.base import Registry
+from troupe.actors.events import (
+    CHANGE_WINDOW,
+    LAGGED,
+    MAX_BACKLOG_BYTES,
+    Committed,
+    EventHub,
+    Feed,
+    Subscribe,
+    Unsubscribe,
+)
+from troupe.actors.store.runs import UpdateRun
 
 
 def changes(count, status="running"):

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from actors import executor
-from actors.executor import QUICK_GRAPH_MAX_NODES, Execute, GraphEnded, NodeEvents
-from protocol.graph import Graph
-from subprocess_runner.catalog import load_catalog
-from subprocess_runner.engine import prepare_executable_graph
 from tests.helpers import graph, hello, node
 from tests.unit.stand_ins import Inbox
+from troupe.actors import executor
+from troupe.actors.executor import QUICK_GRAPH_MAX_NODES, Execute, GraphEnded, NodeEvents
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import load_catalog
+from troupe.subprocess_runner.engine import prepare_executable_graph
 
 
 class CountingPool(ThreadPoolExecutor):

@@ -6,23 +6,23 @@ import ast
 import importlib
 import inspect
 
-from subprocess_runner.codegen import FROZEN_SURFACE, generate_script
 from tests.helpers import hello
+from troupe.subprocess_runner.codegen import FROZEN_SURFACE, generate_script
 
 PINNED = {
-    ("subprocess_runner.engine", "invoke_node"): ["node", "ctx", "inputs", "deterministic"],
-    ("subprocess_runner.engine", "prepare_executable_graph"): ["graph", "catalog", "prefix"],
-    ("subprocess_runner.engine", "topological_sort"): ["graph"],
-    ("subprocess_runner.context", "ExecutionContext"): [
+    ("troupe.subprocess_runner.engine", "invoke_node"): ["node", "ctx", "inputs", "deterministic"],
+    ("troupe.subprocess_runner.engine", "prepare_executable_graph"): ["graph", "catalog", "prefix"],
+    ("troupe.subprocess_runner.engine", "topological_sort"): ["graph"],
+    ("troupe.subprocess_runner.context", "ExecutionContext"): [
         "run_id", "node_id", "device", "seed", "sinks", "cancel", "deterministic", "run_dir"],
-    ("subprocess_runner.context", "derive_seed"): ["seed", "node_id"],
-    ("subprocess_runner.context", "current_node_id"): [],
-    ("subprocess_runner.devices", "resolve_device"): ["requested", "available"],
-    ("subprocess_runner.seeding", "seed_everything"): ["seed", "deterministic"],
-    ("subprocess_runner.seeding", "cap_threads"): ["threads"],
-    ("cli.config", "load_settings"): ["host", "port", "examples", "tls_cert", "tls_key", "packs"],
-    ("subprocess_runner.mounts", "resolve"): ["graph", "mounts"],
-    ("subprocess_runner.catalog", "load_catalog"): ["folders"],
+    ("troupe.subprocess_runner.context", "derive_seed"): ["seed", "node_id"],
+    ("troupe.subprocess_runner.context", "current_node_id"): [],
+    ("troupe.subprocess_runner.devices", "resolve_device"): ["requested", "available"],
+    ("troupe.subprocess_runner.seeding", "seed_everything"): ["seed", "deterministic"],
+    ("troupe.subprocess_runner.seeding", "cap_threads"): ["threads"],
+    ("troupe.cli.config", "load_settings"): ["host", "port", "examples", "tls_cert", "tls_key", "packs"],
+    ("troupe.subprocess_runner.mounts", "resolve"): ["graph", "mounts"],
+    ("troupe.subprocess_runner.catalog", "load_catalog"): ["folders"],
 }
 
 
@@ -46,6 +46,6 @@ def test_an_exported_script_imports_only_the_frozen_surface_and_the_standard_lib
             imported |= {(statement.module, alias.name) for alias in statement.names}
         elif isinstance(statement, ast.Import):
             imported |= {(alias.name, None) for alias in statement.names}
-    ours = {item for item in imported if item[0].startswith(("subprocess_runner", "cli"))}
+    ours = {item for item in imported if item[0].startswith(("troupe.subprocess_runner", "troupe.cli"))}
     assert ours <= set(FROZEN_SURFACE)
     assert {m for m, _ in imported - ours} <= {"json", "sys", "uuid"}

@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from actors.base import Registry, Snapshot
-from actors.placer.fair_share import FairLine, Usage
-from actors.placer.messages import Admit
-from actors.placer.queue import Enqueue, PositionOf, PredictFor, QueueActor, Release
-from actors.store import StoreActor, StoreClient
-from actors.store.logins import AddLoginLink, UseLoginLink
-from actors.threaded import start_thread_actor
 from tests.unit.stand_ins import Inbox
+from troupe.actors.base import Registry, Snapshot
+from troupe.actors.placer.fair_share import FairLine, Usage
+from troupe.actors.placer.messages import Admit
+from troupe.actors.placer.queue import Enqueue, PositionOf, PredictFor, QueueActor, Release
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.store.logins import AddLoginLink, UseLoginLink
+from troupe.actors.threaded import start_thread_actor
 
 
 class Clock:

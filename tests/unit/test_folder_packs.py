@@ -10,14 +10,14 @@ import json
 import os
 from pathlib import Path
 
-from subprocess_runner.catalog import load_catalog, with_folder_packs
-from subprocess_runner.pack_probe import ImportLimits
+from troupe.subprocess_runner.catalog import load_catalog, with_folder_packs
+from troupe.subprocess_runner.pack_probe import ImportLimits
 
 GOOD = "from troupe import node\n\n@node\ndef half(x: float) -> float:\n    return x / 2\n"
 BROKEN = {
     "proxy.py": GOOD + "class _Proxy:\n    def __getattr__(self, name):\n        raise RuntimeError('outside of "
                 "context')\n\nrequest = _Proxy()\n",
-    "longway.py": "from subprocess_runner.node_types import Pack\nPACK = Pack('longway', ('oops',))\n",
+    "longway.py": "from troupe.subprocess_runner.node_types import Pack\nPACK = Pack('longway', ('oops',))\n",
     "pathdefault.py": "from pathlib import Path\nfrom troupe import node\n\n@node\ndef load(x: float, root: str = "
                       "Path('data')) -> float:\n    return x\n",
     "versioned.py": GOOD + "class _Version:\n    def __str__(self):\n        raise ValueError('no version')\n\n"

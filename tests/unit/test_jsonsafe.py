@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from protocol import jsonsafe
+from troupe.protocol import jsonsafe
 
 ACCEPTED = [
     '{"name": "loss", "step": 3, "value": 0.25}',

@@ -3,8 +3,8 @@ among the providers online; on a card shared by memory, budgets that fit."""
 
 from __future__ import annotations
 
-from actors.base import Registry
-from actors.placer.ledger import (
+from troupe.actors.base import Registry
+from troupe.actors.placer.ledger import (
     MEMORY,
     PROMISING,
     Adopt,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
-from actors.placer.actor import PEAK_MARGIN, derived_budget
-from actors.run_effects import peak_row
-from protocol import events as ev
 from tests.unit.stand_ins import run_record
+from troupe.actors.placer.actor import PEAK_MARGIN, derived_budget
+from troupe.actors.run_effects import peak_row
+from troupe.protocol import events as ev
 
 
 def test_a_peak_of_zero_is_none_measured_and_no_budget_is_zero() -> None:

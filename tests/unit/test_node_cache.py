@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from protocol.graph import Graph
-from subprocess_runner.catalog import NodeType, Pack, Param, Port, build_catalog, load_catalog
-from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.engine import execute_graph, prepare_executable_graph
-from subprocess_runner.node_cache import NodeCache, estimate_bytes, graph_keys, node_key, private_copy
-from subprocess_runner.packs import core
 from tests.helpers import edge, graph, node
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import NodeType, Pack, Param, Port, build_catalog, load_catalog
+from troupe.subprocess_runner.context import ExecutionContext, Sinks
+from troupe.subprocess_runner.engine import execute_graph, prepare_executable_graph
+from troupe.subprocess_runner.node_cache import NodeCache, estimate_bytes, graph_keys, node_key, private_copy
+from troupe.subprocess_runner.packs import core
 
 CATALOG = load_catalog()
 
@@ -272,7 +272,7 @@ def test_torch_sizes_and_copies():
 
 
 def test_the_budget_setting_defaults_to_512_mib_and_0_disables(tmp_path):
-    from protocol.settings import Settings
+    from troupe.protocol.settings import Settings
 
     def read(**env):
         return Settings.from_env(env, default_home=tmp_path)

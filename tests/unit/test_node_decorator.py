@@ -8,9 +8,9 @@ from typing import TypedDict
 
 import pytest
 
-from subprocess_runner.node_types import NODE_MARK
 from troupe import node
 from troupe.nodes import NodeDeclarationError
+from troupe.subprocess_runner.node_types import NODE_MARK
 
 
 class Pair(TypedDict):

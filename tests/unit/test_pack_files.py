@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from subprocess_runner import pack_files
-from subprocess_runner.errors import PackArchiveRefused, PackUnsendable
+from troupe.subprocess_runner import pack_files
+from troupe.subprocess_runner.errors import PackArchiveRefused, PackUnsendable
 
 
 @pytest.fixture

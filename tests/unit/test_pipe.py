@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from protocol import pipe
 from tests.helpers import REPO
+from troupe.protocol import pipe
 
 FRAMES = [pipe.StartRun({"run_id": "r1", "graph": {"nodes": []}}), pipe.CancelRun(), pipe.Dismiss(),
           pipe.Ready(41), pipe.Unfit("CUDA was initialised before a run chose its cards"),
@@ -34,8 +34,8 @@ def test_an_event_frame_is_matched_by_position():
 
 
 def test_the_pipe_module_imports_nothing_but_the_standard_library():
-    code = ("import sys\nbefore = set(sys.modules)\nimport protocol.pipe\n"
+    code = ("import sys\nbefore = set(sys.modules)\nimport troupe.protocol.pipe\n"
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "['protocol', 'protocol.pipe']"
+    assert result.stdout.strip() == "['troupe', 'troupe.protocol', 'troupe.protocol.pipe']"

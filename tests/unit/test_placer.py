@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.base import Registry, Snapshot
-from actors.placer.actor import (
+from tests.unit.stand_ins import Inbox, run_record
+from troupe.actors.base import Registry, Snapshot
+from troupe.actors.placer.actor import (
     Admit,
     Placer,
     Released,
@@ -20,21 +21,20 @@ from actors.placer.actor import (
     WorkerOffline,
     WorkerOnline,
 )
-from actors.placer.book import WorkerOffer
-from actors.placer.eligibility import ResolveTarget
-from actors.placer.ledger import LedgerActor, TryHold
-from actors.placer.queue import Enqueue, Occupying, QueueActor
-from actors.run_messages import Start
-from actors.store import StoreActor, StoreClient
-from actors.submission import Admission
-from actors.threaded import start_thread_actor
-from protocol.api import RunOptions
-from protocol.errors import CapacityRefused, InvalidRequest
-from protocol.queue_key import QueueKey
-from protocol.run_record import Adoption
-from protocol.settings import Settings
-from subprocess_runner.catalog import load_catalog
-from tests.unit.stand_ins import Inbox, run_record
+from troupe.actors.placer.book import WorkerOffer
+from troupe.actors.placer.eligibility import ResolveTarget
+from troupe.actors.placer.ledger import LedgerActor, TryHold
+from troupe.actors.placer.queue import Enqueue, Occupying, QueueActor
+from troupe.actors.run_messages import Start
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.submission import Admission
+from troupe.actors.threaded import start_thread_actor
+from troupe.protocol.api import RunOptions
+from troupe.protocol.errors import CapacityRefused, InvalidRequest
+from troupe.protocol.queue_key import QueueKey
+from troupe.protocol.run_record import Adoption
+from troupe.protocol.settings import Settings
+from troupe.subprocess_runner.catalog import load_catalog
 
 TYPES = frozenset({"core.Add", "core.Sleep"})
 DEVICES = {"cpu": ("cpu@m1", 2), "cuda:0": ("GPU-0", 1), "cuda:1": ("GPU-1", 1)}

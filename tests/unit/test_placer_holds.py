@@ -3,7 +3,7 @@ learns its holders from it), through every change a run's slots go through."""
 
 from __future__ import annotations
 
-from actors.placer.holds import Holds
+from troupe.actors.placer.holds import Holds
 
 
 def test_a_devices_holders_follow_every_change_of_the_runs_slots():

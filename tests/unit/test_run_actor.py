@@ -9,22 +9,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from actors.base import Registry
-from actors.executor import GraphEnded
-from actors.placer.messages import Released
-from actors.placer.queue import Release
-from actors.run import RunActor
-from actors.run_messages import Cancel, RunStatusChanged, Start
-from actors.store import StoreActor, StoreClient
-from actors.store.events import GetEvents
-from actors.store.runs import GetRun
-from actors.threaded import start_thread_actor
-from protocol.graph import Graph
-from protocol.settings import Settings
-from subprocess_runner.catalog import load_catalog
-from subprocess_runner.engine import prepare_executable_graph
 from tests.helpers import hello
 from tests.unit.stand_ins import Inbox, run_record, store_run
+from troupe.actors.base import Registry
+from troupe.actors.executor import GraphEnded
+from troupe.actors.placer.messages import Released
+from troupe.actors.placer.queue import Release
+from troupe.actors.run import RunActor
+from troupe.actors.run_messages import Cancel, RunStatusChanged, Start
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.store.events import GetEvents
+from troupe.actors.store.runs import GetRun
+from troupe.actors.threaded import start_thread_actor
+from troupe.protocol.graph import Graph
+from troupe.protocol.settings import Settings
+from troupe.subprocess_runner.catalog import load_catalog
+from troupe.subprocess_runner.engine import prepare_executable_graph
 
 RUN_ID = "ab" * 16
 

@@ -4,11 +4,11 @@ committed transaction made), and a run's rows go with it."""
 
 from __future__ import annotations
 
-from actors.store.run_list import ListRuns, RunKeys
-from actors.store.runs import DeleteRun, InsertRun, UpdateRun
-from actors.store.writer import Writer
-from protocol.where import parse
 from tests.unit.stand_ins import run_record
+from troupe.actors.store.run_list import ListRuns, RunKeys
+from troupe.actors.store.runs import DeleteRun, InsertRun, UpdateRun
+from troupe.actors.store.writer import Writer
+from troupe.protocol.where import parse
 
 
 def _graph(value: float) -> dict:

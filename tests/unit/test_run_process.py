@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import errno
 
-from actors.run_process import RunProcess
-from protocol import worker as wire
+from troupe.actors.run_process import RunProcess
+from troupe.protocol import worker as wire
 
 
 class _FullDisk:

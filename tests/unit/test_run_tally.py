@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.run_tally import RunTally
+from troupe.actors.run_tally import RunTally
 
 
 def _samples(tally: RunTally, name: str, queue_key: str) -> dict[str, float]:

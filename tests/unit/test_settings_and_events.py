@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from protocol.events import cap_payload
-from protocol.settings import Settings, normalise_key
+from troupe.protocol.events import cap_payload
+from troupe.protocol.settings import Settings, normalise_key
 
 
 def settings(**env):

@@ -9,19 +9,19 @@ import asyncio
 import apsw
 import pytest
 
-from actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
-from actors.store import StoreActor, StoreClient
-from actors.store.events import AppendEvents, GetEvents
-from actors.store.memory import LastPeak
-from actors.store.retention import Prune, Pruned
-from actors.store.run_list import EditRun, ListRuns
-from actors.store.runs import DeleteRun, GetRun, ReadStream, Recover, UpdateRun, insert_run
-from actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
-from actors.store.studies import CreateStudy, GetStudy, UpdateStudy
-from actors.store.workers import ListWorkers
-from actors.store.writer import Writer
-from actors.threaded import start_thread_actor
 from tests.unit.stand_ins import run_record, store_run
+from troupe.actors.errors import CheckpointGone, RunNeeded, RunNotFound, RunStillActive
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.store.events import AppendEvents, GetEvents
+from troupe.actors.store.memory import LastPeak
+from troupe.actors.store.retention import Prune, Pruned
+from troupe.actors.store.run_list import EditRun, ListRuns
+from troupe.actors.store.runs import DeleteRun, GetRun, ReadStream, Recover, UpdateRun, insert_run
+from troupe.actors.store.schema import MIGRATIONS, SCHEMA_VERSION, open_database
+from troupe.actors.store.studies import CreateStudy, GetStudy, UpdateStudy
+from troupe.actors.store.workers import ListWorkers
+from troupe.actors.store.writer import Writer
+from troupe.actors.threaded import start_thread_actor
 
 
 def run_id(seq):

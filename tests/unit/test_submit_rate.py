@@ -1,4 +1,4 @@
-"""A class session's runs submitted a minute (``web/quotas.py``): what leaves the window,
+"""A class session's runs submitted a minute (``troupe/web/quotas.py``): what leaves the window,
 what a refusal says, and when it says to try again."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections import deque
 
 import pytest
 
-from protocol.errors import QuotaExceeded
-from web.quotas import RATE, _check_rate, quotas_from
+from troupe.protocol.errors import QuotaExceeded
+from troupe.web.quotas import RATE, _check_rate, quotas_from
 
 LOAD = {"running": 0, "waiting": 0, "memory_mib": 0}
 

@@ -7,15 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from actors.base import Actor, Registry
-from actors.errors import ActorDeadError
-from actors.placer.messages import Admit
-from actors.placer.queue import Occupying, QueueActor, Release, Snapshot
-from actors.store import StoreActor, StoreClient
-from actors.store.runs import UpdateRun
-from actors.threaded import start_thread_actor
-from supervisors.supervisor import ChildSpec, MaxRestartsExceeded, Restart, Supervisor
 from tests.unit.stand_ins import Inbox, run_record, store_run
+from troupe.actors.base import Actor, Registry
+from troupe.actors.errors import ActorDeadError
+from troupe.actors.placer.messages import Admit
+from troupe.actors.placer.queue import Occupying, QueueActor, Release, Snapshot
+from troupe.actors.store import StoreActor, StoreClient
+from troupe.actors.store.runs import UpdateRun
+from troupe.actors.threaded import start_thread_actor
+from troupe.supervisors.supervisor import ChildSpec, MaxRestartsExceeded, Restart, Supervisor
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ async def test_a_crashed_queue_rebuilds_its_fifo_from_the_store(tmp_path):
 def test_the_architecture_doc_draws_the_declared_tree():
     from pathlib import Path
 
-    from supervisors.tree import TREE, drawing
+    from troupe.supervisors.tree import TREE, drawing
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     assert drawing() in doc  # the drawing is made from the declaration: change one, the test asks for the other

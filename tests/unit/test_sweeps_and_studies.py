@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import InvalidRequest
-from protocol.sweeps import SubmitSweep
-from subprocess_runner.catalog import NodeType, Pack, Param, build_catalog
-from subprocess_runner.packs import core
-from subprocess_runner.studies import attempt_seed, rank
-from subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep
 from tests.helpers import graph, node
+from troupe.protocol.errors import InvalidRequest
+from troupe.protocol.sweeps import SubmitSweep
+from troupe.subprocess_runner.catalog import NodeType, Pack, Param, build_catalog
+from troupe.subprocess_runner.packs import core
+from troupe.subprocess_runner.studies import attempt_seed, rank
+from troupe.subprocess_runner.sweeps import SweepInvalid, SweepLimits, compile_sweep
 
 CATALOG = build_catalog([core.PACK, Pack("t", (NodeType("t.Login", lambda c, i, p: {}, params=(
     Param("password", "secret", default=""), Param("mode", "select", default="a", options=("a", "b")),

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from subprocess_runner import tensorboard_reader
-from subprocess_runner.tensorboard_reader import TensorBoardFiles, command_folders
+from troupe.subprocess_runner import tensorboard_reader
+from troupe.subprocess_runner.tensorboard_reader import TensorBoardFiles, command_folders
 
 needs_tensorboard = pytest.mark.skipif(find_spec("tensorboard") is None,
                                        reason="the tensorboard package is not installed (pip install "
@@ -116,7 +116,7 @@ def test_no_event_file_asks_for_nothing(tmp_path, monkeypatch):
 
 
 def test_a_training_loop_without_the_package_says_so_and_trains_on(tmp_path, monkeypatch):
-    from subprocess_runner.packs._torch_board import Board
+    from troupe.subprocess_runner.packs._torch_board import Board
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what an import finds when it is missing
     ctx = Ctx(tmp_path)
@@ -127,7 +127,7 @@ def test_a_training_loop_without_the_package_says_so_and_trains_on(tmp_path, mon
 
 @needs_tensorboard
 def test_a_training_loops_board_announces_its_files_once_closed(tmp_path):
-    from subprocess_runner.packs._torch_board import Board
+    from troupe.subprocess_runner.packs._torch_board import Board
 
     ctx = Ctx(tmp_path)
     board = Board.open(ctx)

@@ -13,7 +13,7 @@ from tests.helpers import REPO
 _SHARE = """
 import os
 os.cpu_count = lambda: 16  # a 16-core machine: a cap of 15
-from subprocess_runner.seeding import cap_threads, node_threads
+from troupe.subprocess_runner.seeding import cap_threads, node_threads
 cap_threads()
 {again}
 print(node_threads(None, 5), node_threads(2, 5))

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from actors.errors import ActorDeadError, AskTimeout
-from actors.threaded import ThreadActor, start_thread_actor
+from troupe.actors.errors import ActorDeadError, AskTimeout
+from troupe.actors.threaded import ThreadActor, start_thread_actor
 
 
 class Worker(ThreadActor):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 
-from protocol.graph import Graph
-from subprocess_runner.catalog import load_catalog
-from subprocess_runner.context import ExecutionContext, Sinks
-from subprocess_runner.engine import execute_graph, prepare_executable_graph, summarize
 from tests.helpers import edge, graph, node
+from troupe.protocol.graph import Graph
+from troupe.subprocess_runner.catalog import load_catalog
+from troupe.subprocess_runner.context import ExecutionContext, Sinks
+from troupe.subprocess_runner.engine import execute_graph, prepare_executable_graph, summarize
 
 CATALOG = load_catalog()
 

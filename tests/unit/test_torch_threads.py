@@ -13,7 +13,7 @@ import pytest
 
 
 def _threads_seen(cap: int) -> int:
-    runtime = importlib.import_module("subprocess_runner.packs._torch_runtime")
+    runtime = importlib.import_module("troupe.subprocess_runner.packs._torch_runtime")
     seen: list[int] = []
 
     def node() -> None:

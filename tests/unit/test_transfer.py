@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from subprocess_runner.transfer import ATTEMPTS, fetch_uploads
+from troupe.subprocess_runner.transfer import ATTEMPTS, fetch_uploads
 
 CONTENT = b"a,b,y\n1,2,0\n"
 FILE_ID = hashlib.sha256(CONTENT).hexdigest()[:32]

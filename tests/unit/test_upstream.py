@@ -8,9 +8,9 @@ import subprocess
 import sys
 import threading
 
-from protocol import pipe
-from subprocess_runner.upstream import BACKLOG, HOLD_S, Upstream
 from tests.helpers import REPO
+from troupe.protocol import pipe
+from troupe.subprocess_runner.upstream import BACKLOG, HOLD_S, Upstream
 
 
 def read_all(conn) -> list[list[pipe.FromChild]]:
@@ -116,10 +116,11 @@ def test_an_event_after_the_end_is_not_sent():
 
 
 def test_the_upstream_module_imports_nothing_but_the_standard_library_and_the_pipe():
-    code = ("import sys\nbefore = set(sys.modules)\nimport subprocess_runner.upstream\n"
+    code = ("import sys\nbefore = set(sys.modules)\nimport troupe.subprocess_runner.upstream\n"
             "print(sorted(m for m in set(sys.modules) - before\n"
             "             if m.split('.')[0] not in sys.stdlib_module_names and m != '__mp_main__'))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     # (``__mp_main__`` is multiprocessing's alias of the main module.)
-    assert result.stdout.strip() == "['protocol', 'protocol.pipe', 'subprocess_runner', 'subprocess_runner.upstream']"
+    assert result.stdout.strip() == ("['troupe', 'troupe.protocol', 'troupe.protocol.pipe', "
+                                     "'troupe.subprocess_runner', 'troupe.subprocess_runner.upstream']")

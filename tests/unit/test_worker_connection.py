@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from actors.base import Registry, Shutdown, Snapshot
-from actors.placer.messages import Reannounce, WorkerOffline, WorkerOnline
-from actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
-from actors.worker import (
+from tests.unit.stand_ins import Inbox
+from troupe.actors.base import Registry, Shutdown, Snapshot
+from troupe.actors.placer.messages import Reannounce, WorkerOffline, WorkerOnline
+from troupe.actors.run_messages import WorkerBack, WorkerFrames, WorkerGone, WorkerLost
+from troupe.actors.worker import (
     CLOSE,
     Adopted,
     AssignRun,
@@ -21,8 +22,7 @@ from actors.worker import (
     Persisted,
     WorkerConnection,
 )
-from protocol import worker as wire
-from tests.unit.stand_ins import Inbox
+from troupe.protocol import worker as wire
 
 CARD = wire.Card(uuid="GPU-1", name="Fake", index=0, memory_total_mib=16000, memory_free_mib=15000)
 

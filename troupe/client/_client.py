@@ -18,12 +18,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from protocol.api import RunDetail, RunEdit, RunRow
-from protocol.replies import StudyDetail, SweepDetail
 from troupe.client._config import locate
 from troupe.client._errors import NotFound, Refused
 from troupe.client._handles import Run, Study, Sweep
 from troupe.client._http import Http
+from troupe.protocol.api import RunDetail, RunEdit, RunRow
+from troupe.protocol.replies import StudyDetail, SweepDetail
 
 _WHOLE_ID = re.compile(r"^[0-9a-f]{32}$")
 _PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
@@ -243,8 +243,8 @@ class Client:
     def _apply_sets(self, graph: dict[str, Any], sets: Mapping[str, Any]) -> dict[str, Any]:
         """``set`` applied to ``graph`` in place by the rules of ``--set`` (one place
         says how a value is read for a param's type and which names exist)."""
-        from cli.errors import CliError
-        from cli.set_params import apply_sets, catalog_params
+        from troupe.cli.errors import CliError
+        from troupe.cli.set_params import apply_sets, catalog_params
 
         catalog = self.http.request("GET", "/api/nodes")
         given = [f"{key}={_as_text(value)}" for key, value in sets.items()]

@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from protocol.api import Event
 from troupe.client._errors import TroupeError, Unreachable
 from troupe.client._http import Http
+from troupe.protocol.api import Event
 
 FINISHED = "run_finished"
 REOPENS = 8  # streams in a row that brought nothing new before the follow gives up

@@ -1,5 +1,5 @@
 """A run, a sweep and a study as a notebook holds them: the record the server answered
-(the same pydantic models it answers with, ``protocol.api`` and ``protocol.replies``)
+(the same pydantic models it answers with, ``troupe.protocol.api`` and ``troupe.protocol.replies``)
 and the verbs that act on it. A handle is a snapshot: ``refresh()`` (or ``wait()``)
 reads it again."""
 
@@ -10,11 +10,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from protocol.api import Event, RunDetail, RunRow
-from protocol.replies import MetricPoint, StudyDetail, SweepDetail
-from protocol.replies_runs import Fingerprint
 from troupe.client._errors import Timeout, Unreachable
 from troupe.client._follow import FINISHED, away, follow_run, run_events
+from troupe.protocol.api import Event, RunDetail, RunRow
+from troupe.protocol.replies import MetricPoint, StudyDetail, SweepDetail
+from troupe.protocol.replies_runs import Fingerprint
 
 if TYPE_CHECKING:
     from troupe.client._client import Client

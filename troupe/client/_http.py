@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from protocol.tls import client_context, untrusted
 from troupe.client._errors import TroupeError, Unreachable, error_from, retry_after_s
+from troupe.protocol.tls import client_context, untrusted
 
 # A "not now" is tried this many times more, waiting what the server said (at most this).
 RETRIES = 3
