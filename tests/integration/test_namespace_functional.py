@@ -8,7 +8,7 @@ import importlib.metadata
 import subprocess
 import sys
 
-from tests.helpers import REPO, base_env
+from tests.helpers import base_env
 
 NOTEBOOK = """
 import troupe

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import troupe.actors.store.actor  # noqa: F401  # applies the store's connection settings (apsw's best practice) once
 import apsw
 
+import troupe.actors.store.actor  # noqa: F401  # applies the store's connection settings (apsw's best practice) once
 from troupe.actors.store.events import AppendEvents
 from troupe.actors.store.run_list import EditRun
 from troupe.actors.store.runs import UPDATABLE, InsertRun, UpdateRun
