@@ -186,6 +186,30 @@ async def test_retention_keeps_the_newest_runs_of_each_submitter_apart(store):
     assert await store.write(Prune(2)) == Pruned()  # nothing more: each is within its window
 
 
+async def test_retention_reads_each_submitters_count_kept_by_the_runs_inserts_and_deletes(tmp_path, client_of):
+    """A database of version 28 is counted by submitter once (schema 29); from then on the
+    runs' inserts and deletes keep the counts, which is all a pass with nothing to prune
+    reads: the newest run of each submitter stays, runs stored with none counted apart."""
+    conn = apsw.Connection(str(tmp_path / "db"))
+    for step in MIGRATIONS[:28]:
+        step(conn) if callable(step) else conn.execute(step)
+    conn.execute("PRAGMA user_version=28")
+    for seq in range(1, 7):
+        insert_run(conn, run_record(run_id(seq), seq, submitted_by="ann" if seq % 2 else None))
+    conn.close()
+    store = client_of(False)
+    for seq in range(1, 7):
+        await store.write(UpdateRun(run_id(seq), {"status": "succeeded"}))
+    assert sorted((await store.write(Prune(1))).run_ids) == [run_id(seq) for seq in (1, 2, 3, 4)]
+    for seq in (7, 8):
+        await store_run(store, run_record(run_id(seq), seq, submitted_by="ann"), "succeeded")
+    await store_run(store, run_record(run_id(9), 9, submitted_by="bob"), "succeeded")
+    assert sorted((await store.write(Prune(1))).run_ids) == [run_id(5), run_id(7)]
+    assert await store.write(Prune(1)) == Pruned()
+    counts = apsw.Connection(str(tmp_path / "db")).execute("SELECT submitted_by, runs FROM submitter_runs").fetchall()
+    assert sorted(counts) == [("", 1), ("ann", 1), ("bob", 1)]
+
+
 async def test_recovery_interrupts_leftover_runs_with_a_terminal_event(store):
     await insert(store, 1, "running")
     await insert(store, 2, "queued")

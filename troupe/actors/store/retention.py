@@ -47,11 +47,10 @@ _UNRECORDED_PAST = _PAST_WINDOW.format(who="submitted_by IS NULL")
 
 def _crowded(conn: apsw.Connection, keep_last: int) -> list[str | None]:
     """The submitters with more than ``keep_last`` runs, None for the runs stored without
-    one: two index-only counts, all a pass reads when there is nothing to prune."""
-    counts = {str(who): int(str(n)) for who, n in conn.execute(
-        "SELECT submitted_by, COUNT(*) FROM runs WHERE submitted_by IS NOT NULL GROUP BY submitted_by")}
-    unrecorded = int(str(conn.execute("SELECT COUNT(*) FROM runs").fetchall()[0][0])) - sum(counts.values())
-    return [who for who, n in counts.items() if n > keep_last] + ([None] if unrecorded > keep_last else [])
+    one: read from the counts the runs' inserts and deletes keep (schema 29), all a pass
+    reads when there is nothing to prune, however many runs are stored."""
+    return [str(who) or None for (who,) in conn.execute(
+        "SELECT submitted_by FROM submitter_runs WHERE runs > ?", (keep_last,))]
 
 
 def prunable(conn: apsw.Connection, keep_last: int) -> list[tuple[str, str, str | None]]:

@@ -399,6 +399,27 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     # reads its rows' params from the run index as they were given (true, not 1) instead
     # of decoding each row's graph (run_index.params_of).
     mark_booleans,
+    # 29: how many runs each submitter has stored ('' for runs stored without one), kept
+    # by the runs' own inserts and deletes: retention's pass reads who is over the limit
+    # from it instead of counting every stored run after each run's end (33 ms of the
+    # store's thread at 1,000,000 runs).
+    """
+    CREATE TABLE submitter_runs (submitted_by TEXT NOT NULL PRIMARY KEY, runs INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO submitter_runs SELECT COALESCE(submitted_by, ''), COUNT(*) FROM runs GROUP BY 1;
+    CREATE TRIGGER runs_counted AFTER INSERT ON runs BEGIN
+        INSERT INTO submitter_runs VALUES (COALESCE(NEW.submitted_by, ''), 1)
+            ON CONFLICT(submitted_by) DO UPDATE SET runs = runs + 1;
+    END;
+    CREATE TRIGGER runs_uncounted AFTER DELETE ON runs BEGIN
+        UPDATE submitter_runs SET runs = runs - 1 WHERE submitted_by = COALESCE(OLD.submitted_by, '');
+    END;
+    CREATE TRIGGER runs_recounted AFTER UPDATE OF submitted_by ON runs
+        WHEN COALESCE(OLD.submitted_by, '') != COALESCE(NEW.submitted_by, '') BEGIN
+        UPDATE submitter_runs SET runs = runs - 1 WHERE submitted_by = COALESCE(OLD.submitted_by, '');
+        INSERT INTO submitter_runs VALUES (COALESCE(NEW.submitted_by, ''), 1)
+            ON CONFLICT(submitted_by) DO UPDATE SET runs = runs + 1;
+    END;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
