@@ -37,7 +37,13 @@ def in_namespace(namespace: str) -> Callable[[], None]:
 def build_lan() -> Iterator[str]:
     """A namespace ``troupe-lan-*`` reaching this machine at 10.77.0.1 over a veth pair."""
     name, short = f"troupe-lan-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex[:6]
+    # No IPv6 in the namespace: a link-local address that turns valid a second after its
+    # link comes up (duplicate address detection) is a network change to a browser there,
+    # which fails the requests in flight (net::ERR_NETWORK_CHANGED).
+    quiet = "for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; " \
+            "do [ -e $f ] && echo 1 > $f; done; true"
     steps = [["ip", "netns", "add", name],
+             ["ip", "netns", "exec", name, "sh", "-c", quiet],
              ["ip", "link", "add", f"tv{short}", "type", "veth", "peer", "name", f"tp{short}"],
              ["ip", "link", "set", f"tp{short}", "netns", name],
              ["ip", "addr", "add", f"{HOST_SIDE}/24", "dev", f"tv{short}"],
