@@ -17,6 +17,11 @@ from troupe.actors.store.table import Table
 
 PointRow = tuple[int, int, float | None, str | None, str]  # seq, step, value, non_finite, ts
 
+# The newest value of one run's series, read by the (run_id, series, seq) index whatever
+# the planner's statistics say (``runs._FINAL_LOSS`` says why).
+NEWEST_VALUE = ("SELECT value FROM metrics INDEXED BY metrics_series WHERE run_id = ? AND series = ? "
+                "ORDER BY seq DESC LIMIT 1")
+
 
 @dataclass(frozen=True)
 class MetricSeries:
@@ -42,22 +47,24 @@ def metric_series(conn: apsw.Connection, run_id: str) -> tuple[list[str], int]:
     """Walks the distinct names by the index on ``(run_id, series, seq)``, one step a
     name (not a scan of every point), then each name's first seq."""
     names: list[str] = []
-    query = "SELECT series FROM metrics WHERE run_id = ? ORDER BY series LIMIT 1"
+    query = "SELECT series FROM metrics INDEXED BY metrics_series WHERE run_id = ? ORDER BY series LIMIT 1"
     args: tuple[Any, ...] = (run_id,)
     while found := conn.execute(query, args).fetchall():
         names.append(str(found[0][0]))
-        query = "SELECT series FROM metrics WHERE run_id = ? AND series > ? ORDER BY series LIMIT 1"
+        query = ("SELECT series FROM metrics INDEXED BY metrics_series WHERE run_id = ? AND series > ? "
+                 "ORDER BY series LIMIT 1")
         args = (run_id, names[-1])
-    first = {name: int(cast(int, conn.execute("SELECT MIN(seq) FROM metrics WHERE run_id = ? AND series = ?",
-                                              (run_id, name)).fetchall()[0][0])) for name in names}
+    first = {name: int(cast(int, conn.execute(
+        "SELECT MIN(seq) FROM metrics INDEXED BY metrics_series WHERE run_id = ? AND series = ?",
+        (run_id, name)).fetchall()[0][0])) for name in names}
     newest = conn.execute("SELECT MAX(seq) FROM metrics WHERE run_id = ?", (run_id,)).fetchall()[0][0]
     return sorted(names, key=lambda name: first[name]), int(cast(int, newest or 0))
 
 
 def metric_page(conn: apsw.Connection, query: MetricPage) -> list[PointRow]:
     return cast(list[PointRow], conn.execute(
-        "SELECT seq, step, value, non_finite, ts FROM metrics WHERE run_id = ? AND series = ? AND seq > ? "
-        "AND seq <= ? ORDER BY seq LIMIT ?",
+        "SELECT seq, step, value, non_finite, ts FROM metrics INDEXED BY metrics_series "
+        "WHERE run_id = ? AND series = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
         (query.run_id, query.series, query.after, query.until, query.limit)).fetchall())
 
 

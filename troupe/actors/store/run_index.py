@@ -274,8 +274,9 @@ def newest_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[s
             if newest is None:
                 diverged.append((str(run_id), str(name)))
     for run_id, name in diverged:
-        for value, non_finite in conn.execute("SELECT value, non_finite FROM metrics WHERE run_id = ? AND series = ? "
-                                              "ORDER BY seq DESC LIMIT 1", (run_id, name)):
+        for value, non_finite in conn.execute("SELECT value, non_finite FROM metrics INDEXED BY metrics_series "
+                                              "WHERE run_id = ? AND series = ? ORDER BY seq DESC LIMIT 1",
+                                              (run_id, name)):
             found[run_id][name] = non_finite if non_finite is not None else value
     return found
 
@@ -343,7 +344,8 @@ def fill(conn: apsw.Connection) -> None:
     conn.execute("""
         INSERT INTO run_metrics(seq, key, newest, newest_seq, low, high)
         SELECT r.enqueue_seq, k.id,
-               (SELECT x.value FROM metrics x WHERE x.run_id = m.run_id AND x.series = m.series
+               (SELECT x.value FROM metrics x INDEXED BY metrics_series
+                WHERE x.run_id = m.run_id AND x.series = m.series
                 ORDER BY x.seq DESC LIMIT 1),
                MAX(m.seq), MIN(m.value), MAX(m.value)
         FROM metrics m JOIN runs r ON r.id = m.run_id JOIN index_keys k ON k.kind = 'metric' AND k.name = m.series

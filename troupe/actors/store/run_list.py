@@ -200,7 +200,8 @@ def _where_runs(conn: apsw.Connection, query: ListRuns, where: list[str],
     return rows, (seqs[-1] if more else None)
 
 
-_NEWEST = "(SELECT m.value FROM metrics m WHERE m.run_id = r.id AND m.series = ? ORDER BY m.seq DESC LIMIT 1)"
+_NEWEST = ("(SELECT m.value FROM metrics m INDEXED BY metrics_series WHERE m.run_id = r.id AND m.series = ? "
+           "ORDER BY m.seq DESC LIMIT 1)")
 
 
 def _sorted_runs(conn: apsw.Connection, query: ListRuns, where: list[str],

@@ -131,13 +131,16 @@ _POSITION = """
     END
 """
 # final_loss: the last val_loss, else the last train_loss.
-# The last val_loss point, else the last train_loss point, as [value, non_finite].
+# The last val_loss point, else the last train_loss point, as [value, non_finite]. Each
+# read by the (run_id, series, seq) index, whatever the planner's statistics say: a walk
+# of the run's primary-key range instead reads every point of a run without that series
+# (a million for a long Ticker run, at each read of its row).
 _FINAL_LOSS = """
     COALESCE(
-        (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'val_loss'
-         ORDER BY m.seq DESC LIMIT 1),
-        (SELECT json_array(value, non_finite) FROM metrics m WHERE m.run_id = r.id AND m.series = 'train_loss'
-         ORDER BY m.seq DESC LIMIT 1))
+        (SELECT json_array(value, non_finite) FROM metrics m INDEXED BY metrics_series
+         WHERE m.run_id = r.id AND m.series = 'val_loss' ORDER BY m.seq DESC LIMIT 1),
+        (SELECT json_array(value, non_finite) FROM metrics m INDEXED BY metrics_series
+         WHERE m.run_id = r.id AND m.series = 'train_loss' ORDER BY m.seq DESC LIMIT 1))
 """
 # submitted_label: the name its submitter's session goes by now (a student may name
 # themselves after submitting); the server's own token has no session row.

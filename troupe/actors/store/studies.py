@@ -10,6 +10,7 @@ from typing import Any
 
 import apsw
 
+from troupe.actors.store.metric_pages import NEWEST_VALUE
 from troupe.actors.store.run_index import note_direction
 from troupe.actors.store.table import Table
 
@@ -121,7 +122,7 @@ def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
         study_id, attempt, kept, spec, status = found[0]
         metric = json.loads(str(spec))["objective"]["metric"]
         value = conn.execute(
-            "SELECT value FROM metrics WHERE run_id = ? AND series = ? ORDER BY seq DESC LIMIT 1", (run_id, metric)
+            NEWEST_VALUE, (run_id, metric)
         ).fetchall()
         conn.execute(
             "UPDATE study_attempts SET status = ?, objective_value = ? WHERE study_id = ? AND attempt = ?",
@@ -153,7 +154,7 @@ def get_study(conn: apsw.Connection, study_id: str) -> dict[str, Any] | None:
     ):
         if live is not None and value is None:
             found_value = conn.execute(
-                "SELECT value FROM metrics WHERE run_id = ? AND series = ? ORDER BY seq DESC LIMIT 1", (run_id, metric)
+                NEWEST_VALUE, (run_id, metric)
             ).fetchall()
             value = found_value[0][0] if found_value else None
         attempts.append({"variant": variant, "repeat": repeat, "attempt": attempt, "run_id": run_id,

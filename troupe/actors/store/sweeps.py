@@ -15,6 +15,7 @@ from typing import Any
 
 import apsw
 
+from troupe.actors.store.metric_pages import NEWEST_VALUE
 from troupe.actors.store.run_index import note_direction
 from troupe.actors.store.runs import InsertRun, insert_run
 from troupe.actors.store.table import Table
@@ -118,7 +119,7 @@ def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
         live_value = None
         if run_exists:
             live = conn.execute(
-                "SELECT value FROM metrics WHERE run_id = ? AND series = ? ORDER BY seq DESC LIMIT 1", (run_id, metric)
+                NEWEST_VALUE, (run_id, metric)
             ).fetchall()
             live_value = live[0][0] if live else None
         variants.append({
