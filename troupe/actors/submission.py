@@ -299,6 +299,21 @@ def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[Executab
     if len(text) > _PREPARED_DOC_BYTES:
         document = json.loads(text)
         return prepare_executable_graph(graph_doc, catalog, prefix), document, graph_digest(document)
+    graph, _, digest = _cached(graph_doc, text, catalog, prefix)
+    return graph, jsonsafe.loads(text), digest  # a document of its own for each record
+
+
+def prepared_graph(graph_doc: Graph, catalog: Catalog) -> ExecutableGraph:
+    """A kept run's executable graph at a restart, through the submissions' cache: the
+    runs a restarted server adopts are often many of one graph (a class's exercise, a
+    queue of one job), each validated and bound again before the server serves."""
+    text = graph_doc.model_dump_json(exclude_none=True)
+    if len(text) > _PREPARED_DOC_BYTES:
+        return prepare_executable_graph(graph_doc, catalog)
+    return _cached(graph_doc, text, catalog, "/graph")[0]
+
+
+def _cached(graph_doc: Graph, text: str, catalog: Catalog, prefix: str) -> tuple[ExecutableGraph, str, str]:
     key = (hashlib.sha256(text.encode()).hexdigest(), prefix, id(catalog))
     found = _PREPARED.get(key)
     if found is None:
@@ -308,7 +323,7 @@ def _prepared(graph_doc: Graph, catalog: Catalog, prefix: str) -> tuple[Executab
             _PREPARED.popitem(last=False)
     else:
         _PREPARED.move_to_end(key)
-    return found[0], jsonsafe.loads(found[1]), found[2]  # a document of its own for each record
+    return found
 
 
 def _check_devices(worker: WorkerOffer, devices: list[str]) -> None:

@@ -40,7 +40,7 @@ from troupe.actors.store.studies import ListStudies, UpdateStudy
 from troupe.actors.store.workers import WorkerExited
 from troupe.actors.store.writer import Writer
 from troupe.actors.study import StudyActor, Wake
-from troupe.actors.submission import Admission, Submission
+from troupe.actors.submission import Admission, Submission, prepared_graph
 from troupe.actors.threaded import ThreadActorRef, start_thread_actor
 from troupe.actors.worker import Adopted, WorkerConnection
 from troupe.protocol import events as ev
@@ -52,7 +52,6 @@ from troupe.protocol.run_record import Adoption, RunRecord
 from troupe.protocol.settings import Settings
 from troupe.subprocess_runner.catalog import Catalog
 from troupe.subprocess_runner.devices import host_machine_id, parse_device, probe_accelerators, visible_cards
-from troupe.subprocess_runner.engine import prepare_executable_graph
 from troupe.subprocess_runner.executable import ExecutableGraph
 from troupe.subprocess_runner.fingerprint import CONTROL_PLANE, execution_facts
 from troupe.subprocess_runner.node_cache import NodeCache
@@ -203,7 +202,7 @@ class ControlPlane:
         labels are read against this start (a card gone, a flavor deleted: not restored)."""
         document = Graph.model_validate(row["graph"])
         if kind != "queued" or QueueKey.parse(row["queue_key"]).provider is not None:
-            return prepare_executable_graph(document, self.catalog)
+            return prepared_graph(document, self.catalog)
         gone = [d for d in row.get("devices") or () if d != "cpu" and d not in self.accelerators]
         if gone:  # admitted for a card this start does not have: it would start on nothing
             raise ValueError(f"this server has no {', '.join(gone)} now (it has "
