@@ -149,7 +149,8 @@ def test_a_students_toolbar_keeps_to_one_line_at_1024_with_a_long_name_and_a_run
     tab.locator("#my-name").click()
     tab.locator("dialog[open] input[name=name]").fill(name)
     tab.locator("dialog[open]").get_by_role("button", name="Save").click()
-    tab.locator("#notice").wait_for()
+    # Saved once the server answered the name (the page's "1 run active" says nothing of it).
+    tab.wait_for_function("(want) => document.getElementById('my-name').title === want", arg=f"You: {name}")
     for view in ("#/editor", "#/runs"):
         show(tab, view)
         assert tab.evaluate(PROBLEMS) == [], view
