@@ -46,8 +46,12 @@ def row(server, name="far"):
     return next((w for w in server.get("/api/workers")["workers"] if w["name"] == name), None)
 
 
-def ssh_processes(name: str) -> str:
-    return subprocess.run(["pgrep", "-af", f"troupe-{name}-"], capture_output=True, text=True).stdout
+def ssh_processes(name: str, tmp_path) -> str:
+    """This test's ssh sessions for the worker, and the remote shells they started: tests
+    on other xdist workers use the same worker names, so a line counts only when it names
+    this test's own folder (its sshd's known_hosts, the remote home)."""
+    found = subprocess.run(["pgrep", "-af", f"troupe-{name}-"], capture_output=True, text=True).stdout
+    return "".join(line + "\n" for line in found.splitlines() if f"{tmp_path}/" in line)
 
 
 @pytest.mark.timeout(120)
@@ -62,9 +66,9 @@ def test_a_worker_over_ssh_connects_through_the_forward_runs_a_graph_and_ends_wh
     assert row(server)["machine_id"] == "far-machine"
     run_id = server.submit(hello(), target={"worker": "far"})["run_id"]
     assert server.events_until_finished(run_id)[-1]["payload"]["status"] == "succeeded"
-    assert "ssh" in ssh_processes("far")
+    assert "ssh" in ssh_processes("far", tmp_path)
     assert server.client.request("DELETE", "/api/workers/far")[0] == 200
-    server.poll_until(lambda: ssh_processes("far") == "", timeout=20)
+    server.poll_until(lambda: ssh_processes("far", tmp_path) == "", timeout=20)
 
 
 @pytest.mark.timeout(60)
@@ -76,7 +80,7 @@ def test_a_refused_key_shows_failed_with_the_reason_and_is_not_retried(sshd, mak
     failed = row(server)
     assert "refused the authentication" in failed["failed_reason"]
     # No retry loop: the session ended (a retrying one stays, saying "retrying").
-    assert failed["ssh"] is None and ssh_processes("far") == ""
+    assert failed["ssh"] is None and ssh_processes("far", tmp_path) == ""
     assert server.client.request("DELETE", "/api/workers/far")[0] == 200  # forgets the failure
     assert row(server) is None
     missing_troupe = body(sshd, tmp_path, sshd.key, name="far2", remote_command="no-such-troupe")
