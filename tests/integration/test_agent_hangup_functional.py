@@ -39,7 +39,10 @@ def _terminal_agent(server, tmp_path, name: str, warm: bool, nohup: bool = False
     """A --foreground agent in a process group of its own, as a terminal's job is: a
     hang-up of the terminal is a SIGHUP to that whole group (``nohup``: started so)."""
     command = enroll(server, name=name)["command"] + (" --warm 1" if warm else "")
-    argv = [*(["nohup"] if nohup else []), *troupe_cmd(*command.split()[1:], "--foreground")]
+    # A terminal's job takes a hang-up's default action whatever the suite was started
+    # under: a suite run under nohup hands its ignoring of SIGHUP down to every process.
+    argv = [*(["nohup"] if nohup else ["env", "--default-signal=HUP"]),
+            *troupe_cmd(*command.split()[1:], "--foreground")]
     agent = subprocess.Popen(argv, cwd=REPO, env=agent_env(server, tmp_path, name), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, process_group=0)
     read_until(agent, f"connected as {name}")
