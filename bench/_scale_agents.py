@@ -36,7 +36,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from troupe.actors.link import BACKOFF_S  # the agent-side constant, so the simulation reconnects as the real link does
+# The agent's own policy, so the simulation reconnects as the real link does.
+from troupe.actors.link import refused_connect, retry_after
 from troupe.protocol import worker as wire
 from troupe.protocol.version import __version__
 
@@ -88,22 +89,24 @@ class SimAgent:
     async def run_forever(self, first: asyncio.Semaphore) -> None:
         url = self.plan["url"].replace("http://", "ws://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self.credential}"}
-        attempt, gate = 0, first
+        failures, gate, refused_since = 0, first, None
         while True:
             try:
                 async with gate:
                     ws = await self.session.ws_connect(url, headers=headers, heartbeat=None)
                 gate = _NO_GATE
                 async with ws:
-                    attempt = 0
+                    failures, refused_since = 0, None
                     if await self._session(ws):
                         return
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self.stats.add("connect_failures")
                 self.stats.error(f"connect: {type(exc).__name__}: {exc}")
+                failures += 1
+                refused_since = (refused_since or time.monotonic()) if refused_connect(exc) else None
             self.stats.add("reconnects")
-            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-            attempt += 1
+            await asyncio.sleep(retry_after(failures, None if refused_since is None
+                                            else time.monotonic() - refused_since))
 
     def _hello(self) -> wire.Hello:
         runs = sorted(set(self.playing) | set(self.outbox))  # still executing, or not all acknowledged

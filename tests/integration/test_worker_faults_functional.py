@@ -159,10 +159,36 @@ def test_an_agent_whose_control_plane_is_away_logs_its_retries_with_backoff(link
     _, proxy, agent = link
     proxy.cut()
     lines = read_until(agent, "(attempt 8;")  # it retries every second at most; it says so at 1, 2, 4, 8, 16...
-    said = [line.split("(attempt ")[1].split(";")[0] for line in lines if "control plane unreachable" in line]
-    assert said == ["1", "2", "4", "8"], "".join(lines)
+    assert _retries(lines) == [("1", "0.5"), ("2", "1"), ("4", "1"), ("8", "1")], "".join(lines)
     proxy.restore()
     read_until(agent, "connected as gpu-a")  # and it comes back by itself
+
+
+def test_an_agent_dials_a_restarting_control_plane_every_quarter_second_and_is_back(make_server, tmp_path):
+    """Nothing listens on a restarting server's port: a refused dial costs it nothing, so
+    the agent tries again every 0.25 s (not on the backoff meant for a link that fails
+    otherwise) and is connected to the new server on the same port."""
+    home = tmp_path / "home"
+    server = make_server(home, TROUPE_WORKER_HEARTBEAT_S="1")
+    agent = start_agent(server, tmp_path, enroll(server, name="back")["command"])
+    try:
+        read_until(agent, "connected as back")
+        server.kill()
+        lines = read_until(agent, "(attempt 4;")
+        assert _retries(lines) == [("1", "0.25"), ("2", "0.25"), ("4", "0.25")], "".join(lines)
+        assert "Connect call failed" in lines[-1]
+        again = make_server(home, port=int(server.url.rsplit(":", 1)[1]), TROUPE_WORKER_HEARTBEAT_S="1")
+        read_until(agent, "connected as back")
+        again.wait_until(lambda: (worker_state(again, "back") or {}).get("state") == "connected")
+    finally:
+        agent.terminate()
+        agent.wait(30)
+
+
+def _retries(lines: list[str]) -> list[tuple[str, str]]:
+    """(attempt, seconds between dials) of each line the agent logged about a failed dial."""
+    said = [line.split("(attempt ")[1] for line in lines if "control plane unreachable" in line]
+    return [(rest.split(";")[0], rest.split("retrying every ")[1].split(" s)")[0]) for rest in said]
 
 
 def test_a_disconnected_run_still_counts_against_its_sessions_limits(link):

@@ -16,8 +16,11 @@ kept."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import random
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +38,16 @@ log = logging.getLogger("troupe.agent")
 # Capped low: a laptop back from sleep, or a restarted control plane, sees its workers
 # within a second; a retry is one TCP connect and one small HTTP upgrade.
 BACKOFF_S = (0.25, 0.5, 1.0)
+# A restarting control plane refuses connections for about a second (nothing listens on
+# its port yet), and a refused connect costs it nothing: for the first RESTART_WINDOW_S of
+# refusals in a row the agent dials every RESTART_RETRY_S, so it is back within a quarter
+# second of the server serving again rather than on the backoff's next second (with
+# hundreds of workers, each hello then waits less in line). Past the window, the backoff.
+RESTART_RETRY_S = 0.25
+RESTART_WINDOW_S = 10.0
+# Each wait is shortened by up to this share, at random: the workers of one restart do
+# not all dial at the same instant.
+JITTER = 0.2
 _ANNOUNCE = ""  # in the send queue: the agent's own frames wait in ``_announcements``
 
 
@@ -191,6 +204,7 @@ class Link(Actor):
 
     async def _run(self) -> None:
         failures = 0  # in a row
+        refused_since: float | None = None  # when the dials refused in a row began
         ws_url = self._config.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self._config.credential}"}
         connector = aiohttp.UnixConnector(path=self._config.unix_socket) if self._config.unix_socket else None
@@ -200,7 +214,7 @@ class Link(Actor):
             while True:
                 try:
                     async with session.ws_connect(ws_url, headers=headers, heartbeat=None, ssl=tls) as ws:
-                        failures = 0
+                        failures, refused_since = 0, None
                         if await self._session(ws):
                             return
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -210,10 +224,14 @@ class Link(Actor):
                         self._config.on_final(0, f"the SSH session's forward {self._config.unix_socket} is gone")
                         return
                     failures += 1
+                    if not refused_connect(exc):
+                        refused_since = None
+                    elif refused_since is None:
+                        refused_since = time.monotonic()
                     if failures & (failures - 1) == 0:  # failures 1, 2, 4, 8...: a log with backoff
                         log.warning("control plane unreachable at %s: %s (attempt %d; retrying every %.2g s)",
-                                    ws_url, exc, failures, BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
-                await asyncio.sleep(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                                    ws_url, exc, failures, retry_every(failures, _since(refused_since)))
+                await asyncio.sleep(retry_after(failures, _since(refused_since)))
 
     async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """One connection; True when the agent must stop."""
@@ -306,6 +324,31 @@ class Link(Actor):
             await asyncio.sleep(every)
             beat = await self._config.heartbeat() if self._config.heartbeat is not None else wire.Heartbeat()
             await ws.send_str(wire.dump_frame(beat, numbers.next()))
+
+
+def refused_connect(exc: BaseException) -> bool:
+    """Whether a dial failed because nothing listens at the address (a control plane
+    restarting), not for a cause that a retry every quarter second would only repeat."""
+    cause = getattr(exc, "os_error", None) if isinstance(exc, aiohttp.ClientConnectorError) else None
+    return getattr(cause, "errno", None) == errno.ECONNREFUSED
+
+
+def retry_every(failures: int, refused_for_s: float | None) -> float:
+    """Seconds between dials after ``failures`` failed ones in a row (0: the connection
+    was lost); ``refused_for_s``: how long every dial has been refused, None when the
+    last one failed otherwise."""
+    if refused_for_s is not None and refused_for_s < RESTART_WINDOW_S:
+        return RESTART_RETRY_S
+    return BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+
+
+def retry_after(failures: int, refused_for_s: float | None) -> float:
+    """The wait before the next dial: ``retry_every``'s, jittered."""
+    return retry_every(failures, refused_for_s) * (1 - JITTER * random.random())
+
+
+def _since(start: float | None) -> float | None:
+    return None if start is None else time.monotonic() - start
 
 
 def _forward_gone(exc: BaseException) -> bool:

@@ -43,6 +43,9 @@ from troupe.web.errors import guard
 from troupe.web.limits import HEADER_TIMEOUT_S, AcceptGuard, MalformedRequests
 
 STATIC = Path(__file__).parent / "static"
+# Connections waiting for accept(); the kernel caps it at net.core.somaxconn (4096 on
+# current kernels).
+LISTEN_BACKLOG = 1024
 _STATIC_ROOT = STATIC.resolve()
 # Every route table, in the order they are added (the OpenAPI test reads them too).
 # aiohttp tries the routes under a path's fixed prefix in the order they were added: a
@@ -126,7 +129,11 @@ class WebService:
         await self._runner.setup()
         settings = self._svc.settings
         tls = server_context(str(settings.tls_cert), str(settings.tls_key)) if settings.tls_cert else None
-        site = web.TCPSite(self._runner, settings.host, settings.port, reuse_address=True, ssl_context=tls)
+        # The workers of a restarted server all dial within a quarter second: past the
+        # listen queue (aiohttp's default holds 128), a dial's SYN is dropped and the kernel
+        # sends it again a second later.
+        site = web.TCPSite(self._runner, settings.host, settings.port, reuse_address=True, ssl_context=tls,
+                           backlog=LISTEN_BACKLOG)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
