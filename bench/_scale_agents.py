@@ -37,7 +37,7 @@ from typing import Any, Literal
 import aiohttp
 
 # The agent's own policy, so the simulation reconnects as the real link does.
-from troupe.actors.link import refused_connect, retry_after
+from troupe.actors.link import Redial
 from troupe.protocol import worker as wire
 from troupe.protocol.version import __version__
 
@@ -89,24 +89,22 @@ class SimAgent:
     async def run_forever(self, first: asyncio.Semaphore) -> None:
         url = self.plan["url"].replace("http://", "ws://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self.credential}"}
-        failures, gate, refused_since = 0, first, None
+        gate, redial = first, Redial()
         while True:
             try:
                 async with gate:
                     ws = await self.session.ws_connect(url, headers=headers, heartbeat=None)
                 gate = _NO_GATE
                 async with ws:
-                    failures, refused_since = 0, None
+                    redial.connected()
                     if await self._session(ws):
                         return
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self.stats.add("connect_failures")
                 self.stats.error(f"connect: {type(exc).__name__}: {exc}")
-                failures += 1
-                refused_since = (refused_since or time.monotonic()) if refused_connect(exc) else None
+                redial.failed(exc)
             self.stats.add("reconnects")
-            await asyncio.sleep(retry_after(failures, None if refused_since is None
-                                            else time.monotonic() - refused_since))
+            await asyncio.sleep(redial.wait())
 
     def _hello(self) -> wire.Hello:
         runs = sorted(set(self.playing) | set(self.outbox))  # still executing, or not all acknowledged

@@ -203,8 +203,7 @@ class Link(Actor):
             self._settled.clear()
 
     async def _run(self) -> None:
-        failures = 0  # in a row
-        refused_since: float | None = None  # when the dials refused in a row began
+        redial = Redial()
         ws_url = self._config.url.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + "/ws/worker"
         headers = {"Authorization": f"Bearer {self._config.credential}"}
         connector = aiohttp.UnixConnector(path=self._config.unix_socket) if self._config.unix_socket else None
@@ -214,7 +213,7 @@ class Link(Actor):
             while True:
                 try:
                     async with session.ws_connect(ws_url, headers=headers, heartbeat=None, ssl=tls) as ws:
-                        failures, refused_since = 0, None
+                        redial.connected()
                         if await self._session(ws):
                             return
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -223,15 +222,11 @@ class Link(Actor):
                         # session starts a new agent, so it does not outlive the forward.
                         self._config.on_final(0, f"the SSH session's forward {self._config.unix_socket} is gone")
                         return
-                    failures += 1
-                    if not refused_connect(exc):
-                        refused_since = None
-                    elif refused_since is None:
-                        refused_since = time.monotonic()
-                    if failures & (failures - 1) == 0:  # failures 1, 2, 4, 8...: a log with backoff
+                    redial.failed(exc)
+                    if redial.failures & (redial.failures - 1) == 0:  # failures 1, 2, 4, 8...: a log with backoff
                         log.warning("control plane unreachable at %s: %s (attempt %d; retrying every %.2g s)",
-                                    ws_url, exc, failures, retry_every(failures, _since(refused_since)))
-                await asyncio.sleep(retry_after(failures, _since(refused_since)))
+                                    ws_url, exc, redial.failures, redial.every())
+                await asyncio.sleep(redial.wait())
 
     async def _session(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """One connection; True when the agent must stop."""
@@ -333,22 +328,33 @@ def refused_connect(exc: BaseException) -> bool:
     return getattr(cause, "errno", None) == errno.ECONNREFUSED
 
 
-def retry_every(failures: int, refused_for_s: float | None) -> float:
-    """Seconds between dials after ``failures`` failed ones in a row (0: the connection
-    was lost); ``refused_for_s``: how long every dial has been refused, None when the
-    last one failed otherwise."""
-    if refused_for_s is not None and refused_for_s < RESTART_WINDOW_S:
-        return RESTART_RETRY_S
-    return BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+class Redial:
+    """When the link dials again: after ``BACKOFF_S`` for failures in a row, or every
+    ``RESTART_RETRY_S`` while its dials have been refused for less than
+    ``RESTART_WINDOW_S``; each wait jittered."""
 
+    def __init__(self) -> None:
+        self.failures = 0  # in a row; 0: the last dial connected (or none failed yet)
+        self._refused_since: float | None = None  # when the dials refused in a row began
 
-def retry_after(failures: int, refused_for_s: float | None) -> float:
-    """The wait before the next dial: ``retry_every``'s, jittered."""
-    return retry_every(failures, refused_for_s) * (1 - JITTER * random.random())
+    def connected(self) -> None:
+        self.failures, self._refused_since = 0, None
 
+    def failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        if not refused_connect(exc):
+            self._refused_since = None
+        elif self._refused_since is None:
+            self._refused_since = time.monotonic()
 
-def _since(start: float | None) -> float | None:
-    return None if start is None else time.monotonic() - start
+    def every(self) -> float:
+        """Seconds between dials now, as the log says it."""
+        refused = self._refused_since is not None and time.monotonic() - self._refused_since < RESTART_WINDOW_S
+        return RESTART_RETRY_S if refused else BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)]
+
+    def wait(self) -> float:
+        """The wait before the next dial: ``every``'s, shortened by up to ``JITTER``."""
+        return self.every() * (1 - JITTER * random.random())
 
 
 def _forward_gone(exc: BaseException) -> bool:
