@@ -333,9 +333,10 @@ class Redial:
     ``RESTART_RETRY_S`` while its dials have been refused for less than
     ``RESTART_WINDOW_S``; each wait jittered."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.failures = 0  # in a row; 0: the last dial connected (or none failed yet)
         self._refused_since: float | None = None  # when the dials refused in a row began
+        self._clock = clock
 
     def connected(self) -> None:
         self.failures, self._refused_since = 0, None
@@ -345,11 +346,11 @@ class Redial:
         if not refused_connect(exc):
             self._refused_since = None
         elif self._refused_since is None:
-            self._refused_since = time.monotonic()
+            self._refused_since = self._clock()
 
     def every(self) -> float:
         """Seconds between dials now, as the log says it."""
-        refused = self._refused_since is not None and time.monotonic() - self._refused_since < RESTART_WINDOW_S
+        refused = self._refused_since is not None and self._clock() - self._refused_since < RESTART_WINDOW_S
         return RESTART_RETRY_S if refused else BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)]
 
     def wait(self) -> float:
