@@ -121,9 +121,7 @@ def harvest(conn: apsw.Connection, run_ids: Sequence[str]) -> None:
             continue
         study_id, attempt, kept, spec, status = found[0]
         metric = json.loads(str(spec))["objective"]["metric"]
-        value = conn.execute(
-            NEWEST_VALUE, (run_id, metric)
-        ).fetchall()
+        value = conn.execute(NEWEST_VALUE, (run_id, metric)).fetchall()
         conn.execute(
             "UPDATE study_attempts SET status = ?, objective_value = ? WHERE study_id = ? AND attempt = ?",
             (kept or status, value[0][0] if value else None, study_id, attempt),
@@ -153,9 +151,7 @@ def get_study(conn: apsw.Connection, study_id: str) -> dict[str, Any] | None:
         (study_id,),
     ):
         if live is not None and value is None:
-            found_value = conn.execute(
-                NEWEST_VALUE, (run_id, metric)
-            ).fetchall()
+            found_value = conn.execute(NEWEST_VALUE, (run_id, metric)).fetchall()
             value = found_value[0][0] if found_value else None
         attempts.append({"variant": variant, "repeat": repeat, "attempt": attempt, "run_id": run_id,
                          "status": kept or live or "missing", "run_status": live, "started_at": started,

@@ -118,9 +118,7 @@ def get_sweep(conn: apsw.Connection, sweep_id: str) -> dict[str, Any] | None:
         metric = json.loads(str(objective))["metric"]
         live_value = None
         if run_exists:
-            live = conn.execute(
-                NEWEST_VALUE, (run_id, metric)
-            ).fetchall()
+            live = conn.execute(NEWEST_VALUE, (run_id, metric)).fetchall()
             live_value = live[0][0] if live else None
         variants.append({
             "index": idx, "run_id": run_id, "params": json.loads(str(params)), "seed": seed,
