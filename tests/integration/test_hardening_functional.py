@@ -70,7 +70,10 @@ async def test_a_worker_cannot_end_or_touch_runs_that_are_not_its_own(shared_ser
         row = shared_server.get(f"/api/runs/{running}")
         assert row["status"] == "running" and row["artifacts"] == []
         for counter in range(100):  # an agent that keeps at it is disconnected
-            await ws.send_str(run_event(running, 20 + counter, "log", {"message": "x"}))
+            try:
+                await ws.send_str(run_event(running, 20 + counter, "log", {"message": "x"}))
+            except ConnectionResetError:
+                break  # the control plane closed the socket before the hundredth: what is asserted next
         await closed_for_breaking_the_protocol(ws)
     finally:
         await session.close()
