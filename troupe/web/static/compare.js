@@ -1,10 +1,13 @@
 // Compare (#/compare/ID,ID,...): two to eight runs, their metrics overlaid on one chart
-// per series (a colour per run, a legend with their names), and a table of their params
-// and final metrics where a row whose values differ stands out.
+// per series (a colour per run, a legend with their names), a table of their params and
+// final metrics where a row whose values differ stands out, and what each later run ran
+// that the first did not (files, git trees and their uncommitted diffs, packs, the
+// environment), as the server's fingerprint comparison says.
 
 import { COLOURS, ChartSet, chartControls } from "./charts.js";
 import { secretParams } from "./editor.js";
 import { api, el, visiting } from "./util.js";
+import { codeDifferences } from "./code_differs.js";
 
 let charts = null;
 
@@ -41,6 +44,7 @@ export async function openCompare(ids, view, here) {
   closeCompare();
   const runs = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}`)));
   const metrics = await Promise.all(ids.map((id) => api("GET", `/api/runs/${id}/metrics`)));
+  const code = await codeDifferences(runs);
   // The objective's chart first: a sweep's own objective, else a validation loss, else a loss.
   const sweep = runs.every((run) => run.sweep_id && run.sweep_id === runs[0].sweep_id)
     ? await api("GET", `/api/sweeps/${runs[0].sweep_id}`).catch(() => null) : null;
@@ -73,6 +77,10 @@ export async function openCompare(ids, view, here) {
     el("section", { class: "card" }, el("h2", {}, "Metrics"), chartControls(charts.settings, (what) => (what === "reset" ? charts.resetZoom() : charts.redraw())),
       names.length ? "" : el("p", { class: "muted" }, "None of them recorded metrics."), chartBox),
     el("section", { class: "card" }, el("h2", {}, "Params and final metrics"),
-      el("p", { class: "muted" }, "Rows whose values differ are marked."), table));
+      el("p", { class: "muted" }, "Rows whose values differ are marked."), table),
+    el("section", { class: "card", id: "compare-code" }, el("h2", {}, "Code and environment"), ...code.map(({ run, found }, i) =>
+      el("div", { class: "code-differs", "data-run": run.id },
+        el("h3", {}, el("span", { class: "swatch", style: `background:${COLOURS[(i + 1) % COLOURS.length]}` }),
+          `${label(run)}, against ${label(runs[0])}`), found))));
   charts.show(bySeries);
 }
