@@ -1,7 +1,8 @@
 """A lab's MLflow script, unchanged, run by ``script.Command`` through the real server and
 a real agent with the real MLflow client (``mlflow-skinny``): its metrics are the run's
 series with their steps, its params and tags are recorded on the run (the API, ``troupe
-show``, the Python client), the file it logs is a stored artifact; on a worker whose link
+show``, the Python client) and its params are keys of ``where`` and ``group_by``
+(``params.NAME``), the file it logs is a stored artifact; on a worker whose link
 is cut while the script logs, nothing is lost. A call that is not the run's own (another
 run's id, no token) is refused."""
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import urllib.parse
 
+import apsw
 import pytest
 
 import troupe
@@ -116,6 +119,58 @@ def test_an_unchanged_mlflow_script_logs_into_its_run_in_process(make_server, sc
         detail = client.get(run_id).detail()
     assert detail.logged_params == {"lr": "0.1", "epochs": "40", "optimizer": "adam"}
     assert detail.logged_tags == {"team": "a", "stage": "smoke"}
+
+
+def _found(server, where: str) -> list[str]:
+    return [r["id"] for r in server.get(f"/api/runs?{urllib.parse.urlencode({'where': where})}")["runs"]]
+
+
+def test_the_params_a_script_logged_are_keys_to_find_and_group_its_runs(make_server, script):
+    """``params.NAME``, as MLflow's filters name a logged param: found as a number where
+    it reads as one, or as the text MLflow sent; grouped; searched; listed among the keys;
+    and indexed again by the migration of a database that had them before."""
+    server = make_server(TROUPE_DATA_ROOTS=str(script.parent))
+    run_id = server.submit(with_cwd(mlflow_graph(), script))["run_id"]
+    assert server.wait_status(run_id, "succeeded", timeout=90)["status"] == "succeeded"
+    other = server.submit(graph(node("a", "core.Constant", value=0.1)))["run_id"]  # a node's param, not logged
+    server.wait_status(other, "succeeded")
+
+    def check() -> None:
+        for where in ("params.lr = 0.1", "params.lr = '0.1'", "params.lr < 0.5", "params.epochs >= 40",
+                      "params.optimizer = 'adam'", "params.optimizer ~ 'ad'", "params.lr in (0.1, 0.2)",
+                      "params.lr = 0.1 and metric.loss < 0.1"):
+            assert _found(server, where) == [run_id], where
+        for where in ("params.lr = 0.2", "params.lr > 0.1", "params.optimizer != 'adam'", "a.value = 0.2"):
+            assert _found(server, where) == [], where
+        assert _found(server, "a.value = 0.1") == [other]  # the node's param is no logged one
+        keys = {k["key"]: k for k in server.get("/api/runs/keys")["keys"]}
+        assert (keys["params.lr"]["kind"], keys["params.lr"]["runs"]) == ("logged", 1)
+        groups = server.get("/api/runs?group_by=params.optimizer&metric=loss")["groups"]
+        assert [(g["value"], g["runs"], g.get("metric", {}).get("runs")) for g in groups] == \
+            [("adam", 1, 1), (None, 1, 0)]
+        assert [r["id"] for r in server.get("/api/runs?q=adam")["runs"]] == [run_id]
+        listed = server.get("/api/runs")["runs"]
+        assert all("lr" not in row.get("params", {}) for row in listed)  # the list's params stay the graph's
+
+    check()
+    unknown = server.client.request("GET", "/api/runs?where=params.momentum%20%3D%201")
+    assert unknown[0] == 400 and unknown[1]["error"]["code"] == "where_unknown_key", unknown
+    assert "logged param momentum" in unknown[1]["error"]["message"]
+    found = cli(server, "ls", "--where", "params.lr = 0.1", "-q")
+    assert found.stdout.split() == [run_id], found.stderr
+    grouped = cli(server, "ls", "--group-by", "params.optimizer")
+    assert [line.split() for line in grouped.stdout.splitlines()][:2] == [["PARAMS.OPTIMIZER", "RUNS"], ["adam", "1"]]
+    keys = cli(server, "ls", "--keys")
+    assert any(line.split() == ["params.lr", "logged", "1"] for line in keys.stdout.splitlines()), keys.stdout
+
+    server.stop()  # a database from before params.NAME: the index holds no logged param
+    conn = apsw.Connection(str(server.home / "troupe.db"))
+    conn.execute("DELETE FROM run_params WHERE key IN (SELECT id FROM index_keys WHERE kind = 'logged')")
+    conn.execute("DELETE FROM index_keys WHERE kind = 'logged'")
+    conn.execute("PRAGMA user_version = 29")
+    conn.close()
+    server = make_server(server.home, TROUPE_DATA_ROOTS=str(script.parent))
+    check()
 
 
 def test_a_worker_runs_it_with_its_link_cut_while_it_logs_and_nothing_is_lost(make_server, script, tmp_path):

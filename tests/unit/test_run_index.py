@@ -1,14 +1,19 @@
 """The run index through the store's writer: a key whose making was rolled back with a
 failed op is made again for the next run (the ids a connection keeps are only those a
-committed transaction made), and a run's rows go with it."""
+committed transaction made), and a run's rows go with it; a param a script logged is a
+key at its newest value."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.stand_ins import run_record
+from troupe.actors.store.logged import RecordLogged
 from troupe.actors.store.run_list import ListRuns, RunKeys
 from troupe.actors.store.runs import DeleteRun, InsertRun, UpdateRun
 from troupe.actors.store.writer import Writer
-from troupe.protocol.where import parse
+from troupe.protocol.errors import WhereUnknownKey
+from troupe.protocol.where import key_text, parse
 
 
 def _graph(value: float) -> dict:
@@ -40,4 +45,29 @@ def test_a_key_made_by_an_op_that_failed_alone_is_made_again(tmp_path):
     assert writer.commit([UpdateRun("c" * 32, {"status": "succeeded"}), DeleteRun("c" * 32)]) == [None, None]
     assert {k["key"]: k["runs"] for k in writer.read(RunKeys())["keys"]}["z.fresh"] == 1
     assert _found(writer, "z.fresh >= 2") == ["d" * 32]
+    writer.close()
+
+
+def test_a_logged_param_is_indexed_at_its_newest_value_and_goes_with_its_run(tmp_path):
+    writer = Writer.open(tmp_path / "db", tmp_path / "runs")
+    node_named_params = {"nodes": [{"id": "params", "type": "core.Constant", "params": {"lr": 5}}], "edges": []}
+    writer.commit([InsertRun(run_record("a" * 32, 1, graph=node_named_params))])
+
+    def counted() -> dict[str, int]:
+        return {k["key"]: k["runs"] for k in writer.read(RunKeys())["keys"] if k["kind"] in ("logged", "param")}
+
+    assert writer.commit([RecordLogged("a" * 32, {"lr": "0.1", "opt": "adam"}, {})]) == [None]
+    assert _found(writer, "params.lr = 0.1") == ["a" * 32] and _found(writer, "params.lr < 1") == ["a" * 32]
+    assert _found(writer, "`params.lr` = 5") == ["a" * 32]  # a node called params, quoted
+    assert counted() == {"`params.lr`": 1, "params.lr": 1, "params.opt": 1}
+    assert key_text("param", "params.lr") == "`params.lr`" and key_text("logged", "a b") == "params.`a b`"
+    assert writer.commit([RecordLogged("a" * 32, {"lr": "0.2"}, {})]) == [None]  # logged again: its newest
+    assert (_found(writer, "params.lr = 0.1"), _found(writer, "params.lr = 0.2")) == ([], ["a" * 32])
+    assert counted()["params.lr"] == 1
+    assert writer.commit([RecordLogged("a" * 32, {"opt": "x" * 500}, {})]) == [None]  # no filter value
+    assert "params.opt" not in counted()
+    with pytest.raises(WhereUnknownKey):  # no run has it now
+        _found(writer, "params.opt ~ 'x'")
+    assert writer.commit([UpdateRun("a" * 32, {"status": "succeeded"}), DeleteRun("a" * 32)]) == [None, None]
+    assert counted() == {}
     writer.close()

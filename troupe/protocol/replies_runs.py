@@ -212,8 +212,9 @@ class RunGroupList(_Reply):
 
 
 class RunKey(_Reply):
-    key: str = Field(description="as where writes it: adam.lr, s.vars.seed, metric.val_loss, metric.val_loss.best")
-    kind: Literal["fixed", "param", "var", "metric", "best"]
+    key: str = Field(description="as where writes it: adam.lr, s.vars.seed, params.lr (a script's log_param), "
+                                 "metric.val_loss, metric.val_loss.best")
+    kind: Literal["fixed", "param", "var", "logged", "metric", "best"]
     runs: int = Field(description="how many stored runs have it")
     direction: Literal["minimize", "maximize"] | None = Field(
         default=None, description="a series': which way best reads (maximize once an objective says so)")

@@ -13,8 +13,10 @@ client, so a mistake is said with the same offset wherever it is typed.
     KEY    := PART ("." PART)*, PART: letters, digits and _ : / -, or `any text`
 
 A key is a fixed word (``type status tag name by sweep study created``), ``metric.SERIES``
-(its newest value), ``metric.SERIES.best`` (its best, by the series' direction), or a
-param as ``--set`` names it (``NODE.PARAM``, ``NODE.vars.NAME``). The words and, or, in,
+(its newest value), ``metric.SERIES.best`` (its best, by the series' direction),
+``params.NAME`` (a param the run's script logged itself, MLflow's ``log_param``, as
+MLflow's own filters name it), or a param as ``--set`` names it (``NODE.PARAM``,
+``NODE.vars.NAME``). The words and, or, in,
 true and false are read in any case. Parsing knows nothing of a database: whether a param
 or a series exists is the store's to say (``WhereUnknownKey``).
 
@@ -43,9 +45,9 @@ OPS = ("=", "!=", "<", "<=", ">", ">=", "~")
 FIXED = ("type", "status", "tag", "name", "by", "sweep", "study", "created")
 # What each key kind takes: the operators, and whether a value is text or a number.
 TEXT_OPS = ("=", "!=", "~", "in")
+_NUMBER_OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
 _KIND_OPS = {
-    "param": (*OPS, "in"), "metric": ("=", "!=", "<", "<=", ">", ">=", "in"), "best": ("=", "!=", "<", "<=", ">",
-                                                                                       ">=", "in"),
+    "param": (*OPS, "in"), "logged": (*OPS, "in"), "metric": _NUMBER_OPS, "best": _NUMBER_OPS,
     "type": TEXT_OPS, "status": ("=", "!=", "in"), "tag": TEXT_OPS, "name": TEXT_OPS, "by": TEXT_OPS,
     "sweep": ("=", "!=", "in"), "study": ("=", "!=", "in"), "created": ("=", "!=", "<", "<=", ">", ">="),
 }
@@ -58,8 +60,9 @@ Value = bool | int | float | str
 
 @dataclass(frozen=True)
 class Key:
-    """``kind``: param, metric (newest), best, or one of ``FIXED``; ``name``: the param as
-    ``node.param`` or the series (empty for a fixed key); ``text``: as written."""
+    """``kind``: param, logged (a script's own ``params.NAME``), metric (newest), best, or
+    one of ``FIXED``; ``name``: the param as ``node.param``, the logged param's name or
+    the series (empty for a fixed key); ``text``: as written."""
 
     kind: str
     name: str
@@ -317,11 +320,17 @@ def _classify(parts: list[tuple[str, bool]], text: str, offset: int) -> Key:
             return Key("best", parts[1][0], text, offset)
         raise WhereUnknownKey(f"at offset {offset}: {text} is no key: a metric is metric.SERIES or "
                               "metric.SERIES.best (`...` quotes a series' name)", offset=offset, key=text)
+    if not quoted and first == "params":
+        if len(parts) >= 2:  # MLflow names may hold dots: params.optim.lr
+            return Key("logged", ".".join(part for part, _ in parts[1:]), text, offset)
+        raise WhereUnknownKey(f"at offset {offset}: {text} is no key: a param the script logged is params.NAME "
+                              "(`...` quotes a name)", offset=offset, key=text)
     if len(parts) == 1 and quoted:  # a whole param as `node id.param`
         return Key("param", first, text, offset)
     if len(parts) == 1:
         raise WhereUnknownKey(f"at offset {offset}: {text} is no key: a key is NODE.PARAM, NODE.vars.NAME, "
-                              f"metric.SERIES, metric.SERIES.best or one of {', '.join(FIXED)}", offset=offset,
+                              f"metric.SERIES, metric.SERIES.best, params.NAME or one of {', '.join(FIXED)}",
+                              offset=offset,
                               key=text)
     return Key("param", ".".join(part for part, _ in parts), text, offset)
 
@@ -333,9 +342,11 @@ def key_text(kind: str, name: str) -> str:
     series = name if _BARE.fullmatch(name) else f"`{name}`"
     if kind in ("metric", "best"):
         return f"metric.{series}" + (".best" if kind == "best" else "")
+    if kind == "logged":
+        return "params." + (name if all(_BARE.fullmatch(piece) for piece in name.split(".")) else f"`{name}`")
     if kind == "param":
         bare = all(_BARE.fullmatch(piece) for piece in name.split("."))
-        return name if bare and not name.startswith("metric.") and name not in FIXED else f"`{name}`"
+        return name if bare and not name.startswith(("metric.", "params.")) and name not in FIXED else f"`{name}`"
     return kind
 
 

@@ -3,7 +3,8 @@ and ``set_tag``, through the endpoint a command is given: ``subprocess_runner/
 mlflow_endpoint.py``). This table is the one place they are kept, each name's newest
 value, written from the run's ``params`` events (``troupe/actors/run_effects.py``) in the same
 order as its log; the events stay in the log as the record of when each was logged.
-``GET /api/runs/{id}`` gives them as ``logged_params`` and ``logged_tags``.
+``GET /api/runs/{id}`` gives them as ``logged_params`` and ``logged_tags``; the params
+are indexed for ``where`` as they are written (``params.NAME``, ``run_index.py``).
 
     logged_params  (run_id, kind, key, value)  kind: param | tag
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import apsw
 
 from troupe.actors.errors import RunNotFound
+from troupe.actors.store.run_index import index_logged
 from troupe.actors.store.table import Session, Table
 
 SCHEMA = """
@@ -48,6 +50,7 @@ def _record(s: Session, op: RecordLogged) -> None:
               "ON CONFLICT(run_id, kind, key) DO UPDATE SET value = excluded.value")
     s.conn.executemany(upsert, [(op.run_id, PARAM, k, v) for k, v in op.params.items()]
                        + [(op.run_id, TAG, k, v) for k, v in op.tags.items() if v is not None])
+    index_logged(s.conn, op.run_id, op.params)
     gone = [(op.run_id, k) for k, v in op.tags.items() if v is None]
     if gone:
         s.conn.executemany("DELETE FROM logged_params WHERE run_id = ? AND kind = 'tag' AND key = ?", gone)

@@ -19,8 +19,8 @@ import apsw
 from troupe.protocol.errors import WhereInvalid, WhereUnknownKey
 from troupe.protocol.where import FIXED, Key, key_text
 
-GROUPABLE = ("a param (NODE.PARAM, NODE.vars.NAME)", "type", "status", "tag", "name", "by", "sweep", "study",
-             "created (by day)")
+GROUPABLE = ("a param (NODE.PARAM, NODE.vars.NAME)", "a logged param (params.NAME)", "type", "status", "tag", "name",
+             "by", "sweep", "study", "created (by day)")
 
 # The value each fixed key groups by, and a join it needs.
 _FIXED_GROUPS: dict[str, tuple[str, str]] = {
@@ -45,13 +45,14 @@ def _grouping(conn: apsw.Connection, key: Key) -> tuple[str, str, list[Any]]:
     if key.kind in _FIXED_GROUPS:
         value, join = _FIXED_GROUPS[key.kind]
         return value, join, []
-    if key.kind != "param":
+    if key.kind not in ("param", "logged"):
         raise WhereInvalid(f"group_by takes {', '.join(GROUPABLE)}; a metric is what a group sums up (pass it as "
                            "metric=SERIES)", offset=key.offset, expected=GROUPABLE, pointer="?group_by")
-    found = conn.execute("SELECT id FROM index_keys WHERE kind = 'param' AND name = ? AND runs > 0",
-                         (key.name,)).fetchall()
+    found = conn.execute("SELECT id FROM index_keys WHERE kind = ? AND name = ? AND runs > 0",
+                         (key.kind, key.name)).fetchall()
     if not found:
-        raise WhereUnknownKey(f"unknown key {key.text}: no stored run has a param {key.name} (GET /api/runs/keys "
+        what = "a param" if key.kind == "param" else "a logged param"
+        raise WhereUnknownKey(f"unknown key {key.text}: no stored run has {what} {key.name} (GET /api/runs/keys "
                               "lists the keys that exist)", offset=key.offset, key=key.text, pointer="?group_by")
     return "g.value", "LEFT JOIN run_params g ON g.seq = r.enqueue_seq AND g.key = ?", [int(found[0][0])]  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
 
@@ -105,7 +106,7 @@ def _with_labels(conn: apsw.Connection, kind: str, rows: list[dict[str, Any]]) -
 
 def run_keys(conn: apsw.Connection) -> dict[str, Any]:
     """Every key a filter can name with how many stored runs have it: the fixed keys
-    (every run), each param and var, each series (newest and best, with its direction),
+    (every run), each param and var, each param a script logged, each series (newest and best, with its direction),
     and the node types ``type`` can be compared with. The fixed keys' count is the sum of
     the submitters' counts (schema 29), not a count of every stored run."""
     total = int(conn.execute("SELECT COALESCE(SUM(runs), 0) FROM submitter_runs").fetchall()[0][0])  # type: ignore[arg-type]  # SUM of integers
@@ -118,6 +119,8 @@ def run_keys(conn: apsw.Connection) -> dict[str, Any]:
         elif kind == "param":
             keys.append({"key": key_text("param", str(name)), "kind": "var" if ".vars." in str(name) else "param",
                          "runs": runs})
+        elif kind == "logged":
+            keys.append({"key": key_text("logged", str(name)), "kind": "logged", "runs": runs})
         else:
             said = direction or "minimize"
             keys.append({"key": key_text("metric", str(name)), "kind": "metric", "runs": runs, "direction": said})

@@ -10,11 +10,13 @@ too. Rows name a run by its ``enqueue_seq`` (an integer: the index of a year of 
 a fraction of the size a 32-character id would make it, and the list pages by it).
 
     index_keys   (id, kind, name, runs, direction): each param ("node.param", a script's
-                 "node.vars.NAME"), node type and series any stored run has, with how many
+                 "node.vars.NAME"), param a script logged itself (kind "logged": MLflow's
+                 log_param, ``logged.py``), node type and series any stored run has, with how many
                  runs have it (the keys' suggestions, the unknown key's 400), and a
                  series' direction once an objective named it
     run_params   (seq, key, value, boolean)  value: a number, 0/1 for a boolean (``boolean``
-                 1 then: the list's values read it back as true or false), or text
+                 1 then: the list's values read it back as true or false), or text; a
+                 logged param's text that reads as a finite number is that number
     run_types    (seq, key)
     run_metrics  (seq, key, newest, newest_seq, low, high)
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -159,6 +162,51 @@ def index_run(conn: apsw.Connection, seq: int, graph: Mapping[str, Any], secret:
         conn.executemany("INSERT OR REPLACE INTO run_types(seq, key) VALUES (?, ?)", [(seq, key) for key in type_ids])
 
 
+def index_logged(conn: apsw.Connection, run_id: str, params: Mapping[str, str]) -> None:
+    """Params a run's script logged (always text, as MLflow sends them), each name's
+    newest value, where ``params.NAME`` reads them: a text that reads as a finite number is
+    that number (``params.lr < 0.1``; ``= '0.01'`` finds it too), a longer text than a
+    filter value is left out."""
+    found = conn.execute("SELECT enqueue_seq FROM runs WHERE id = ?", (run_id,)).fetchall()
+    if not found:
+        return
+    seq = found[0][0]
+    for name, text in params.items():
+        key = key_id(conn, "logged", name)
+        value = _logged_value(text)
+        if value is None:
+            conn.execute("DELETE FROM run_params WHERE seq = ? AND key = ?", (seq, key))
+            if conn.changes():
+                conn.execute("UPDATE index_keys SET runs = runs - 1 WHERE id = ?", (key,))
+            continue
+        conn.execute("UPDATE run_params SET value = ? WHERE seq = ? AND key = ?", (value, seq, key))
+        if conn.changes() == 0:
+            conn.execute("INSERT INTO run_params(seq, key, value, boolean) VALUES (?, ?, ?, NULL)", (seq, key, value))
+            conn.execute("UPDATE index_keys SET runs = runs + 1 WHERE id = ?", (key,))
+
+
+def _logged_value(text: str) -> str | int | float | None:
+    if len(text) > MAX_TEXT:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(number):
+        return text
+    return int(number) if number.is_integer() and abs(number) < 2**53 else number
+
+
+def fill_logged(conn: apsw.Connection) -> None:
+    """The migration that indexes the params stored runs' scripts logged before
+    ``params.NAME`` was a key."""
+    runs: dict[str, dict[str, str]] = {}
+    for run_id, key, value in conn.execute("SELECT run_id, key, value FROM logged_params WHERE kind = 'param'"):
+        runs.setdefault(str(run_id), {})[str(key)] = str(value)
+    for run_id, params in runs.items():
+        index_logged(conn, run_id, params)
+
+
 def key_id(conn: apsw.Connection, kind: str, name: str) -> int:
     """The key's id, made (counting no run) when it is new."""
     known = _KNOWN.get(conn)
@@ -253,7 +301,8 @@ def params_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[s
     for chunk in _chunks(run_ids):
         for run_id, name, value, boolean in conn.execute(
                 "SELECT r.id, k.name, p.value, p.boolean FROM runs r JOIN run_params p ON p.seq = r.enqueue_seq "
-                f"JOIN index_keys k ON k.id = p.key WHERE r.id IN ({', '.join('?' for _ in chunk)}) ORDER BY k.name",
+                f"JOIN index_keys k ON k.id = p.key WHERE r.id IN ({', '.join('?' for _ in chunk)}) "
+                "AND k.kind = 'param' ORDER BY k.name",
                 chunk):
             found[str(run_id)][str(name)] = bool(value) if boolean else value
     return found

@@ -77,11 +77,12 @@ def _value_test(column: str, op: str, values: tuple[Value | Span, ...], text_ok:
 def _key(conn: apsw.Connection, key: Key) -> tuple[int, str | None]:
     """The index's id of a param or a series (and the series' direction), or the 400 for
     a key no stored run has."""
-    kind = "param" if key.kind == "param" else "metric"
+    kind = key.kind if key.kind in ("param", "logged") else "metric"
     found = conn.execute("SELECT id, direction FROM index_keys WHERE kind = ? AND name = ? AND runs > 0",
                          (kind, key.name)).fetchall()
     if not found:
-        what = f"a param {key.name}" if kind == "param" else f"a metric series {key.name}"
+        what = {"param": f"a param {key.name}", "logged": f"a logged param {key.name} (its script's log_param)",
+                "metric": f"a metric series {key.name}"}[kind]
         raise WhereUnknownKey(f"at offset {key.offset}: unknown key {key.text}: no stored run has {what} "
                               "(GET /api/runs/keys lists the keys that exist)", offset=key.offset, key=key.text)
     return int(found[0][0]), (str(found[0][1]) if found[0][1] is not None else None)  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
@@ -92,7 +93,7 @@ def compile_cond(conn: apsw.Connection, cond: Cond) -> Part:
     SQLite from walking a key's value index instead, once a run (100,000 runs of a
     metric range took 25 s that way)."""
     kind = cond.key.kind
-    if kind == "param":
+    if kind in ("param", "logged"):
         key, _ = _key(conn, cond.key)
         test, args = _value_test("value", cond.op, cond.values)
         held, _ = _value_test("+p.value", cond.op, cond.values)
@@ -234,7 +235,7 @@ def search_params(conn: apsw.Connection, text: str) -> tuple[str, list[Any]] | N
     number = _number(text)
     pairs: list[Any] = []
     wide: list[int] = []
-    for (key,) in conn.execute("SELECT id FROM index_keys WHERE kind = 'param' AND runs > 0").fetchall():
+    for (key,) in conn.execute("SELECT id FROM index_keys WHERE kind IN ('param', 'logged') AND runs > 0").fetchall():
         values, more = _texts(conn, int(key))  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY
         if more:
             wide.append(int(key))  # type: ignore[arg-type]  # an INTEGER PRIMARY KEY

@@ -14,7 +14,7 @@ import apsw
 
 from troupe.actors.store.logged import SCHEMA as LOGGED_SCHEMA
 from troupe.actors.store.run_index import fill as fill_run_index
-from troupe.actors.store.run_index import mark_booleans
+from troupe.actors.store.run_index import fill_logged, mark_booleans
 
 log = logging.getLogger("troupe.store")
 
@@ -420,6 +420,9 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
             ON CONFLICT(submitted_by) DO UPDATE SET runs = runs + 1;
     END;
     """,
+    # 30: the params runs' scripts logged (schema 24) in the run index, where
+    # ``params.NAME`` reads them (troupe/actors/store/run_index.py).
+    fill_logged,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
