@@ -16,9 +16,9 @@ A key is a fixed word (``type status tag name by sweep study created``), ``metri
 (its newest value), ``metric.SERIES.best`` (its best, by the series' direction),
 ``params.NAME`` (a param the run's script logged itself, MLflow's ``log_param``, as
 MLflow's own filters name it), or a param as ``--set`` names it (``NODE.PARAM``,
-``NODE.vars.NAME``). The words and, or, in,
-true and false are read in any case. Parsing knows nothing of a database: whether a param
-or a series exists is the store's to say (``WhereUnknownKey``).
+``NODE.vars.NAME``). The words and, or, in, true and false are read in any case. Parsing
+knows nothing of a database: whether a param or a series exists is the store's to say
+(``WhereUnknownKey``).
 
 Hand-written (a recursive descent over the text), so each fault has one offset and one
 list of what could have stood there.
@@ -330,8 +330,7 @@ def _classify(parts: list[tuple[str, bool]], text: str, offset: int) -> Key:
     if len(parts) == 1:
         raise WhereUnknownKey(f"at offset {offset}: {text} is no key: a key is NODE.PARAM, NODE.vars.NAME, "
                               f"metric.SERIES, metric.SERIES.best, params.NAME or one of {', '.join(FIXED)}",
-                              offset=offset,
-                              key=text)
+                              offset=offset, key=text)
     return Key("param", ".".join(part for part, _ in parts), text, offset)
 
 

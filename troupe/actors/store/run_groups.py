@@ -106,8 +106,8 @@ def _with_labels(conn: apsw.Connection, kind: str, rows: list[dict[str, Any]]) -
 
 def run_keys(conn: apsw.Connection) -> dict[str, Any]:
     """Every key a filter can name with how many stored runs have it: the fixed keys
-    (every run), each param and var, each param a script logged, each series (newest and best, with its direction),
-    and the node types ``type`` can be compared with. The fixed keys' count is the sum of
+    (every run), each param and var, each param a script logged, each series (newest and
+    best, with its direction), and the node types ``type`` can be compared with. The fixed keys' count is the sum of
     the submitters' counts (schema 29), not a count of every stored run."""
     total = int(conn.execute("SELECT COALESCE(SUM(runs), 0) FROM submitter_runs").fetchall()[0][0])  # type: ignore[arg-type]  # SUM of integers
     keys: list[dict[str, Any]] = [{"key": name, "kind": "fixed", "runs": total} for name in FIXED]

@@ -11,9 +11,9 @@ a fraction of the size a 32-character id would make it, and the list pages by it
 
     index_keys   (id, kind, name, runs, direction): each param ("node.param", a script's
                  "node.vars.NAME"), param a script logged itself (kind "logged": MLflow's
-                 log_param, ``logged.py``), node type and series any stored run has, with how many
-                 runs have it (the keys' suggestions, the unknown key's 400), and a
-                 series' direction once an objective named it
+                 log_param, ``logged.py``), node type and series any stored run has,
+                 with how many runs have it (the keys' suggestions, the unknown key's
+                 400), and a series' direction once an objective named it
     run_params   (seq, key, value, boolean)  value: a number, 0/1 for a boolean (``boolean``
                  1 then: the list's values read it back as true or false), or text; a
                  logged param's text that reads as a finite number is that number
