@@ -188,12 +188,19 @@ def index_logged(conn: apsw.Connection, run_id: str, params: Mapping[str, str]) 
 def _logged_value(text: str) -> str | int | float | None:
     if len(text) > MAX_TEXT:
         return None
+    number = number_of(text)
+    return text if number is None else number
+
+
+def number_of(text: str) -> int | float | None:
+    """The finite number a text reads as (an integer as an int, as the index keeps a
+    graph's), or None: how a quoted or logged value meets the numbers of the index."""
     try:
         number = float(text)
     except ValueError:
-        return text
+        return None
     if not math.isfinite(number):
-        return text
+        return None
     return int(number) if number.is_integer() and abs(number) < 2**53 else number
 
 

@@ -11,12 +11,12 @@ Called only from the store's thread.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import apsw
 
+from troupe.actors.store.run_index import number_of
 from troupe.protocol.errors import WhereUnknownKey
 from troupe.protocol.where import Cond, Junction, Key, Node, Span, Value
 
@@ -45,12 +45,8 @@ def _bind(value: Value | Span) -> Any:
 def _spellings(value: Value | Span) -> list[Any]:
     """A quoted number also matches the number (``adam.lr = '0.01'``, as MLflow writes it)."""
     if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return [value]
-        if math.isfinite(number):
-            return [value, int(number) if number.is_integer() and abs(number) < 2**53 else number]
+        number = number_of(value)
+        return [value] if number is None else [value, number]
     return [_bind(value)]
 
 
@@ -232,7 +228,7 @@ def search_params(conn: apsw.Connection, text: str) -> tuple[str, list[Any]] | N
     so each run is then one or two look-ups; None when no value can match. A param with
     more distinct texts than ``DISTINCT_TEXTS`` (a per-run path) is matched run by run."""
     needle = text.casefold()
-    number = _number(text)
+    number = number_of(text)
     pairs: list[Any] = []
     wide: list[int] = []
     for (key,) in conn.execute("SELECT id FROM index_keys WHERE kind IN ('param', 'logged') AND runs > 0").fetchall():
@@ -271,12 +267,3 @@ def _texts(conn: apsw.Connection, key: int) -> tuple[list[str], bool]:
                            (key, found[-1])).fetchall()
     return found, False
 
-
-def _number(text: str) -> int | float | None:
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    if not math.isfinite(number):
-        return None
-    return int(number) if number.is_integer() and abs(number) < 2**53 else number
