@@ -1,6 +1,7 @@
 """A run of an unchanged MLflow script, on its page in real Chromium: the params and tags
 the script logged are among the run's facts, its points are charted with their steps,
-and the file it logged is listed with the run's artifacts."""
+the file it logged is listed with the run's artifacts, and the Runs list's filter box
+offers its logged param (``params.lr``) and finds it by it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import importlib.util
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON
+from tests.e2e.conftest import MISSING, REASON, show
+from tests.helpers import graph, node
 from tests.integration.test_mlflow_functional import SCRIPT, mlflow_graph, with_cwd
 
 pytestmark = [pytest.mark.skipif(MISSING, reason=REASON),
@@ -31,4 +33,19 @@ def test_a_run_page_shows_what_an_mlflow_script_logged(open_page, tmp_path):
     expect(tab.locator('#run-head [data-logged="Logged tags"]')).to_have_text("stage=smoke, team=a")
     expect(tab.locator('#run-metrics figure.chart[data-series="loss"]')).to_have_attribute("data-points", "40")
     expect(tab.locator("#run-artifacts")).to_contain_text("mlflow/results/out.txt")
+
+    other = server.submit(graph(node("a", "core.Constant", value=0.1)))["run_id"]  # logs nothing
+    server.wait_status(other, "succeeded")
+    show(tab, "#/runs")
+    tab.reload()  # the keys the box offers are read again after 10 s, or at a load
+    box = tab.locator("#run-where")
+    box.click()
+    box.press_sequentially("params.l")
+    offered = tab.locator('#where-suggestions li[data-key="params.lr"]')  # the param the script logged
+    expect(offered).to_be_visible()
+    offered.click()
+    box.press_sequentially("< 0.5")
+    box.press("Enter")
+    expect(tab.locator("#rows tr[data-run]")).to_have_count(1)
+    expect(tab.locator(f'#rows tr[data-run="{run_id}"]')).to_have_count(1)
     assert errors == []
