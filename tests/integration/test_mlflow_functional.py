@@ -2,7 +2,7 @@
 a real agent with the real MLflow client (``mlflow-skinny``): its metrics are the run's
 series with their steps, its params and tags are recorded on the run (the API, ``troupe
 show``, the Python client) and its params are keys of ``where`` and ``group_by``
-(``params.NAME``), the file it logs is a stored artifact; on a worker whose link
+and columns of the list's values and the client's frame (``params.NAME``), the file it logs is a stored artifact; on a worker whose link
 is cut while the script logs, nothing is lost. A call that is not the run's own (another
 run's id, no token) is refused."""
 
@@ -149,8 +149,14 @@ def test_the_params_a_script_logged_are_keys_to_find_and_group_its_runs(make_ser
         assert [(g["value"], g["runs"], g.get("metric", {}).get("runs")) for g in groups] == \
             [("adam", 1, 1), (None, 1, 0)]
         assert [r["id"] for r in server.get("/api/runs?q=adam")["runs"]] == [run_id]
-        listed = server.get("/api/runs")["runs"]
-        assert all("lr" not in row.get("params", {}) for row in listed)  # the list's params stay the graph's
+        valued = {row["id"]: row for row in server.get("/api/runs?values=true")["runs"]}
+        assert valued[run_id]["logged_params"] == {"lr": "0.1", "epochs": "40", "optimizer": "adam"}
+        assert valued[other]["logged_params"] == {} and valued[other]["params"] == {"a.value": 0.1}
+        assert "lr" not in valued[run_id]["params"] and "train.vars.gate" in valued[run_id]["params"]  # the graph's
+        with troupe.Client(server.url, token=server.token) as client:  # a notebook's frame, as MLflow's
+            frame = client.runs_frame(where="params.lr < 0.5")
+        assert list(frame["id"]) == [run_id]
+        assert (frame["params.lr"][0], frame["params.optimizer"][0]) == ("0.1", "adam")
 
     check()
     unknown = server.client.request("GET", "/api/runs?where=params.momentum%20%3D%201")

@@ -16,15 +16,17 @@ def _pandas() -> Any:
 
 
 def runs_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
-    """One row per run: its fields, each scalar param as a ``node.param`` column and each
-    series' newest value as ``metric.SERIES`` (as ``mlflow.search_runs`` lays them out)."""
+    """One row per run: its fields, each scalar param as a ``node.param`` column, each
+    param its script logged as ``params.NAME`` and each series' newest value as
+    ``metric.SERIES`` (as ``mlflow.search_runs`` lays them out)."""
     pandas = _pandas()
     table = []
     for row in rows:
         flat = {key: value for key, value in row.items() if key not in ("params", "metrics", "progress",
-                                                                         "queue_reason", "tags")}
+                                                                         "queue_reason", "tags", "logged_params")}
         flat["tags"] = ",".join(row.get("tags") or ())
         flat.update({str(key): value for key, value in (row.get("params") or {}).items()})
+        flat.update({f"params.{key}": value for key, value in (row.get("logged_params") or {}).items()})
         flat.update({f"metric.{key}": value for key, value in (row.get("metrics") or {}).items()})
         table.append(flat)
     return pandas.DataFrame(table)

@@ -204,6 +204,8 @@ class RunRow(BaseModel):
                                                                     "by node.param")
     metrics: dict[str, float | str | None] | None = Field(
         default=None, description="with ?values=true: each series' newest value (a diverged one as nan, inf, -inf)")
+    logged_params: dict[str, str] | None = Field(default=None, description=(
+        "with ?values=true: the params its script logged (MLflow's log_param), name -> value as text"))
 
 
 class RunDetail(RunRow):

@@ -3,8 +3,9 @@ and ``set_tag``, through the endpoint a command is given: ``subprocess_runner/
 mlflow_endpoint.py``). This table is the one place they are kept, each name's newest
 value, written from the run's ``params`` events (``troupe/actors/run_effects.py``) in the same
 order as its log; the events stay in the log as the record of when each was logged.
-``GET /api/runs/{id}`` gives them as ``logged_params`` and ``logged_tags``; the params
-are indexed for ``where`` as they are written (``params.NAME``, ``run_index.py``).
+``GET /api/runs/{id}`` gives them as ``logged_params`` and ``logged_tags`` (the list's
+``?values=true`` the params); the params are indexed for ``where`` as they are written
+(``params.NAME``, ``run_index.py``).
 
     logged_params  (run_id, kind, key, value)  kind: param | tag
 
@@ -13,7 +14,7 @@ A run's rows go with it (a foreign key). Called only from a store connection's w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import apsw
@@ -62,6 +63,19 @@ def logged_of(conn: apsw.Connection, run_id: str) -> dict[str, dict[str, str]]:
     for kind, key, value in conn.execute("SELECT kind, key, value FROM logged_params WHERE run_id = ? "
                                          "ORDER BY kind, key", (run_id,)):
         found["logged_params" if kind == PARAM else "logged_tags"][str(key)] = str(value)
+    return found
+
+
+def logged_params_of(conn: apsw.Connection, run_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each run's logged params, name -> value, for the list's ``?values=true`` (a page
+    of runs, one look-up by the table's key each)."""
+    found: dict[str, dict[str, str]] = {run_id: {} for run_id in run_ids}
+    for start in range(0, len(run_ids), 500):
+        chunk = run_ids[start:start + 500]
+        for run_id, key, value in conn.execute(
+                "SELECT run_id, key, value FROM logged_params WHERE kind = 'param' AND run_id IN "
+                f"({', '.join('?' for _ in chunk)}) ORDER BY run_id, key", chunk):
+            found[str(run_id)][str(key)] = str(value)
     return found
 
 

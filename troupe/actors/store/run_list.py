@@ -14,6 +14,7 @@ from typing import Any
 import apsw
 
 from troupe.actors.errors import RunNotFound
+from troupe.actors.store.logged import logged_params_of
 from troupe.actors.store.run_groups import group_rows, run_keys
 from troupe.actors.store.run_index import newest_of, params_of
 from troupe.actors.store.run_page import page
@@ -84,9 +85,10 @@ class RunKeys:
 @dataclass(frozen=True)
 class RunValues:
     """What the list's own columns read of each run (``?values=true``), ``{run_id:
-    {"params": {node.param: value}, "metrics": {series: newest value}}}``, from the run
-    index alone: its params as the index holds them (never a secret's), a diverged newest
-    value as its text ("nan", "inf", "-inf")."""
+    {"params": {node.param: value}, "metrics": {series: newest value}, "logged_params":
+    {name: text}}}``, from the run index and the logged params' table: its params as the
+    index holds them (never a secret's), a diverged newest value as its text ("nan",
+    "inf", "-inf"), what its script logged as it logged it."""
 
     run_ids: tuple[str, ...]
 
@@ -340,7 +342,9 @@ class MatchIds:
 
 def run_values(conn: apsw.Connection, query: RunValues) -> dict[str, dict[str, Any]]:
     params, newest = params_of(conn, query.run_ids), newest_of(conn, query.run_ids)
-    return {run_id: {"params": params[run_id], "metrics": newest[run_id]} for run_id in query.run_ids}
+    logged = logged_params_of(conn, query.run_ids)
+    return {run_id: {"params": params[run_id], "metrics": newest[run_id], "logged_params": logged[run_id]}
+            for run_id in query.run_ids}
 
 
 def match_ids(conn: apsw.Connection, query: MatchIds) -> dict[str, list[str]]:
