@@ -1,7 +1,7 @@
 """A run of an unchanged MLflow script, on its page in real Chromium: the params and tags
 the script logged are among the run's facts, its points are charted with their steps,
 the file it logged is listed with the run's artifacts, and the Runs list's filter box
-offers its logged param (``params.lr``) and finds it by it."""
+offers its logged param (``params.lr``), finds it by it and shows it as a column."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from tests.e2e.conftest import MISSING, REASON, show
+from tests.e2e.conftest import MISSING, REASON, confirm, show
 from tests.helpers import graph, node
 from tests.integration.test_mlflow_functional import SCRIPT, mlflow_graph, with_cwd
 
@@ -48,4 +48,9 @@ def test_a_run_page_shows_what_an_mlflow_script_logged(open_page, tmp_path):
     box.press("Enter")
     expect(tab.locator("#rows tr[data-run]")).to_have_count(1)
     expect(tab.locator(f'#rows tr[data-run="{run_id}"]')).to_have_count(1)
+    tab.get_by_role("button", name="Columns…").click()  # and shows it as a column of the list
+    tab.locator("dialog[open]").get_by_label("params.lr").check()
+    confirm(tab, "Show")
+    expect(tab.locator('#runs th[data-sort="logged:lr"]')).to_have_text("params.lr")
+    expect(tab.locator(f'#rows tr[data-run="{run_id}"] td.picked.logged')).to_have_text("0.1")
     assert errors == []

@@ -1,9 +1,10 @@
 """A lab's MLflow script, unchanged, run by ``script.Command`` through the real server and
 a real agent with the real MLflow client (``mlflow-skinny``): its metrics are the run's
 series with their steps, its params and tags are recorded on the run (the API, ``troupe
-show``, the Python client) and its params are keys of ``where`` and ``group_by``
-and columns of the list's values and the client's frame (``params.NAME``), the file it logs is a stored artifact; on a worker whose link
-is cut while the script logs, nothing is lost. A call that is not the run's own (another
+show``, the Python client) and its params are keys of ``where`` and ``group_by`` and
+columns of the list's values and the client's frame (``params.NAME``), the file it logs
+is a stored artifact; on a worker whose link is cut while the script logs, nothing is
+lost. A call that is not the run's own (another
 run's id, no token) is refused."""
 
 from __future__ import annotations
