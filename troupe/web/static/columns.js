@@ -13,7 +13,7 @@ const label = (column) => (column.kind === "logged" ? `params.${column.name}` : 
 function load() {
   try {
     const saved = JSON.parse(localStorage.getItem(KEY) || "[]");
-    return Array.isArray(saved) ? saved.filter((c) => c.kind in BAGS && typeof c.name === "string").slice(0, MAX) : [];
+    return Array.isArray(saved) ? saved.filter((c) => Object.hasOwn(BAGS, c?.kind) && typeof c.name === "string").slice(0, MAX) : [];
   } catch {
     return []; // what another version of the page kept is not read as columns
   }
