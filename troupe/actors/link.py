@@ -16,7 +16,6 @@ kept."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import random
 import threading
@@ -324,8 +323,7 @@ class Link(Actor):
 def refused_connect(exc: BaseException) -> bool:
     """Whether a dial failed because nothing listens at the address (a control plane
     restarting), not for a cause that a retry every quarter second would only repeat."""
-    cause = getattr(exc, "os_error", None) if isinstance(exc, aiohttp.ClientConnectorError) else None
-    return getattr(cause, "errno", None) == errno.ECONNREFUSED
+    return isinstance(_cause(exc), ConnectionRefusedError)
 
 
 class Redial:
@@ -359,5 +357,9 @@ class Redial:
 
 
 def _forward_gone(exc: BaseException) -> bool:
-    cause = getattr(exc, "os_error", None) or exc
-    return isinstance(cause, FileNotFoundError | ConnectionRefusedError)
+    return isinstance(_cause(exc), FileNotFoundError | ConnectionRefusedError)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The OS's error under aiohttp's connector error (a dial's), else the error itself."""
+    return getattr(exc, "os_error", None) or exc
